@@ -1,0 +1,42 @@
+"""blochsim: fast MR signal simulation through extended phase graphs.
+
+NumPy inputs run on the host backend; the C++ core is also usable from C++
+(:func:`get_include`, :func:`get_pkgconfig_dir`).
+
+Examples
+--------
+>>> import numpy as np
+>>> import blochsim
+>>> s = blochsim.fse_sim(flip=np.full(8, 180.0), ESP=10.0, T1=1000.0, T2=100.0)
+>>> np.round(abs(s), 3)
+array([0.905, 0.819, 0.741, 0.67 , 0.607, 0.549, 0.497, 0.449], dtype=float32)
+"""
+from __future__ import annotations
+
+import os as _os
+
+from blochsim._dispatch import backends
+from blochsim.sequence import (Delay, Dephase, Excitation, Inversion, Operator, Pulse, Readout,
+                               Refocusing, SampledPulse, Sequence, Spoil)
+from blochsim.simulator import ClosedFormSimulator, Simulator
+from blochsim.simulators import (bssfp_sim, fse_sim, ir_sim, mrf_sim, se_sim, spgr_sim, ste_sim,
+                                 truefisp_sim)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "backends", "get_include", "get_pkgconfig_dir", "Simulator", "ClosedFormSimulator",
+    "Operator", "Sequence", "Pulse", "Excitation", "Refocusing", "Inversion", "Delay", "Dephase",
+    "Spoil", "Readout", "SampledPulse", "fse_sim", "mrf_sim", "spgr_sim", "bssfp_sim",
+    "truefisp_sim", "ir_sim", "se_sim", "ste_sim",
+]
+
+
+def get_include() -> str:
+    """Directory of the C++ headers (``#include <blochsim/blochsim.hpp>``)."""
+    return _os.path.join(_os.path.dirname(__file__), "include")
+
+
+def get_pkgconfig_dir() -> str:
+    """Directory holding ``blochsim.pc`` (for ``PKG_CONFIG_PATH``)."""
+    return _os.path.join(_os.path.dirname(__file__), "lib", "pkgconfig")

@@ -1,0 +1,62 @@
+"""Backend selection: host (NumPy) or CUDA (device arrays)."""
+from __future__ import annotations
+
+import os
+
+from blochsim import _core
+
+_CUDA_STATUS = None
+
+
+def cuda_status():
+    """(usable, reason) of the CUDA backend, probed once."""
+    global _CUDA_STATUS
+    if _CUDA_STATUS is None:
+        _CUDA_STATUS = _core.cuda_available()
+    return _CUDA_STATUS
+
+
+def backends():
+    """What is built and usable.
+
+    Returns
+    -------
+    dict
+        ``{"cpu": {"available": True, "isa": ..., "threads": ...},
+        "cuda": {"available": bool, "reason": str}}``.
+    """
+    ok, why = cuda_status()
+    return {
+        "cpu": {"available": True, "isa": _core.host_instruction_set(), "threads": default_threads()},
+        "cuda": {"available": ok, "reason": "" if ok else why},
+    }
+
+
+def default_threads() -> int:
+    """Host threads: $BLOCHSIM_NUM_THREADS, else the CPUs this process may use."""
+    env = os.environ.get("BLOCHSIM_NUM_THREADS")
+    if env:
+        try:
+            n = int(env)
+        except ValueError:
+            raise ValueError(f"BLOCHSIM_NUM_THREADS must be an integer, got {env!r}") from None
+        if n < 1:
+            raise ValueError(f"BLOCHSIM_NUM_THREADS must be >= 1, got {n}")
+        return n
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)
+
+
+def resolve_device(device, any_device_input: bool) -> str:
+    """The backend a call runs on: ``device`` if given, else from the inputs."""
+    if device is None:
+        device = "cuda" if any_device_input else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    if device == "cuda":
+        ok, why = cuda_status()
+        if not ok:
+            raise RuntimeError(f"device='cuda' was asked for, but the CUDA backend cannot run: {why}")
+    return device

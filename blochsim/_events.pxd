@@ -1,0 +1,49 @@
+# Declarations of src_cpp/include/blochsim/events.hpp and config.hpp.
+from libc.stdint cimport int32_t, int64_t, uint32_t
+
+
+cdef extern from "blochsim/config.hpp" namespace "blochsim" nogil:
+    const char* status_message(int status)
+
+
+cdef extern from "blochsim/events.hpp" namespace "blochsim" nogil:
+    cdef uint32_t event_rf
+    cdef uint32_t event_inversion
+    cdef uint32_t event_readout
+    cdef uint32_t event_spoil
+
+    cdef cppclass EventStream:
+        int64_t n_events
+        const int32_t* interval
+        const uint32_t* flags
+        const int32_t* shift_before
+        const int32_t* shift_after
+        const float* flip_rad
+        const float* phase_rad
+        const float* rx_phase_rad
+        const int32_t* slot
+        int64_t n_intervals
+        const double* duration_s
+        int64_t n_samples
+        int32_t states
+        double dk_rad_per_m
+        double voxel_size_m
+        int32_t real_path
+        float common_phase_rad
+
+    cdef cppclass Property:
+        const float* data
+        int64_t stride
+        float fallback
+
+    cdef cppclass Tissue:
+        int64_t n
+        Property T1_s
+        Property T2_s
+        Property M0
+        Property B1
+        Property B1phase_rad
+        Property B0_hz
+        Property D_m2_s
+        Property v_m_s
+        Property inv_efficiency

@@ -1,0 +1,7 @@
+# Declarations of src_cpp/host/dispatch.hpp (the host backend entry points).
+from blochsim._events cimport EventStream, Tissue
+
+
+cdef extern from "dispatch.hpp" namespace "blochsim" nogil:
+    int host_forward_dispatch(const EventStream& s, const Tissue& t, float* out, int threads)
+    const char* host_isa()

@@ -1,0 +1,134 @@
+"""Checks on user input, made before any kernel runs (SPEC §8).
+
+Every refusal names the parameter and the offending value.  Public units are
+the console's (ms, degrees, Hz, µm²/ms, m/s); conversion to SI happens here.
+"""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+# Public name -> (factor to SI, SI name, lower bound or None, strict bound?)
+TISSUE_UNITS = {
+    "T1": (1e-3, "T1_s", 0.0, True),
+    "T2": (1e-3, "T2_s", 0.0, True),
+    "T2star": (1e-3, "T2star_s", 0.0, True),
+    "M0": (1.0, "M0", None, False),
+    "B1": (1.0, "B1", None, False),
+    "B0": (1.0, "B0_hz", None, False),
+    "B1phase": (np.pi / 180.0, "B1phase_rad", None, False),
+    "inv_efficiency": (1.0, "inv_efficiency", None, False),
+    "D": (1e-9, "D_m2_s", 0.0, False),
+    "v": (1.0, "v_m_s", None, False),
+}
+
+UNIT_NAMES = {
+    "T1": "ms", "T2": "ms", "T2star": "ms", "M0": "", "B1": "", "B0": "Hz",
+    "B1phase": "deg", "inv_efficiency": "", "D": "um^2/ms", "v": "m/s",
+}
+
+
+def is_device_array(x) -> bool:
+    """True for objects exposing the CUDA array interface."""
+    return hasattr(x, "__cuda_array_interface__")
+
+
+def _first_bad(arr: np.ndarray, mask: np.ndarray) -> str:
+    if arr.ndim == 0:
+        return repr(arr.item())
+    where = tuple(int(i) for i in np.argwhere(mask)[0])
+    return f"{arr[where].item()!r} at index {where}"
+
+
+def as_float_array(name: str, value) -> np.ndarray:
+    """Return ``value`` as a floating NumPy array or raise naming ``name``.
+
+    Python numbers and sequences of them are accepted; NumPy arrays must
+    already have a floating dtype (an integer or complex array is refused,
+    since a silent cast would hide a unit or type mistake).
+    """
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a real floating-point value, got {value!r}")
+    if isinstance(value, numbers.Real) and not isinstance(value, np.generic):
+        return np.asarray(float(value), dtype=np.float64)
+    if isinstance(value, (list, tuple)):
+        try:
+            arr = np.asarray(value, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise TypeError(f"{name} must be real numbers, got {value!r}") from None
+        return arr
+    if isinstance(value, (np.ndarray, np.generic)):
+        arr = np.asarray(value)
+        if not np.issubdtype(arr.dtype, np.floating):
+            raise TypeError(
+                f"{name} must have a floating-point dtype (float32 or float64), got dtype {arr.dtype}")
+        return arr
+    raise TypeError(f"{name} must be a float or an array of floats, got {type(value).__name__}")
+
+
+def check_finite(name: str, arr: np.ndarray) -> None:
+    bad = ~np.isfinite(arr)
+    if np.any(bad):
+        raise ValueError(f"{name} must be finite, got {_first_bad(arr, bad)}")
+
+
+def check_bound(name: str, arr: np.ndarray, low: float, strict: bool, unit: str = "") -> None:
+    bad = arr <= low if strict else arr < low
+    if np.any(bad):
+        op = ">" if strict else ">="
+        u = f" {unit}" if unit else ""
+        raise ValueError(f"{name} must be {op} {low:g}{u}, got {_first_bad(arr, bad)}")
+
+
+def tissue_array(name: str, value) -> np.ndarray:
+    """Validate one tissue property in public units; returns float array."""
+    if is_device_array(value):
+        raise device_unavailable_error(name)
+    arr = as_float_array(name, value)
+    check_finite(name, arr)
+    _, _, low, strict = TISSUE_UNITS[name]
+    if low is not None:
+        check_bound(name, arr, low, strict, UNIT_NAMES[name])
+    return arr
+
+
+def device_unavailable_error(name: str) -> Exception:
+    from blochsim._dispatch import cuda_status
+
+    ok, why = cuda_status()
+    return RuntimeError(
+        f"{name} is a device array (__cuda_array_interface__), but the CUDA backend cannot run: {why}")
+
+
+def broadcast_voxels(arrays: dict) -> tuple:
+    """The voxel shape the tissue arrays broadcast to, or a ValueError naming them."""
+    try:
+        return np.broadcast_shapes(*(a.shape for a in arrays.values()))
+    except ValueError:
+        shapes = ", ".join(f"{k} {tuple(a.shape)}" for k, a in arrays.items())
+        raise ValueError(f"tissue properties do not broadcast to one voxel shape: {shapes}") from None
+
+
+def protocol_array(name: str, value, *, low=None, strict=False, unit="", ndim_max=1,
+                   length=None) -> np.ndarray:
+    """Validate a protocol parameter (float64, finite, optional bound and shape)."""
+    if is_device_array(value):
+        raise TypeError(f"{name} is a protocol parameter and must be a host value, not a device array")
+    arr = np.asarray(as_float_array(name, value), dtype=np.float64)
+    if arr.ndim > ndim_max:
+        raise ValueError(f"{name} must have at most {ndim_max} dimension(s), got shape {arr.shape}")
+    check_finite(name, arr)
+    if low is not None:
+        check_bound(name, arr, low, strict, unit)
+    if length is not None and arr.ndim == 1 and arr.shape[0] != length:
+        raise ValueError(f"{name} must have {length} entries, got {arr.shape[0]}")
+    return arr
+
+
+def positive_int(name: str, value, minimum: int = 1) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    return int(value)

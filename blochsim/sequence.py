@@ -1,0 +1,382 @@
+"""Sequence operators and their packing into the kernels' event stream.
+
+Operators compose with ``@`` as operators on a state do: ``B @ A`` plays A
+first, then B (so a written product reads right to left in time)::
+
+    echo = Readout() @ Delay(5.0) @ Dephase() @ Refocusing(180.0) @ Dephase() @ Delay(5.0)
+    cpmg = echo @ echo @ Excitation(90.0, phase=90.0)
+
+Units are the console's: ms for durations, degrees for flips and phases,
+µT and µs for sampled pulses.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from blochsim import _validate as V
+
+GAMMA_RAD_PER_S_PER_T = 2.0 * np.pi * 42.57747892e6
+
+# Event flag bits (events.hpp).
+EV_RF, EV_INVERSION, EV_READOUT, EV_SPOIL = 1, 2, 4, 8
+
+
+class Operator:
+    """Base of all sequence operators.  ``a @ b`` plays ``b`` then ``a``."""
+
+    def ops(self):
+        """The elementary operators in time order."""
+        return [self]
+
+    def __matmul__(self, other):
+        if not isinstance(other, Operator):
+            return NotImplemented
+        return Sequence(other.ops() + self.ops())
+
+    def __rmatmul__(self, other):
+        if not isinstance(other, Operator):
+            return NotImplemented
+        return Sequence(self.ops() + other.ops())
+
+    def __pow__(self, n: int):
+        """``op ** n`` plays ``op`` n times."""
+        n = V.positive_int("repetition count", n, minimum=0)
+        return Sequence(self.ops() * n)
+
+
+class Sequence(Operator):
+    """A list of elementary operators in time order (first played first).
+
+    Parameters
+    ----------
+    ops : iterable of Operator
+        Operators in time order; nested sequences are flattened.
+    """
+
+    def __init__(self, ops=()):
+        flat = []
+        for op in ops:
+            if not isinstance(op, Operator):
+                raise TypeError(f"a Sequence holds Operators, got {type(op).__name__}")
+            flat.extend(op.ops())
+        self._ops = flat
+
+    def ops(self):
+        return list(self._ops)
+
+    def __len__(self):
+        return len(self._ops)
+
+    def __iter__(self):
+        return iter(self._ops)
+
+    def __repr__(self):
+        return f"Sequence({len(self._ops)} operators)"
+
+
+@dataclass(frozen=True)
+class Pulse(Operator):
+    """Hard RF pulse.
+
+    Parameters
+    ----------
+    flip : float
+        Nominal flip angle, degrees (scaled per voxel by B1).
+    phase : float, optional
+        RF phase, degrees (plus the voxel's B1phase).  Phase 0 tips Z onto
+        -y: from equilibrium a 90° pulse gives F+ = -i.
+    """
+
+    flip: float
+    phase: float = 0.0
+
+    def __post_init__(self):
+        for name in ("flip", "phase"):
+            v = V.as_float_array(name, getattr(self, name))
+            V.check_finite(name, v)
+            if v.ndim != 0:
+                raise ValueError(f"{name} of a Pulse must be a scalar, got shape {v.shape}")
+
+
+class Excitation(Pulse):
+    """An excitation pulse (a :class:`Pulse`; the name documents intent)."""
+
+
+class Refocusing(Pulse):
+    """A refocusing pulse (a :class:`Pulse`; default flip 180°)."""
+
+    def __init__(self, flip: float = 180.0, phase: float = 0.0):
+        super().__init__(flip, phase)
+
+
+@dataclass(frozen=True)
+class Inversion(Operator):
+    """Ideal inversion: Z_k <- -eta Z_k at every order (eta = tissue
+    ``inv_efficiency``, default 1); transverse states untouched."""
+
+
+@dataclass(frozen=True)
+class Delay(Operator):
+    """Free evolution for ``duration`` ms: relaxation, recovery,
+    off-resonance, diffusion, flow (SPEC §2)."""
+
+    duration: float
+
+    def __post_init__(self):
+        v = V.as_float_array("duration", self.duration)
+        V.check_finite("duration", v)
+        if v.ndim != 0 or float(v) < 0:
+            raise ValueError(f"Delay duration must be a scalar >= 0 ms, got {self.duration!r}")
+
+
+@dataclass(frozen=True)
+class Dephase(Operator):
+    """An unbalanced gradient: shift every transverse order by ``orders``
+    (negative values dephase the other way)."""
+
+    orders: int = 1
+
+    def __post_init__(self):
+        if isinstance(self.orders, bool) or not isinstance(self.orders, (int, np.integer)):
+            raise TypeError(f"Dephase orders must be an integer, got {self.orders!r}")
+
+
+@dataclass(frozen=True)
+class Spoil(Operator):
+    """Ideal spoiler: every transverse state is set to zero."""
+
+
+@dataclass(frozen=True)
+class Readout(Operator):
+    """Record M0 · F+_0 · exp(-i phase) as the next sample.
+
+    Parameters
+    ----------
+    phase : float, optional
+        Receiver phase, degrees.
+    """
+
+    phase: float = 0.0
+
+
+class SampledPulse(Sequence):
+    """A shaped pulse played sample by sample: one hard rotation per sample,
+    centred in its dwell, with free precession between.
+
+    Parameters
+    ----------
+    waveform : array_like, µT, shape (n,)
+        B1 samples; complex values carry the RF phase.
+    dwell : float, µs
+        Duration of one sample.
+    phase : float, optional
+        Extra phase of the whole pulse, degrees.
+    """
+
+    def __init__(self, waveform, dwell: float, phase: float = 0.0):
+        w = np.asarray(waveform)
+        if w.ndim != 1 or w.size == 0:
+            raise ValueError(f"waveform must be a non-empty 1-D array, got shape {w.shape}")
+        if not (np.issubdtype(w.dtype, np.floating) or np.issubdtype(w.dtype, np.complexfloating)):
+            raise TypeError(f"waveform must be float or complex, got dtype {w.dtype}")
+        if not np.all(np.isfinite(w)):
+            raise ValueError("waveform must be finite")
+        d = float(V.protocol_array("dwell", dwell, low=0.0, strict=True, unit="us", ndim_max=0))
+        flips = np.degrees(GAMMA_RAD_PER_S_PER_T * np.abs(w) * 1e-6 * d * 1e-6)
+        phases = np.degrees(np.angle(w)) + phase
+        half = Delay(0.5 * d * 1e-3)
+        ops = []
+        for f, p in zip(flips, phases):
+            ops += [half, Pulse(float(f), float(p)), half]
+        super().__init__(ops)
+        self.waveform = w
+        self.dwell = d
+
+
+# --------------------------------------------------------------------------
+# Packing
+
+class EventStream:
+    """The packed event stream of one playing of a sequence (events.hpp),
+    as NumPy arrays ready for the kernels."""
+
+    __slots__ = ("interval", "flags", "shift_before", "shift_after", "flip_rad", "phase_rad",
+                 "rx_phase_rad", "slot", "duration_s", "n_samples", "total_shifts")
+
+    @property
+    def n_events(self):
+        return self.flags.shape[0]
+
+    def real_subspace(self, off_axis: bool):
+        """(real_path, common_phase_rad): the real-subspace verdict (SPEC §1)."""
+        if off_axis:
+            return False, 0.0
+        rf = (self.flags & EV_RF) != 0
+        if not np.any(rf):
+            return True, 0.0
+        ph = self.phase_rad[rf].astype(np.float64)
+        phi0 = float(ph[0])
+        # every phase equal to phi0 modulo pi
+        d = np.abs(np.sin(ph - phi0))
+        return bool(np.all(d < 1e-6)), phi0
+
+
+def _structure_key(op):
+    if isinstance(op, Dephase):
+        return (Dephase, int(op.orders))
+    return type(op) if not isinstance(op, Pulse) else Pulse
+
+
+class _Layout:
+    """What a sequence's shape fixes: the grouping of operators into events,
+    flags, shifts and output slots.  Values (flips, phases, durations) are
+    gathered from the operators into these positions at every call."""
+
+    def __init__(self, ops, n_recorded_from):
+        n_ops = len(ops)
+        ev_flags, sb, sa, rf_op, rx_op = [], [], [], [], []
+        delay_op, delay_event = [], []
+        stage = 0
+        cur = None
+
+        def open_event():
+            nonlocal cur, stage
+            cur = {"flags": 0, "sb": 0, "sa": 0, "rf": -1, "rx": -1, "has_iv": False}
+            stage = 0
+
+        def close():
+            ev_flags.append(cur["flags"])
+            sb.append(cur["sb"])
+            sa.append(cur["sa"])
+            rf_op.append(cur["rf"])
+            rx_op.append(cur["rx"])
+            open_event()
+
+        open_event()
+        for j, op in enumerate(ops):
+            if isinstance(op, Delay):
+                if stage > 0:
+                    close()
+                delay_op.append(j)
+                delay_event.append(len(ev_flags))
+                cur["has_iv"] = True
+            elif isinstance(op, Dephase):
+                n = int(op.orders)
+                if stage <= 1:
+                    cur["sb"] += n
+                    stage = 1
+                elif stage <= 3:
+                    cur["sa"] += n
+                    stage = 4
+                elif cur["flags"] & EV_SPOIL:
+                    close()
+                    cur["sb"] = n
+                    stage = 1
+                else:
+                    cur["sa"] += n
+            elif isinstance(op, (Pulse, Inversion)):
+                if stage >= 2:
+                    close()
+                if isinstance(op, Pulse):
+                    cur["flags"] |= EV_RF
+                    cur["rf"] = j
+                else:
+                    cur["flags"] |= EV_INVERSION
+                stage = 2
+            elif isinstance(op, Readout):
+                if stage >= 3:
+                    close()
+                if j >= n_recorded_from:
+                    cur["flags"] |= EV_READOUT
+                cur["rx"] = j
+                stage = 3
+            elif isinstance(op, Spoil):
+                cur["flags"] |= EV_SPOIL
+                cur["sa"] = 0
+                stage = 4
+            else:
+                raise TypeError(f"not a sequence operator: {op!r}")
+        if stage > 0 or cur["has_iv"]:
+            close()
+
+        self.n_ops = n_ops
+        self.flags = np.array(ev_flags, dtype=np.uint32)
+        self.shift_before = np.array(sb, dtype=np.int32)
+        self.shift_after = np.array(sa, dtype=np.int32)
+        self.rf_op = np.array(rf_op, dtype=np.int64)
+        self.rx_op = np.array(rx_op, dtype=np.int64)
+        self.delay_op = np.array(delay_op, dtype=np.int64)
+        self.delay_event = np.array(delay_event, dtype=np.int64)
+        ro = (self.flags & EV_READOUT) != 0
+        self.slot = np.zeros(len(ev_flags), dtype=np.int32)
+        self.slot[ro] = np.arange(int(ro.sum()), dtype=np.int32)
+        self.n_samples = int(ro.sum())
+
+
+_LAYOUTS: dict = {}
+_LAYOUT_CACHE_SIZE = 64
+
+
+def pack(preparation, repetition, repetitions: int = 1) -> EventStream:
+    """Pack a playing into an EventStream.
+
+    The grouping into events depends only on the sequence's shape (which
+    operators, in which order, with which shifts) and is computed once per
+    shape; later calls with the same shape only gather the new values.
+
+    Parameters
+    ----------
+    preparation : Operator or None
+        Played once at the start.
+    repetition : Operator
+        One repetition, played ``repetitions`` times; only the readouts of the
+        last playing are recorded.
+    repetitions : int
+        Number of playings of ``repetition``.
+    """
+    prep = preparation.ops() if preparation is not None else []
+    rep = repetition.ops()
+    ops = prep + rep * repetitions
+    first_recorded = len(prep) + len(rep) * (repetitions - 1)
+    key = (tuple(_structure_key(o) for o in prep), tuple(_structure_key(o) for o in rep), repetitions)
+    lay = _LAYOUTS.get(key)
+    if lay is None:
+        lay = _Layout(ops, first_recorded)
+        if len(_LAYOUTS) >= _LAYOUT_CACHE_SIZE:
+            _LAYOUTS.pop(next(iter(_LAYOUTS)))
+        _LAYOUTS[key] = lay
+
+    flips = np.zeros(len(ops) + 1, dtype=np.float64)
+    phases = np.zeros(len(ops) + 1, dtype=np.float64)
+    durs = np.zeros(len(ops) + 1, dtype=np.float64)
+    for j, op in enumerate(ops):
+        if isinstance(op, Pulse):
+            flips[j] = op.flip
+            phases[j] = op.phase
+        elif isinstance(op, Readout):
+            phases[j] = op.phase
+        elif isinstance(op, Delay):
+            durs[j] = op.duration
+    n = lay.flags.shape[0]
+    s = EventStream()
+    s.flags = lay.flags
+    s.shift_before = lay.shift_before
+    s.shift_after = lay.shift_after
+    s.slot = lay.slot
+    s.n_samples = lay.n_samples
+    # index -1 reads the zero sentinel at the end of the value arrays
+    s.flip_rad = np.radians(flips[lay.rf_op]).astype(np.float32)
+    s.phase_rad = np.radians(phases[lay.rf_op]).astype(np.float32)
+    s.rx_phase_rad = np.radians(phases[lay.rx_op]).astype(np.float32)
+    dur = np.bincount(lay.delay_event, weights=durs[lay.delay_op], minlength=n)[:n] * 1e-3
+    has_iv = dur > 0
+    uniq, inv = np.unique(dur[has_iv], return_inverse=True)
+    interval = np.full(n, -1, dtype=np.int32)
+    interval[has_iv] = inv.astype(np.int32)
+    s.interval = interval
+    s.duration_s = np.ascontiguousarray(uniq, dtype=np.float64)
+    one = len(prep) + len(rep)
+    s.total_shifts = int(sum(abs(int(o.orders)) for o in ops[:one] if isinstance(o, Dephase)))
+    return s

@@ -1,0 +1,66 @@
+// Compiler portability for the blochsim core.
+//
+// Every kernel header is compiled twice from one source: by the host compiler
+// for the CPU backend and by nvcc for the device backend.  BLOCHSIM_HD marks
+// the code both share; nothing under it throws or allocates.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define BLOCHSIM_HD __host__ __device__
+#define BLOCHSIM_FORCEINLINE __forceinline__
+#define BLOCHSIM_RESTRICT __restrict__
+#elif defined(__GNUC__) || defined(__clang__)
+#define BLOCHSIM_HD
+#define BLOCHSIM_FORCEINLINE inline __attribute__((always_inline))
+#define BLOCHSIM_RESTRICT __restrict__
+#else
+#define BLOCHSIM_HD
+#define BLOCHSIM_FORCEINLINE inline
+#define BLOCHSIM_RESTRICT
+#endif
+
+// Marks a loop over the lanes of a tile as free of loop-carried dependences,
+// so that the host compiler turns it into SIMD instructions.
+#if defined(__CUDACC__)
+#define BLOCHSIM_LANE_LOOP
+#elif defined(__clang__)
+#define BLOCHSIM_LANE_LOOP _Pragma("clang loop vectorize(enable)")
+#elif defined(__GNUC__)
+#define BLOCHSIM_LANE_LOOP _Pragma("GCC ivdep")
+#else
+#define BLOCHSIM_LANE_LOOP
+#endif
+
+namespace blochsim {
+
+constexpr double pi = 3.14159265358979323846;
+
+// Status codes returned by kernels and launchers; 0 is success.  The host
+// launcher turns a non-zero code into a C++ exception (status_message says
+// why), and Cython turns that into a Python exception.
+enum Status : int {
+  ok = 0,
+  bad_states = 1,          // states < 1
+  bad_interval_index = 2,  // an event names an interval outside the table
+  bad_output_slot = 3,     // a readout writes outside [0, n_samples)
+  bad_threads = 4,         // a thread count < 1
+  bad_shape = 5,           // negative counts or a null array that is required
+  no_cuda = 6,             // the device backend was not compiled
+};
+
+inline const char* status_message(int status) {
+  switch (status) {
+    case ok: return "ok";
+    case bad_states: return "states must be >= 1";
+    case bad_interval_index: return "an event's interval index is outside the interval table";
+    case bad_output_slot: return "a readout's output slot is outside [0, n_samples)";
+    case bad_threads: return "threads must be >= 1";
+    case bad_shape: return "an array of the event stream or tissue is missing or has a negative length";
+    case no_cuda: return "blochsim was built without CUDA";
+    default: return "unknown blochsim status";
+  }
+}
+
+}  // namespace blochsim

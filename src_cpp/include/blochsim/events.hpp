@@ -1,0 +1,99 @@
+// The event/tissue ABI: what a caller hands the kernels.
+//
+// A sequence is an unrolled stream of events (SPEC §2).  Event e owns the
+// interval that precedes it and then, in this order: a shift before, an RF
+// pulse or an inversion, a readout, and a shift after or a spoil.  The
+// stream is structure-of-arrays so that it can be copied to a device as a
+// handful of flat buffers; every pointer is read-only.
+//
+// Units are SI: seconds, radians, hertz, m^2/s, m/s, radians per metre.
+#pragma once
+
+#include <cstdint>
+
+#include "config.hpp"
+
+namespace blochsim {
+
+enum EventFlag : uint32_t {
+  event_rf = 1u,         // hard pulse: flip_rad, phase_rad
+  event_inversion = 2u,  // Z <- -eta Z at every order
+  event_readout = 4u,    // sample F+_0 into output slot `slot`
+  event_spoil = 8u,      // F+, F- <- 0 at every order (wins over shift_after)
+};
+
+struct EventStream {
+  int64_t n_events = 0;
+  const int32_t* interval = nullptr;      // (n_events,) index into duration_s, or -1
+  const uint32_t* flags = nullptr;        // (n_events,) EventFlag bits
+  const int32_t* shift_before = nullptr;  // (n_events,) orders of dephasing; sign = direction
+  const int32_t* shift_after = nullptr;   // (n_events,)
+  const float* flip_rad = nullptr;        // (n_events,) nominal flip (scaled by B1)
+  const float* phase_rad = nullptr;       // (n_events,) RF phase (plus the transmit phase)
+  const float* rx_phase_rad = nullptr;    // (n_events,) receiver phase
+  const int32_t* slot = nullptr;          // (n_events,) output slot of a readout
+
+  int64_t n_intervals = 0;
+  const double* duration_s = nullptr;     // (n_intervals,) distinct interval lengths
+
+  int64_t n_samples = 0;                  // output slots per problem
+  int32_t states = 8;                     // K: orders 0 .. K-1
+
+  // Crusher geometry: wavenumber of one shift, dk = crusher_dephasing_rad /
+  // voxel_size_m.  0 when no geometry was given (then D and v must be absent).
+  double dk_rad_per_m = 0.0;
+  double voxel_size_m = 0.0;
+
+  // Real-subspace verdict, decided once per sequence on the host: every RF
+  // phase is common_phase_rad or common_phase_rad + pi and nothing off-axis
+  // is on.  The state is then held as three real planes (SPEC §1).
+  int32_t real_path = 0;
+  float common_phase_rad = 0.0f;
+};
+
+// One tissue property for n problems: element i is data[i * stride]
+// (stride 0 broadcasts one value); a null pointer means the property is
+// absent and `fallback` holds.
+struct Property {
+  const float* data = nullptr;
+  int64_t stride = 0;
+  float fallback = 0.0f;
+
+  BLOCHSIM_HD float at(int64_t i) const { return data ? data[i * stride] : fallback; }
+  BLOCHSIM_HD bool present() const { return data != nullptr; }
+};
+
+struct Tissue {
+  int64_t n = 0;                                 // problems (voxels or atoms)
+  Property T1_s{nullptr, 0, 1.0e30f};            // longitudinal relaxation (s)
+  Property T2_s{nullptr, 0, 1.0e30f};            // transverse relaxation (s)
+  Property M0{nullptr, 0, 1.0f};                 // scales readouts only
+  Property B1{nullptr, 0, 1.0f};                 // relative transmit field
+  Property B1phase_rad{nullptr, 0, 0.0f};        // transmit phase
+  Property B0_hz{nullptr, 0, 0.0f};              // off-resonance
+  Property D_m2_s{nullptr, 0, 0.0f};             // diffusion coefficient
+  Property v_m_s{nullptr, 0, 0.0f};              // flow velocity along the crusher
+  Property inv_efficiency{nullptr, 0, 1.0f};     // eta of inversions
+};
+
+// Output layout: out[(i * n_samples + slot) * 2 + {0, 1}] = (Re, Im) of
+// sample `slot` of problem i, complex64 interleaved.  Slots that no readout
+// writes are left as the caller set them.
+
+// Checks the stream against itself; kernels assume it passed.
+inline int validate(const EventStream& s, const Tissue& t) {
+  if (s.states < 1) return bad_states;
+  if (s.n_events < 0 || s.n_intervals < 0 || s.n_samples < 0 || t.n < 0) return bad_shape;
+  if (s.n_events > 0 && (!s.interval || !s.flags || !s.shift_before || !s.shift_after ||
+                         !s.flip_rad || !s.phase_rad || !s.rx_phase_rad || !s.slot))
+    return bad_shape;
+  if (s.n_intervals > 0 && !s.duration_s) return bad_shape;
+  for (int64_t e = 0; e < s.n_events; ++e) {
+    if (s.interval[e] < -1 || s.interval[e] >= s.n_intervals) return bad_interval_index;
+    if ((s.flags[e] & event_readout) && (s.slot[e] < 0 || s.slot[e] >= s.n_samples))
+      return bad_output_slot;
+  }
+  return ok;
+}
+
+}  // namespace blochsim

@@ -1,0 +1,88 @@
+// The host backend: the EPG kernel over a thread pool of the caller's size.
+//
+// Problems are grouped into blocks of `lanes` and the blocks are split into
+// one contiguous range per thread.  Each problem is computed by the same
+// instructions whatever block or thread it lands in (forward_block pads the
+// last block by replaying its last problem), so the result is bitwise the
+// same at every thread count.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "epg.hpp"
+#include "events.hpp"
+
+namespace blochsim {
+namespace host {
+
+constexpr int lanes = 16;
+
+// Signature of a function that plays blocks [b0, b1) with a workspace of
+// epg::workspace_floats<lanes>(s) floats.
+using RangeFn = int (*)(const EventStream& s, const Tissue& t, int64_t b0, int64_t b1, float* work,
+                        float* out);
+
+template <bool Complex>
+inline int forward_range(const EventStream& s, const Tissue& t, int64_t b0, int64_t b1, float* work,
+                         float* out) {
+  for (int64_t b = b0; b < b1; ++b) {
+    const int st = epg::forward_block<lanes, Complex>(s, t, b * lanes, work, out);
+    if (st != ok) return st;
+  }
+  return ok;
+}
+
+// Run fn over the blocks of t on `threads` threads (the calling thread is one
+// of them).  Returns the first non-zero status of any range.
+inline int run_blocks(const EventStream& s, const Tissue& t, float* out, int threads, RangeFn fn) {
+  if (threads < 1) return bad_threads;
+  const int64_t nblocks = (t.n + lanes - 1) / lanes;
+  if (nblocks == 0) return ok;
+  const int64_t nthreads = std::min<int64_t>(threads, nblocks);
+  const std::size_t work_floats = static_cast<std::size_t>(epg::workspace_floats<lanes>(s)) + 16;
+  std::vector<int> status(static_cast<std::size_t>(nthreads), ok);
+  auto body = [&](int64_t i) {
+    // 64-byte aligned workspace for whole-register loads of each plane row.
+    std::vector<float> buf(work_floats);
+    float* work = buf.data();
+    while (reinterpret_cast<std::uintptr_t>(work) % 64 != 0) ++work;
+    const int64_t b0 = nblocks * i / nthreads, b1 = nblocks * (i + 1) / nthreads;
+    status[static_cast<std::size_t>(i)] = fn(s, t, b0, b1, work, out);
+  };
+  std::vector<std::thread> pool;
+  pool.reserve(static_cast<std::size_t>(nthreads - 1));
+  for (int64_t i = 1; i < nthreads; ++i) pool.emplace_back(body, i);
+  body(0);
+  for (auto& th : pool) th.join();
+  for (int st : status)
+    if (st != ok) return st;
+  return ok;
+}
+
+// Forward EPG on the host: validates the stream, then plays it for every
+// problem of t, writing complex64 samples (interleaved float pairs, layout in
+// events.hpp) into out.  real_fn/complex_fn select the compiled block
+// functions (the defaults are built with the caller's compiler flags).
+inline int forward_status(const EventStream& s, const Tissue& t, float* out, int threads,
+                          RangeFn real_fn = &forward_range<false>,
+                          RangeFn complex_fn = &forward_range<true>) {
+  const int v = validate(s, t);
+  if (v != ok) return v;
+  return run_blocks(s, t, out, threads, s.real_path ? real_fn : complex_fn);
+}
+
+// As forward_status, throwing std::invalid_argument on a bad stream.
+inline void forward(const EventStream& s, const Tissue& t, float* out, int threads = 1) {
+  const int st = forward_status(s, t, out, threads);
+  if (st != ok) throw std::invalid_argument(std::string("blochsim: ") + status_message(st));
+}
+
+}  // namespace host
+}  // namespace blochsim
