@@ -1,7 +1,5 @@
-// Host backend of the extension: the header-only kernels compiled once per
-// x86-64 level through GCC function multiversioning (target_clones).  The
-// kernels are force-inlined into these functions, so each clone carries a
-// fully vectorised copy; the dynamic loader picks the clone once.
+// Host backend of the extension: picks the block kernels built for the best
+// x86-64 level this CPU supports (kernels.cpp, compiled once per level).
 #include "dispatch.hpp"
 
 #include <blochsim/host.hpp>
@@ -9,37 +7,38 @@
 namespace blochsim {
 namespace {
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-#define BLOCHSIM_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define BLOCHSIM_CLONES
-#endif
+struct Kernels {
+  host::RangeFn real;
+  host::RangeFn complex;
+  const char* isa;
+};
 
-BLOCHSIM_CLONES
-int range_real(const EventStream& s, const Tissue& t, int64_t b0, int64_t b1, float* work, float* out) {
-  return host::forward_range<false>(s, t, b0, b1, work, out);
+Kernels pick() {
+#if defined(BLOCHSIM_MULTI_ISA)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
+    return {&kernels::range_real_v4, &kernels::range_complex_v4, "x86-64-v4"};
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    return {&kernels::range_real_v3, &kernels::range_complex_v3, "x86-64-v3"};
+  return {&kernels::range_real_default, &kernels::range_complex_default, "x86-64"};
+#else
+  return {&kernels::range_real_default, &kernels::range_complex_default, "generic"};
+#endif
 }
 
-BLOCHSIM_CLONES
-int range_complex(const EventStream& s, const Tissue& t, int64_t b0, int64_t b1, float* work, float* out) {
-  return host::forward_range<true>(s, t, b0, b1, work, out);
+const Kernels& chosen() {
+  static const Kernels k = pick();
+  return k;
 }
 
 }  // namespace
 
 int host_forward_dispatch(const EventStream& s, const Tissue& t, float* out, int threads) {
-  return host::forward_status(s, t, out, threads, &range_real, &range_complex);
+  const Kernels& k = chosen();
+  return host::forward_status(s, t, out, threads, k.real, k.complex);
 }
 
-const char* host_isa() {
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("x86-64-v4")) return "x86-64-v4";
-  if (__builtin_cpu_supports("x86-64-v3")) return "x86-64-v3";
-  return "x86-64";
-#else
-  return "generic";
-#endif
-}
+const char* host_isa() { return chosen().isa; }
 
 }  // namespace blochsim

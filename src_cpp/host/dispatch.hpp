@@ -6,11 +6,21 @@
 namespace blochsim {
 
 // Forward EPG of every problem of t on `threads` threads; returns a Status.
-// The block kernels are built for several x86-64 levels and the best one the
-// CPU supports is chosen at load time.
+// The block kernels are built for several x86-64 levels (kernels.cpp) and
+// the best one the CPU supports is chosen at the first call.
 int host_forward_dispatch(const EventStream& s, const Tissue& t, float* out, int threads);
 
 // Name of the instruction set the block kernels run with ("x86-64-v4", ...).
 const char* host_isa();
+
+namespace kernels {
+#define BLOCHSIM_DECLARE_KERNELS(suffix)                                                              \
+  int range_real_##suffix(const EventStream&, const Tissue&, int64_t, int64_t, void*, float*);        \
+  int range_complex_##suffix(const EventStream&, const Tissue&, int64_t, int64_t, void*, float*);
+BLOCHSIM_DECLARE_KERNELS(default)
+BLOCHSIM_DECLARE_KERNELS(v3)
+BLOCHSIM_DECLARE_KERNELS(v4)
+#undef BLOCHSIM_DECLARE_KERNELS
+}  // namespace kernels
 
 }  // namespace blochsim

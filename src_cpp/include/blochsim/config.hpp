@@ -33,6 +33,14 @@
 #define BLOCHSIM_LANE_LOOP
 #endif
 
+// The kernels (tile.hpp, epg.hpp) live in an inline namespace named after
+// the instruction set they are compiled for, so that one program can link
+// several builds of them (the extension links one per x86-64 level) without
+// the linker merging their inline functions across instruction sets.
+#ifndef BLOCHSIM_ISA
+#define BLOCHSIM_ISA isa_default
+#endif
+
 namespace blochsim {
 
 constexpr double pi = 3.14159265358979323846;

@@ -22,18 +22,20 @@
 namespace blochsim {
 namespace host {
 
-constexpr int lanes = 16;
+// Host lane type: 16 problems per block, one SIMD vector per plane row.
+using Vec = vfloat16;
+constexpr int lanes = Lanes<Vec>::width;
 
 // Signature of a function that plays blocks [b0, b1) with a workspace of
-// epg::workspace_floats<lanes>(s) floats.
-using RangeFn = int (*)(const EventStream& s, const Tissue& t, int64_t b0, int64_t b1, float* work,
+// epg::workspace_vectors<Vec>(s) lane vectors.
+using RangeFn = int (*)(const EventStream& s, const Tissue& t, int64_t b0, int64_t b1, void* work,
                         float* out);
 
 template <bool Complex>
-inline int forward_range(const EventStream& s, const Tissue& t, int64_t b0, int64_t b1, float* work,
+inline int forward_range(const EventStream& s, const Tissue& t, int64_t b0, int64_t b1, void* work,
                          float* out) {
   for (int64_t b = b0; b < b1; ++b) {
-    const int st = epg::forward_block<lanes, Complex>(s, t, b * lanes, work, out);
+    const int st = epg::forward_block<Vec, Complex>(s, t, b * lanes, static_cast<Vec*>(work), out);
     if (st != ok) return st;
   }
   return ok;
@@ -46,11 +48,11 @@ inline int run_blocks(const EventStream& s, const Tissue& t, float* out, int thr
   const int64_t nblocks = (t.n + lanes - 1) / lanes;
   if (nblocks == 0) return ok;
   const int64_t nthreads = std::min<int64_t>(threads, nblocks);
-  const std::size_t work_floats = static_cast<std::size_t>(epg::workspace_floats<lanes>(s)) + 16;
+  const std::size_t work_size = static_cast<std::size_t>(epg::workspace_vectors<Vec>(s));
   std::vector<int> status(static_cast<std::size_t>(nthreads), ok);
   auto body = [&](int64_t i) {
-    // 64-byte aligned workspace for whole-register loads of each plane row.
-    std::vector<float> buf(work_floats);
+    // 64-byte aligned, so that each plane row is one aligned register load
+    std::vector<float> buf(work_size * lanes + 16);
     float* work = buf.data();
     while (reinterpret_cast<std::uintptr_t>(work) % 64 != 0) ++work;
     const int64_t b0 = nblocks * i / nthreads, b1 = nblocks * (i + 1) / nthreads;
@@ -69,7 +71,8 @@ inline int run_blocks(const EventStream& s, const Tissue& t, float* out, int thr
 // Forward EPG on the host: validates the stream, then plays it for every
 // problem of t, writing complex64 samples (interleaved float pairs, layout in
 // events.hpp) into out.  real_fn/complex_fn select the compiled block
-// functions (the defaults are built with the caller's compiler flags).
+// functions (the defaults are built with the caller's compiler flags; the
+// Python extension passes builds for each x86-64 level).
 inline int forward_status(const EventStream& s, const Tissue& t, float* out, int threads,
                           RangeFn real_fn = &forward_range<false>,
                           RangeFn complex_fn = &forward_range<true>) {

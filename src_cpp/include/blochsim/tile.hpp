@@ -1,57 +1,94 @@
-// The tile runtime: small (orders, lanes) views shared by the host and the
-// device instantiation of every kernel.
+// The tile runtime: lane vectors and (orders, lanes) planes shared by the
+// host and the device instantiation of every kernel.
 //
-// A Plane is one real component of one EPG family (say Re F+) for a block of
-// L atoms, stored order-major: element (k, l) at p[k * L + l], so that a loop
-// over lanes at fixed order is contiguous and vectorises.  The host backend
-// uses L = 16 lanes (one AVX-512 register of floats, two AVX2 registers).
+// Kernels are written over a lane type V that holds one float per problem
+// of a block: on the host V is a 16-wide GCC/Clang vector (one AVX-512
+// register, two AVX2 registers, four SSE registers), so every arithmetic
+// expression on V is a SIMD instruction over 16 problems; on the device V is
+// a plain float and one thread holds one problem.  Lanes<V> says how many
+// problems V holds and gives element access for the few per-lane steps
+// (gathering tissue values, writing samples).
 #pragma once
 
 #include "config.hpp"
 
 namespace blochsim {
+inline namespace BLOCHSIM_ISA {
 
-template <int L>
+template <class V>
+struct Lanes;
+
+template <>
+struct Lanes<float> {
+  static constexpr int width = 1;
+  using Double = double;
+  BLOCHSIM_HD static float get(const float& v, int) { return v; }
+  BLOCHSIM_HD static void set(float& v, int, float x) { v = x; }
+  BLOCHSIM_HD static double getd(const double& v, int) { return v; }
+  BLOCHSIM_HD static void setd(double& v, int, double x) { v = x; }
+  BLOCHSIM_HD static float narrow(const double& d) { return static_cast<float>(d); }
+  BLOCHSIM_HD static double widen(const float& v) { return static_cast<double>(v); }
+};
+
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDA_ARCH__)
+#define BLOCHSIM_HAVE_VECTOR_LANES 1
+// 16 floats (64 bytes) and 16 doubles; element access by subscript.
+typedef float vfloat16 __attribute__((vector_size(64)));
+typedef double vdouble16 __attribute__((vector_size(128)));
+
+template <>
+struct Lanes<vfloat16> {
+  static constexpr int width = 16;
+  using Double = vdouble16;
+  BLOCHSIM_FORCEINLINE static float get(const vfloat16& v, int l) { return v[l]; }
+  BLOCHSIM_FORCEINLINE static void set(vfloat16& v, int l, float x) { v[l] = x; }
+  BLOCHSIM_FORCEINLINE static double getd(const vdouble16& v, int l) { return v[l]; }
+  BLOCHSIM_FORCEINLINE static void setd(vdouble16& v, int l, double x) { v[l] = x; }
+  BLOCHSIM_FORCEINLINE static vfloat16 narrow(const vdouble16& d) { return __builtin_convertvector(d, vfloat16); }
+  BLOCHSIM_FORCEINLINE static vdouble16 widen(const vfloat16& v) { return __builtin_convertvector(v, vdouble16); }
+};
+#endif
+
+// A lane vector with every lane equal to x.
+template <class V>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE V splat(float x) {
+  V v{};
+  return v + x;
+}
+
+template <class D>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE D splatd(double x) {
+  D v{};
+  return v + x;
+}
+
+// One real component of one EPG family (say Re F+) for a block of problems:
+// row k holds order k of every lane.  Layout (orders,) of V.
+template <class V>
 struct Plane {
-  float* BLOCHSIM_RESTRICT p;  // (orders, L)
+  V* BLOCHSIM_RESTRICT p;
 
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE float* row(int k) const { return p + static_cast<int64_t>(k) * L; }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE V& operator[](int k) const { return p[k]; }
 
   // Zero orders [k0, k1).
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void zero(int k0, int k1) const {
-    for (int k = k0; k < k1; ++k) {
-      float* r = row(k);
-      BLOCHSIM_LANE_LOOP
-      for (int l = 0; l < L; ++l) r[l] = 0.0f;
-    }
+    for (int k = k0; k < k1; ++k) p[k] = V{};
   }
 
-  // Move every order up by one over [0, band): row k takes row k-1, row 0 is
-  // left for the caller.  Orders at or above `band` are zero and row
-  // `band` (when it exists) receives row band-1.
+  // Row k takes row k-1 for k in [1, min(band, K-1)]; row 0 is left for the
+  // caller.  Rows at or above `band` are zero on entry.
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void shift_up(int band, int K) const {
-    int top = band < K ? band : K - 1;
-    for (int k = top; k >= 1; --k) {
-      float* d = row(k);
-      const float* s = row(k - 1);
-      BLOCHSIM_LANE_LOOP
-      for (int l = 0; l < L; ++l) d[l] = s[l];
-    }
+    const int top = band < K ? band : K - 1;
+    for (int k = top; k >= 1; --k) p[k] = p[k - 1];
   }
 
-  // Move every order down by one: row k takes row k+1 over [0, band), the
-  // highest row of the band becomes zero.
+  // Row k takes row k+1 over [0, band - 1); row band - 1 becomes zero (it
+  // takes row `band`, which is zero or past K - 1).
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void shift_down(int band) const {
-    for (int k = 0; k + 1 < band; ++k) {
-      float* d = row(k);
-      const float* s = row(k + 1);
-      BLOCHSIM_LANE_LOOP
-      for (int l = 0; l < L; ++l) d[l] = s[l];
-    }
-    float* d = row(band - 1);
-    BLOCHSIM_LANE_LOOP
-    for (int l = 0; l < L; ++l) d[l] = 0.0f;
+    for (int k = 0; k + 1 < band; ++k) p[k] = p[k + 1];
+    p[band - 1] = V{};
   }
 };
 
+}  // namespace BLOCHSIM_ISA
 }  // namespace blochsim

@@ -1,0 +1,43 @@
+// The host block kernels for one instruction set.  meson compiles this file
+// once per x86-64 level with -march=<level>, -DBLOCHSIM_ISA=<namespace> and
+// -DBLOCHSIM_ISA_SUFFIX=<suffix>: the lane vectors of tile.hpp are lowered
+// to that level's registers, and the inline namespace keeps each build's
+// inline functions apart at link time.
+#include <blochsim/epg.hpp>
+
+#include "dispatch.hpp"
+
+#ifndef BLOCHSIM_ISA_SUFFIX
+#define BLOCHSIM_ISA_SUFFIX default
+#endif
+#define BLOCHSIM_CAT2(a, b) a##b
+#define BLOCHSIM_CAT(a, b) BLOCHSIM_CAT2(a, b)
+
+namespace blochsim {
+namespace kernels {
+
+namespace {
+template <bool Complex>
+BLOCHSIM_FORCEINLINE int range(const EventStream& s, const Tissue& t, int64_t b0, int64_t b1, void* work,
+                               float* out) {
+  using V = vfloat16;
+  for (int64_t b = b0; b < b1; ++b) {
+    const int st = epg::forward_block<V, Complex>(s, t, b * Lanes<V>::width, static_cast<V*>(work), out);
+    if (st != ok) return st;
+  }
+  return ok;
+}
+}  // namespace
+
+int BLOCHSIM_CAT(range_real_, BLOCHSIM_ISA_SUFFIX)(const EventStream& s, const Tissue& t, int64_t b0,
+                                                   int64_t b1, void* work, float* out) {
+  return range<false>(s, t, b0, b1, work, out);
+}
+
+int BLOCHSIM_CAT(range_complex_, BLOCHSIM_ISA_SUFFIX)(const EventStream& s, const Tissue& t, int64_t b0,
+                                                      int64_t b1, void* work, float* out) {
+  return range<true>(s, t, b0, b1, work, out);
+}
+
+}  // namespace kernels
+}  // namespace blochsim
