@@ -150,6 +150,16 @@ class Simulator(_Base):
         values = {**self._defaults, **self._given, **overrides}
         return self.check_protocol(self._common_checks(values))
 
+    def _packed(self, p):
+        """The event stream for protocol p, reused while p does not change."""
+        key = _protocol_key(p)
+        cached = getattr(self, "_stream_cache", None)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        s = pack(self.preparation(p), self.repetition(p), p["repetitions"])
+        self._stream_cache = (key, s)
+        return s
+
     def stream(self, **protocol):
         """The packed event stream of one call with these protocol overrides."""
         self._check_names(protocol)
@@ -180,7 +190,7 @@ class Simulator(_Base):
                 f"to {type(self).__name__} (got crusher_dephasing_rad={p['crusher_dephasing_rad']!r}, "
                 f"voxel_size_m={p['voxel_size_m']!r})")
         device = _dispatch.resolve_device(self.device, False)
-        s = pack(self.preparation(p), self.repetition(p), p["repetitions"])
+        s = self._packed(p)
         states = p["states"] if p["states"] is not None else max(8, 1 + s.total_shifts)
         off_axis = any(k in arrays for k in ("B0", "B1phase", "v"))
         real, phi0 = s.real_subspace(off_axis)
@@ -212,6 +222,18 @@ class Simulator(_Base):
 
 
 _SI_TO_PUBLIC = {v[1]: k for k, v in V.TISSUE_UNITS.items()}
+
+
+def _protocol_key(p):
+    """A hashable snapshot of a protocol dict (arrays by value)."""
+    items = []
+    for k in sorted(p):
+        v = p[k]
+        if isinstance(v, np.ndarray):
+            items.append((k, v.dtype.str, v.shape, v.tobytes()))
+        else:
+            items.append((k, repr(v)))
+    return tuple(items)
 
 
 class ClosedFormSimulator(_Base):

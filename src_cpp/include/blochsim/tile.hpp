@@ -32,6 +32,12 @@ struct Lanes<float> {
 
 #if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDA_ARCH__)
 #define BLOCHSIM_HAVE_VECTOR_LANES 1
+#if defined(__GNUC__) && !defined(__clang__)
+// The lane vectors never cross an ABI boundary by value (kernels are
+// inlined into their entry functions), so GCC's note that 64-byte vector
+// returns depend on -mavx512f does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
 // 16 floats (64 bytes) and 16 doubles; element access by subscript.
 typedef float vfloat16 __attribute__((vector_size(64)));
 typedef double vdouble16 __attribute__((vector_size(128)));
