@@ -1,0 +1,162 @@
+"""The public API: shapes, dtypes, composition, playings, packing, the main job."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import blochsim
+from blochsim import (Delay, Dephase, Excitation, Inversion, Pulse, Readout, Refocusing, Sequence,
+                      Simulator, Spoil)
+from blochsim.simulators import (FSESimulator, InversionRecoverySimulator, MRFSimulator, SPGRSimulator,
+                                 SpinEchoSimulator, StimulatedEchoSimulator, TrueFISPSimulator,
+                                 bSSFPSimulator)
+
+
+def test_spec_example_shapes():
+    fse = FSESimulator(ESP=5.0, TR=3000.0)
+    s = fse.simulate(flip=np.full(48, 180.0), T1=1000.0, T2=[80.0, 110.0])
+    assert s.shape == (2, 48) and s.dtype == np.complex64
+
+
+def test_voxel_broadcasting():
+    T1 = np.array([[800.0], [1200.0], [2000.0]])
+    T2 = np.array([50.0, 90.0])
+    s = FSESimulator(ESP=5.0).simulate(flip=np.full(6, 150.0), T1=T1, T2=T2)
+    assert s.shape == (3, 2, 6)
+    for i in range(3):
+        for j in range(2):
+            one = FSESimulator(ESP=5.0).simulate(flip=np.full(6, 150.0), T1=T1[i, 0], T2=T2[j])
+            np.testing.assert_array_equal(s[i, j], one)
+
+
+def test_scalar_voxel_and_M0_scaling():
+    sim = MRFSimulator(flip=np.linspace(10, 50, 20), TR=10.0, states=16)
+    s = sim.simulate(T1=1000.0, T2=80.0)
+    assert s.shape == (20,)
+    np.testing.assert_allclose(sim.simulate(T1=1000.0, T2=80.0, M0=np.array([2.0, -0.5])),
+                               np.stack([2 * s, -0.5 * s]), rtol=1e-6)
+
+
+def test_function_forms_equal_classes():
+    f = np.full(10, 160.0)
+    np.testing.assert_array_equal(blochsim.fse_sim(flip=f, ESP=6.0, T1=900.0, T2=70.0),
+                                  FSESimulator(ESP=6.0).simulate(flip=f, T1=900.0, T2=70.0))
+    fl = np.linspace(5, 40, 30)
+    np.testing.assert_array_equal(blochsim.mrf_sim(flip=fl, TR=9.0, states=20, T1=900.0, T2=70.0),
+                                  MRFSimulator(flip=fl, TR=9.0, states=20).simulate(T1=900.0, T2=70.0))
+    np.testing.assert_array_equal(blochsim.spgr_sim(flip=10.0, TR=10.0, T1=900.0),
+                                  SPGRSimulator(flip=10.0, TR=10.0).simulate(T1=900.0))
+    np.testing.assert_array_equal(blochsim.bssfp_sim(flip=30.0, TR=5.0, T1=900.0, T2=70.0),
+                                  bSSFPSimulator(flip=30.0, TR=5.0).simulate(T1=900.0, T2=70.0))
+    assert blochsim.truefisp_sim(flip=30.0, TR=5.0, nshots=7).shape == (7,)
+    assert blochsim.ir_sim(TI=[100.0, 200.0], T1=900.0).shape == (2,)
+    assert blochsim.se_sim(TE=[10.0, 20.0, 30.0], TR=1000.0, T1=900.0, T2=80.0).shape == (3,)
+    assert blochsim.ste_sim(TE=10.0, TM=50.0).shape == (2,)
+
+
+def test_protocol_override_per_call():
+    sim = FSESimulator(ESP=5.0, flip=np.full(4, 180.0))
+    a = sim.simulate(T2=50.0)
+    b = sim.simulate(T2=50.0, ESP=10.0)
+    np.testing.assert_allclose(np.abs(b), np.exp(-np.arange(1, 5) * 10.0 / 50.0), rtol=1e-5)
+    np.testing.assert_allclose(np.abs(a), np.exp(-np.arange(1, 5) * 5.0 / 50.0), rtol=1e-5)
+
+
+def test_composition_reads_right_to_left_in_time():
+    seq = Readout() @ Pulse(90.0)
+    assert [type(o) for o in seq] == [Pulse, Readout]
+    seq2 = Delay(1.0) @ seq
+    assert [type(o) for o in seq2] == [Pulse, Readout, Delay]
+    assert len(Pulse(10.0) ** 3) == 3
+
+
+def test_custom_simulator_and_repetitions_record_the_last_playing():
+    class Spoiled(Simulator):
+        protocol = {"flip": 30.0, "TR": 20.0}
+        tissue_properties = ("T1", "T2")
+
+        def repetition(self, p):
+            return Sequence([Pulse(p["flip"]), Readout(-90.0), Spoil(), Delay(p["TR"])])
+
+    first = Spoiled().simulate(T1=500.0)
+    np.testing.assert_allclose(first, [0.5], atol=1e-6)
+    later = Spoiled(repetitions=3).simulate(T1=500.0)
+    a, E1 = np.radians(30.0), np.exp(-20.0 / 500.0)
+    mz = 1.0
+    for _ in range(2):
+        mz = E1 * np.cos(a) * mz + 1 - E1
+    np.testing.assert_allclose(later, [np.sin(a) * mz], rtol=1e-6)
+
+
+def test_packing_is_cached_per_shape_and_values_rebind():
+    from blochsim import sequence as seqmod
+
+    sim = FSESimulator(ESP=5.0)
+    before = len(seqmod._LAYOUTS)
+    a = sim.simulate(flip=np.full(12, 180.0), T2=60.0)
+    mid = len(seqmod._LAYOUTS)
+    b = sim.simulate(flip=np.full(12, 120.0), T2=60.0)  # same shape, new values
+    assert len(seqmod._LAYOUTS) == mid and mid <= before + 1
+    assert not np.allclose(a, b)
+    np.testing.assert_array_equal(b, FSESimulator(ESP=5.0).simulate(flip=np.full(12, 120.0), T2=60.0))
+
+
+def test_default_states_follow_the_winding():
+    s, p = FSESimulator(ESP=5.0).stream(flip=np.full(10, 180.0))
+    assert s.total_shifts == 20
+    s2, _ = StimulatedEchoSimulator(TE=10.0, TM=20.0).stream()
+    assert s2.total_shifts == 3
+
+
+def test_backends_and_includes():
+    info = blochsim.backends()
+    assert info["cpu"]["available"] is True
+    assert isinstance(info["cuda"]["available"], bool)
+    if not info["cuda"]["available"]:
+        assert info["cuda"]["reason"]
+    assert os.path.isfile(os.path.join(blochsim.get_include(), "blochsim", "blochsim.hpp"))
+    assert os.path.isfile(os.path.join(blochsim.get_pkgconfig_dir(), "blochsim.pc"))
+
+
+def test_import_is_light():
+    code = ("import sys, blochsim; bad = [m for m in ('cupy', 'torch', 'scipy', 'numba') if m in sys.modules];"
+            " print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=os.path.dirname(os.path.dirname(blochsim.__file__)))
+    assert out.stdout.strip() == "[]"
+
+
+def test_gil_is_released_for_concurrent_calls():
+    from concurrent.futures import ThreadPoolExecutor
+
+    sim = MRFSimulator(flip=np.linspace(5, 60, 100), TR=10.0, states=32, threads=1)
+    T1 = np.linspace(300, 2000, 64)
+    ref = sim.simulate(T1=T1, T2=50.0)
+    with ThreadPoolExecutor(2) as ex:
+        outs = list(ex.map(lambda _: sim.simulate(T1=T1, T2=50.0), range(4)))
+    for o in outs:
+        np.testing.assert_array_equal(o, ref)
+
+
+def test_main_job_writes_a_dictionary(tmp_path):
+    from blochsim.cli import main, reference_flips, reference_tissues
+
+    out = tmp_path / "dict.npz"
+    assert main(["--atoms", "300", "--trs", "50", "--out", str(out), "--quiet"]) == 0
+    d = np.load(out)
+    assert d["signals"].shape == (300, 50) and d["signals"].dtype == np.complex64
+    T1, T2 = reference_tissues(300)
+    np.testing.assert_array_equal(d["T1_ms"], T1)
+    sim = MRFSimulator(flip=reference_flips(50), TR=10.0, states=32)
+    np.testing.assert_array_equal(d["signals"][:5], sim.simulate(T1=T1[:5], T2=T2[:5]))
+    flips = reference_flips(500)
+    assert flips.shape == (500,) and flips[0] == 5 and flips[249] == 60 and flips[-1] == 2
+
+
+def test_main_job_console_entry(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "blochsim", "--atoms", "40", "--trs", "20", "--chunk", "16",
+                        "--out", str(tmp_path / "d.npz")], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "atoms/s" in r.stdout

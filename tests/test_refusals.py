@@ -1,0 +1,186 @@
+"""Every refusal of SPEC §8 that the host engine can meet: a clear
+exception naming the parameter and the value, before any kernel runs."""
+import numpy as np
+import pytest
+
+import blochsim
+from blochsim import Delay, Dephase, Pulse, Readout, SampledPulse, Simulator
+from blochsim.simulators import FSESimulator, MRFSimulator, SPGRSimulator, bSSFPSimulator
+
+FLIP = np.full(8, 180.0)
+
+
+def fse(**kw):
+    return FSESimulator(ESP=5.0, **kw)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_nan_or_inf_tissue(bad):
+    with pytest.raises(ValueError, match=r"T2 must be finite.*(nan|inf)"):
+        fse().simulate(flip=FLIP, T1=1000.0, T2=np.array([80.0, bad]))
+
+
+def test_nan_protocol():
+    with pytest.raises(ValueError, match=r"flip must be finite"):
+        fse().simulate(flip=np.array([180.0, np.nan]), T2=80.0)
+    with pytest.raises(ValueError, match=r"ESP must be finite"):
+        FSESimulator(ESP=np.inf)
+
+
+@pytest.mark.parametrize("name", ["T1", "T2"])
+@pytest.mark.parametrize("value", [0.0, -5.0])
+def test_nonpositive_relaxation_times(name, value):
+    kw = {"T1": 1000.0, "T2": 80.0, name: np.array([50.0, value])}
+    with pytest.raises(ValueError, match=rf"{name} must be > 0 ms, got {value!r} at index \(1,\)"):
+        fse().simulate(flip=FLIP, **kw)
+
+
+def test_negative_diffusion():
+    sim = fse(crusher_dephasing_rad=2 * np.pi, voxel_size_m=1e-3)
+    with pytest.raises(ValueError, match=r"D must be >= 0"):
+        sim.simulate(flip=FLIP, T2=80.0, D=-1.0)
+
+
+def test_unknown_property_names():
+    with pytest.raises(TypeError, match=r"unknown keyword 'T3'"):
+        fse().simulate(flip=FLIP, T3=1.0)
+    # a known property the simulator does not model is refused, never ignored
+    with pytest.raises(TypeError, match=r"does not model tissue property 'v'"):
+        fse().simulate(flip=FLIP, T2=80.0, v=0.1)
+    with pytest.raises(TypeError, match=r"does not model tissue property 'B0'"):
+        MRFSimulator(flip=FLIP, TR=10.0).simulate(T1=1000.0, B0=3.0)
+    with pytest.raises(TypeError, match=r"no protocol parameter 'TEE'"):
+        FSESimulator(ESP=5.0, TEE=3.0)
+    with pytest.raises(TypeError, match=r"T1 is a tissue property"):
+        FSESimulator(ESP=5.0, T1=3.0)
+
+
+def test_shapes_that_do_not_broadcast():
+    with pytest.raises(ValueError, match=r"do not broadcast.*T1 \(3,\).*T2 \(4,\)"):
+        fse().simulate(flip=FLIP, T1=np.ones(3) * 900, T2=np.ones(4) * 80)
+
+
+@pytest.mark.parametrize("arr", [np.array([1000, 2000]), np.array([1 + 0j]), np.array([True])])
+def test_non_float_dtypes(arr):
+    with pytest.raises(TypeError, match=r"T1 must .*(floating|real)"):
+        fse().simulate(flip=FLIP, T1=arr, T2=80.0)
+
+
+def test_non_float_objects():
+    with pytest.raises(TypeError, match=r"T2 must be"):
+        fse().simulate(flip=FLIP, T2="80")
+    with pytest.raises(TypeError, match=r"T2 must be"):
+        fse().simulate(flip=FLIP, T2=True)
+
+
+@pytest.mark.parametrize("prop", ["D", "v"])
+def test_diffusion_or_flow_without_geometry(prop):
+    class DV(Simulator):
+        tissue_properties = ("T2", "D", "v")
+
+        def repetition(self, p):
+            return Readout() @ Delay(5.0) @ Dephase() @ Pulse(90.0)
+
+    with pytest.raises(ValueError, match=rf"{prop} needs the crusher geometry.*crusher_dephasing_rad=None"):
+        DV().simulate(**{prop: 1.0})
+    with pytest.raises(ValueError, match=rf"{prop} needs the crusher geometry.*voxel_size_m=None"):
+        DV(crusher_dephasing_rad=np.pi).simulate(**{prop: 1.0})
+
+
+@pytest.mark.parametrize("states", [0, -3])
+def test_states_below_one(states):
+    with pytest.raises(ValueError, match=rf"states must be >= 1, got {states}"):
+        fse(states=states)
+
+
+@pytest.mark.parametrize("states", [2.5, "8", True])
+def test_states_not_an_integer(states):
+    with pytest.raises(TypeError, match=r"states must be an integer"):
+        fse(states=states)
+
+
+def test_bad_geometry():
+    with pytest.raises(ValueError, match=r"voxel_size_m must be > 0"):
+        fse(voxel_size_m=0.0)
+    with pytest.raises(ValueError, match=r"crusher_dephasing_rad must be > 0"):
+        fse(crusher_dephasing_rad=-1.0)
+
+
+def test_protocol_refusals():
+    with pytest.raises(ValueError, match=r"ESP must be > 0 ms, got -1.0"):
+        FSESimulator(ESP=-1.0)
+    with pytest.raises(ValueError, match=r"TR must be >= n_echoes \* ESP = 40 ms, got 30"):
+        FSESimulator(ESP=5.0, TR=30.0).simulate(flip=FLIP)
+    with pytest.raises(ValueError, match=r"phases must have 8 entries, got 3"):
+        fse().simulate(flip=FLIP, phases=np.zeros(3))
+    with pytest.raises(ValueError, match=r"TR must have 8 entries"):
+        MRFSimulator(flip=FLIP, TR=np.ones(5))
+    with pytest.raises(TypeError, match=r"needs protocol parameter 'flip'"):
+        fse().simulate(T2=80.0)
+    with pytest.raises(ValueError, match=r"TE must be <= TR"):
+        bSSFPSimulator(flip=30.0, TR=5.0, TE=6.0)
+    with pytest.raises(TypeError, match=r"needs tissue property 'T1'"):
+        SPGRSimulator(flip=10.0, TR=10.0).simulate(M0=1.0)
+    with pytest.raises(ValueError, match=r"repetitions must be >= 1"):
+        fse(repetitions=0)
+    with pytest.raises(ValueError, match=r"threads must be >= 1"):
+        fse(threads=0)
+
+
+def test_operator_refusals():
+    with pytest.raises(ValueError, match=r"Delay duration must be a scalar >= 0 ms"):
+        Delay(-1.0)
+    with pytest.raises(ValueError, match=r"flip must be finite"):
+        Pulse(np.nan)
+    with pytest.raises(TypeError, match=r"Dephase orders must be an integer"):
+        Dephase(1.5)
+    with pytest.raises(ValueError, match=r"dwell must be > 0"):
+        SampledPulse(np.ones(4), dwell=0.0)
+    with pytest.raises(TypeError, match=r"holds Operators"):
+        blochsim.Sequence([Pulse(90.0), "not an op"])
+
+
+def test_cuda_requested_without_cuda():
+    if blochsim.backends()["cuda"]["available"]:
+        pytest.skip("CUDA is usable here")
+    with pytest.raises(RuntimeError, match=r"device='cuda'.*cannot run: .*CUDA"):
+        FSESimulator(ESP=5.0, device="cuda").simulate(flip=FLIP, T2=80.0)
+    with pytest.raises(ValueError, match=r"device must be 'cpu' or 'cuda', got 'tpu'"):
+        FSESimulator(ESP=5.0, device="tpu")
+
+
+class _FakeDeviceArray:
+    """Exposes the CUDA array interface without any GPU behind it."""
+
+    __cuda_array_interface__ = {"shape": (2,), "typestr": "<f4", "data": (0, False), "version": 3}
+
+
+def test_device_array_without_cuda():
+    if blochsim.backends()["cuda"]["available"]:
+        pytest.skip("CUDA is usable here")
+    with pytest.raises(RuntimeError, match=r"T2 is a device array.*cannot run"):
+        fse().simulate(flip=FLIP, T2=_FakeDeviceArray())
+
+
+def test_refusal_leaves_no_partial_output():
+    sim = fse()
+    good = sim.simulate(flip=FLIP, T2=80.0)
+    with pytest.raises(ValueError):
+        sim.simulate(flip=FLIP, T2=np.array([80.0, -1.0]))
+    np.testing.assert_array_equal(sim.simulate(flip=FLIP, T2=80.0), good)
+
+
+def test_core_rechecks_the_stream():
+    from blochsim import _core
+
+    n = 1
+    iv = np.array([5], np.int32)  # no interval table: index out of range
+    z32 = np.zeros(1, np.int32)
+    f32 = np.zeros(1, np.float32)
+    out = np.zeros((n, 1), np.complex64)
+    with pytest.raises(ValueError, match="interval index"):
+        _core.forward_host(iv, np.array([4], np.uint32), z32, z32, f32, f32, f32, z32,
+                           np.zeros(0), 1, 8, 0.0, 0.0, True, 0.0, (None,) * 9, n, out, 1)
+    with pytest.raises(ValueError, match="states must be >= 1"):
+        _core.forward_host(z32 - 1, np.array([4], np.uint32), z32, z32, f32, f32, f32, z32,
+                           np.zeros(0), 1, 0, 0.0, 0.0, True, 0.0, (None,) * 9, n, out, 1)
