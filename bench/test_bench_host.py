@@ -1,0 +1,43 @@
+"""Host benchmarks of the reference workload (SPEC §9).
+
+Run: ``pytest bench/ --benchmark-only`` (add ``--benchmark-json=FILE`` to
+keep the numbers).  Each benchmark records atoms/s in ``extra_info``.
+"""
+import numpy as np
+import pytest
+
+from blochsim.cli import reference_flips, reference_tissues
+from blochsim.simulators import MRFSimulator
+
+SIZES = [1_000, 10_000, 100_000]
+
+
+def _run(benchmark, n, phases, threads=None):
+    T1, T2 = reference_tissues(n)
+    sim = MRFSimulator(flip=reference_flips(500), TR=10.0, phases=phases, states=32, threads=threads)
+    sim.simulate(T1=T1[:16], T2=T2[:16])  # pack once outside the timing
+    rounds = 3 if n >= 100_000 else 10
+    out = benchmark.pedantic(sim.simulate, kwargs={"T1": T1, "T2": T2}, rounds=rounds, warmup_rounds=1)
+    assert out.shape == (n, 500)
+    benchmark.extra_info["atoms"] = n
+    benchmark.extra_info["atoms_per_s_median"] = n / benchmark.stats.stats.median
+    return out
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_mrf_forward_real_path(benchmark, n):
+    """Phase-0 train: the real-subspace kernel."""
+    _run(benchmark, n, 0.0)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_mrf_forward_complex_path(benchmark, n):
+    """Every RF phase different (quadratic phase): the complex kernel."""
+    k = np.arange(500)
+    _run(benchmark, n, 0.5 * 117.0 * k * (k + 1))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_mrf_forward_threads_10k(benchmark, threads):
+    """10,000 atoms at a fixed thread count (the issue's 2-core target)."""
+    _run(benchmark, 10_000, 0.0, threads=threads)
