@@ -166,11 +166,13 @@ class Simulator(_Base):
         p = self._protocol_values(protocol)
         return pack(self.preparation(p), self.repetition(p), p["repetitions"]), p
 
-    def simulate(self, **values):
+    def simulate(self, out=None, **values):
         """Simulate the signal.
 
         Parameters
         ----------
+        out : numpy.ndarray, complex64, shape (*voxels, samples), optional
+            C-contiguous array to write the signal into (returned).
         **values
             Tissue properties (public units; each a float or an array, all
             broadcast to one voxel shape) and protocol overrides for this
@@ -206,7 +208,16 @@ class Simulator(_Base):
                 si.append(np.ascontiguousarray(flat * factor, dtype=np.float32))
             else:
                 si.append(None)
-        out = np.empty((n, s.n_samples), dtype=np.complex64)
+        want = shape + (s.n_samples,)
+        if out is None:
+            out = np.empty(want, dtype=np.complex64)
+        elif not isinstance(out, np.ndarray) or out.dtype != np.complex64 or out.shape != want \
+                or not out.flags.c_contiguous or not out.flags.writeable:
+            raise ValueError(
+                f"out must be a writeable C-contiguous complex64 array of shape {want}, got "
+                f"{type(out).__name__} {getattr(out, 'dtype', '')} {getattr(out, 'shape', '')}")
+        result = out
+        out = out.reshape(n, s.n_samples)
         dk = 0.0
         voxel = 0.0
         if p["crusher_dephasing_rad"] is not None and p["voxel_size_m"] is not None:
@@ -218,7 +229,7 @@ class Simulator(_Base):
         _core.forward_host(s.interval, s.flags, s.shift_before, s.shift_after, s.flip_rad,
                            s.phase_rad, s.rx_phase_rad, s.slot, s.duration_s, s.n_samples,
                            states, dk, voxel, real, phi0, tuple(si), n, out, threads)
-        return out.reshape(shape + (s.n_samples,))
+        return result
 
 
 _SI_TO_PUBLIC = {v[1]: k for k, v in V.TISSUE_UNITS.items()}

@@ -160,3 +160,16 @@ def test_main_job_console_entry(tmp_path):
                         "--out", str(tmp_path / "d.npz")], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "atoms/s" in r.stdout
+
+
+def test_out_argument():
+    sim = FSESimulator(ESP=5.0, flip=np.full(6, 150.0))
+    T2 = np.array([40.0, 80.0, 120.0])
+    out = np.full((3, 6), np.nan, np.complex64)
+    r = sim.simulate(T2=T2, out=out)
+    assert r is out
+    np.testing.assert_array_equal(out, sim.simulate(T2=T2))
+    with pytest.raises(ValueError, match=r"out must be .*shape \(3, 6\)"):
+        sim.simulate(T2=T2, out=np.zeros((3, 5), np.complex64))
+    with pytest.raises(ValueError, match=r"out must be .*complex64"):
+        sim.simulate(T2=T2, out=np.zeros((3, 6), np.complex128))
