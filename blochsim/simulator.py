@@ -276,8 +276,6 @@ class ClosedFormSimulator(_Base):
         p = self._protocol_values(proto)
         arrays, shape = self._tissue(tissue)
         dtype = np.result_type(*arrays.values(), np.float32) if arrays else np.float64
-        if any(isinstance(v, (int, float)) for v in tissue.values()):
-            dtype = np.float64
         ctype = np.complex128 if dtype == np.float64 else np.complex64
         t = {k: np.asarray(a, dtype=np.float64)[..., None] for k, a in arrays.items()}
         out = self.signal(p, t)
