@@ -1,16 +1,26 @@
 // The EPG forward kernel (SPEC §1-2), one source for host and device.
 //
-// forward_block<V, Complex> plays the whole event stream for one block of
-// Lanes<V>::width problems (atoms or voxels), V being the lane type of
-// tile.hpp.  Complex = false is the real subspace: when every RF phase is
-// phi0 or phi0 + pi and nothing off-axis is on, the embedding
+// play() walks the event stream for one problem, or for a block of them held
+// side by side in a lane type V (tile.hpp), and hands every state update to
+// a Store: the policy that decides where the orders of the state live.
+//   - PlaneStore (this file): all orders in memory as (orders,) of V; the
+//     host runs it with V = 16 problems per SIMD vector, the device runs it
+//     for very wide states with V = float and the planes in global memory.
+//   - RegisterStore (epg_registers.hpp): the orders spread over a team of
+//     threads, R orders per thread in registers, shifted across the team by
+//     warp shuffles or shared memory.
+// The per-order arithmetic below is shared by every store, so host and
+// device compute the same expressions.
+//
+// Complex = false is the real subspace: when every RF phase is phi0 or
+// phi0 + pi and nothing off-axis is on, the embedding
 //     F+_k = -i e^{i phi0} f+_k,   F-_k = i e^{-i phi0} f-_k,   Z_k = z_k
 // with real f+, f-, z is closed under every operator, so three real planes
 // replace six (the host decides this once per sequence).
 //
 // Only orders below `band` can be non-zero: the state starts at Z_0 = 1 and
-// each shift of one order widens the band by one, so the cost per event
-// grows with the number of shifts played so far, up to K.
+// each shift of one order widens the band by one.  The band depends on the
+// sequence only, so it is the same for every problem of a launch.
 #pragma once
 
 #include <cmath>
@@ -22,322 +32,460 @@ namespace blochsim {
 inline namespace BLOCHSIM_ISA {
 namespace epg {
 
-// Interval operator, tabulated per (interval, lane) before the event loop so
-// that the loop does no exp or sincos that depends on the voxel.
-enum IntervalField : int {
-  iv_e1,    // exp(-tau/T1)
-  iv_e2c,   // exp(-tau/T2) cos(2 pi B0 tau)
-  iv_e2s,   // exp(-tau/T2) sin(2 pi B0 tau)
-  iv_rec,   // 1 - exp(-tau/T1): recovery of Z_0 towards M_eq = 1
-  iv_diff,  // exp(-D dk^2 tau): order k is attenuated by iv_diff^(k^2)
-  iv_flow,  // dk v tau: order k is dephased by exp(-i k iv_flow)
-  iv_keep,  // 1 - washout fraction
-  iv_fields
+// Tissue values of the problems of one lane vector.
+template <class V>
+struct LaneTissue {
+  V T1, T2, M0, B1, B1phase, B0, D, v, eta;
 };
 
-// RF coefficients of the current pulse (see rf_coefficients).
-enum RfField : int { rf_c2, rf_s2, rf_ar, rf_ai, rf_br, rf_bi, rf_cr, rf_ci, rf_ca, rf_fields };
-
-// Per-lane tissue values used by events.
-enum LaneField : int { ln_m0, ln_b1, ln_b1phase, ln_eta, ln_fields };
-
-// Workspace one block needs, in units of V.
 template <class V>
-BLOCHSIM_HD inline int64_t workspace_vectors(const EventStream& s) {
-  const int64_t planes = s.real_path ? 3 : 6;
-  return planes * s.states + s.n_intervals * iv_fields + rf_fields + ln_fields;
-}
-
-// Tabulate the interval operators of every distinct duration for the lanes.
-template <class V>
-BLOCHSIM_HD BLOCHSIM_FORCEINLINE void tabulate_intervals(const EventStream& s, const Tissue& t,
-                                                         const int64_t* idx, V* ivt) {
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE LaneTissue<V> gather(const Tissue& t, const int64_t* idx) {
   using LT = Lanes<V>;
-  const double dk = s.dk_rad_per_m;
-  const double voxel = s.voxel_size_m;
-  for (int64_t i = 0; i < s.n_intervals; ++i) {
-    const double tau = s.duration_s[i];
-    V* row = ivt + i * iv_fields;
-    for (int l = 0; l < LT::width; ++l) {
-      const int64_t p = idx[l];
-      const double T1 = t.T1_s.at(p), T2 = t.T2_s.at(p);
-      const double theta = 2.0 * pi * static_cast<double>(t.B0_hz.at(p)) * tau;
-      const double D = t.D_m2_s.at(p);
-      const double v = t.v_m_s.at(p);
-      double w = voxel > 0.0 ? std::fabs(v) * tau / voxel : 0.0;
-      w = w < 1.0 ? w : 1.0;
-      const double e2 = std::exp(-tau / T2);
-      LT::set(row[iv_e1], l, static_cast<float>(std::exp(-tau / T1)));
-      LT::set(row[iv_e2c], l, static_cast<float>(e2 * std::cos(theta)));
-      LT::set(row[iv_e2s], l, static_cast<float>(e2 * std::sin(theta)));
-      LT::set(row[iv_rec], l, static_cast<float>(-std::expm1(-tau / T1)));
-      LT::set(row[iv_diff], l, static_cast<float>(std::exp(-D * dk * dk * tau)));
-      LT::set(row[iv_flow], l, static_cast<float>(dk * v * tau));
-      LT::set(row[iv_keep], l, static_cast<float>(1.0 - w));
-    }
+  LaneTissue<V> lt;
+  for (int l = 0; l < LT::width; ++l) {
+    const int64_t p = idx[l];
+    LT::set(lt.T1, l, t.T1_s.at(p));
+    LT::set(lt.T2, l, t.T2_s.at(p));
+    LT::set(lt.M0, l, t.M0.at(p));
+    LT::set(lt.B1, l, t.B1.at(p));
+    LT::set(lt.B1phase, l, t.B1phase_rad.at(p));
+    LT::set(lt.B0, l, t.B0_hz.at(p));
+    LT::set(lt.D, l, t.D_m2_s.at(p));
+    LT::set(lt.v, l, t.v_m_s.at(p));
+    LT::set(lt.eta, l, t.inv_efficiency.at(p));
   }
+  return lt;
 }
 
-// RF coefficients of pulse e for every lane.  Complex layout:
-//   F+' = c2 F+ + A F- + B Z,  F-' = conj(A) F+ + c2 F- + conj(B) Z,
-//   Z'  = C F+ + conj(C) F- + ca Z,
-// A = e^{2i phi} sin^2(a/2), B = -i e^{i phi} sin a, C = -(i/2) e^{-i phi} sin a,
-// which is SPEC §2's rotation written out.  Real layout (phi = phi0 + {0, pi},
-// sigma = +-1; rf_br holds sigma sin a):
-//   f+' = c2 f+ - s2 f- + sigma sin(a) z,  f-' = -s2 f+ + c2 f- + sigma sin(a) z,
-//   z'  = -(sigma/2) sin(a) (f+ + f-) + cos(a) z.
-template <class V, bool Complex>
-BLOCHSIM_HD BLOCHSIM_FORCEINLINE void rf_coefficients(const EventStream& s, int64_t e, bool uniform,
-                                                      const V* lane, V* rf) {
+// Free evolution over one interval, washout folded in:
+//   F+ <- q F+,  F- <- conj(q) F-,  Z <- e1 Z,  Z_0 += rec,
+// q = keep e^{-tau/T2} e^{-2 pi i B0 tau}, e1 = keep e^{-tau/T1},
+// rec = keep (1 - e^{-tau/T1}) + (1 - keep), keep = 1 - washout fraction;
+// and, for diffusion and flow, order k further multiplied by
+// e^{dlog k^2} e^{-i k flow} (conjugate phase on F-).
+template <class V>
+struct IvCoef {
+  V qr, qi, e1, rec, dlog, flow;
+};
+
+template <class V>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE IvCoef<V> identity_interval() {
+  return {splat<V>(1.0f), V{}, splat<V>(1.0f), V{}, V{}, V{}};
+}
+
+// M is the precision of the exponentials (double on the host, float on the
+// device, where they are evaluated per event).
+template <class V, class M>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE IvCoef<V> interval_coef(const EventStream& s, const LaneTissue<V>& lt,
+                                                          int64_t iv) {
   using LT = Lanes<V>;
+  const M tau = static_cast<M>(s.duration_s[iv]);
+  const M dk = static_cast<M>(s.dk_rad_per_m);
+  const M voxel = static_cast<M>(s.voxel_size_m);
+  IvCoef<V> c;
+  for (int l = 0; l < LT::width; ++l) {
+    const M T1 = LT::get(lt.T1, l), T2 = LT::get(lt.T2, l);
+    const M v = LT::get(lt.v, l), D = LT::get(lt.D, l);
+    const M theta = static_cast<M>(2.0 * pi) * static_cast<M>(LT::get(lt.B0, l)) * tau;
+    M w = voxel > M(0) ? std::fabs(v) * tau / voxel : M(0);
+    w = w < M(1) ? w : M(1);
+    const M keep = M(1) - w;
+    const M e2 = keep * std::exp(-tau / T2);
+    LT::set(c.qr, l, static_cast<float>(e2 * std::cos(theta)));
+    LT::set(c.qi, l, static_cast<float>(-e2 * std::sin(theta)));
+    LT::set(c.e1, l, static_cast<float>(keep * std::exp(-tau / T1)));
+    LT::set(c.rec, l, static_cast<float>(-keep * std::expm1(-tau / T1) + w));
+    LT::set(c.dlog, l, static_cast<float>(-D * dk * dk * tau));
+    LT::set(c.flow, l, static_cast<float>(dk * v * tau));
+  }
+  return c;
+}
+
+// A linear event operator at every order k, plus a source at order 0:
+//   F+' = P F+ + A F- + B Z              (+ J at k = 0)
+//   F-' = conj(A) F+ + conj(P) F- + conj(B) Z   (+ conj(J))
+//   Z'  = C F+ + conj(C) F- + ca Z       (+ jz)
+// A hard pulse is P = cos^2(a/2), A = e^{2i phi} sin^2(a/2),
+// B = -i e^{i phi} sin a, C = -(i/2) e^{-i phi} sin a, ca = cos a (SPEC §2);
+// an inversion is P = 1, ca = -eta.  An interval before the pulse is folded in
+// (fuse), so relaxation and rotation cost one pass over the orders.  On the
+// real path only the real parts are used: f+' = P f+ + A f- + B z,
+// f-' = A f+ + P f- + B z, z' = C (f+ + f-) + ca z.
+template <class V>
+struct Op {
+  V pr, pi, ar, ai, br, bi, cr, ci, ca, jr, ji, jz;
+};
+
+template <class V>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE Op<V> identity_op() {
+  Op<V> o{};
+  o.pr = splat<V>(1.0f);
+  o.ca = splat<V>(1.0f);
+  return o;
+}
+
+// The pulse of event e for every lane (B1 scales the flip, B1phase adds to
+// the phase).  With `uniform` (no per-problem B1 or B1phase) the rotation
+// is the same for every lane and comes from the stream's rf_table if any.
+template <class V, bool Complex>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE Op<V> pulse_op(const EventStream& s, int64_t e, bool uniform,
+                                                const LaneTissue<V>& lt) {
+  using LT = Lanes<V>;
+  Op<V> o{};
   const int n = uniform ? 1 : LT::width;
-  float c[rf_fields];
   for (int l = 0; l < n; ++l) {
-    const float alpha = s.flip_rad[e] * LT::get(lane[ln_b1], l);
-    const float phi = s.phase_rad[e] + LT::get(lane[ln_b1phase], l);
-    const float ch = std::cos(0.5f * alpha), sh = std::sin(0.5f * alpha);
-    const float sa = 2.0f * sh * ch;
-    c[rf_c2] = ch * ch;
-    c[rf_s2] = sh * sh;
-    c[rf_ca] = ch * ch - sh * sh;
-    if (Complex) {
-      const float cp = std::cos(phi), sp = std::sin(phi);
-      c[rf_ar] = (cp * cp - sp * sp) * c[rf_s2];
-      c[rf_ai] = 2.0f * sp * cp * c[rf_s2];
-      c[rf_br] = sa * sp;
-      c[rf_bi] = -sa * cp;
-      c[rf_cr] = -0.5f * sa * sp;
-      c[rf_ci] = -0.5f * sa * cp;
+    float c2, s2, sa, ca, cp, sp;
+    if (uniform && s.rf_table) {
+      const float* r = s.rf_table + e * rf_table_fields;
+      c2 = r[rft_cos2_half];
+      s2 = r[rft_sin2_half];
+      sa = r[rft_sin];
+      ca = r[rft_cos];
+      cp = r[rft_cos_phase];
+      sp = r[rft_sin_phase];
     } else {
-      const float sigma = std::cos(phi - s.common_phase_rad) >= 0.0f ? 1.0f : -1.0f;
-      c[rf_br] = sigma * sa;
-      c[rf_ar] = c[rf_ai] = c[rf_bi] = c[rf_cr] = c[rf_ci] = 0.0f;
+      const float alpha = s.flip_rad[e] * LT::get(lt.B1, l);
+      const float phi = s.phase_rad[e] + LT::get(lt.B1phase, l);
+      const float ch = std::cos(0.5f * alpha), sh = std::sin(0.5f * alpha);
+      c2 = ch * ch;
+      s2 = sh * sh;
+      sa = 2.0f * sh * ch;
+      ca = c2 - s2;
+      cp = std::cos(phi);
+      sp = std::sin(phi);
+    }
+    float v[12] = {c2, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, ca, 0.0f, 0.0f, 0.0f};
+    if (Complex) {
+      v[2] = (cp * cp - sp * sp) * s2;  // A = e^{2i phi} s2
+      v[3] = 2.0f * sp * cp * s2;
+      v[4] = sa * sp;                   // B = -i e^{i phi} sa
+      v[5] = -sa * cp;
+      v[6] = -0.5f * sa * sp;           // C = -(i/2) e^{-i phi} sa
+      v[7] = -0.5f * sa * cp;
+    } else {
+      // phi = phi0 or phi0 + pi: sigma = cos(phi - phi0) = +-1
+      const float c0 = std::cos(s.common_phase_rad), s0 = std::sin(s.common_phase_rad);
+      const float sigma = cp * c0 + sp * s0 >= 0.0f ? 1.0f : -1.0f;
+      v[2] = -s2;
+      v[4] = sigma * sa;
+      v[6] = -0.5f * sigma * sa;
     }
     if (uniform) {
-      for (int f = 0; f < rf_fields; ++f) rf[f] = splat<V>(c[f]);
+      o = Op<V>{splat<V>(v[0]), splat<V>(v[1]), splat<V>(v[2]), splat<V>(v[3]), splat<V>(v[4]),
+                splat<V>(v[5]), splat<V>(v[6]), splat<V>(v[7]), splat<V>(v[8]), V{}, V{}, V{}};
     } else {
-      for (int f = 0; f < rf_fields; ++f) LT::set(rf[f], l, c[f]);
+      LT::set(o.pr, l, v[0]);
+      LT::set(o.ar, l, v[2]);
+      LT::set(o.ai, l, v[3]);
+      LT::set(o.br, l, v[4]);
+      LT::set(o.bi, l, v[5]);
+      LT::set(o.cr, l, v[6]);
+      LT::set(o.ci, l, v[7]);
+      LT::set(o.ca, l, v[8]);
     }
   }
+  return o;
 }
 
 template <class V>
-struct State {
-  Plane<V> fpr, fmr, zr;  // real parts (the only planes on the real path)
-  Plane<V> fpi, fmi, zi;  // imaginary parts (complex path)
-};
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE Op<V> inversion_op(const LaneTissue<V>& lt) {
+  Op<V> o{};
+  o.pr = splat<V>(1.0f);
+  o.ca = -lt.eta;
+  return o;
+}
 
-// One shift of every transverse order by one (dir = +1: F+ up, F- down;
-// dir = -1 the reverse), keeping F-_0 = conj(F+_0).
+// The operator `o` applied after the interval `c`: o (E x + rec e_Z0).
 template <class V, bool Complex>
-BLOCHSIM_HD BLOCHSIM_FORCEINLINE void shift_once(const State<V>& st, int dir, int& band, int K) {
-  const Plane<V>& upr = dir > 0 ? st.fpr : st.fmr;
-  const Plane<V>& dnr = dir > 0 ? st.fmr : st.fpr;
-  upr.shift_up(band, K);
-  dnr.shift_down(band);
-  upr[0] = dnr[0];
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE Op<V> fuse(const Op<V>& o, const IvCoef<V>& c) {
+  Op<V> f;
   if (Complex) {
-    const Plane<V>& upi = dir > 0 ? st.fpi : st.fmi;
-    const Plane<V>& dni = dir > 0 ? st.fmi : st.fpi;
-    upi.shift_up(band, K);
-    dni.shift_down(band);
-    upi[0] = -dni[0];
-  }
-  band = band < K ? band + 1 : K;
-}
-
-template <class V, bool Complex>
-BLOCHSIM_HD BLOCHSIM_FORCEINLINE void shift(const State<V>& st, int n, int& band, int K) {
-  const int dir = n > 0 ? 1 : -1;
-  for (int i = 0; i < (n > 0 ? n : -n); ++i) shift_once<V, Complex>(st, dir, band, K);
-}
-
-// Relaxation, recovery, off-resonance, diffusion, flow and washout over one
-// interval, for orders [0, band).
-template <class V, bool Complex>
-BLOCHSIM_HD BLOCHSIM_FORCEINLINE void relax(const State<V>& st, const V* iv, int band, bool per_order,
-                                            bool washout) {
-  const V e1 = iv[iv_e1], e2c = iv[iv_e2c], e2s = iv[iv_e2s];
-  if (!per_order) {
-    for (int k = 0; k < band; ++k) {
-      if (Complex) {
-        const V pr = st.fpr[k], pi_ = st.fpi[k], mr = st.fmr[k], mi = st.fmi[k];
-        st.fpr[k] = e2c * pr + e2s * pi_;
-        st.fpi[k] = e2c * pi_ - e2s * pr;
-        st.fmr[k] = e2c * mr - e2s * mi;
-        st.fmi[k] = e2c * mi + e2s * mr;
-        st.zr[k] *= e1;
-        st.zi[k] *= e1;
-      } else {
-        st.fpr[k] *= e2c;
-        st.fmr[k] *= e2c;
-        st.zr[k] *= e1;
-      }
-    }
+    f.pr = o.pr * c.qr - o.pi * c.qi;  // P q
+    f.pi = o.pr * c.qi + o.pi * c.qr;
+    f.ar = o.ar * c.qr + o.ai * c.qi;  // A conj(q)
+    f.ai = o.ai * c.qr - o.ar * c.qi;
+    f.cr = o.cr * c.qr - o.ci * c.qi;  // C q
+    f.ci = o.cr * c.qi + o.ci * c.qr;
+    f.bi = o.bi * c.e1;
+    f.ji = o.bi * c.rec;
   } else {
-    // Order-dependent factors: diffusion a^(k^2) and flow e^{-i k phi},
-    // advanced by recurrences in double so that 2048 orders keep float32
-    // accuracy: a^(k^2) = a^((k-1)^2) a^(2k-1), and (wc - i ws) rotates by
-    // e^{-i phi} each order.
+    f.pr = o.pr * c.qr;
+    f.ar = o.ar * c.qr;
+    f.cr = o.cr * c.qr;
+    f.pi = f.ai = f.ci = f.bi = f.ji = V{};
+  }
+  f.br = o.br * c.e1;
+  f.ca = o.ca * c.e1;
+  f.jr = o.br * c.rec;  // the recovery at Z_0, rotated by the pulse
+  f.jz = o.ca * c.rec;
+  return f;
+}
+
+// One order under an Op (without the order-0 source).
+template <class V, bool Complex>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE void apply_order(const Op<V>& o, V& fpr, V& fpi, V& fmr, V& fmi, V& zr,
+                                                  V& zi) {
+  if (Complex) {
+    const V pr = fpr, pi_ = fpi, mr = fmr, mi = fmi, ar = zr, ai = zi;
+    fpr = (o.pr * pr - o.pi * pi_) + (o.ar * mr - o.ai * mi) + (o.br * ar - o.bi * ai);
+    fpi = (o.pr * pi_ + o.pi * pr) + (o.ar * mi + o.ai * mr) + (o.br * ai + o.bi * ar);
+    fmr = (o.ar * pr + o.ai * pi_) + (o.pr * mr + o.pi * mi) + (o.br * ar + o.bi * ai);
+    fmi = (o.ar * pi_ - o.ai * pr) + (o.pr * mi - o.pi * mr) + (o.br * ai - o.bi * ar);
+    zr = (o.cr * pr - o.ci * pi_) + (o.cr * mr + o.ci * mi) + o.ca * ar;
+    zi = (o.cr * pi_ + o.ci * pr) + (o.cr * mi - o.ci * mr) + o.ca * ai;
+  } else {
+    const V p = fpr, m = fmr, z = zr;
+    fpr = o.pr * p + o.ar * m + o.br * z;
+    fmr = o.pr * m + o.ar * p + o.br * z;
+    zr = o.ca * z + o.cr * (p + m);
+  }
+}
+
+// One order under free evolution with order-dependent factors: multiplier
+// g e^{-i k flow} (g = e^{dlog k^2}) on top of q and e1, given (gc, gs) =
+// g (cos k flow, sin k flow).
+template <class V, bool Complex>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE void relax_order(const IvCoef<V>& c, const V& gc, const V& gs, V& fpr,
+                                                  V& fpi, V& fmr, V& fmi, V& zr, V& zi) {
+  if (Complex) {
+    // F+ multiplier q (gc - i gs); F- its conjugate; Z e1 (gc - i gs).
+    const V mr = c.qr * gc + c.qi * gs;
+    const V mi = c.qi * gc - c.qr * gs;
+    const V zmr = c.e1 * gc, zmi = -c.e1 * gs;
+    const V pr = fpr, pi_ = fpi, qr = fmr, qi = fmi, ar = zr, ai = zi;
+    fpr = mr * pr - mi * pi_;
+    fpi = mr * pi_ + mi * pr;
+    fmr = mr * qr + mi * qi;
+    fmi = mr * qi - mi * qr;
+    zr = zmr * ar - zmi * ai;
+    zi = zmr * ai + zmi * ar;
+  } else {
+    fpr *= c.qr * gc;
+    fmr *= c.qr * gc;
+    zr *= c.e1 * gc;
+  }
+}
+
+// --------------------------------------------------------------------------
+// PlaneStore: every order in memory, (orders,) of V per real component.
+
+template <class V, bool Complex>
+struct PlaneStore {
+  Plane<V> fpr, fmr, zr, fpi, fmi, zi;
+  V* ivt;  // (n_intervals, 6) tabulated IvCoef, in the order of its fields
+  int K;
+
+  // Workspace of one store, in units of V.
+  BLOCHSIM_HD static int64_t workspace(const EventStream& s) {
+    return (Complex ? 6 : 3) * static_cast<int64_t>(s.states) + 6 * s.n_intervals;
+  }
+
+  template <class M>
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void init(const EventStream& s, const LaneTissue<V>& lt, V* work) {
+    K = s.states;
+    fpr.p = work;
+    fmr.p = work + K;
+    zr.p = work + 2 * K;
+    // the imaginary planes exist on the complex path only
+    fpi.p = Complex ? work + 3 * K : work;
+    fmi.p = Complex ? work + 4 * K : work;
+    zi.p = Complex ? work + 5 * K : work;
+    ivt = work + (Complex ? 6 : 3) * K;
+    for (int64_t i = 0; i < (Complex ? 6 : 3) * static_cast<int64_t>(K); ++i) work[i] = V{};
+    zr[0] = splat<V>(1.0f);
+    for (int64_t i = 0; i < s.n_intervals; ++i) {
+      const IvCoef<V> c = interval_coef<V, M>(s, lt, i);
+      V* r = ivt + 6 * i;
+      r[0] = c.qr;
+      r[1] = c.qi;
+      r[2] = c.e1;
+      r[3] = c.rec;
+      r[4] = c.dlog;
+      r[5] = c.flow;
+    }
+  }
+
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE IvCoef<V> interval(int64_t iv) const {
+    const V* r = ivt + 6 * iv;
+    return {r[0], r[1], r[2], r[3], r[4], r[5]};
+  }
+
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void apply(const Op<V>& o, int band) {
+    for (int k = 0; k < band; ++k) {
+      V dummy{};
+      apply_order<V, Complex>(o, fpr[k], Complex ? fpi[k] : dummy, fmr[k], Complex ? fmi[k] : dummy, zr[k],
+                              Complex ? zi[k] : dummy);
+    }
+    fpr[0] += o.jr;
+    fmr[0] += o.jr;
+    zr[0] += o.jz;
+    if (Complex) {
+      fpi[0] += o.ji;
+      fmi[0] -= o.ji;
+    }
+  }
+
+  // Free evolution with diffusion and flow.  The factors e^{dlog k^2} and
+  // e^{-i k flow} advance by recurrences in double, so that 2048 orders
+  // keep float32 accuracy.
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void relax_per_order(const IvCoef<V>& c, int band) {
     using LT = Lanes<V>;
     using D = typename LT::Double;
-    D g = LT::widen(iv[iv_keep]);
-    D step = LT::widen(iv[iv_diff]);
-    const D a2 = step * step;
-    D wc = splatd<D>(1.0), ws = D{}, rc, rs;
+    D g = splatd<D>(1.0), step, a2, wc = splatd<D>(1.0), ws = D{}, rc, rs;
     for (int l = 0; l < LT::width; ++l) {
-      const double phi = LT::get(iv[iv_flow], l);
-      LT::setd(rc, l, std::cos(phi));
-      LT::setd(rs, l, std::sin(phi));
+      const double dl = LT::get(c.dlog, l), fl = LT::get(c.flow, l);
+      LT::setd(step, l, std::exp(dl));
+      LT::setd(a2, l, std::exp(2.0 * dl));
+      LT::setd(rc, l, std::cos(fl));
+      LT::setd(rs, l, std::sin(fl));
     }
     for (int k = 0; k < band; ++k) {
-      const V gk = LT::narrow(g);
-      if (Complex) {
-        const V c = LT::narrow(wc), sn = LT::narrow(ws);
-        // F+ multiplier gk (e2c - i e2s)(c - i sn); F- takes its conjugate;
-        // Z_k takes gk e1 (c - i sn).
-        const V mr = gk * (e2c * c - e2s * sn);
-        const V mi = -gk * (e2c * sn + e2s * c);
-        const V zmr = gk * e1 * c, zmi = -gk * e1 * sn;
-        const V pr = st.fpr[k], pi_ = st.fpi[k], qr = st.fmr[k], qi = st.fmi[k];
-        const V ar = st.zr[k], ai = st.zi[k];
-        st.fpr[k] = mr * pr - mi * pi_;
-        st.fpi[k] = mr * pi_ + mi * pr;
-        st.fmr[k] = mr * qr + mi * qi;
-        st.fmi[k] = mr * qi - mi * qr;
-        st.zr[k] = zmr * ar - zmi * ai;
-        st.zi[k] = zmr * ai + zmi * ar;
-        const D nc = wc * rc - ws * rs;
-        ws = wc * rs + ws * rc;
-        wc = nc;
-      } else {
-        st.fpr[k] *= gk * e2c;
-        st.fmr[k] *= gk * e2c;
-        st.zr[k] *= gk * e1;
-      }
+      V dummy{};
+      relax_order<V, Complex>(c, LT::narrow(g * wc), LT::narrow(g * ws), fpr[k], Complex ? fpi[k] : dummy,
+                              fmr[k], Complex ? fmi[k] : dummy, zr[k], Complex ? zi[k] : dummy);
+      const D nc = wc * rc - ws * rs;  // (wc - i ws) e^{-i flow}
+      ws = wc * rs + ws * rc;
+      wc = nc;
       g *= step;
       step *= a2;
     }
+    zr[0] += c.rec;
   }
-  if (washout) {
-    const V keep = iv[iv_keep];
-    st.zr[0] += keep * iv[iv_rec] + (1.0f - keep);
-  } else {
-    st.zr[0] += iv[iv_rec];
-  }
-}
 
-template <class V, bool Complex>
-BLOCHSIM_HD BLOCHSIM_FORCEINLINE void rotate(const State<V>& st, const V* rf, int band) {
-  const V c2 = rf[rf_c2], s2 = rf[rf_s2], ca = rf[rf_ca], br = rf[rf_br];
-  if (Complex) {
-    const V ar = rf[rf_ar], ai = rf[rf_ai], bi = rf[rf_bi], cr = rf[rf_cr], ci = rf[rf_ci];
-    for (int k = 0; k < band; ++k) {
-      const V pr = st.fpr[k], pi_ = st.fpi[k], mr = st.fmr[k], mi = st.fmi[k];
-      const V zre = st.zr[k], zim = st.zi[k];
-      st.fpr[k] = c2 * pr + (ar * mr - ai * mi) + (br * zre - bi * zim);
-      st.fpi[k] = c2 * pi_ + (ar * mi + ai * mr) + (br * zim + bi * zre);
-      st.fmr[k] = (ar * pr + ai * pi_) + c2 * mr + (br * zre + bi * zim);
-      st.fmi[k] = (ar * pi_ - ai * pr) + c2 * mi + (br * zim - bi * zre);
-      st.zr[k] = (cr * pr - ci * pi_) + (cr * mr + ci * mi) + ca * zre;
-      st.zi[k] = (cr * pi_ + ci * pr) + (cr * mi - ci * mr) + ca * zim;
-    }
-  } else {
-    const V hb = 0.5f * br;
-    for (int k = 0; k < band; ++k) {
-      const V p = st.fpr[k], m = st.fmr[k], z = st.zr[k];
-      st.fpr[k] = c2 * p - s2 * m + br * z;
-      st.fmr[k] = c2 * m - s2 * p + br * z;
-      st.zr[k] = ca * z - hb * (p + m);
+  // One shift of every transverse order (dir = +1: F+ up, F- down), keeping
+  // F-_0 = conj(F+_0); orders pushed past K-1 are dropped.
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void shift_once(int dir, int band) {
+    Plane<V>& upr = dir > 0 ? fpr : fmr;
+    Plane<V>& dnr = dir > 0 ? fmr : fpr;
+    upr.shift_up(band, K);
+    dnr.shift_down(band);
+    upr[0] = dnr[0];
+    if (Complex) {
+      Plane<V>& upi = dir > 0 ? fpi : fmi;
+      Plane<V>& dni = dir > 0 ? fmi : fpi;
+      upi.shift_up(band, K);
+      dni.shift_down(band);
+      upi[0] = -dni[0];
     }
   }
-}
 
-// Play the stream for problems [first, first + width) of t, writing their
-// samples into out.  Lanes past t.n replay the last problem and write
-// nothing, so every problem goes through the same instructions and results
-// do not depend on how problems are partitioned into blocks or threads.
-template <class V, bool Complex>
-BLOCHSIM_HD BLOCHSIM_FORCEINLINE int forward_block(const EventStream& s, const Tissue& t, int64_t first,
-                                                   V* work, float* out) {
-  using LT = Lanes<V>;
-  constexpr int W = LT::width;
-  const int K = s.states;
-  State<V> st{Plane<V>{work}, Plane<V>{work + K}, Plane<V>{work + 2 * K},
-              Plane<V>{work + 3 * K}, Plane<V>{work + 4 * K}, Plane<V>{work + 5 * K}};
-  V* ivt = work + (Complex ? 6 : 3) * K;
-  V* rf = ivt + s.n_intervals * iv_fields;
-  V* lane = rf + rf_fields;
-
-  int64_t idx[W];
-  for (int l = 0; l < W; ++l) {
-    const int64_t p = first + l;
-    idx[l] = p < t.n ? p : t.n - 1;
-    LT::set(lane[ln_m0], l, t.M0.at(idx[l]));
-    LT::set(lane[ln_b1], l, t.B1.at(idx[l]));
-    LT::set(lane[ln_b1phase], l, t.B1phase_rad.at(idx[l]));
-    LT::set(lane[ln_eta], l, t.inv_efficiency.at(idx[l]));
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void spoil(int band) {
+    fpr.zero(0, band);
+    fmr.zero(0, band);
+    if (Complex) {
+      fpi.zero(0, band);
+      fmi.zero(0, band);
+    }
   }
-  tabulate_intervals<V>(s, t, idx, ivt);
 
-  for (int64_t i = 0; i < (Complex ? 6 : 3) * K; ++i) work[i] = V{};
-  st.zr[0] = splat<V>(1.0f);
+  // F+_0 of the problems in the lanes (the readout's source).
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE V f0r() const { return fpr[0]; }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE V f0i() const { return Complex ? fpi[0] : V{}; }
+};
 
+// --------------------------------------------------------------------------
+// The event loop, shared by every store.  Sink::write(slot, re, im) receives
+// M0 F+_0 e^{-i rx} of each readout.
+
+template <class V, bool Complex, class Store, class Sink>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE void play(const EventStream& s, const Tissue& t, const LaneTissue<V>& lt,
+                                           Store& st, Sink& sink) {
   const bool rf_uniform = !t.B1.present() && !t.B1phase_rad.present();
   const bool per_order = t.D_m2_s.present() || t.v_m_s.present();
-  const bool washout = t.v_m_s.present();
-  const V eta = lane[ln_eta];
-  const V m0 = lane[ln_m0];
+  const int K = s.states;
+  const float c0 = std::cos(s.common_phase_rad), s0 = std::sin(s.common_phase_rad);
   int band = 1;
-
   for (int64_t e = 0; e < s.n_events; ++e) {
     const int32_t iv = s.interval[e];
-    if (iv >= 0) relax<V, Complex>(st, ivt + static_cast<int64_t>(iv) * iv_fields, band, per_order, washout);
-    if (s.shift_before[e] != 0) shift<V, Complex>(st, s.shift_before[e], band, K);
+    const int32_t sb = s.shift_before[e];
     const uint32_t f = s.flags[e];
-    if (f & event_rf) {
-      rf_coefficients<V, Complex>(s, e, rf_uniform, lane, rf);
-      rotate<V, Complex>(st, rf, band);
-    } else if (f & event_inversion) {
-      const V neg = -eta;
-      for (int k = 0; k < band; ++k) {
-        st.zr[k] *= neg;
-        if (Complex) st.zi[k] *= neg;
+    const bool has_op = (f & (event_rf | event_inversion)) != 0;
+    Op<V> o = identity_op<V>();
+    if (f & event_rf)
+      o = pulse_op<V, Complex>(s, e, rf_uniform, lt);
+    else if (f & event_inversion)
+      o = inversion_op<V>(lt);
+    if (iv >= 0) {
+      const IvCoef<V> c = st.interval(iv);
+      if (per_order) {
+        st.relax_per_order(c, band);
+      } else if (sb == 0) {
+        o = fuse<V, Complex>(o, c);  // relaxation and the pulse in one pass
+      } else {
+        st.apply(fuse<V, Complex>(identity_op<V>(), c), band);
       }
     }
+    for (int i = 0; i < (sb > 0 ? sb : -sb); ++i) {
+      st.shift_once(sb > 0 ? 1 : -1, band);
+      band = band < K ? band + 1 : K;
+    }
+    if (has_op || (iv >= 0 && !per_order && sb == 0)) st.apply(o, band);
     if (f & event_readout) {
-      const int64_t slot = s.slot[e];
       const float rx = s.rx_phase_rad[e];
-      V re, im;
+      const float cr = std::cos(rx), sr = std::sin(rx);
+      const V m0 = lt.M0;
       if (Complex) {
-        const float c = std::cos(rx), sn = std::sin(rx);
-        re = m0 * (st.fpr[0] * c + st.fpi[0] * sn);
-        im = m0 * (st.fpi[0] * c - st.fpr[0] * sn);
+        const V re = st.f0r(), im = st.f0i();
+        sink.write(s.slot[e], m0 * (re * cr + im * sr), m0 * (im * cr - re * sr));
       } else {
-        // F+_0 e^{-i rx} = f+_0 e^{i (phi0 - pi/2 - rx)}
-        const double th = static_cast<double>(s.common_phase_rad) - 0.5 * pi - rx;
-        const V a = m0 * st.fpr[0];
-        re = a * static_cast<float>(std::cos(th));
-        im = a * static_cast<float>(std::sin(th));
-      }
-      for (int l = 0; l < W; ++l) {
-        if (first + l >= t.n) break;
-        float* o = out + ((first + l) * s.n_samples + slot) * 2;
-        o[0] = LT::get(re, l);
-        o[1] = LT::get(im, l);
+        // F+_0 e^{-i rx} = -i e^{i phi0} f+_0 e^{-i rx}
+        const float pr = s0 * cr - c0 * sr;       // Re(-i e^{i(phi0 - rx)})
+        const float pim = -(c0 * cr + s0 * sr);   // Im(-i e^{i(phi0 - rx)})
+        const V a = m0 * st.f0r();
+        sink.write(s.slot[e], a * pr, a * pim);
       }
     }
     if (f & event_spoil) {
-      st.fpr.zero(0, band);
-      st.fmr.zero(0, band);
-      if (Complex) {
-        st.fpi.zero(0, band);
-        st.fmi.zero(0, band);
+      st.spoil(band);
+    } else {
+      const int32_t sa = s.shift_after[e];
+      for (int i = 0; i < (sa > 0 ? sa : -sa); ++i) {
+        st.shift_once(sa > 0 ? 1 : -1, band);
+        band = band < K ? band + 1 : K;
       }
-    } else if (s.shift_after[e] != 0) {
-      shift<V, Complex>(st, s.shift_after[e], band, K);
     }
   }
+}
+
+// Writes the samples of a lane vector of problems [first, first + width)
+// into the interleaved complex64 output, skipping lanes past n.
+template <class V>
+struct LaneSink {
+  float* out;
+  int64_t first, n, n_samples;
+
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void write(int64_t slot, const V& re, const V& im) {
+    using LT = Lanes<V>;
+    for (int l = 0; l < LT::width; ++l) {
+      if (first + l >= n) break;
+      float* o = out + ((first + l) * n_samples + slot) * 2;
+      o[0] = LT::get(re, l);
+      o[1] = LT::get(im, l);
+    }
+  }
+};
+
+// Problem indices of a lane vector starting at `first`; lanes past t.n
+// replay the last problem (and write nothing), so every problem goes through
+// the same instructions wherever it lands.
+template <int W>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE void lane_indices(int64_t first, int64_t n, int64_t* idx) {
+  for (int l = 0; l < W; ++l) idx[l] = first + l < n ? first + l : n - 1;
+}
+
+// Play the stream for problems [first, first + width) of t with all orders
+// in `work` (PlaneStore<V>::workspace(s) lane vectors).
+template <class V, bool Complex, class M = double>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE int forward_block(const EventStream& s, const Tissue& t, int64_t first,
+                                                   V* work, float* out) {
+  constexpr int W = Lanes<V>::width;
+  int64_t idx[W];
+  lane_indices<W>(first, t.n, idx);
+  const LaneTissue<V> lt = gather<V>(t, idx);
+  PlaneStore<V, Complex> st;
+  st.template init<M>(s, lt, work);
+  LaneSink<V> sink{out, first, t.n, s.n_samples};
+  play<V, Complex>(s, t, lt, st, sink);
   return ok;
 }
 

@@ -22,6 +22,17 @@ enum EventFlag : uint32_t {
   event_spoil = 8u,      // F+, F- <- 0 at every order (wins over shift_after)
 };
 
+// Columns of EventStream::rf_table for a pulse of flip a and phase phi.
+enum RfTableField : int {
+  rft_cos2_half,  // cos^2(a/2)
+  rft_sin2_half,  // sin^2(a/2)
+  rft_sin,        // sin(a)
+  rft_cos,        // cos(a)
+  rft_cos_phase,  // cos(phi)
+  rft_sin_phase,  // sin(phi)
+  rf_table_fields
+};
+
 struct EventStream {
   int64_t n_events = 0;
   const int32_t* interval = nullptr;      // (n_events,) index into duration_s, or -1
@@ -35,6 +46,11 @@ struct EventStream {
 
   int64_t n_intervals = 0;
   const double* duration_s = nullptr;     // (n_intervals,) distinct interval lengths
+
+  // Optional (n_events, rf_table_fields) table of each pulse's rotation at
+  // B1 = 1 (see RfTableField), computed once per sequence in double
+  // precision; null: kernels compute it from flip_rad and phase_rad.
+  const float* rf_table = nullptr;
 
   int64_t n_samples = 0;                  // output slots per problem
   int32_t states = 8;                     // K: orders 0 .. K-1

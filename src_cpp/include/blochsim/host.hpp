@@ -27,7 +27,7 @@ using Vec = vfloat16;
 constexpr int lanes = Lanes<Vec>::width;
 
 // Signature of a function that plays blocks [b0, b1) with a workspace of
-// epg::workspace_vectors<Vec>(s) lane vectors.
+// epg::PlaneStore<Vec, true>::workspace(s) lane vectors.
 using RangeFn = int (*)(const EventStream& s, const Tissue& t, int64_t b0, int64_t b1, void* work,
                         float* out);
 
@@ -48,7 +48,7 @@ inline int run_blocks(const EventStream& s, const Tissue& t, float* out, int thr
   const int64_t nblocks = (t.n + lanes - 1) / lanes;
   if (nblocks == 0) return ok;
   const int64_t nthreads = std::min<int64_t>(threads, nblocks);
-  const std::size_t work_size = static_cast<std::size_t>(epg::workspace_vectors<Vec>(s));
+  const std::size_t work_size = static_cast<std::size_t>(epg::PlaneStore<Vec, true>::workspace(s));
   std::vector<int> status(static_cast<std::size_t>(nthreads), ok);
   auto body = [&](int64_t i) {
     // 64-byte aligned, so that each plane row is one aligned register load
