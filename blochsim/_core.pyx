@@ -7,7 +7,7 @@ call, and the C++ side re-checks the stream's integrity (indices, slots).
 from libc.stdint cimport int32_t, int64_t, uint32_t
 
 from blochsim._events cimport EventStream, Property, Tissue, status_message
-from blochsim._host cimport host_forward_dispatch, host_isa
+from blochsim._host cimport host_forward_dispatch, host_forward_registers, host_isa
 from blochsim._launcher cimport available
 
 # Order of the tissue arrays handed to forward_host.
@@ -47,7 +47,8 @@ def forward_host(const int32_t[::1] interval, const uint32_t[::1] flags,
                  const double[::1] duration_s, int64_t n_samples, int states,
                  double dk_rad_per_m, double voxel_size_m, bint real_path,
                  float common_phase_rad, tuple tissue, int64_t n,
-                 float complex[:, ::1] out, int threads):
+                 float complex[:, ::1] out, int threads, const float[:, ::1] rf_table=None,
+                 int variant=0):
     """Play an event stream for n problems on the host.
 
     The arrays are the event stream of events.hpp; ``tissue`` holds one
@@ -80,6 +81,12 @@ def forward_host(const int32_t[::1] interval, const uint32_t[::1] flags,
         s.slot = &slot[0]
     s.n_intervals = duration_s.shape[0]
     s.duration_s = &duration_s[0] if duration_s.shape[0] > 0 else NULL
+    s.rf_table = NULL
+    if rf_table is not None:
+        if rf_table.shape[0] != ne or rf_table.shape[1] != 6:
+            raise ValueError("blochsim internal error: rf_table must have shape (n_events, 6)")
+        if ne > 0:
+            s.rf_table = &rf_table[0, 0]
     s.n_samples = n_samples
     s.states = states
     s.dk_rad_per_m = dk_rad_per_m
@@ -101,7 +108,10 @@ def forward_host(const int32_t[::1] interval, const uint32_t[::1] flags,
         return
     cdef float* outp = <float*> &out[0, 0]
     with nogil:
-        st = host_forward_dispatch(s, t, outp, threads)
+        if variant == 0:
+            st = host_forward_dispatch(s, t, outp, threads)
+        else:
+            st = host_forward_registers(s, t, outp, variant)
     if st != 0:
         raise ValueError("blochsim: " + status_message(st).decode())
 

@@ -24,6 +24,7 @@ cdef extern from "blochsim/events.hpp" namespace "blochsim" nogil:
         const int32_t* slot
         int64_t n_intervals
         const double* duration_s
+        const float* rf_table
         int64_t n_samples
         int32_t states
         double dk_rad_per_m

@@ -203,7 +203,7 @@ class EventStream:
     as NumPy arrays ready for the kernels."""
 
     __slots__ = ("interval", "flags", "shift_before", "shift_after", "flip_rad", "phase_rad",
-                 "rx_phase_rad", "slot", "duration_s", "n_samples", "total_shifts")
+                 "rx_phase_rad", "slot", "duration_s", "n_samples", "total_shifts", "rf_table")
 
     @property
     def n_events(self):
@@ -367,8 +367,14 @@ def pack(preparation, repetition, repetitions: int = 1) -> EventStream:
     s.slot = lay.slot
     s.n_samples = lay.n_samples
     # index -1 reads the zero sentinel at the end of the value arrays
-    s.flip_rad = np.radians(flips[lay.rf_op]).astype(np.float32)
-    s.phase_rad = np.radians(phases[lay.rf_op]).astype(np.float32)
+    flip_rad = np.radians(flips[lay.rf_op])
+    phase_rad = np.radians(phases[lay.rf_op])
+    s.flip_rad = flip_rad.astype(np.float32)
+    s.phase_rad = phase_rad.astype(np.float32)
+    # each pulse's rotation at B1 = 1, in double precision (events.hpp RfTableField)
+    s.rf_table = np.ascontiguousarray(np.stack([
+        np.cos(flip_rad / 2) ** 2, np.sin(flip_rad / 2) ** 2, np.sin(flip_rad), np.cos(flip_rad),
+        np.cos(phase_rad), np.sin(phase_rad)], axis=1), dtype=np.float32)
     s.rx_phase_rad = np.radians(phases[lay.rx_op]).astype(np.float32)
     dur = np.bincount(lay.delay_event, weights=durs[lay.delay_op], minlength=n)[:n] * 1e-3
     has_iv = dur > 0

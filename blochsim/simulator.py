@@ -128,6 +128,9 @@ class Simulator(_Base):
 
     tissue_properties = ("T1", "T2", "M0", "B1", "B0", "B1phase", "inv_efficiency", "D", "v")
     _common = PLAYED_COMMON
+    # 0: the host backend; 1 or 4: the device's register path emulated on the
+    # host with that many team members (tests of the device templates)
+    _host_variant = 0
 
     def preparation(self, p: dict):
         """Operators played once before the repetitions (default: none)."""
@@ -228,7 +231,8 @@ class Simulator(_Base):
         threads = self.threads if self.threads is not None else _dispatch.default_threads()
         _core.forward_host(s.interval, s.flags, s.shift_before, s.shift_after, s.flip_rad,
                            s.phase_rad, s.rx_phase_rad, s.slot, s.duration_s, s.n_samples,
-                           states, dk, voxel, real, phi0, tuple(si), n, out, threads)
+                           states, dk, voxel, real, phi0, tuple(si), n, out, threads, s.rf_table,
+                           self._host_variant)
         return result
 
 

@@ -1,15 +1,66 @@
 // The device backend's launcher, behind a plain C++ header (no CUDA types),
-// so that the Cython extension is the same with and without CUDA.
+// so that the Cython extension is the same with and without CUDA.  Built
+// with CUDA from launcher.cu, without it from stub.cpp (every call then
+// returns no_cuda).
+//
+// Return codes: 0 on success, a blochsim Status (config.hpp) for a bad
+// stream, or cuda_error_base + the cudaError_t value for a CUDA error; on
+// any failure `err` (n bytes) receives a message naming the CUDA error.
 #pragma once
+
+#include <cstddef>
+#include <cstdint>
 
 #include <blochsim/events.hpp>
 
 namespace blochsim {
 namespace cuda {
 
+constexpr int cuda_error_base = 1000;
+
 // 1 if the device backend is compiled and a device is usable; otherwise 0,
-// with the reason written into why (at most n bytes, NUL-terminated).
+// with the reason written into why.
 int available(char* why, int n);
+
+// Device memory, copies and streams for the Python layer.  Streams are
+// opaque handles (cudaStream_t); 0 is the legacy default stream.
+int device_malloc(void** p, std::size_t bytes, char* err, int n);
+int device_free(void* p, char* err, int n);
+int copy_to_device(void* dst, const void* src, std::size_t bytes, void* stream, char* err, int n);
+int copy_to_host(void* dst, const void* src, std::size_t bytes, void* stream, char* err, int n);
+int stream_create(void** stream, char* err, int n);
+int stream_destroy(void* stream, char* err, int n);
+int stream_synchronize(void* stream, char* err, int n);
+int memory_info(std::size_t* free_bytes, std::size_t* total_bytes, char* err, int n);
+int current_device(int* device, char* err, int n);
+// The device a pointer belongs to (-1 for host memory).
+int pointer_device(const void* p, int* device, char* err, int n);
+
+// dst[i] = float(src[offset(i)]) for i < count, where src is float32
+// (src_is_f64 = 0) or float64 and offset(i) broadcasts src (ndim <= 8, the
+// shape of the full index space, element strides with 0 for broadcast axes).
+int expand_to_float(const void* src, int src_is_f64, int ndim, const int64_t* shape,
+                    const int64_t* strides, float* dst, int64_t count, void* stream, char* err, int n);
+
+// Index of the first element of x[0, count) that is not finite or fails
+// x > lower (strict) / x >= lower; -1 if none; the value is in *bad_value.
+int first_bad_value(const float* x, int64_t count, int check_lower, float lower, int strict,
+                    int64_t* index, float* bad_value, void* stream, char* err, int n);
+
+// Forward EPG on the device.  The stream's arrays are host pointers (copied
+// here); the tissue's Property pointers and out are device pointers; out is
+// (t.n, s.n_samples) complex64 interleaved.  Ordered on `stream`, not
+// synchronised.
+int forward(const EventStream& s, const Tissue& t, float* out, void* stream, char* err, int n);
+
+// Forward EPG of host tissue arrays into a host output, streamed through the
+// device in chunks that fit `budget_bytes` of device memory (0: most of the
+// free memory), two streams overlapping copies and compute.  Synchronous.
+int forward_streamed(const EventStream& s, const Tissue& t, float* out, std::size_t budget_bytes, char* err,
+                     int n);
+
+// How many device bytes one problem needs (output, tissue, scratch).
+std::size_t bytes_per_problem(const EventStream& s, const Tissue& t);
 
 }  // namespace cuda
 }  // namespace blochsim

@@ -1,4 +1,4 @@
-// The launcher when blochsim is built without CUDA: it reports why.
+// The launcher when blochsim is built without CUDA: every call reports why.
 #include "launcher.hpp"
 
 #include <cstdio>
@@ -6,10 +6,40 @@
 namespace blochsim {
 namespace cuda {
 
+namespace {
+int no(char* err, int n) {
+  if (err && n > 0) std::snprintf(err, static_cast<size_t>(n), "%s", status_message(no_cuda));
+  return no_cuda;
+}
+}  // namespace
+
 int available(char* why, int n) {
-  if (why && n > 0) std::snprintf(why, static_cast<size_t>(n), "%s", status_message(no_cuda));
+  no(why, n);
   return 0;
 }
+
+int device_malloc(void**, std::size_t, char* err, int n) { return no(err, n); }
+int device_free(void*, char* err, int n) { return no(err, n); }
+int copy_to_device(void*, const void*, std::size_t, void*, char* err, int n) { return no(err, n); }
+int copy_to_host(void*, const void*, std::size_t, void*, char* err, int n) { return no(err, n); }
+int stream_create(void**, char* err, int n) { return no(err, n); }
+int stream_destroy(void*, char* err, int n) { return no(err, n); }
+int stream_synchronize(void*, char* err, int n) { return no(err, n); }
+int memory_info(std::size_t*, std::size_t*, char* err, int n) { return no(err, n); }
+int current_device(int*, char* err, int n) { return no(err, n); }
+int pointer_device(const void*, int*, char* err, int n) { return no(err, n); }
+int expand_to_float(const void*, int, int, const int64_t*, const int64_t*, float*, int64_t, void*, char* err,
+                    int n) {
+  return no(err, n);
+}
+int first_bad_value(const float*, int64_t, int, float, int, int64_t*, float*, void*, char* err, int n) {
+  return no(err, n);
+}
+int forward(const EventStream&, const Tissue&, float*, void*, char* err, int n) { return no(err, n); }
+int forward_streamed(const EventStream&, const Tissue&, float*, std::size_t, char* err, int n) {
+  return no(err, n);
+}
+std::size_t bytes_per_problem(const EventStream&, const Tissue&) { return 0; }
 
 }  // namespace cuda
 }  // namespace blochsim

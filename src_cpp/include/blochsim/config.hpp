@@ -41,6 +41,20 @@
 #define BLOCHSIM_ISA isa_default
 #endif
 
+// Full unrolling of the loops over a thread's registers (compile-time trip
+// counts, so register arrays are indexed by constants only).
+#if defined(__CUDA_ARCH__)
+#define BLOCHSIM_UNROLL _Pragma("unroll")
+#elif defined(__CUDACC__)
+#define BLOCHSIM_UNROLL
+#elif defined(__clang__)
+#define BLOCHSIM_UNROLL _Pragma("clang loop unroll(full)")
+#elif defined(__GNUC__)
+#define BLOCHSIM_UNROLL _Pragma("GCC unroll 64")
+#else
+#define BLOCHSIM_UNROLL
+#endif
+
 namespace blochsim {
 
 constexpr double pi = 3.14159265358979323846;
@@ -56,6 +70,7 @@ enum Status : int {
   bad_threads = 4,         // a thread count < 1
   bad_shape = 5,           // negative counts or a null array that is required
   no_cuda = 6,             // the device backend was not compiled
+  states_exceed_team = 7,  // K larger than a register team holds (host emulation only)
 };
 
 inline const char* status_message(int status) {
@@ -67,6 +82,7 @@ inline const char* status_message(int status) {
     case bad_threads: return "threads must be >= 1";
     case bad_shape: return "an array of the event stream or tissue is missing or has a negative length";
     case no_cuda: return "blochsim was built without CUDA";
+    case states_exceed_team: return "states exceed what the register team holds";
     default: return "unknown blochsim status";
   }
 }

@@ -41,6 +41,8 @@ struct Lanes<float> {
 // 16 floats (64 bytes) and 16 doubles; element access by subscript.
 typedef float vfloat16 __attribute__((vector_size(64)));
 typedef double vdouble16 __attribute__((vector_size(128)));
+typedef float vfloat4 __attribute__((vector_size(16)));
+typedef double vdouble4 __attribute__((vector_size(32)));
 
 template <>
 struct Lanes<vfloat16> {
@@ -52,6 +54,18 @@ struct Lanes<vfloat16> {
   BLOCHSIM_FORCEINLINE static void setd(vdouble16& v, int l, double x) { v[l] = x; }
   BLOCHSIM_FORCEINLINE static vfloat16 narrow(const vdouble16& d) { return __builtin_convertvector(d, vfloat16); }
   BLOCHSIM_FORCEINLINE static vdouble16 widen(const vfloat16& v) { return __builtin_convertvector(v, vdouble16); }
+};
+
+template <>
+struct Lanes<vfloat4> {
+  static constexpr int width = 4;
+  using Double = vdouble4;
+  BLOCHSIM_FORCEINLINE static float get(const vfloat4& v, int l) { return v[l]; }
+  BLOCHSIM_FORCEINLINE static void set(vfloat4& v, int l, float x) { v[l] = x; }
+  BLOCHSIM_FORCEINLINE static double getd(const vdouble4& v, int l) { return v[l]; }
+  BLOCHSIM_FORCEINLINE static void setd(vdouble4& v, int l, double x) { v[l] = x; }
+  BLOCHSIM_FORCEINLINE static vfloat4 narrow(const vdouble4& d) { return __builtin_convertvector(d, vfloat4); }
+  BLOCHSIM_FORCEINLINE static vdouble4 widen(const vfloat4& v) { return __builtin_convertvector(v, vdouble4); }
 };
 #endif
 

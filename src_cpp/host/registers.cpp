@@ -1,0 +1,22 @@
+// Host instantiations of the device's register path (epg_registers.hpp),
+// so that the cross-member shifts, truncation and order-0 sources the GPU
+// runs are tested on machines without one.  Not used for speed.
+#include <blochsim/epg_registers.hpp>
+
+#include "dispatch.hpp"
+
+namespace blochsim {
+
+int host_forward_registers(const EventStream& s, const Tissue& t, float* out, int team) {
+  const int v = validate(s, t);
+  if (v != ok) return v;
+  if (team == 1)
+    return s.real_path ? epg::forward_registers_host<float, 16, false>(s, t, out)
+                       : epg::forward_registers_host<float, 8, true>(s, t, out);
+  if (team == 4)
+    return s.real_path ? epg::forward_registers_host<vfloat4, 16, false>(s, t, out)
+                       : epg::forward_registers_host<vfloat4, 8, true>(s, t, out);
+  return bad_threads;
+}
+
+}  // namespace blochsim
