@@ -3,117 +3,207 @@
 
 Nothing here validates physics; blochsim's Python layer does that before any
 call, and the C++ side re-checks the stream's integrity (indices, slots).
+Device pointers travel as Python ints.
 """
-from libc.stdint cimport int32_t, int64_t, uint32_t
+from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid, PyCapsule_New
+from cpython.ref cimport Py_DECREF, Py_INCREF, PyObject
+from libc.stddef cimport size_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
+from libc.stdlib cimport free, malloc
 
 from blochsim._events cimport EventStream, Property, Tissue, status_message
 from blochsim._host cimport host_forward_dispatch, host_forward_registers, host_isa
-from blochsim._launcher cimport available
+cimport blochsim._launcher as L
 
-# Order of the tissue arrays handed to forward_host.
+# Order of the tissue entries handed to the forward functions.
 TISSUE_FIELDS = ("T1_s", "T2_s", "M0", "B1", "B1phase_rad", "B0_hz", "D_m2_s", "v_m_s",
                  "inv_efficiency")
+_FALLBACK = (1.0e30, 1.0e30, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0)
+
+DEF ERRLEN = 512
 
 
-cdef class _Keep:
-    """Holds the buffers a Property points into for the duration of a call."""
-    cdef list refs
-
-    def __cinit__(self):
-        self.refs = []
+class CudaError(RuntimeError):
+    """A CUDA call failed; the message starts with the CUDA error name."""
 
 
-cdef Property _property(object arr, float fallback, _Keep keep) except *:
-    cdef Property p
-    cdef const float[::1] view
-    p.data = NULL
-    p.stride = 0
-    p.fallback = fallback
-    if arr is None:
-        return p
-    view = arr
-    keep.refs.append(view)
-    if view.shape[0] == 0:
-        raise ValueError("blochsim internal error: empty tissue array")
-    p.data = &view[0]
-    p.stride = 0 if view.shape[0] == 1 else 1
-    return p
+cdef int _raise(int st, const char* err) except -1:
+    if st == 0:
+        return 0
+    msg = err.decode(errors="replace")
+    if st >= L.cuda_error_base:
+        raise CudaError(msg)
+    if not msg:
+        msg = status_message(st).decode()
+    raise ValueError("blochsim: " + msg)
 
 
-def forward_host(const int32_t[::1] interval, const uint32_t[::1] flags,
-                 const int32_t[::1] shift_before, const int32_t[::1] shift_after,
-                 const float[::1] flip_rad, const float[::1] phase_rad,
-                 const float[::1] rx_phase_rad, const int32_t[::1] slot,
-                 const double[::1] duration_s, int64_t n_samples, int states,
-                 double dk_rad_per_m, double voxel_size_m, bint real_path,
-                 float common_phase_rad, tuple tissue, int64_t n,
-                 float complex[:, ::1] out, int threads, const float[:, ::1] rf_table=None,
-                 int variant=0):
-    """Play an event stream for n problems on the host.
-
-    The arrays are the event stream of events.hpp; ``tissue`` holds one
-    float32 array (length n or 1) or None per name of TISSUE_FIELDS, in SI
-    units; ``out`` is complex64 of shape (n, n_samples), written in place.
-    """
+cdef class PackedStream:
+    """An event stream (blochsim.sequence.EventStream) with its scalar
+    settings, held as the C struct the backends read."""
     cdef EventStream s
-    cdef Tissue t
-    cdef _Keep keep = _Keep()
-    cdef int st
-    cdef int64_t ne = interval.shape[0]
-    if (flags.shape[0] != ne or shift_before.shape[0] != ne or shift_after.shape[0] != ne
-            or flip_rad.shape[0] != ne or phase_rad.shape[0] != ne
-            or rx_phase_rad.shape[0] != ne or slot.shape[0] != ne):
-        raise ValueError("blochsim internal error: event arrays differ in length")
-    if out.shape[0] != n or out.shape[1] != n_samples:
-        raise ValueError("blochsim internal error: output has shape (%d, %d), expected (%d, %d)"
-                         % (out.shape[0], out.shape[1], n, n_samples))
-    if len(tissue) != len(TISSUE_FIELDS):
-        raise ValueError("blochsim internal error: tissue tuple has the wrong length")
-    s.n_events = ne
-    if ne > 0:
-        s.interval = &interval[0]
-        s.flags = &flags[0]
-        s.shift_before = &shift_before[0]
-        s.shift_after = &shift_after[0]
-        s.flip_rad = &flip_rad[0]
-        s.phase_rad = &phase_rad[0]
-        s.rx_phase_rad = &rx_phase_rad[0]
-        s.slot = &slot[0]
-    s.n_intervals = duration_s.shape[0]
-    s.duration_s = &duration_s[0] if duration_s.shape[0] > 0 else NULL
-    s.rf_table = NULL
-    if rf_table is not None:
-        if rf_table.shape[0] != ne or rf_table.shape[1] != 6:
-            raise ValueError("blochsim internal error: rf_table must have shape (n_events, 6)")
-        if ne > 0:
-            s.rf_table = &rf_table[0, 0]
-    s.n_samples = n_samples
-    s.states = states
-    s.dk_rad_per_m = dk_rad_per_m
-    s.voxel_size_m = voxel_size_m
-    s.real_path = 1 if real_path else 0
-    s.common_phase_rad = common_phase_rad
+    cdef object refs
 
+    def __cinit__(self, stream, int states, double dk_rad_per_m, double voxel_size_m,
+                  bint real_path, float common_phase_rad):
+        cdef const int32_t[::1] interval = stream.interval
+        cdef const uint32_t[::1] flags = stream.flags
+        cdef const int32_t[::1] sb = stream.shift_before
+        cdef const int32_t[::1] sa = stream.shift_after
+        cdef const float[::1] flip = stream.flip_rad
+        cdef const float[::1] phase = stream.phase_rad
+        cdef const float[::1] rx = stream.rx_phase_rad
+        cdef const int32_t[::1] slot = stream.slot
+        cdef const double[::1] dur = stream.duration_s
+        cdef const float[:, ::1] rft = stream.rf_table
+        cdef int64_t ne = interval.shape[0]
+        if (flags.shape[0] != ne or sb.shape[0] != ne or sa.shape[0] != ne or flip.shape[0] != ne
+                or phase.shape[0] != ne or rx.shape[0] != ne or slot.shape[0] != ne):
+            raise ValueError("blochsim internal error: event arrays differ in length")
+        if rft is not None and (rft.shape[0] != ne or rft.shape[1] != 6):
+            raise ValueError("blochsim internal error: rf_table must have shape (n_events, 6)")
+        self.refs = (interval, flags, sb, sa, flip, phase, rx, slot, dur, rft)
+        self.s.n_events = ne
+        if ne > 0:
+            self.s.interval = &interval[0]
+            self.s.flags = &flags[0]
+            self.s.shift_before = &sb[0]
+            self.s.shift_after = &sa[0]
+            self.s.flip_rad = &flip[0]
+            self.s.phase_rad = &phase[0]
+            self.s.rx_phase_rad = &rx[0]
+            self.s.slot = &slot[0]
+            if rft is not None:
+                self.s.rf_table = &rft[0, 0]
+        self.s.n_intervals = dur.shape[0]
+        if dur.shape[0] > 0:
+            self.s.duration_s = &dur[0]
+        self.s.n_samples = stream.n_samples
+        self.s.states = states
+        self.s.dk_rad_per_m = dk_rad_per_m
+        self.s.voxel_size_m = voxel_size_m
+        self.s.real_path = 1 if real_path else 0
+        self.s.common_phase_rad = common_phase_rad
+
+    @property
+    def n_samples(self):
+        return self.s.n_samples
+
+
+cdef Property* _field(Tissue* t, int i) noexcept:
+    if i == 0: return &t.T1_s
+    if i == 1: return &t.T2_s
+    if i == 2: return &t.M0
+    if i == 3: return &t.B1
+    if i == 4: return &t.B1phase_rad
+    if i == 5: return &t.B0_hz
+    if i == 6: return &t.D_m2_s
+    if i == 7: return &t.v_m_s
+    return &t.inv_efficiency
+
+
+cdef object _host_tissue(Tissue* t, tuple tissue, int64_t n):
+    """Point t at float32 host arrays (length n or 1, or None)."""
+    cdef const float[::1] view
+    cdef Property* p
+    refs = []
+    if len(tissue) != 9:
+        raise ValueError("blochsim internal error: tissue tuple has the wrong length")
     t.n = n
-    t.T1_s = _property(tissue[0], 1.0e30, keep)
-    t.T2_s = _property(tissue[1], 1.0e30, keep)
-    t.M0 = _property(tissue[2], 1.0, keep)
-    t.B1 = _property(tissue[3], 1.0, keep)
-    t.B1phase_rad = _property(tissue[4], 0.0, keep)
-    t.B0_hz = _property(tissue[5], 0.0, keep)
-    t.D_m2_s = _property(tissue[6], 0.0, keep)
-    t.v_m_s = _property(tissue[7], 0.0, keep)
-    t.inv_efficiency = _property(tissue[8], 1.0, keep)
-    if n == 0 or n_samples == 0:
+    for i in range(9):
+        p = _field(t, i)
+        p.data = NULL
+        p.stride = 0
+        p.fallback = _FALLBACK[i]
+        arr = tissue[i]
+        if arr is None:
+            continue
+        view = arr
+        if view.shape[0] == 0:
+            raise ValueError("blochsim internal error: empty tissue array")
+        refs.append(view)
+        p.data = &view[0]
+        p.stride = 0 if view.shape[0] == 1 else 1
+    return refs
+
+
+def forward_host(PackedStream ps, tuple tissue, int64_t n, float complex[:, ::1] out, int threads,
+                 int variant=0):
+    """Play a packed stream for n problems on the host.
+
+    ``tissue`` holds one float32 array (length n or 1) or None per name of
+    TISSUE_FIELDS, in SI units; ``out`` is complex64 of shape (n, n_samples),
+    written in place.  ``variant`` 0 runs the host backend; 1 or 4 run the
+    device's register path on the host with a team of that many members (for
+    tests).
+    """
+    cdef Tissue t
+    cdef int st
+    cdef char err[ERRLEN]
+    err[0] = 0
+    if out.shape[0] != n or out.shape[1] != ps.s.n_samples:
+        raise ValueError("blochsim internal error: output has shape (%d, %d), expected (%d, %d)"
+                         % (out.shape[0], out.shape[1], n, ps.s.n_samples))
+    keep = _host_tissue(&t, tissue, n)
+    if n == 0 or ps.s.n_samples == 0:
         return
     cdef float* outp = <float*> &out[0, 0]
     with nogil:
         if variant == 0:
-            st = host_forward_dispatch(s, t, outp, threads)
+            st = host_forward_dispatch(ps.s, t, outp, threads)
         else:
-            st = host_forward_registers(s, t, outp, variant)
-    if st != 0:
-        raise ValueError("blochsim: " + status_message(st).decode())
+            st = host_forward_registers(ps.s, t, outp, variant)
+    _raise(st, err)
+
+
+def forward_cuda_streamed(PackedStream ps, tuple tissue, int64_t n, float complex[:, ::1] out,
+                          size_t budget_bytes):
+    """Host tissue and host output, streamed through the device in chunks of
+    at most ``budget_bytes`` of device memory (0: most of what is free)."""
+    cdef Tissue t
+    cdef int st
+    cdef char err[ERRLEN]
+    err[0] = 0
+    if out.shape[0] != n or out.shape[1] != ps.s.n_samples:
+        raise ValueError("blochsim internal error: output shape")
+    keep = _host_tissue(&t, tissue, n)
+    if n == 0 or ps.s.n_samples == 0:
+        return
+    cdef float* outp = <float*> &out[0, 0]
+    with nogil:
+        st = L.forward_streamed(ps.s, t, outp, budget_bytes, err, ERRLEN)
+    _raise(st, err)
+
+
+def forward_cuda(PackedStream ps, tuple tissue, int64_t n, uintptr_t out_ptr, uintptr_t stream):
+    """Device tissue (one (pointer, stride) pair or None per TISSUE_FIELDS
+    entry, float32 SI values) into a device complex64 output, on ``stream``."""
+    cdef Tissue t
+    cdef Property* p
+    cdef int st
+    cdef char err[ERRLEN]
+    err[0] = 0
+    t.n = n
+    for i in range(9):
+        p = _field(&t, i)
+        p.data = NULL
+        p.stride = 0
+        p.fallback = _FALLBACK[i]
+        if tissue[i] is not None:
+            ptr, stride = tissue[i]
+            p.data = <const float*> <uintptr_t> ptr
+            p.stride = stride
+    if n == 0 or ps.s.n_samples == 0:
+        return
+    with nogil:
+        st = L.forward(ps.s, t, <float*> out_ptr, <void*> stream, err, ERRLEN)
+    _raise(st, err)
+
+
+def cuda_bytes_per_problem(PackedStream ps):
+    """Device bytes one problem needs (output, tissue, scratch)."""
+    cdef Tissue t
+    return L.bytes_per_problem(ps.s, t)
 
 
 def host_instruction_set():
@@ -123,8 +213,212 @@ def host_instruction_set():
 
 def cuda_available():
     """(usable, reason): whether the device backend can run, and why not."""
-    cdef char why[512]
+    cdef char why[ERRLEN]
     cdef int ok
     why[0] = 0
-    ok = available(why, 512)
-    return bool(ok), why.decode()
+    ok = L.available(why, ERRLEN)
+    return bool(ok), why.decode(errors="replace")
+
+
+# --------------------------------------------------------------------------
+# Device memory, copies and streams
+
+cdef class DeviceBuffer:
+    """Owns ``nbytes`` of device memory (freed when the object goes)."""
+    cdef readonly uintptr_t ptr
+    cdef readonly size_t nbytes
+
+    def __cinit__(self, size_t nbytes):
+        cdef void* p = NULL
+        cdef char err[ERRLEN]
+        err[0] = 0
+        self.ptr = 0
+        self.nbytes = nbytes
+        _raise(L.device_malloc(&p, nbytes, err, ERRLEN), err)
+        self.ptr = <uintptr_t> p
+
+    def __dealloc__(self):
+        cdef char err[ERRLEN]
+        if self.ptr:
+            L.device_free(<void*> self.ptr, err, ERRLEN)
+            self.ptr = 0
+
+
+def copy_to_device(uintptr_t dst, const uint8_t[::1] src, uintptr_t stream):
+    """Copy a host byte buffer to device memory (ordered on stream)."""
+    cdef char err[ERRLEN]
+    err[0] = 0
+    if src.shape[0] == 0:
+        return
+    _raise(L.copy_to_device(<void*> dst, &src[0], src.shape[0], <void*> stream, err, ERRLEN), err)
+
+
+def copy_to_host(uint8_t[::1] dst, uintptr_t src, uintptr_t stream):
+    """Copy device memory into a host byte buffer; waits for the stream."""
+    cdef char err[ERRLEN]
+    err[0] = 0
+    if dst.shape[0] == 0:
+        return
+    with nogil:
+        st = L.copy_to_host(&dst[0], <const void*> src, dst.shape[0], <void*> stream, err, ERRLEN)
+    _raise(st, err)
+
+
+cdef class CudaStream:
+    """A non-blocking CUDA stream owned by blochsim."""
+    cdef readonly uintptr_t handle
+
+    def __cinit__(self):
+        cdef void* s = NULL
+        cdef char err[ERRLEN]
+        err[0] = 0
+        self.handle = 0
+        _raise(L.stream_create(&s, err, ERRLEN), err)
+        self.handle = <uintptr_t> s
+
+    def __dealloc__(self):
+        cdef char err[ERRLEN]
+        if self.handle:
+            L.stream_destroy(<void*> self.handle, err, ERRLEN)
+
+
+def stream_synchronize(uintptr_t stream):
+    cdef char err[ERRLEN]
+    cdef int st
+    err[0] = 0
+    with nogil:
+        st = L.stream_synchronize(<void*> stream, err, ERRLEN)
+    _raise(st, err)
+
+
+def memory_info():
+    """(free, total) device memory in bytes."""
+    cdef size_t f = 0, t = 0
+    cdef char err[ERRLEN]
+    err[0] = 0
+    _raise(L.memory_info(&f, &t, err, ERRLEN), err)
+    return f, t
+
+
+def current_device():
+    cdef int d = -1
+    cdef char err[ERRLEN]
+    err[0] = 0
+    _raise(L.current_device(&d, err, ERRLEN), err)
+    return d
+
+
+def pointer_device(uintptr_t ptr):
+    """The device a pointer belongs to, -1 for host memory."""
+    cdef int d = -1
+    cdef char err[ERRLEN]
+    err[0] = 0
+    _raise(L.pointer_device(<const void*> ptr, &d, err, ERRLEN), err)
+    return d
+
+
+def expand_to_float(uintptr_t src, bint src_is_f64, tuple shape, tuple strides, double scale,
+                    uintptr_t dst, int64_t count, uintptr_t stream):
+    """dst[i] = float32(scale * src[offset(i)]) over the index space `shape`
+    (element strides, 0 on broadcast axes)."""
+    cdef int64_t sh[8]
+    cdef int64_t stv[8]
+    cdef int nd = len(shape)
+    cdef char err[ERRLEN]
+    err[0] = 0
+    if nd > 8:
+        raise ValueError("blochsim: device tissue arrays may have at most 8 dimensions")
+    for i in range(nd):
+        sh[i] = shape[i]
+        stv[i] = strides[i]
+    _raise(L.expand_to_float(<const void*> src, src_is_f64, nd, sh, stv, scale, <float*> dst, count,
+                             <void*> stream, err, ERRLEN), err)
+
+
+def first_bad_value(uintptr_t x, int64_t count, bint check_lower, float lower, bint strict,
+                    uintptr_t stream):
+    """(index, value) of the first non-finite or out-of-bound element, or
+    (-1, nan); synchronises the stream."""
+    cdef int64_t idx = -1
+    cdef float v = float("nan")
+    cdef char err[ERRLEN]
+    cdef int st
+    err[0] = 0
+    with nogil:
+        st = L.first_bad_value(<const float*> x, count, check_lower, lower, strict, &idx, &v,
+                               <void*> stream, err, ERRLEN)
+    _raise(st, err)
+    return idx, v
+
+
+# --------------------------------------------------------------------------
+# DLPack export (dlpack.h v0.8 ABI)
+
+ctypedef struct DLDevice:
+    int device_type
+    int device_id
+
+ctypedef struct DLDataType:
+    uint8_t code
+    uint8_t bits
+    uint16_t lanes
+
+ctypedef struct DLTensor:
+    void* data
+    DLDevice device
+    int ndim
+    DLDataType dtype
+    int64_t* shape
+    int64_t* strides
+    uint64_t byte_offset
+
+ctypedef struct DLManagedTensor:
+    DLTensor dl_tensor
+    void* manager_ctx
+    void (*deleter)(DLManagedTensor*) noexcept
+
+DEF KDLCUDA = 2
+DEF KDLFLOAT = 2
+DEF KDLCOMPLEX = 5
+
+
+cdef void _dl_deleter(DLManagedTensor* m) noexcept with gil:
+    if m.manager_ctx != NULL:
+        Py_DECREF(<object> m.manager_ctx)
+    free(m.dl_tensor.shape)
+    free(m)
+
+
+cdef void _capsule_deleter(object capsule) noexcept:
+    cdef DLManagedTensor* m
+    if PyCapsule_IsValid(capsule, b"dltensor"):
+        m = <DLManagedTensor*> PyCapsule_GetPointer(capsule, b"dltensor")
+        m.deleter(m)
+
+
+def dlpack_capsule(owner, uintptr_t ptr, tuple shape, int type_code, int bits, int device_id):
+    """A DLPack capsule over device memory that keeps ``owner`` alive.
+    type_code: 'float' or 'complex' per DLPack (2 or 5)."""
+    cdef DLManagedTensor* m = <DLManagedTensor*> malloc(sizeof(DLManagedTensor))
+    cdef int nd = len(shape)
+    if m == NULL:
+        raise MemoryError()
+    m.dl_tensor.shape = <int64_t*> malloc(sizeof(int64_t) * (nd if nd > 0 else 1))
+    if m.dl_tensor.shape == NULL:
+        free(m)
+        raise MemoryError()
+    for i in range(nd):
+        m.dl_tensor.shape[i] = shape[i]
+    m.dl_tensor.data = <void*> ptr
+    m.dl_tensor.device.device_type = KDLCUDA
+    m.dl_tensor.device.device_id = device_id
+    m.dl_tensor.ndim = nd
+    m.dl_tensor.dtype.code = type_code
+    m.dl_tensor.dtype.bits = bits
+    m.dl_tensor.dtype.lanes = 1
+    m.dl_tensor.strides = NULL
+    m.dl_tensor.byte_offset = 0
+    Py_INCREF(owner)
+    m.manager_ctx = <void*> owner
+    m.deleter = _dl_deleter
+    return PyCapsule_New(m, b"dltensor", _capsule_deleter)

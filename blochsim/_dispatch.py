@@ -49,14 +49,19 @@ def default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def resolve_device(device, any_device_input: bool) -> str:
-    """The backend a call runs on: ``device`` if given, else from the inputs."""
+def resolve_device(device, device_input=None) -> str:
+    """The backend a call runs on: ``device`` if given, else the GPU when
+    ``device_input`` (the name of an input that is a device array) is set."""
+    asked = device
     if device is None:
-        device = "cuda" if any_device_input else "cpu"
+        device = "cuda" if device_input else "cpu"
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     if device == "cuda":
         ok, why = cuda_status()
         if not ok:
+            if asked is None:
+                raise RuntimeError(f"{device_input} is a device array (__cuda_array_interface__), but the "
+                                   f"CUDA backend cannot run: {why}")
             raise RuntimeError(f"device='cuda' was asked for, but the CUDA backend cannot run: {why}")
     return device

@@ -1,4 +1,28 @@
 # Declarations of src_cuda/launcher.hpp (the device backend launcher).
+from libc.stddef cimport size_t
+from libc.stdint cimport int64_t
+
+from blochsim._events cimport EventStream, Tissue
+
 
 cdef extern from "launcher.hpp" namespace "blochsim::cuda" nogil:
+    const int cuda_error_base
     int available(char* why, int n)
+    int device_malloc(void** p, size_t nbytes, char* err, int n)
+    int device_free(void* p, char* err, int n)
+    int copy_to_device(void* dst, const void* src, size_t nbytes, void* stream, char* err, int n)
+    int copy_to_host(void* dst, const void* src, size_t nbytes, void* stream, char* err, int n)
+    int stream_create(void** stream, char* err, int n)
+    int stream_destroy(void* stream, char* err, int n)
+    int stream_synchronize(void* stream, char* err, int n)
+    int memory_info(size_t* free_bytes, size_t* total_bytes, char* err, int n)
+    int current_device(int* device, char* err, int n)
+    int pointer_device(const void* p, int* device, char* err, int n)
+    int expand_to_float(const void* src, int src_is_f64, int ndim, const int64_t* shape,
+                        const int64_t* strides, double scale, float* dst, int64_t count, void* stream, char* err, int n)
+    int first_bad_value(const float* x, int64_t count, int check_lower, float lower, int strict,
+                        int64_t* index, float* bad_value, void* stream, char* err, int n)
+    int forward(const EventStream& s, const Tissue& t, float* out, void* stream, char* err, int n)
+    int forward_streamed(const EventStream& s, const Tissue& t, float* out, size_t budget_bytes,
+                         char* err, int n)
+    size_t bytes_per_problem(const EventStream& s, const Tissue& t)

@@ -31,7 +31,7 @@ from blochsim.sequence import pack
 
 # Protocol keywords every played simulator takes.
 PLAYED_COMMON = {"states": None, "crusher_dephasing_rad": None, "voxel_size_m": None,
-                 "repetitions": 1}
+                 "repetitions": 1, "budget_bytes": None}
 
 
 class _Base:
@@ -118,6 +118,10 @@ class Simulator(_Base):
         Voxel size along the crusher, m; needed for D and v.
     repetitions : int, optional
         Playings of the repetition; only the last is recorded.
+    budget_bytes : int, optional
+        Device memory a call with NumPy inputs and ``device="cuda"`` may use
+        (default: most of the free memory); larger problems stream through
+        the device in chunks.
     device : {"cpu", "cuda"}, optional
         Force a backend; by default NumPy inputs run on the host.
     threads : int, optional
@@ -144,6 +148,8 @@ class Simulator(_Base):
         if p["states"] is not None:
             p["states"] = V.positive_int("states", p["states"])
         p["repetitions"] = V.positive_int("repetitions", p["repetitions"])
+        if p["budget_bytes"] is not None:
+            p["budget_bytes"] = V.positive_int("budget_bytes", p["budget_bytes"])
         for g in ("crusher_dephasing_rad", "voxel_size_m"):
             if p[g] is not None:
                 p[g] = float(V.protocol_array(g, p[g], low=0.0, strict=True, ndim_max=0))
@@ -172,10 +178,20 @@ class Simulator(_Base):
     def simulate(self, out=None, **values):
         """Simulate the signal.
 
+        NumPy inputs run on the host (or, with ``device="cuda"``, stream
+        through the GPU in chunks of at most ``budget_bytes`` and come back as
+        NumPy).  Inputs exposing ``__cuda_array_interface__`` (CuPy, PyTorch,
+        Numba, ...) run on the GPU and the result is a device array of the
+        same library (a :class:`blochsim.DeviceArray` when it cannot be
+        told); host inputs mixed with them are moved to the device.  A
+        ``stream`` in the interface orders the work on that stream; without
+        one the result is synchronised.
+
         Parameters
         ----------
-        out : numpy.ndarray, complex64, shape (*voxels, samples), optional
-            C-contiguous array to write the signal into (returned).
+        out : array, complex64, shape (*voxels, samples), optional
+            C-contiguous array to write into and return (NumPy on the host,
+            a device array on the device).
         **values
             Tissue properties (public units; each a float or an array, all
             broadcast to one voxel shape) and protocol overrides for this
@@ -183,35 +199,47 @@ class Simulator(_Base):
 
         Returns
         -------
-        numpy.ndarray, complex64, shape (*voxels, samples)
+        array, complex64, shape (*voxels, samples)
         """
         proto, tissue = self._split(values)
         p = self._protocol_values(proto)
-        arrays, shape = self._tissue(tissue)
-        if ("D" in arrays or "v" in arrays) and (p["crusher_dephasing_rad"] is None or p["voxel_size_m"] is None):
-            which = "D" if "D" in arrays else "v"
+        on_device = [k for k, v in tissue.items() if V.is_device_array(v)]
+        out_on_device = out is not None and V.is_device_array(out)
+        device = _dispatch.resolve_device(self.device, on_device[0] if on_device else
+                                          ("out" if out_on_device else None))
+        if device == "cpu" and (on_device or out_on_device):
+            which = on_device[0] if on_device else "out"
+            raise ValueError(f"device='cpu' was asked for, but {which} is a device array")
+        if device == "cpu":
+            arrays, shape = self._tissue(tissue)
+            ifaces = {}
+        else:
+            from blochsim._device import Interface
+
+            arrays = {k: V.tissue_array(k, v) for k, v in tissue.items() if k not in on_device}
+            ifaces = {k: Interface(k, tissue[k]) for k in on_device}
+            shapes = {**{k: a for k, a in arrays.items()}, **{k: _Shaped(i.shape) for k, i in ifaces.items()}}
+            shape = V.broadcast_voxels(shapes) if shapes else ()
+        present = set(arrays) | set(ifaces)
+        if ("D" in present or "v" in present) and (p["crusher_dephasing_rad"] is None or p["voxel_size_m"] is None):
+            which = "D" if "D" in present else "v"
             raise ValueError(
                 f"{which} needs the crusher geometry: pass crusher_dephasing_rad and voxel_size_m "
                 f"to {type(self).__name__} (got crusher_dephasing_rad={p['crusher_dephasing_rad']!r}, "
                 f"voxel_size_m={p['voxel_size_m']!r})")
-        device = _dispatch.resolve_device(self.device, False)
         s = self._packed(p)
         states = p["states"] if p["states"] is not None else max(8, 1 + s.total_shifts)
-        off_axis = any(k in arrays for k in ("B0", "B1phase", "v"))
-        real, phi0 = s.real_subspace(off_axis)
+        real, phi0 = s.real_subspace(any(k in present for k in ("B0", "B1phase", "v")))
+        dk = voxel = 0.0
+        if p["crusher_dephasing_rad"] is not None and p["voxel_size_m"] is not None:
+            dk = p["crusher_dephasing_rad"] / p["voxel_size_m"]
+            voxel = p["voxel_size_m"]
+        ps = _core.PackedStream(s, states, dk, voxel, real, phi0)
         n = int(np.prod(shape, dtype=np.int64))
-        si = []
-        for name in _core.TISSUE_FIELDS:
-            pub = _SI_TO_PUBLIC.get(name)
-            if pub in arrays:
-                a = arrays[pub]
-                factor = V.TISSUE_UNITS[pub][0]
-                flat = np.ascontiguousarray(a, dtype=np.float64).ravel() if a.size == 1 else \
-                    np.broadcast_to(a, shape).ravel()
-                si.append(np.ascontiguousarray(flat * factor, dtype=np.float32))
-            else:
-                si.append(None)
         want = shape + (s.n_samples,)
+        if device == "cuda" and (ifaces or out_on_device):
+            return self._simulate_resident(ps, arrays, ifaces, shape, want, out)
+        si = _host_si(arrays, shape)
         if out is None:
             out = np.empty(want, dtype=np.complex64)
         elif not isinstance(out, np.ndarray) or out.dtype != np.complex64 or out.shape != want \
@@ -219,21 +247,136 @@ class Simulator(_Base):
             raise ValueError(
                 f"out must be a writeable C-contiguous complex64 array of shape {want}, got "
                 f"{type(out).__name__} {getattr(out, 'dtype', '')} {getattr(out, 'shape', '')}")
-        result = out
-        out = out.reshape(n, s.n_samples)
-        dk = 0.0
-        voxel = 0.0
-        if p["crusher_dephasing_rad"] is not None and p["voxel_size_m"] is not None:
-            dk = p["crusher_dephasing_rad"] / p["voxel_size_m"]
-            voxel = p["voxel_size_m"]
-        if device == "cuda":  # pragma: no cover - resolve_device refuses without CUDA
-            raise RuntimeError("the CUDA backend is not available in this build")
-        threads = self.threads if self.threads is not None else _dispatch.default_threads()
-        _core.forward_host(s.interval, s.flags, s.shift_before, s.shift_after, s.flip_rad,
-                           s.phase_rad, s.rx_phase_rad, s.slot, s.duration_s, s.n_samples,
-                           states, dk, voxel, real, phi0, tuple(si), n, out, threads, s.rf_table,
-                           self._host_variant)
+        flat = out.reshape(n, s.n_samples)
+        if device == "cuda":
+            _core.forward_cuda_streamed(ps, si, n, flat, p["budget_bytes"] or 0)
+        else:
+            threads = self.threads if self.threads is not None else _dispatch.default_threads()
+            _core.forward_host(ps, si, n, flat, threads, self._host_variant)
+        return out
+
+    def _simulate_resident(self, ps, arrays, ifaces, shape, want, out):
+        """The device path for device-array inputs (results stay on the device)."""
+        from blochsim._device import Interface, new_output
+
+        n = int(np.prod(shape, dtype=np.int64))
+        streams = [i.stream for i in ifaces.values() if i.stream is not None]
+        out_iface = None
+        if out is not None:
+            if not V.is_device_array(out):
+                raise TypeError("out must be a device array when tissue properties are device arrays")
+            out_iface = Interface("out", out, allow_complex64=True)
+            if out_iface.dtype != np.complex64 or out_iface.shape != want:
+                raise ValueError(f"out must be a C-contiguous complex64 device array of shape {want}, "
+                                 f"got shape {out_iface.shape}")
+            if out_iface.stream is not None:
+                streams.append(out_iface.stream)
+        # memory: the output plus one float32 plane per property
+        need = (0 if out is not None else n * ps.n_samples * 8) + 4 * n * (len(arrays) + len(ifaces))
+        free, total = _core.memory_info()
+        if need > free:
+            per = max(1, need // max(n, 1))
+            raise MemoryError(
+                f"this call needs {need / 2**30:.2f} GiB of device memory and {free / 2**30:.2f} GiB of "
+                f"{total / 2**30:.2f} GiB are free; simulate at most about {max(free // per, 1):,} voxels "
+                f"per call (chunk the first axis), or pass NumPy arrays with device='cuda', which stream "
+                f"through the device in chunks of budget_bytes")
+        own = None
+        if streams:
+            stream = int(streams[0])
+        else:
+            own = _core.CudaStream()
+            stream = own.handle
+        keep = []
+        dev = []
+        for field in _core.TISSUE_FIELDS:
+            name = _SI_TO_PUBLIC.get(field)
+            factor = V.TISSUE_UNITS[name][0] if name else 1.0
+            if name in ifaces:
+                it = ifaces[name]
+                size = int(np.prod(it.shape, dtype=np.int64))
+                count = 1 if size == 1 else n
+                buf = _core.DeviceBuffer(4 * count)
+                if count == 1:
+                    _core.expand_to_float(it.ptr, it.is_f64, (1,), (0,), factor, buf.ptr, 1, stream)
+                else:
+                    _core.expand_to_float(it.ptr, it.is_f64, tuple(shape), _broadcast_strides(it.shape, shape),
+                                          factor, buf.ptr, n, stream)
+                _check_device_values(name, buf.ptr, count, shape if count > 1 else (), factor, stream)
+                keep.append(buf)
+                dev.append((buf.ptr, 0 if count == 1 else 1))
+            elif name in arrays:
+                a = arrays[name]
+                host = (np.asarray(a, np.float64).reshape(1) if a.size == 1 else
+                        np.broadcast_to(a, shape).reshape(-1)) * factor
+                host = np.ascontiguousarray(host, dtype=np.float32)
+                buf = _core.DeviceBuffer(host.nbytes)
+                _core.copy_to_device(buf.ptr, host.view(np.uint8), stream)
+                keep.append((buf, host))
+                dev.append((buf.ptr, 0 if host.size == 1 else 1))
+            else:
+                dev.append(None)
+        if out_iface is not None:
+            result, out_ptr = out, out_iface.ptr
+        else:
+            library = next(iter(ifaces.values())).library if ifaces else "blochsim"
+            result, out_ptr = new_output(want, library)
+        _core.forward_cuda(ps, tuple(dev), n, out_ptr, stream)
+        # The work is ordered after the producer's on its stream (if it gave
+        # one); waiting for it keeps the temporaries alive until the kernel is
+        # done and hands back a result any stream may read.
+        _core.stream_synchronize(stream)
+        del own
         return result
+
+
+class _Shaped:
+    """Stands in for an array in shape broadcasting."""
+
+    def __init__(self, shape):
+        self.shape = tuple(shape)
+
+
+def _host_si(arrays, shape):
+    """Tissue arrays as float32 SI values (length n or 1) in TISSUE_FIELDS order."""
+    si = []
+    for name in _core.TISSUE_FIELDS:
+        pub = _SI_TO_PUBLIC.get(name)
+        if pub in arrays:
+            a = arrays[pub]
+            factor = V.TISSUE_UNITS[pub][0]
+            flat = np.asarray(a, dtype=np.float64).reshape(1) if a.size == 1 else \
+                np.broadcast_to(a, shape).reshape(-1)
+            si.append(np.ascontiguousarray(flat * factor, dtype=np.float32))
+        else:
+            si.append(None)
+    return tuple(si)
+
+
+def _broadcast_strides(src_shape, shape):
+    """Element strides of a C-contiguous array of src_shape broadcast to shape."""
+    strides = [0] * len(shape)
+    acc = 1
+    for i in range(1, len(src_shape) + 1):
+        size = src_shape[-i]
+        strides[-i] = 0 if size == 1 else acc
+        acc *= size
+    return tuple(strides)
+
+
+def _check_device_values(name, ptr, count, shape, factor, stream):
+    """The device-side version of the host checks: finite and within bounds."""
+    _, _, low, strict = V.TISSUE_UNITS[name]
+    idx, value = _core.first_bad_value(ptr, count, low is not None, float(low or 0.0), bool(strict), stream)
+    if idx < 0:
+        return
+    where = tuple(int(i) for i in np.unravel_index(idx, shape)) if shape else ()
+    v = value / factor
+    if not np.isfinite(v):
+        raise ValueError(f"{name} must be finite, got {v!r} at index {where}")
+    op = ">" if strict else ">="
+    unit = V.UNIT_NAMES[name]
+    raise ValueError(f"{name} must be {op} {low:g}{' ' + unit if unit else ''}, got {v!r} at index {where}")
 
 
 _SI_TO_PUBLIC = {v[1]: k for k, v in V.TISSUE_UNITS.items()}

@@ -256,7 +256,7 @@ struct Expand {
   int ndim;
 };
 
-__global__ void expand_kernel(const void* src, int is_f64, Expand e, float* dst, int64_t count) {
+__global__ void expand_kernel(const void* src, int is_f64, Expand e, double scale, float* dst, int64_t count) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     int64_t rem = i, off = 0;
@@ -265,7 +265,8 @@ __global__ void expand_kernel(const void* src, int is_f64, Expand e, float* dst,
       rem /= e.shape[d];
       off += idx * e.strides[d];
     }
-    dst[i] = is_f64 ? static_cast<float>(static_cast<const double*>(src)[off]) : static_cast<const float*>(src)[off];
+    const double x = is_f64 ? static_cast<const double*>(src)[off] : static_cast<double>(static_cast<const float*>(src)[off]);
+    dst[i] = static_cast<float>(x * scale);
   }
 }
 
@@ -357,7 +358,7 @@ int pointer_device(const void* p, int* device, char* err, int n) {
 }
 
 int expand_to_float(const void* src, int src_is_f64, int ndim, const int64_t* shape, const int64_t* strides,
-                    float* dst, int64_t count, void* stream, char* err, int n) {
+                    double scale, float* dst, int64_t count, void* stream, char* err, int n) {
   if (count == 0) return ok;
   if (ndim > 8) return say(bad_shape, err, n);
   Expand e{};
@@ -367,7 +368,7 @@ int expand_to_float(const void* src, int src_is_f64, int ndim, const int64_t* sh
     e.strides[d] = strides[d];
   }
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((count + 255) / 256, 65535));
-  expand_kernel<<<blocks, 256, 0, as_stream(stream)>>>(src, src_is_f64, e, dst, count);
+  expand_kernel<<<blocks, 256, 0, as_stream(stream)>>>(src, src_is_f64, e, scale, dst, count);
   BLOCHSIM_CUDA(cudaGetLastError(), "expand_kernel launch");
   return ok;
 }

@@ -36,11 +36,11 @@ int current_device(int* device, char* err, int n);
 // The device a pointer belongs to (-1 for host memory).
 int pointer_device(const void* p, int* device, char* err, int n);
 
-// dst[i] = float(src[offset(i)]) for i < count, where src is float32
+// dst[i] = float(scale * src[offset(i)]) for i < count, where src is float32
 // (src_is_f64 = 0) or float64 and offset(i) broadcasts src (ndim <= 8, the
 // shape of the full index space, element strides with 0 for broadcast axes).
 int expand_to_float(const void* src, int src_is_f64, int ndim, const int64_t* shape,
-                    const int64_t* strides, float* dst, int64_t count, void* stream, char* err, int n);
+                    const int64_t* strides, double scale, float* dst, int64_t count, void* stream, char* err, int n);
 
 // Index of the first element of x[0, count) that is not finite or fails
 // x > lower (strict) / x >= lower; -1 if none; the value is in *bad_value.

@@ -28,8 +28,8 @@ int stream_synchronize(void*, char* err, int n) { return no(err, n); }
 int memory_info(std::size_t*, std::size_t*, char* err, int n) { return no(err, n); }
 int current_device(int*, char* err, int n) { return no(err, n); }
 int pointer_device(const void*, int*, char* err, int n) { return no(err, n); }
-int expand_to_float(const void*, int, int, const int64_t*, const int64_t*, float*, int64_t, void*, char* err,
-                    int n) {
+int expand_to_float(const void*, int, int, const int64_t*, const int64_t*, double, float*, int64_t, void*,
+                    char* err, int n) {
   return no(err, n);
 }
 int first_bad_value(const float*, int64_t, int, float, int, int64_t*, float*, void*, char* err, int n) {

@@ -172,15 +172,19 @@ def test_refusal_leaves_no_partial_output():
 
 def test_core_rechecks_the_stream():
     from blochsim import _core
+    from blochsim.sequence import EventStream
 
-    n = 1
-    iv = np.array([5], np.int32)  # no interval table: index out of range
-    z32 = np.zeros(1, np.int32)
-    f32 = np.zeros(1, np.float32)
-    out = np.zeros((n, 1), np.complex64)
+    s = EventStream()
+    s.interval = np.array([5], np.int32)  # no interval table: index out of range
+    s.flags = np.array([4], np.uint32)
+    s.shift_before = s.shift_after = s.slot = np.zeros(1, np.int32)
+    s.flip_rad = s.phase_rad = s.rx_phase_rad = np.zeros(1, np.float32)
+    s.duration_s = np.zeros(0)
+    s.rf_table = None
+    s.n_samples = 1
+    out = np.zeros((1, 1), np.complex64)
     with pytest.raises(ValueError, match="interval index"):
-        _core.forward_host(iv, np.array([4], np.uint32), z32, z32, f32, f32, f32, z32,
-                           np.zeros(0), 1, 8, 0.0, 0.0, True, 0.0, (None,) * 9, n, out, 1)
+        _core.forward_host(_core.PackedStream(s, 8, 0.0, 0.0, True, 0.0), (None,) * 9, 1, out, 1)
+    s.interval = np.array([-1], np.int32)
     with pytest.raises(ValueError, match="states must be >= 1"):
-        _core.forward_host(z32 - 1, np.array([4], np.uint32), z32, z32, f32, f32, f32, z32,
-                           np.zeros(0), 1, 0, 0.0, 0.0, True, 0.0, (None,) * 9, n, out, 1)
+        _core.forward_host(_core.PackedStream(s, 0, 0.0, 0.0, True, 0.0), (None,) * 9, 1, out, 1)

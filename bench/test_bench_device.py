@@ -1,0 +1,51 @@
+"""Device benchmarks of the reference workload (SPEC §9), CuPy-resident
+inputs and outputs (the kernel and its launch; no host transfer), plus the
+streamed path from NumPy.  Skipped without a GPU.
+
+Run: ``pytest bench/test_bench_device.py --benchmark-only``.
+"""
+import numpy as np
+import pytest
+
+import blochsim
+from blochsim.cli import reference_flips, reference_tissues
+from blochsim.simulators import MRFSimulator
+
+pytestmark = pytest.mark.skipif(not blochsim.backends()["cuda"]["available"], reason="no usable CUDA device")
+
+SIZES = [10_000, 100_000, 1_000_000]
+
+
+def _resident(benchmark, n, phases):
+    cp = pytest.importorskip("cupy")
+    T1, T2 = reference_tissues(n)
+    T1, T2 = cp.asarray(T1, cp.float32), cp.asarray(T2, cp.float32)
+    sim = MRFSimulator(flip=reference_flips(500), TR=10.0, phases=phases, states=32)
+    out = cp.empty((n, 500), cp.complex64)
+    sim.simulate(T1=T1, T2=T2, out=out)  # warm-up: packing, module load
+    benchmark.pedantic(sim.simulate, kwargs={"T1": T1, "T2": T2, "out": out}, rounds=5, warmup_rounds=1)
+    benchmark.extra_info["atoms"] = n
+    benchmark.extra_info["atoms_per_s_median"] = n / benchmark.stats.stats.median
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_device_mrf_forward_real_path(benchmark, n):
+    _resident(benchmark, n, 0.0)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_device_mrf_forward_complex_path(benchmark, n):
+    k = np.arange(500)
+    _resident(benchmark, n, 0.5 * 117.0 * k * (k + 1))
+
+
+def test_device_mrf_streamed_from_numpy_1e6(benchmark):
+    n = 1_000_000
+    T1, T2 = reference_tissues(n)
+    sim = MRFSimulator(flip=reference_flips(500), TR=10.0, states=32, device="cuda")
+    out = np.empty((n, 500), np.complex64)
+    out.fill(0)
+    sim.simulate(T1=T1[:1000], T2=T2[:1000])
+    benchmark.pedantic(sim.simulate, kwargs={"T1": T1, "T2": T2, "out": out}, rounds=3, warmup_rounds=1)
+    benchmark.extra_info["atoms"] = n
+    benchmark.extra_info["atoms_per_s_median"] = n / benchmark.stats.stats.median

@@ -1,0 +1,193 @@
+"""The CUDA backend on a GPU: parity with the host on the oracle cases,
+wide states, streaming, CuPy/PyTorch/blochsim device arrays, streams and
+refusals.  Skipped without a usable device (marker ``gpu``)."""
+import numpy as np
+import pytest
+
+import blochsim
+from blochsim.simulators import FSESimulator, MRFSimulator
+
+pytestmark = pytest.mark.gpu
+
+RTOL = 1e-5
+FLIPS = np.concatenate([np.linspace(5, 60, 250), np.linspace(60, 2, 250)])
+
+
+def rel(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+def device_cases():
+    """The oracle cases of the host emulation test, run here on the GPU."""
+    import importlib.util
+    import pathlib
+
+    spec = importlib.util.spec_from_file_location(
+        "device_templates", pathlib.Path(__file__).with_name("test_device_templates.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.CASES
+
+
+CASES = device_cases()
+
+
+@pytest.mark.parametrize("name,make,extra", CASES, ids=[c[0] for c in CASES])
+def test_parity_with_host_streamed(name, make, extra):
+    sim = make()
+    kw = {"T1": np.array([300.0, 900.0, 2000.0]), "T2": np.array([30.0, 80.0, 150.0]), **extra}
+    if "T1" not in sim.tissue_properties:
+        kw.pop("T1")
+    ref = sim.simulate(**kw)
+    sim.device = "cuda"
+    out = sim.simulate(**kw)
+    assert isinstance(out, np.ndarray) and out.dtype == np.complex64
+    assert rel(out, ref) <= RTOL
+
+
+@pytest.mark.parametrize("states", [32, 200, 2048, 5000, 9000])
+def test_wide_states(states):
+    # 2048: warp teams give way to block teams; 9000 > 512 * 16: the plane kernel
+    n = 300
+    sim = FSESimulator(ESP=2.0, flip=np.full(n, 150.0), states=states)
+    T2 = np.array([100.0, 300.0])
+    ref = sim.simulate(T1=1000.0, T2=T2)
+    sim.device = "cuda"
+    assert rel(sim.simulate(T1=1000.0, T2=T2), ref) <= RTOL
+    if states == 2048:
+        perfect = FSESimulator(ESP=2.0, flip=np.full(1024, 180.0), device="cuda").simulate(T2=500.0)
+        assert rel(np.abs(perfect), np.exp(-np.arange(1, 1025) * 2.0 / 500.0)) <= RTOL
+
+
+def test_complex_wide_states_block_team():
+    sim = FSESimulator(ESP=3.0, flip=np.full(400, 140.0), states=1500)
+    kw = {"T1": 900.0, "T2": np.array([60.0, 120.0]), "B0": np.array([5.0, -12.0])}
+    ref = sim.simulate(**kw)
+    sim.device = "cuda"
+    assert rel(sim.simulate(**kw), ref) <= RTOL
+
+
+def test_streaming_under_a_small_budget_equals_one_run():
+    rng = np.random.default_rng(3)
+    T1 = rng.uniform(200, 3000, 5000)
+    T2 = rng.uniform(10, 300, 5000)
+    big = MRFSimulator(flip=FLIPS, TR=10.0, states=32, device="cuda")
+    whole = big.simulate(T1=T1, T2=T2)
+    small = MRFSimulator(flip=FLIPS, TR=10.0, states=32, device="cuda", budget_bytes=1_000_000)
+    np.testing.assert_array_equal(small.simulate(T1=T1, T2=T2), whole)
+    host = MRFSimulator(flip=FLIPS, TR=10.0, states=32).simulate(T1=T1, T2=T2)
+    assert rel(whole, host) <= RTOL
+
+
+def test_cupy_inputs_and_outputs():
+    cp = pytest.importorskip("cupy")
+    T1 = np.linspace(300, 2500, 1000)
+    T2 = np.linspace(20, 200, 1000)
+    sim = MRFSimulator(flip=FLIPS, TR=10.0, states=32)
+    ref = sim.simulate(T1=T1, T2=T2)
+    out = sim.simulate(T1=cp.asarray(T1), T2=cp.asarray(T2, dtype=cp.float32))
+    assert isinstance(out, cp.ndarray) and out.dtype == cp.complex64 and out.shape == (1000, 500)
+    assert rel(cp.asnumpy(out), ref) <= RTOL
+    # mixed: a host T2 moves to the device; broadcasting over a device (n, 1) array
+    out2 = sim.simulate(T1=cp.asarray(T1[:10, None]), T2=T2[:7])
+    ref2 = sim.simulate(T1=T1[:10, None], T2=T2[:7])
+    assert out2.shape == (10, 7, 500) and rel(cp.asnumpy(out2), ref2) <= RTOL
+    # out= on the device
+    buf = cp.empty((1000, 500), cp.complex64)
+    r = sim.simulate(T1=cp.asarray(T1), T2=cp.asarray(T2), out=buf)
+    assert r is buf and rel(cp.asnumpy(buf), ref) <= RTOL
+
+
+def test_cupy_non_default_stream():
+    cp = pytest.importorskip("cupy")
+    T1 = cp.linspace(300, 2500, 4096)
+    T2 = cp.linspace(20, 200, 4096)
+    sim = MRFSimulator(flip=FLIPS, TR=10.0, states=32)
+    ref = sim.simulate(T1=cp.asnumpy(T1), T2=cp.asnumpy(T2))
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        a = T1 * 1.0  # produced on `stream`
+        b = T2 * 1.0
+        out = sim.simulate(T1=a, T2=b)
+        got = cp.asnumpy(out)
+    assert rel(got, ref) <= RTOL
+
+
+def test_torch_inputs_and_outputs():
+    torch = pytest.importorskip("torch")
+    T1 = np.linspace(300, 2500, 777)
+    T2 = np.linspace(20, 200, 777)
+    sim = FSESimulator(ESP=5.0, flip=np.full(32, 150.0))
+    ref = sim.simulate(T1=T1, T2=T2)
+    out = sim.simulate(T1=torch.tensor(T1, device="cuda"), T2=torch.tensor(T2, device="cuda", dtype=torch.float32))
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.complex64 and out.is_cuda
+    assert rel(out.cpu().numpy(), ref) <= RTOL
+
+
+def test_blochsim_device_array_and_dlpack():
+    T1 = blochsim.DeviceArray.from_numpy(np.linspace(300, 2500, 100).astype(np.float32))
+    T2 = blochsim.DeviceArray.from_numpy(np.linspace(20, 200, 100).astype(np.float32))
+    sim = MRFSimulator(flip=FLIPS, TR=10.0, states=32)
+    out = sim.simulate(T1=T1, T2=T2)
+    assert isinstance(out, blochsim.DeviceArray) and out.shape == (100, 500)
+    ref = sim.simulate(T1=T1.get(), T2=T2.get())
+    assert rel(out.get(), ref) <= RTOL
+    torch = pytest.importorskip("torch")
+    t = torch.from_dlpack(out)
+    assert t.is_cuda and t.dtype == torch.complex64
+    assert rel(t.cpu().numpy(), ref) <= RTOL
+
+
+def test_deterministic_on_the_device():
+    cp = pytest.importorskip("cupy")
+    T1 = cp.linspace(300, 2500, 3000)
+    T2 = cp.linspace(20, 200, 3000)
+    sim = MRFSimulator(flip=FLIPS, TR=10.0, states=32, phases=np.arange(500) * 7.0)
+    a = cp.asnumpy(sim.simulate(T1=T1, T2=T2))
+    b = cp.asnumpy(sim.simulate(T1=T1, T2=T2))
+    np.testing.assert_array_equal(a, b)
+
+
+def test_device_refusals():
+    cp = pytest.importorskip("cupy")
+    sim = FSESimulator(ESP=5.0, flip=np.full(8, 180.0))
+    with pytest.raises(ValueError, match=r"T2 must be a C-contiguous device array"):
+        sim.simulate(T2=cp.linspace(20, 200, 20)[::2])
+    with pytest.raises(TypeError, match=r"T2 must be a float32 or float64 device array"):
+        sim.simulate(T2=cp.arange(10))
+    bad = cp.linspace(20, 200, 10)
+    bad[3] = cp.nan
+    with pytest.raises(ValueError, match=r"T2 must be finite, got nan at index \(3,\)"):
+        sim.simulate(T2=bad)
+    neg = cp.linspace(20, 200, 10)
+    neg[7] = -1.0
+    with pytest.raises(ValueError, match=r"T2 must be > 0 ms, got -1.0 at index \(7,\)"):
+        sim.simulate(T2=neg)
+    with pytest.raises(ValueError, match=r"do not broadcast"):
+        sim.simulate(T1=cp.ones(3) * 900, T2=cp.ones(4) * 80)
+    with pytest.raises(ValueError, match=r"out must be a C-contiguous complex64 device array of shape"):
+        sim.simulate(T2=cp.ones(4) * 80, out=cp.empty((4, 7), cp.complex64))
+    with pytest.raises(ValueError, match=r"device='cpu' was asked for, but T2 is a device array"):
+        FSESimulator(ESP=5.0, flip=np.full(8, 180.0), device="cpu").simulate(T2=cp.ones(4))
+    with pytest.raises(MemoryError, match=r"GiB of device memory .* voxels per call"):
+        MRFSimulator(flip=FLIPS, TR=10.0, states=32).simulate(T1=cp.ones(1), T2=cp.ones(1),
+                                                            M0=_huge_device_array(cp))
+
+
+def _huge_device_array(cp):
+    """A device array that claims 10^11 elements (never read: the memory check refuses first)."""
+
+    class Huge:
+        __cuda_array_interface__ = {"shape": (100_000_000_000,), "typestr": "<f4",
+                                    "data": (int(cp.ones(1, cp.float32).data.ptr), False), "version": 3,
+                                    "strides": None}
+
+    return Huge()
+
+
+def test_cuda_error_is_a_python_exception():
+    from blochsim import _core
+
+    with pytest.raises(_core.CudaError, match=r"^cuda\w+"):
+        _core.DeviceBuffer(1 << 62)
