@@ -60,8 +60,8 @@ cdef class PackedStream:
         if (flags.shape[0] != ne or sb.shape[0] != ne or sa.shape[0] != ne or flip.shape[0] != ne
                 or phase.shape[0] != ne or rx.shape[0] != ne or slot.shape[0] != ne):
             raise ValueError("blochsim internal error: event arrays differ in length")
-        if rft is not None and (rft.shape[0] != ne or rft.shape[1] != 6):
-            raise ValueError("blochsim internal error: rf_table must have shape (n_events, 6)")
+        if rft is not None and (rft.shape[0] != ne or rft.shape[1] != 8):
+            raise ValueError("blochsim internal error: rf_table must have shape (n_events, 8)")
         self.refs = (interval, flags, sb, sa, flip, phase, rx, slot, dur, rft)
         self.s.n_events = ne
         if ne > 0:

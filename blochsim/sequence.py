@@ -371,11 +371,13 @@ def pack(preparation, repetition, repetitions: int = 1) -> EventStream:
     phase_rad = np.radians(phases[lay.rf_op])
     s.flip_rad = flip_rad.astype(np.float32)
     s.phase_rad = phase_rad.astype(np.float32)
-    # each pulse's rotation at B1 = 1, in double precision (events.hpp RfTableField)
+    rx_rad = np.radians(phases[lay.rx_op])
+    s.rx_phase_rad = rx_rad.astype(np.float32)
+    # each pulse's rotation at B1 = 1 and each receiver phase, in double
+    # precision (events.hpp RfTableField)
     s.rf_table = np.ascontiguousarray(np.stack([
         np.cos(flip_rad / 2) ** 2, np.sin(flip_rad / 2) ** 2, np.sin(flip_rad), np.cos(flip_rad),
-        np.cos(phase_rad), np.sin(phase_rad)], axis=1), dtype=np.float32)
-    s.rx_phase_rad = np.radians(phases[lay.rx_op]).astype(np.float32)
+        np.cos(phase_rad), np.sin(phase_rad), np.cos(rx_rad), np.sin(rx_rad)], axis=1), dtype=np.float32)
     dur = np.bincount(lay.delay_event, weights=durs[lay.delay_op], minlength=n)[:n] * 1e-3
     has_iv = dur > 0
     uniq, inv = np.unique(dur[has_iv], return_inverse=True)

@@ -1,15 +1,17 @@
 // The device backend: the EPG templates of src_cpp instantiated for the GPU,
 // and the launcher behind launcher.hpp.
 //
-// Kernel choice by the number of orders K (R orders per thread in registers,
-// R = 16 on the real path and 8 on the complex path, T = the smallest power
-// of two with T R >= K threads per problem):
-//   T <= 32    warp_kernel: teams of T lanes inside warps, boundary orders
-//              passed by warp shuffles (several problems per warp when T < 32);
-//   T <= 512   block_kernel: one problem per block of T threads, boundary
-//              orders passed through shared memory;
-//   beyond     plane_kernel: one thread per problem with its planes in
-//              global memory (any K that fits in memory).
+// Kernel choice by the number of orders K, T being the smallest power of
+// two with T R >= K threads per problem:
+//   warp_kernel   R = 32 (real path) or 16 (complex) orders per thread in
+//                 registers, T <= 32: teams inside warps, boundary orders
+//                 passed by warp shuffles (several problems per warp when
+//                 T < 32); K <= 1024 / 512;
+//   block_kernel  R = 16 or 8 (a block of up to 512 threads leaves 128
+//                 registers each), T <= 512: one problem per block, boundary
+//                 orders through shared memory; K <= 8192 / 4096;
+//   plane_kernel  beyond: one thread per problem with its planes in global
+//                 memory (any K that fits in memory).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -26,9 +28,12 @@ namespace blochsim {
 namespace cuda {
 namespace {
 
-constexpr int orders_real = 16;
-constexpr int orders_complex = 8;
+constexpr int warp_orders_real = 32, warp_orders_complex = 16;
+constexpr int block_orders_real = 16, block_orders_complex = 8;
 constexpr int warp_block = 256;
+constexpr int max_block_team = 512;
+// Output rows of one chunk of the streamed path (bounds the pinned staging).
+constexpr int64_t stream_chunk_bytes = int64_t(64) << 20;
 
 int fail(cudaError_t e, const char* what, char* err, int n) {
   if (err && n > 0)
@@ -133,7 +138,7 @@ __global__ void __launch_bounds__(warp_block) warp_kernel(EventStream s, Tissue 
 }
 
 template <bool Complex, int R>
-__global__ void __launch_bounds__(512) block_kernel(EventStream s, Tissue t, float* out) {
+__global__ void __launch_bounds__(max_block_team) block_kernel(EventStream s, Tissue t, float* out) {
   extern __shared__ float exchange[];
   const int64_t p = blockIdx.x;
   const int rank = threadIdx.x;
@@ -157,32 +162,43 @@ __global__ void __launch_bounds__(128) plane_kernel(EventStream s, Tissue t, flo
   epg::play<float, Complex>(s, t, lt, st, sink);
 }
 
-int team_size(const EventStream& s) {
-  const int R = s.real_path ? orders_real : orders_complex;
+// Members of a team of R orders each that K orders need (a power of two).
+int team_size(int K, int R) {
   int T = 1;
-  while (static_cast<int64_t>(T) * R < s.states && T <= 512) T *= 2;
+  while (static_cast<int64_t>(T) * R < K && T <= max_block_team) T *= 2;
   return T;
+}
+
+enum Kind { warp_kind, block_kind, plane_kind };
+
+Kind kind_of(const EventStream& s, int& T) {
+  T = team_size(s.states, s.real_path ? warp_orders_real : warp_orders_complex);
+  if (T <= 32) return warp_kind;
+  T = team_size(s.states, s.real_path ? block_orders_real : block_orders_complex);
+  if (T <= max_block_team) return block_kind;
+  return plane_kind;
 }
 
 // Plays `ds` (device pointers) for the problems of t into out on `st`.
 int launch(const EventStream& ds, const Tissue& t, float* out, cudaStream_t st, char* err, int n) {
   if (t.n == 0 || ds.n_samples == 0) return ok;
-  const int T = team_size(ds);
+  int T = 1;
+  const Kind kind = kind_of(ds, T);
   const bool cplx = !ds.real_path;
-  if (T <= 32) {
+  if (kind == warp_kind) {
     const int64_t threads = t.n * T;
     const unsigned blocks = static_cast<unsigned>((threads + warp_block - 1) / warp_block);
     if (cplx)
-      warp_kernel<true, orders_complex><<<blocks, warp_block, 0, st>>>(ds, t, out, T);
+      warp_kernel<true, warp_orders_complex><<<blocks, warp_block, 0, st>>>(ds, t, out, T);
     else
-      warp_kernel<false, orders_real><<<blocks, warp_block, 0, st>>>(ds, t, out, T);
+      warp_kernel<false, warp_orders_real><<<blocks, warp_block, 0, st>>>(ds, t, out, T);
     BLOCHSIM_CUDA(cudaGetLastError(), "warp_kernel launch");
-  } else if (T <= 512) {
+  } else if (kind == block_kind) {
     const size_t smem = sizeof(float) * T;
     if (cplx)
-      block_kernel<true, orders_complex><<<static_cast<unsigned>(t.n), T, smem, st>>>(ds, t, out);
+      block_kernel<true, block_orders_complex><<<static_cast<unsigned>(t.n), T, smem, st>>>(ds, t, out);
     else
-      block_kernel<false, orders_real><<<static_cast<unsigned>(t.n), T, smem, st>>>(ds, t, out);
+      block_kernel<false, block_orders_real><<<static_cast<unsigned>(t.n), T, smem, st>>>(ds, t, out);
     BLOCHSIM_CUDA(cudaGetLastError(), "block_kernel launch");
   } else {
     const int64_t ws = epg::PlaneStore<float, true>::workspace(ds);
@@ -397,7 +413,8 @@ int first_bad_value(const float* x, int64_t count, int check_lower, float lower,
 
 std::size_t bytes_per_problem(const EventStream& s, const Tissue&) {
   std::size_t b = static_cast<std::size_t>(s.n_samples) * 8 + 9 * sizeof(float);
-  if (team_size(s) > 512) b += static_cast<std::size_t>(epg::PlaneStore<float, true>::workspace(s)) * 4;
+  int T = 1;
+  if (kind_of(s, T) == plane_kind) b += static_cast<std::size_t>(epg::PlaneStore<float, true>::workspace(s)) * 4;
   return b;
 }
 
@@ -424,7 +441,9 @@ int forward_streamed(const EventStream& s, const Tissue& t, float* out, std::siz
   BLOCHSIM_CUDA(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
   const size_t budget = budget_bytes ? budget_bytes : free_b / 10 * 8;
   const size_t per = bytes_per_problem(s, t);
-  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(t.n, static_cast<int64_t>(budget / (2 * per))));
+  const int64_t rows_cap = std::max<int64_t>(1, stream_chunk_bytes / (s.n_samples * 8));
+  const int64_t chunk = std::max<int64_t>(
+      1, std::min<int64_t>({t.n, static_cast<int64_t>(budget / (2 * per)), rows_cap}));
   const size_t out_bytes = static_cast<size_t>(chunk) * static_cast<size_t>(s.n_samples) * 8;
   using Field = Property Tissue::*;
   const Field props[9] = {&Tissue::T1_s,   &Tissue::T2_s,  &Tissue::M0,

@@ -144,7 +144,7 @@ def test_main_job_writes_a_dictionary(tmp_path):
     from blochsim.cli import main, reference_flips, reference_tissues
 
     out = tmp_path / "dict.npz"
-    assert main(["--atoms", "300", "--trs", "50", "--out", str(out), "--quiet"]) == 0
+    assert main(["--atoms", "300", "--trs", "50", "--out", str(out), "--quiet", "--device", "cpu"]) == 0
     d = np.load(out)
     assert d["signals"].shape == (300, 50) and d["signals"].dtype == np.complex64
     T1, T2 = reference_tissues(300)

@@ -10,9 +10,9 @@ namespace blochsim {
 // the best one the CPU supports is chosen at the first call.
 int host_forward_dispatch(const EventStream& s, const Tissue& t, float* out, int threads);
 
-// The device's register path run on the host for testing: a team of
-// `team` (1 or 4) members, 16 orders each on the real path and 8 on the
-// complex path; returns bad_states when K does not fit.
+// The device's register path run on the host for testing: a team of one
+// member with 32 orders (real path) or 16 (complex), or of 4 members with
+// 16 or 8 orders each; returns states_exceed_team when K does not fit.
 int host_forward_registers(const EventStream& s, const Tissue& t, float* out, int team);
 
 // Name of the instruction set the block kernels run with ("x86-64-v4", ...).

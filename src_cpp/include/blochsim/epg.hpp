@@ -127,9 +127,10 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE Op<V> identity_op() {
 // The pulse of event e for every lane (B1 scales the flip, B1phase adds to
 // the phase).  With `uniform` (no per-problem B1 or B1phase) the rotation
 // is the same for every lane and comes from the stream's rf_table if any.
+// (c0, s0) = (cos, sin) of the stream's common phase (real path).
 template <class V, bool Complex>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE Op<V> pulse_op(const EventStream& s, int64_t e, bool uniform,
-                                                const LaneTissue<V>& lt) {
+                                                const LaneTissue<V>& lt, float c0, float s0) {
   using LT = Lanes<V>;
   Op<V> o{};
   const int n = uniform ? 1 : LT::width;
@@ -164,7 +165,6 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE Op<V> pulse_op(const EventStream& s, int64_t e,
       v[7] = -0.5f * sa * cp;
     } else {
       // phi = phi0 or phi0 + pi: sigma = cos(phi - phi0) = +-1
-      const float c0 = std::cos(s.common_phase_rad), s0 = std::sin(s.common_phase_rad);
       const float sigma = cp * c0 + sp * s0 >= 0.0f ? 1.0f : -1.0f;
       v[2] = -s2;
       v[4] = sigma * sa;
@@ -402,7 +402,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void play(const EventStream& s, const Tissue& t
     const bool has_op = (f & (event_rf | event_inversion)) != 0;
     Op<V> o = identity_op<V>();
     if (f & event_rf)
-      o = pulse_op<V, Complex>(s, e, rf_uniform, lt);
+      o = pulse_op<V, Complex>(s, e, rf_uniform, lt, c0, s0);
     else if (f & event_inversion)
       o = inversion_op<V>(lt);
     if (iv >= 0) {
@@ -421,8 +421,14 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void play(const EventStream& s, const Tissue& t
     }
     if (has_op || (iv >= 0 && !per_order && sb == 0)) st.apply(o, band);
     if (f & event_readout) {
-      const float rx = s.rx_phase_rad[e];
-      const float cr = std::cos(rx), sr = std::sin(rx);
+      float cr, sr;
+      if (s.rf_table) {
+        cr = s.rf_table[e * rf_table_fields + rft_cos_rx];
+        sr = s.rf_table[e * rf_table_fields + rft_sin_rx];
+      } else {
+        cr = std::cos(s.rx_phase_rad[e]);
+        sr = std::sin(s.rx_phase_rad[e]);
+      }
       const V m0 = lt.M0;
       if (Complex) {
         const V re = st.f0r(), im = st.f0i();

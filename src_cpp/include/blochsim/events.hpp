@@ -30,6 +30,8 @@ enum RfTableField : int {
   rft_cos,        // cos(a)
   rft_cos_phase,  // cos(phi)
   rft_sin_phase,  // sin(phi)
+  rft_cos_rx,     // cos of the receiver phase of the event's readout
+  rft_sin_rx,     // sin of the receiver phase
   rf_table_fields
 };
 
@@ -48,8 +50,9 @@ struct EventStream {
   const double* duration_s = nullptr;     // (n_intervals,) distinct interval lengths
 
   // Optional (n_events, rf_table_fields) table of each pulse's rotation at
-  // B1 = 1 (see RfTableField), computed once per sequence in double
-  // precision; null: kernels compute it from flip_rad and phase_rad.
+  // B1 = 1 and each readout's receiver phase (see RfTableField), computed
+  // once per sequence in double precision, so that the event loop needs no
+  // sincos; null: kernels compute it from flip_rad, phase_rad, rx_phase_rad.
   const float* rf_table = nullptr;
 
   int64_t n_samples = 0;                  // output slots per problem
