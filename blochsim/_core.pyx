@@ -11,7 +11,7 @@ from libc.stddef cimport size_t
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc
 
-from blochsim._events cimport EventStream, Property, Tissue, status_message
+from blochsim._events cimport EventStream, Property, Tissue, cuda_error_base, status_message
 from blochsim._host cimport host_forward_dispatch, host_forward_registers, host_isa
 cimport blochsim._launcher as L
 
@@ -31,7 +31,7 @@ cdef int _raise(int st, const char* err) except -1:
     if st == 0:
         return 0
     msg = err.decode(errors="replace")
-    if st >= L.cuda_error_base:
+    if st >= cuda_error_base:
         raise CudaError(msg)
     if not msg:
         msg = status_message(st).decode()

@@ -6,7 +6,6 @@ from blochsim._events cimport EventStream, Tissue
 
 
 cdef extern from "launcher.hpp" namespace "blochsim::cuda" nogil:
-    const int cuda_error_base
     int available(char* why, int n)
     int device_malloc(void** p, size_t nbytes, char* err, int n)
     int device_free(void* p, char* err, int n)

@@ -16,8 +16,6 @@
 namespace blochsim {
 namespace cuda {
 
-constexpr int cuda_error_base = 1000;
-
 // 1 if the device backend is compiled and a device is usable; otherwise 0,
 // with the reason written into why.
 int available(char* why, int n);

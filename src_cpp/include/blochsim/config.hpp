@@ -73,6 +73,9 @@ enum Status : int {
   states_exceed_team = 7,  // K larger than a register team holds (host emulation only)
 };
 
+// Launchers return cuda_error_base + the cudaError_t value for CUDA errors.
+constexpr int cuda_error_base = 1000;
+
 inline const char* status_message(int status) {
   switch (status) {
     case ok: return "ok";

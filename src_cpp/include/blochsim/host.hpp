@@ -19,6 +19,8 @@
 #include "epg.hpp"
 #include "events.hpp"
 
+// Host code only: skipped by nvcc's device pass when a .cu file includes it.
+#if !defined(__CUDA_ARCH__)
 namespace blochsim {
 namespace host {
 
@@ -89,3 +91,4 @@ inline void forward(const EventStream& s, const Tissue& t, float* out, int threa
 
 }  // namespace host
 }  // namespace blochsim
+#endif  // !__CUDA_ARCH__
