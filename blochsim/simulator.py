@@ -371,7 +371,7 @@ def _check_device_values(name, ptr, count, shape, factor, stream):
     if idx < 0:
         return
     where = tuple(int(i) for i in np.unravel_index(idx, shape)) if shape else ()
-    v = value / factor
+    v = float(f"{value / factor:.7g}")  # the float32 value, back in public units
     if not np.isfinite(v):
         raise ValueError(f"{name} must be finite, got {v!r} at index {where}")
     op = ">" if strict else ">="
