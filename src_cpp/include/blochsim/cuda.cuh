@@ -32,7 +32,15 @@ namespace cuda {
 
 namespace detail {
 
-constexpr int warp_orders_real = 32, warp_orders_complex = 16;
+#ifndef BLOCHSIM_WARP_ORDERS_REAL
+#define BLOCHSIM_WARP_ORDERS_REAL 32
+#endif
+#ifndef BLOCHSIM_WARP_ORDERS_COMPLEX
+#define BLOCHSIM_WARP_ORDERS_COMPLEX 16
+#endif
+// Orders per thread of the warp kernel (compile-time: -D to tune).
+constexpr int warp_orders_real = BLOCHSIM_WARP_ORDERS_REAL;
+constexpr int warp_orders_complex = BLOCHSIM_WARP_ORDERS_COMPLEX;
 constexpr int block_orders_real = 16, block_orders_complex = 8;
 constexpr int warp_block = 256;
 constexpr int max_block_team = 512;
