@@ -69,6 +69,7 @@ inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 
 // A team of T lanes of one warp (T a power of two <= 32).
 struct WarpTeam {
+  static constexpr bool band_skips = false;  // members of a team share a warp
   int rank, T, first_order;
   BLOCHSIM_HD int members() const { return T; }
   BLOCHSIM_HD float from_below(float x) const {
@@ -97,6 +98,7 @@ struct WarpTeam {
 
 // A team of one block of T threads; boundary orders through shared memory.
 struct BlockTeam {
+  static constexpr bool band_skips = true;
   int rank, T, first_order;
   float* buf;  // shared, T floats
   BLOCHSIM_HD int members() const { return T; }

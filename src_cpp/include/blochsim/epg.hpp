@@ -124,20 +124,47 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE Op<V> identity_op() {
   return o;
 }
 
+// The fields of one event, loaded together so that the event loop can fetch
+// the next event while it computes the current one.  rf holds the event's
+// rf_table row when the stream has one (else it is unused).
+struct EventRec {
+  int32_t iv, sb, sa, slot;
+  uint32_t flags;
+  float rf[rf_table_fields];
+};
+
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE EventRec load_event(const EventStream& s, int64_t e) {
+  EventRec r;
+  r.iv = s.interval[e];
+  r.sb = s.shift_before[e];
+  r.sa = s.shift_after[e];
+  r.slot = s.slot[e];
+  r.flags = s.flags[e];
+  if (s.rf_table) {
+    const float* t = s.rf_table + e * rf_table_fields;
+BLOCHSIM_UNROLL
+    for (int i = 0; i < rf_table_fields; ++i) r.rf[i] = t[i];
+  } else {
+BLOCHSIM_UNROLL
+    for (int i = 0; i < rf_table_fields; ++i) r.rf[i] = 0.0f;
+  }
+  return r;
+}
+
 // The pulse of event e for every lane (B1 scales the flip, B1phase adds to
 // the phase).  With `uniform` (no per-problem B1 or B1phase) the rotation
 // is the same for every lane and comes from the stream's rf_table if any.
 // (c0, s0) = (cos, sin) of the stream's common phase (real path).
 template <class V, bool Complex>
-BLOCHSIM_HD BLOCHSIM_FORCEINLINE Op<V> pulse_op(const EventStream& s, int64_t e, bool uniform,
-                                                const LaneTissue<V>& lt, float c0, float s0) {
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE Op<V> pulse_op(const EventStream& s, int64_t e, const EventRec& ev,
+                                                bool uniform, const LaneTissue<V>& lt, float c0, float s0) {
   using LT = Lanes<V>;
   Op<V> o{};
   const int n = uniform ? 1 : LT::width;
   for (int l = 0; l < n; ++l) {
     float c2, s2, sa, ca, cp, sp;
     if (uniform && s.rf_table) {
-      const float* r = s.rf_table + e * rf_table_fields;
+      const float* r = ev.rf;
       c2 = r[rft_cos2_half];
       s2 = r[rft_sin2_half];
       sa = r[rft_sin];
@@ -221,23 +248,25 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE Op<V> fuse(const Op<V>& o, const IvCoef<V>& c) 
   return f;
 }
 
-// One order under an Op (without the order-0 source).
+// One order under an Op (without the order-0 source), written as chains of
+// multiply-adds (8 per order on the real path, 34 on the complex path).
 template <class V, bool Complex>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE void apply_order(const Op<V>& o, V& fpr, V& fpi, V& fmr, V& fmi, V& zr,
                                                   V& zi) {
   if (Complex) {
     const V pr = fpr, pi_ = fpi, mr = fmr, mi = fmi, ar = zr, ai = zi;
-    fpr = (o.pr * pr - o.pi * pi_) + (o.ar * mr - o.ai * mi) + (o.br * ar - o.bi * ai);
-    fpi = (o.pr * pi_ + o.pi * pr) + (o.ar * mi + o.ai * mr) + (o.br * ai + o.bi * ar);
-    fmr = (o.ar * pr + o.ai * pi_) + (o.pr * mr + o.pi * mi) + (o.br * ar + o.bi * ai);
-    fmi = (o.ar * pi_ - o.ai * pr) + (o.pr * mi - o.pi * mr) + (o.br * ai - o.bi * ar);
-    zr = (o.cr * pr - o.ci * pi_) + (o.cr * mr + o.ci * mi) + o.ca * ar;
-    zi = (o.cr * pi_ + o.ci * pr) + (o.cr * mi - o.ci * mr) + o.ca * ai;
+    fpr = o.pr * pr + (o.ar * mr + (o.br * ar - (o.pi * pi_ + (o.ai * mi + o.bi * ai))));
+    fpi = o.pr * pi_ + (o.ar * mi + (o.br * ai + (o.pi * pr + (o.ai * mr + o.bi * ar))));
+    fmr = o.pr * mr + (o.ar * pr + (o.br * ar + (o.pi * mi + (o.ai * pi_ + o.bi * ai))));
+    fmi = o.pr * mi + (o.ar * pi_ + (o.br * ai - (o.pi * mr + (o.ai * pr + o.bi * ar))));
+    zr = o.ca * ar + (o.cr * (pr + mr) + o.ci * (mi - pi_));
+    zi = o.ca * ai + (o.cr * (pi_ + mi) + o.ci * (pr - mr));
   } else {
     const V p = fpr, m = fmr, z = zr;
-    fpr = o.pr * p + o.ar * m + o.br * z;
-    fmr = o.pr * m + o.ar * p + o.br * z;
-    zr = o.ca * z + o.cr * (p + m);
+    const V t = o.br * z;
+    fpr = o.pr * p + (o.ar * m + t);
+    fmr = o.pr * m + (o.ar * p + t);
+    zr = o.cr * (p + m) + o.ca * z;
   }
 }
 
@@ -369,6 +398,14 @@ struct PlaneStore {
     }
   }
 
+  // apply(o), then the new F+_0 into (r, i), then one shift in direction dir.
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void apply_shift(const Op<V>& o, int band, int dir, V& r, V& i) {
+    apply(o, band);
+    r = f0r();
+    i = f0i();
+    shift_once(dir, band);
+  }
+
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void spoil(int band) {
     fpr.zero(0, band);
     fmr.zero(0, band);
@@ -394,23 +431,29 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void play(const EventStream& s, const Tissue& t
   const bool per_order = t.D_m2_s.present() || t.v_m_s.present();
   const int K = s.states;
   const float c0 = std::cos(s.common_phase_rad), s0 = std::sin(s.common_phase_rad);
+  const V m0 = lt.M0;
   int band = 1;
+  if (s.n_events <= 0) return;
+  EventRec ev = load_event(s, 0);
   for (int64_t e = 0; e < s.n_events; ++e) {
-    const int32_t iv = s.interval[e];
-    const int32_t sb = s.shift_before[e];
-    const uint32_t f = s.flags[e];
+    // the next event's fields are in flight while this one computes
+    const EventRec next = load_event(s, e + 1 < s.n_events ? e + 1 : e);
+    const int32_t iv = ev.iv, sb = ev.sb;
+    const uint32_t f = ev.flags;
     const bool has_op = (f & (event_rf | event_inversion)) != 0;
     Op<V> o = identity_op<V>();
     if (f & event_rf)
-      o = pulse_op<V, Complex>(s, e, rf_uniform, lt, c0, s0);
+      o = pulse_op<V, Complex>(s, e, ev, rf_uniform, lt, c0, s0);
     else if (f & event_inversion)
       o = inversion_op<V>(lt);
+    bool apply = has_op;
     if (iv >= 0) {
       const IvCoef<V> c = st.interval(iv);
       if (per_order) {
         st.relax_per_order(c, band);
       } else if (sb == 0) {
         o = fuse<V, Complex>(o, c);  // relaxation and the pulse in one pass
+        apply = true;
       } else {
         st.apply(fuse<V, Complex>(identity_op<V>(), c), band);
       }
@@ -419,37 +462,54 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void play(const EventStream& s, const Tissue& t
       st.shift_once(sb > 0 ? 1 : -1, band);
       band = band < K ? band + 1 : K;
     }
-    if (has_op || (iv >= 0 && !per_order && sb == 0)) st.apply(o, band);
+    float cr = 1.0f, sr = 0.0f;
     if (f & event_readout) {
-      float cr, sr;
       if (s.rf_table) {
-        cr = s.rf_table[e * rf_table_fields + rft_cos_rx];
-        sr = s.rf_table[e * rf_table_fields + rft_sin_rx];
+        cr = ev.rf[rft_cos_rx];
+        sr = ev.rf[rft_sin_rx];
       } else {
         cr = std::cos(s.rx_phase_rad[e]);
         sr = std::sin(s.rx_phase_rad[e]);
       }
-      const V m0 = lt.M0;
+    }
+    const int32_t sa = ev.sa;
+    const bool spoil = (f & event_spoil) != 0;
+    V f0r{}, f0i{};
+    bool sampled = false;
+    if (apply && !spoil && (sa == 1 || sa == -1)) {
+      // the common event (optional interval, pulse, sample, one shift) in
+      // one pass over the orders
+      st.apply_shift(o, band, sa, f0r, f0i);
+      band = band < K ? band + 1 : K;
+      sampled = true;
+    } else if (apply) {
+      st.apply(o, band);
+    }
+    if (f & event_readout) {
+      if (!sampled) {
+        f0r = st.f0r();
+        f0i = st.f0i();
+      }
       if (Complex) {
-        const V re = st.f0r(), im = st.f0i();
-        sink.write(s.slot[e], m0 * (re * cr + im * sr), m0 * (im * cr - re * sr));
+        sink.write(ev.slot, m0 * (f0r * cr + f0i * sr), m0 * (f0i * cr - f0r * sr));
       } else {
-        // F+_0 e^{-i rx} = -i e^{i phi0} f+_0 e^{-i rx}
         const float pr = s0 * cr - c0 * sr;       // Re(-i e^{i(phi0 - rx)})
         const float pim = -(c0 * cr + s0 * sr);   // Im(-i e^{i(phi0 - rx)})
-        const V a = m0 * st.f0r();
-        sink.write(s.slot[e], a * pr, a * pim);
+        const V a = m0 * f0r;
+        sink.write(ev.slot, a * pr, a * pim);
       }
     }
-    if (f & event_spoil) {
-      st.spoil(band);
-    } else {
-      const int32_t sa = s.shift_after[e];
-      for (int i = 0; i < (sa > 0 ? sa : -sa); ++i) {
-        st.shift_once(sa > 0 ? 1 : -1, band);
-        band = band < K ? band + 1 : K;
+    if (!sampled) {
+      if (spoil) {
+        st.spoil(band);
+      } else {
+        for (int i = 0; i < (sa > 0 ? sa : -sa); ++i) {
+          st.shift_once(sa > 0 ? 1 : -1, band);
+          band = band < K ? band + 1 : K;
+        }
       }
     }
+    ev = next;
   }
 }
 

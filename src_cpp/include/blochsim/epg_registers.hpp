@@ -17,6 +17,8 @@
 //   base()               the first order a member holds, as V
 //   active(band)         whether a member holds any order below `band`
 //   below(r, K)          1 where order base + r < K, else 0
+//   band_skips           whether members past the band skip the arithmetic
+//                        (worth it only where whole warps fall past it)
 #pragma once
 
 #include <cmath>
@@ -33,6 +35,7 @@ template <class V, int R>
 struct LaneTeam {
   using LT = Lanes<V>;
   static constexpr int width = LT::width;
+  static constexpr bool band_skips = false;
   int members() const { return width; }
   V from_below(const V& x) const {
     V y{};
@@ -116,6 +119,97 @@ BLOCHSIM_UNROLL
     if (Complex) {
       pi[0] += f * o.ji;
       mi[0] -= f * o.ji;
+    }
+  }
+
+  // apply(o), the new F+_0 into (r0, i0), then one shift in direction dir,
+  // in one pass: each order's result is assigned straight to the register
+  // it shifts into, so the shift costs no register moves.
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void apply_shift(const Op<V>& o, int band, int dir, V& r0, V& i0) {
+    if (dir > 0)
+      apply_shift_dir<1>(o, band, r0, i0);
+    else
+      apply_shift_dir<-1>(o, band, r0, i0);
+  }
+
+  template <int dir>
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void apply_shift_dir(const Op<V>& o, int band, V& r0, V& i0) {
+    V np[R], nm[R], nz[R];
+    V npi[RI], nmi[RI], nzi[RI];
+    const bool on = !Team::band_skips || team.active(band);
+    if (on) {
+BLOCHSIM_UNROLL
+      for (int r = 0; r < R; ++r) {
+        np[r] = pr[r];
+        nm[r] = mr[r];
+        nz[r] = zr[r];
+        V d0{}, d1{}, d2{};
+        if (Complex) {
+          npi[r < RI ? r : 0] = pi[r < RI ? r : 0];
+          nmi[r < RI ? r : 0] = mi[r < RI ? r : 0];
+          nzi[r < RI ? r : 0] = zi[r < RI ? r : 0];
+        }
+        apply_order<V, Complex>(o, np[r], Complex ? npi[r < RI ? r : 0] : d0, nm[r],
+                                Complex ? nmi[r < RI ? r : 0] : d1, nz[r], Complex ? nzi[r < RI ? r : 0] : d2);
+      }
+    } else {
+BLOCHSIM_UNROLL
+      for (int r = 0; r < R; ++r) {
+        np[r] = pr[r];
+        nm[r] = mr[r];
+        nz[r] = zr[r];
+      }
+BLOCHSIM_UNROLL
+      for (int r = 0; r < RI; ++r) {
+        npi[r] = pi[r];
+        nmi[r] = mi[r];
+        nzi[r] = zi[r];
+      }
+    }
+    const V f = team.first();
+    np[0] += f * o.jr;
+    nm[0] += f * o.jr;
+    nz[0] += f * o.jz;
+    if (Complex) {
+      npi[0] += f * o.ji;
+      nmi[0] -= f * o.ji;
+    }
+    r0 = np[0];
+    i0 = Complex ? npi[0] : V{};
+BLOCHSIM_UNROLL
+    for (int r = 0; r < R; ++r) zr[r] = nz[r];
+    if (Complex) {
+BLOCHSIM_UNROLL
+      for (int r = 0; r < RI; ++r) zi[r] = nzi[r];
+    }
+    if (dir > 0) {
+      place(np, nm, pr, mr);
+      pr[0] += f * mr[0];  // F+_0 = conj(F-_0) in member 0
+      if (Complex) {
+        place(npi, nmi, pi, mi);
+        pi[0] -= f * mi[0];
+      }
+    } else {
+      place(nm, np, mr, pr);
+      mr[0] += f * pr[0];
+      if (Complex) {
+        place(nmi, npi, mi, pi);
+        mi[0] -= f * pi[0];
+      }
+    }
+  }
+
+  // up <- new_up one order up, dn <- new_dn one order down, across the team.
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void place(const V* new_up, const V* new_dn, V* up, V* dn) {
+    up[0] = team.from_below(new_up[R - 1]);
+BLOCHSIM_UNROLL
+    for (int r = 1; r < R; ++r) up[r] = new_up[r - 1];
+BLOCHSIM_UNROLL
+    for (int r = 0; r + 1 < R; ++r) dn[r] = new_dn[r + 1];
+    dn[R - 1] = team.from_above(new_dn[0]);
+    if (truncate) {
+BLOCHSIM_UNROLL
+      for (int r = 0; r < R; ++r) up[r] *= team.below(r, K);
     }
   }
 

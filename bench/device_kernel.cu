@@ -1,0 +1,176 @@
+// The reference workload (SPEC §9) through the C++ device API alone: the
+// kernel without the Python layer, for tuning the device templates.  Each
+// size runs a few times on one stream and the median is printed; the first
+// problems are checked against the host backend of the same headers.
+//
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Isrc_cpp/include \
+//        [-DBLOCHSIM_WARP_ORDERS_REAL=16 ...] bench/device_kernel.cu -o device_kernel
+//   ./device_kernel [atoms ...]
+#include <blochsim/cuda.cuh>
+#include <blochsim/host.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define CHECK(call)                                                                                \
+  do {                                                                                             \
+    const cudaError_t e_ = (call);                                                                 \
+    if (e_ != cudaSuccess) {                                                                       \
+      std::fprintf(stderr, "device_kernel: %s: %s\n", cudaGetErrorName(e_), cudaGetErrorString(e_)); \
+      std::exit(1);                                                                                \
+    }                                                                                              \
+  } while (0)
+
+namespace {
+
+constexpr int n_tr = 500;
+
+// Inversion, then per TR: pulse, sample, one shift, relaxation over TR
+// (the event layout the Python MRF simulator packs).
+struct Mrf {
+  std::vector<int32_t> interval, shift_before, shift_after, slot;
+  std::vector<uint32_t> flags;
+  std::vector<float> flip_rad, phase_rad, rx_phase_rad, rf_table;
+  std::vector<double> duration_s{0.010};
+
+  explicit Mrf(bool quadratic_phase) {
+    auto add = [&](int32_t iv, uint32_t fl, double flip, double phase, int32_t after, int32_t sl) {
+      interval.push_back(iv);
+      shift_before.push_back(0);
+      flags.push_back(fl);
+      flip_rad.push_back(static_cast<float>(flip));
+      phase_rad.push_back(static_cast<float>(phase));
+      rx_phase_rad.push_back(static_cast<float>(-blochsim::pi / 2));
+      shift_after.push_back(after);
+      slot.push_back(sl);
+      const double row[blochsim::rf_table_fields] = {
+          std::pow(std::cos(flip / 2), 2), std::pow(std::sin(flip / 2), 2), std::sin(flip), std::cos(flip),
+          std::cos(phase), std::sin(phase), std::cos(-blochsim::pi / 2), std::sin(-blochsim::pi / 2)};
+      for (double v : row) rf_table.push_back(static_cast<float>(v));
+    };
+    add(-1, blochsim::event_inversion, 0, 0, 0, 0);
+    for (int j = 0; j < n_tr; ++j) {
+      const double deg = j < 250 ? 5.0 + 55.0 * j / 249.0 : 60.0 - 58.0 * (j - 250) / 249.0;
+      const double phase_deg = quadratic_phase ? 0.5 * 117.0 * j * (j + 1) : 0.0;
+      add(j == 0 ? -1 : 0, blochsim::event_rf | blochsim::event_readout, deg * blochsim::pi / 180.0,
+          std::fmod(phase_deg, 360.0) * blochsim::pi / 180.0, 1, j);
+    }
+    add(0, 0u, 0, 0, 0, 0);
+  }
+
+  blochsim::EventStream view(bool real_path) const {
+    blochsim::EventStream s;
+    s.n_events = static_cast<int64_t>(flags.size());
+    s.interval = interval.data();
+    s.flags = flags.data();
+    s.shift_before = shift_before.data();
+    s.shift_after = shift_after.data();
+    s.flip_rad = flip_rad.data();
+    s.phase_rad = phase_rad.data();
+    s.rx_phase_rad = rx_phase_rad.data();
+    s.slot = slot.data();
+    s.n_intervals = 1;
+    s.duration_s = duration_s.data();
+    s.rf_table = rf_table.data();
+    s.n_samples = n_tr;
+    s.states = 32;
+    s.real_path = real_path ? 1 : 0;
+    return s;
+  }
+};
+
+// T1 = geomspace(200, 3000, g), T2 = geomspace(10, 300, g) on a meshgrid,
+// the first n taken (seconds).
+void tissues(int64_t n, std::vector<float>& T1, std::vector<float>& T2) {
+  int64_t g = 1;
+  while (g * g < n) ++g;
+  T1.resize(n);
+  T2.resize(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const double a = g > 1 ? double(i / g) / double(g - 1) : 0.0, b = g > 1 ? double(i % g) / double(g - 1) : 0.0;
+    T1[i] = static_cast<float>(0.2 * std::pow(15.0, a));
+    T2[i] = static_cast<float>(0.01 * std::pow(30.0, b));
+  }
+}
+
+// The host backend's result (host.hpp is host code only: nvcc's device
+// pass sees a stub).
+void host_forward(const blochsim::EventStream& s, const blochsim::Tissue& t, float* out) {
+#if !defined(__CUDA_ARCH__)
+  blochsim::host::forward(s, t, out, 2);
+#endif
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int64_t> sizes;
+  for (int i = 1; i < argc; ++i) sizes.push_back(std::atoll(argv[i]));
+  if (sizes.empty()) sizes = {100000, 1000000};
+  std::printf("warp orders per thread: real %d, complex %d\n", BLOCHSIM_WARP_ORDERS_REAL,
+              BLOCHSIM_WARP_ORDERS_COMPLEX);
+  cudaStream_t cs;
+  CHECK(cudaStreamCreate(&cs));
+  for (int path = 0; path < 2; ++path) {
+    const bool real_path = path == 0;
+    const Mrf mrf(!real_path);
+    const blochsim::EventStream s = mrf.view(real_path);
+    for (int64_t n : sizes) {
+      std::vector<float> T1, T2;
+      tissues(n, T1, T2);
+      float *dT1, *dT2, *dout;
+      CHECK(cudaMalloc(&dT1, n * sizeof(float)));
+      CHECK(cudaMalloc(&dT2, n * sizeof(float)));
+      CHECK(cudaMalloc(&dout, n * n_tr * 2 * sizeof(float)));
+      CHECK(cudaMemcpy(dT1, T1.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+      CHECK(cudaMemcpy(dT2, T2.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+      blochsim::Tissue t;
+      t.n = n;
+      t.T1_s = {dT1, 1, 0.0f};
+      t.T2_s = {dT2, 1, 0.0f};
+      char err[256] = {0};
+      std::vector<float> ms;
+      cudaEvent_t a, b;
+      CHECK(cudaEventCreate(&a));
+      CHECK(cudaEventCreate(&b));
+      for (int rep = 0; rep < 6; ++rep) {
+        CHECK(cudaEventRecord(a, cs));
+        const int r = blochsim::cuda::forward_device(s, t, dout, cs, err, sizeof err);
+        if (r != 0) {
+          std::fprintf(stderr, "device_kernel: forward_device: %d %s\n", r, err);
+          return 1;
+        }
+        CHECK(cudaEventRecord(b, cs));
+        CHECK(cudaEventSynchronize(b));
+        float m = 0;
+        CHECK(cudaEventElapsedTime(&m, a, b));
+        if (rep > 0) ms.push_back(m);
+      }
+      std::sort(ms.begin(), ms.end());
+      const double med = ms[ms.size() / 2];
+      // the first problems against the host backend
+      const int64_t nc = std::min<int64_t>(n, 256);
+      std::vector<float> dev(nc * n_tr * 2), host(nc * n_tr * 2);
+      CHECK(cudaMemcpy(dev.data(), dout, dev.size() * sizeof(float), cudaMemcpyDeviceToHost));
+      blochsim::Tissue th = t;
+      th.n = nc;
+      th.T1_s = {T1.data(), 1, 0.0f};
+      th.T2_s = {T2.data(), 1, 0.0f};
+      host_forward(s, th, host.data());
+      double num = 0, den = 0;
+      for (size_t i = 0; i < host.size(); ++i) {
+        num = std::max(num, double(std::fabs(dev[i] - host[i])));
+        den = std::max(den, double(std::fabs(host[i])));
+      }
+      std::printf("%-8s n=%-8lld median %8.3f ms  %8.2f M atoms/s  max|dev-host|/max|host| %.2e\n",
+                  real_path ? "real" : "complex", static_cast<long long>(n), med, n / med * 1e-3, num / den);
+      CHECK(cudaFree(dT1));
+      CHECK(cudaFree(dT2));
+      CHECK(cudaFree(dout));
+    }
+  }
+  return 0;
+}
