@@ -406,6 +406,8 @@ struct PlaneStore {
     shift_once(dir, band);
   }
 
+  static constexpr int unroll = 1;  // no fast path (play())
+
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void spoil(int band) {
     fpr.zero(0, band);
     fmr.zero(0, band);
@@ -424,82 +426,138 @@ struct PlaneStore {
 // The event loop, shared by every store.  Sink::write(slot, re, im) receives
 // M0 F+_0 e^{-i rx} of each readout.
 
+// Per-call constants of the event loop.
+template <class V>
+struct PlayContext {
+  bool rf_uniform;  // no per-problem B1 or B1phase: one rotation per pulse
+  bool per_order;   // diffusion or flow: relaxation differs between orders
+  float c0, s0;     // cos, sin of the stream's common phase (real path)
+  V m0;
+};
+
+// The operator of event e (its pulse or inversion, with the interval
+// before it folded in when nothing comes between them); false when the
+// event applies none.  An interval that cannot be folded (per-order
+// relaxation, or a shift before the pulse) is applied here.
+template <class V, bool Complex, class Store>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE bool event_op(const EventStream& s, int64_t e, const EventRec& ev,
+                                               const LaneTissue<V>& lt, const PlayContext<V>& cx, Store& st,
+                                               int band, Op<V>& o) {
+  const uint32_t f = ev.flags;
+  o = identity_op<V>();
+  bool apply = (f & (event_rf | event_inversion)) != 0;
+  if (f & event_rf)
+    o = pulse_op<V, Complex>(s, e, ev, cx.rf_uniform, lt, cx.c0, cx.s0);
+  else if (f & event_inversion)
+    o = inversion_op<V>(lt);
+  if (ev.iv >= 0) {
+    const IvCoef<V> c = st.interval(ev.iv);
+    if (cx.per_order) {
+      st.relax_per_order(c, band);
+    } else if (ev.sb == 0) {
+      o = fuse<V, Complex>(o, c);  // relaxation and the pulse in one pass
+      apply = true;
+    } else {
+      st.apply(fuse<V, Complex>(identity_op<V>(), c), band);
+    }
+  }
+  return apply;
+}
+
+// The readout of event e from F+_0 = (f0r, f0i): M0 F+_0 e^{-i rx}, or on
+// the real path M0 (-i e^{i phi0}) f+_0 e^{-i rx}.
+template <class V, bool Complex, class Sink>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE void take_readout(const EventStream& s, int64_t e, const EventRec& ev,
+                                                    const PlayContext<V>& cx, const V& f0r, const V& f0i,
+                                                    Sink& sink) {
+  float cr, sr;
+  if (s.rf_table) {
+    cr = ev.rf[rft_cos_rx];
+    sr = ev.rf[rft_sin_rx];
+  } else {
+    cr = std::cos(s.rx_phase_rad[e]);
+    sr = std::sin(s.rx_phase_rad[e]);
+  }
+  if (Complex) {
+    sink.write(ev.slot, cx.m0 * (f0r * cr + f0i * sr), cx.m0 * (f0i * cr - f0r * sr));
+  } else {
+    const float pr = cx.s0 * cr - cx.c0 * sr;      // Re(-i e^{i(phi0 - rx)})
+    const float pim = -(cx.c0 * cr + cx.s0 * sr);  // Im(-i e^{i(phi0 - rx)})
+    const V a = cx.m0 * f0r;
+    sink.write(ev.slot, a * pr, a * pim);
+  }
+}
+
+// Whether event e is of the form the fast path runs: an operator (a pulse
+// or inversion, or a folded interval), an optional readout, one shift up.
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE bool simple_event(const EventStream& s, int64_t e) {
+  const uint32_t f = s.flags[e];
+  return (f & event_spoil) == 0 && s.shift_before[e] == 0 && s.shift_after[e] == 1 &&
+         ((f & (event_rf | event_inversion)) != 0 || s.interval[e] >= 0);
+}
+
 template <class V, bool Complex, class Store, class Sink>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE void play(const EventStream& s, const Tissue& t, const LaneTissue<V>& lt,
                                            Store& st, Sink& sink) {
-  const bool rf_uniform = !t.B1.present() && !t.B1phase_rad.present();
-  const bool per_order = t.D_m2_s.present() || t.v_m_s.present();
+  PlayContext<V> cx;
+  cx.rf_uniform = !t.B1.present() && !t.B1phase_rad.present();
+  cx.per_order = t.D_m2_s.present() || t.v_m_s.present();
+  cx.c0 = std::cos(s.common_phase_rad);
+  cx.s0 = std::sin(s.common_phase_rad);
+  cx.m0 = lt.M0;
+  constexpr int U = Store::unroll;
   const int K = s.states;
-  const float c0 = std::cos(s.common_phase_rad), s0 = std::sin(s.common_phase_rad);
-  const V m0 = lt.M0;
+  const int64_t n = s.n_events;
   int band = 1;
-  if (s.n_events <= 0) return;
+  if (n <= 0) return;
   EventRec ev = load_event(s, 0);
-  for (int64_t e = 0; e < s.n_events; ++e) {
-    // the next event's fields are in flight while this one computes
-    const EventRec next = load_event(s, e + 1 < s.n_events ? e + 1 : e);
-    const int32_t iv = ev.iv, sb = ev.sb;
-    const uint32_t f = ev.flags;
-    const bool has_op = (f & (event_rf | event_inversion)) != 0;
-    Op<V> o = identity_op<V>();
-    if (f & event_rf)
-      o = pulse_op<V, Complex>(s, e, ev, rf_uniform, lt, c0, s0);
-    else if (f & event_inversion)
-      o = inversion_op<V>(lt);
-    bool apply = has_op;
-    if (iv >= 0) {
-      const IvCoef<V> c = st.interval(iv);
-      if (per_order) {
-        st.relax_per_order(c, band);
-      } else if (sb == 0) {
-        o = fuse<V, Complex>(o, c);  // relaxation and the pulse in one pass
-        apply = true;
-      } else {
-        st.apply(fuse<V, Complex>(identity_op<V>(), c), band);
+  for (int64_t e = 0; e < n;) {
+    if constexpr (U > 1) {
+      bool run = !cx.per_order && e + U <= n;
+BLOCHSIM_UNROLL
+      for (int u = 0; u < U; ++u) run = run && simple_event(s, e + u < n ? e + u : n - 1);
+      if (run) {
+        // U events of one operator and one shift up each, the shifts done
+        // by renaming registers (RegisterStore::apply_shift_run)
+        EventRec evs[U > 1 ? U : 1];
+        evs[0] = ev;
+BLOCHSIM_UNROLL
+        for (int u = 1; u < U; ++u) evs[u] = load_event(s, e + u);
+        auto op = [&](int u, int b) {
+          Op<V> o;
+          event_op<V, Complex>(s, e + u, evs[u], lt, cx, st, b, o);
+          return o;
+        };
+        auto take = [&](int u, const V& r, const V& i) {
+          if (evs[u].flags & event_readout) take_readout<V, Complex>(s, e + u, evs[u], cx, r, i, sink);
+        };
+        st.template apply_shift_run<U, 1>(op, take, band);
+        band = band + U < K ? band + U : K;
+        e += U;
+        ev = load_event(s, e < n ? e : n - 1);
+        continue;
       }
     }
+    // the next event's fields are in flight while this one computes
+    const EventRec next = load_event(s, e + 1 < n ? e + 1 : e);
+    const uint32_t f = ev.flags;
+    Op<V> o;
+    const bool apply = event_op<V, Complex>(s, e, ev, lt, cx, st, band, o);
+    const int32_t sb = ev.sb, sa = ev.sa;
     for (int i = 0; i < (sb > 0 ? sb : -sb); ++i) {
       st.shift_once(sb > 0 ? 1 : -1, band);
       band = band < K ? band + 1 : K;
     }
-    float cr = 1.0f, sr = 0.0f;
-    if (f & event_readout) {
-      if (s.rf_table) {
-        cr = ev.rf[rft_cos_rx];
-        sr = ev.rf[rft_sin_rx];
-      } else {
-        cr = std::cos(s.rx_phase_rad[e]);
-        sr = std::sin(s.rx_phase_rad[e]);
-      }
-    }
-    const int32_t sa = ev.sa;
     const bool spoil = (f & event_spoil) != 0;
-    V f0r{}, f0i{};
-    bool sampled = false;
     if (apply && !spoil && (sa == 1 || sa == -1)) {
-      // the common event (optional interval, pulse, sample, one shift) in
-      // one pass over the orders
+      // operator, sample and one shift in one pass over the orders
+      V f0r{}, f0i{};
       st.apply_shift(o, band, sa, f0r, f0i);
       band = band < K ? band + 1 : K;
-      sampled = true;
-    } else if (apply) {
-      st.apply(o, band);
-    }
-    if (f & event_readout) {
-      if (!sampled) {
-        f0r = st.f0r();
-        f0i = st.f0i();
-      }
-      if (Complex) {
-        sink.write(ev.slot, m0 * (f0r * cr + f0i * sr), m0 * (f0i * cr - f0r * sr));
-      } else {
-        const float pr = s0 * cr - c0 * sr;       // Re(-i e^{i(phi0 - rx)})
-        const float pim = -(c0 * cr + s0 * sr);   // Im(-i e^{i(phi0 - rx)})
-        const V a = m0 * f0r;
-        sink.write(ev.slot, a * pr, a * pim);
-      }
-    }
-    if (!sampled) {
+      if (f & event_readout) take_readout<V, Complex>(s, e, ev, cx, f0r, f0i, sink);
+    } else {
+      if (apply) st.apply(o, band);
+      if (f & event_readout) take_readout<V, Complex>(s, e, ev, cx, st.f0r(), st.f0i(), sink);
       if (spoil) {
         st.spoil(band);
       } else {
@@ -510,6 +568,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void play(const EventStream& s, const Tissue& t
       }
     }
     ev = next;
+    ++e;
   }
 }
 

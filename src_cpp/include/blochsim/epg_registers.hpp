@@ -122,94 +122,125 @@ BLOCHSIM_UNROLL
     }
   }
 
-  // apply(o), the new F+_0 into (r0, i0), then one shift in direction dir,
-  // in one pass: each order's result is assigned straight to the register
-  // it shifts into, so the shift costs no register moves.
+  // Events per call of apply_shift_run on the device's fast path (play()
+  // takes it for runs of events that each apply an operator and shift once
+  // up); 1 turns the fast path off.
+  static constexpr int unroll = R % 4 == 0 ? 4 : 1;
+
+  // apply(o), the new F+_0 into (r0, i0), then one shift in direction dir.
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void apply_shift(const Op<V>& o, int band, int dir, V& r0, V& i0) {
+    auto op = [&](int, int) { return o; };
+    auto take = [&](int, const V& r, const V& i) {
+      r0 = r;
+      i0 = i;
+    };
     if (dir > 0)
-      apply_shift_dir<1>(o, band, r0, i0);
+      apply_shift_run<1, 1>(op, take, band);
     else
-      apply_shift_dir<-1>(o, band, r0, i0);
+      apply_shift_run<1, -1>(op, take, band);
   }
 
-  template <int dir>
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void apply_shift_dir(const Op<V>& o, int band, V& r0, V& i0) {
-    V np[R], nm[R], nz[R];
-    V npi[RI], nmi[RI], nzi[RI];
-    const bool on = !Team::band_skips || team.active(band);
-    if (on) {
-BLOCHSIM_UNROLL
-      for (int r = 0; r < R; ++r) {
-        np[r] = pr[r];
-        nm[r] = mr[r];
-        nz[r] = zr[r];
-        V d0{}, d1{}, d2{};
-        if (Complex) {
-          npi[r < RI ? r : 0] = pi[r < RI ? r : 0];
-          nmi[r < RI ? r : 0] = mi[r < RI ? r : 0];
-          nzi[r < RI ? r : 0] = zi[r < RI ? r : 0];
-        }
-        apply_order<V, Complex>(o, np[r], Complex ? npi[r < RI ? r : 0] : d0, nm[r],
-                                Complex ? nmi[r < RI ? r : 0] : d1, nz[r], Complex ? nzi[r < RI ? r : 0] : d2);
-      }
-    } else {
-BLOCHSIM_UNROLL
-      for (int r = 0; r < R; ++r) {
-        np[r] = pr[r];
-        nm[r] = mr[r];
-        nz[r] = zr[r];
-      }
-BLOCHSIM_UNROLL
-      for (int r = 0; r < RI; ++r) {
-        npi[r] = pi[r];
-        nmi[r] = mi[r];
-        nzi[r] = zi[r];
-      }
-    }
+  // U events, each: the operator op(u, band) at every order, the new F+_0
+  // handed to take(u, re, im), then one shift in direction D.
+  //
+  // The shifts move no data inside a member: during the run, logical order
+  // l of the family that shifts up (F+ for D = 1) sits in register
+  // (l - u) mod R after u shifts, and of the family that shifts down in
+  // (l + u) mod R, so each operator updates the registers in place and a
+  // shift only passes the member's boundary orders to its neighbours.  The
+  // registers are put back in order once at the end of the run (R moves per
+  // family per U events instead of R per event).
+  template <int U, int D, class OpFn, class TakeFn>
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void apply_shift_run(OpFn&& op, TakeFn&& take, int band) {
+    static_assert(U >= 1 && U <= R, "a run is at most R events");
+    V* upr = D > 0 ? pr : mr;  // (R,) the family that shifts up, its real part
+    V* dnr = D > 0 ? mr : pr;
+    V* upi = D > 0 ? pi : mi;
+    V* dni = D > 0 ? mi : pi;
     const V f = team.first();
-    np[0] += f * o.jr;
-    nm[0] += f * o.jr;
-    nz[0] += f * o.jz;
-    if (Complex) {
-      npi[0] += f * o.ji;
-      nmi[0] -= f * o.ji;
-    }
-    r0 = np[0];
-    i0 = Complex ? npi[0] : V{};
 BLOCHSIM_UNROLL
-    for (int r = 0; r < R; ++r) zr[r] = nz[r];
-    if (Complex) {
+    for (int u = 0; u < U; ++u) {
+      const Op<V> o = op(u, band);
+      // the registers of logical order l in this step
+#define BLOCHSIM_UP(l) (((l) - u + R) % R)
+#define BLOCHSIM_DN(l) (((l) + u) % R)
+#define BLOCHSIM_P(l) (D > 0 ? BLOCHSIM_UP(l) : BLOCHSIM_DN(l))
+#define BLOCHSIM_M(l) (D > 0 ? BLOCHSIM_DN(l) : BLOCHSIM_UP(l))
+#define BLOCHSIM_C(l) ((l) < RI ? (l) : 0)
+      if (!Team::band_skips || team.active(band)) {
 BLOCHSIM_UNROLL
-      for (int r = 0; r < RI; ++r) zi[r] = nzi[r];
-    }
-    if (dir > 0) {
-      place(np, nm, pr, mr);
-      pr[0] += f * mr[0];  // F+_0 = conj(F-_0) in member 0
-      if (Complex) {
-        place(npi, nmi, pi, mi);
-        pi[0] -= f * mi[0];
+        for (int l = 0; l < R; ++l) {
+          V d0{}, d1{}, d2{};
+          apply_order<V, Complex>(o, pr[BLOCHSIM_P(l)], Complex ? pi[BLOCHSIM_C(BLOCHSIM_P(l))] : d0,
+                                  mr[BLOCHSIM_M(l)], Complex ? mi[BLOCHSIM_C(BLOCHSIM_M(l))] : d1, zr[l],
+                                  Complex ? zi[BLOCHSIM_C(l)] : d2);
+        }
       }
-    } else {
-      place(nm, np, mr, pr);
-      mr[0] += f * pr[0];
+      pr[BLOCHSIM_P(0)] += f * o.jr;
+      mr[BLOCHSIM_M(0)] += f * o.jr;
+      zr[0] += f * o.jz;
       if (Complex) {
-        place(nmi, npi, mi, pi);
-        mi[0] -= f * pi[0];
+        pi[BLOCHSIM_C(BLOCHSIM_P(0))] += f * o.ji;
+        mi[BLOCHSIM_C(BLOCHSIM_M(0))] -= f * o.ji;
       }
+      take(u, pr[BLOCHSIM_P(0)], Complex ? pi[BLOCHSIM_C(BLOCHSIM_P(0))] : V{});
+      // the shift: the top order of the up family leaves for the member
+      // above, whose register becomes logical order 0; the bottom order of
+      // the down family arrives from the member above
+      upr[BLOCHSIM_UP(R - 1)] = team.from_below(upr[BLOCHSIM_UP(R - 1)]);
+      dnr[BLOCHSIM_DN(0)] = team.from_above(dnr[BLOCHSIM_DN(0)]);
+      if (Complex) {
+        upi[BLOCHSIM_C(BLOCHSIM_UP(R - 1))] = team.from_below(upi[BLOCHSIM_C(BLOCHSIM_UP(R - 1))]);
+        dni[BLOCHSIM_C(BLOCHSIM_DN(0))] = team.from_above(dni[BLOCHSIM_C(BLOCHSIM_DN(0))]);
+      }
+#undef BLOCHSIM_UP
+#undef BLOCHSIM_DN
+      // logical order l now sits in register (l - u - 1) mod R (up family)
+      // and (l + u + 1) mod R (down family)
+#define BLOCHSIM_UP(l) (((l) - u - 1 + 2 * R) % R)
+#define BLOCHSIM_DN(l) (((l) + u + 1) % R)
+      if (truncate) {
+BLOCHSIM_UNROLL
+        for (int l = 0; l < R; ++l) {
+          upr[BLOCHSIM_UP(l)] *= team.below(l, K);
+          if (Complex) upi[BLOCHSIM_C(BLOCHSIM_UP(l))] *= team.below(l, K);
+        }
+      }
+      // F+_0 = conj(F-_0) in member 0
+      upr[BLOCHSIM_UP(0)] += f * dnr[BLOCHSIM_DN(0)];
+      if (Complex) upi[BLOCHSIM_C(BLOCHSIM_UP(0))] -= f * dni[BLOCHSIM_C(BLOCHSIM_DN(0))];
+#undef BLOCHSIM_UP
+#undef BLOCHSIM_DN
+#undef BLOCHSIM_P
+#undef BLOCHSIM_M
+#undef BLOCHSIM_C
+      band = band < K ? band + 1 : K;
     }
-  }
-
-  // up <- new_up one order up, dn <- new_dn one order down, across the team.
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void place(const V* new_up, const V* new_dn, V* up, V* dn) {
-    up[0] = team.from_below(new_up[R - 1]);
+    // back in order: logical l from register (l - U) mod R, (l + U) mod R
+    if (U % R != 0) {
+      V tu[R], td[R];
 BLOCHSIM_UNROLL
-    for (int r = 1; r < R; ++r) up[r] = new_up[r - 1];
+      for (int l = 0; l < R; ++l) {
+        tu[l] = upr[(l - U % R + R) % R];
+        td[l] = dnr[(l + U) % R];
+      }
 BLOCHSIM_UNROLL
-    for (int r = 0; r + 1 < R; ++r) dn[r] = new_dn[r + 1];
-    dn[R - 1] = team.from_above(new_dn[0]);
-    if (truncate) {
+      for (int l = 0; l < R; ++l) {
+        upr[l] = tu[l];
+        dnr[l] = td[l];
+      }
+      if (Complex) {
 BLOCHSIM_UNROLL
-      for (int r = 0; r < R; ++r) up[r] *= team.below(r, K);
+        for (int l = 0; l < RI; ++l) {
+          tu[l] = upi[(l - U % R + R) % R];
+          td[l] = dni[(l + U) % R];
+        }
+BLOCHSIM_UNROLL
+        for (int l = 0; l < RI; ++l) {
+          upi[l] = tu[l];
+          dni[l] = td[l];
+        }
+      }
     }
   }
 
