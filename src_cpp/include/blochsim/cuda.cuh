@@ -42,7 +42,7 @@ namespace detail {
 constexpr int warp_orders_real = BLOCHSIM_WARP_ORDERS_REAL;
 constexpr int warp_orders_complex = BLOCHSIM_WARP_ORDERS_COMPLEX;
 constexpr int block_orders_real = 16, block_orders_complex = 8;
-constexpr int warp_block = 256;
+constexpr int warp_block = 128;  // small blocks: register-limited residency in whole blocks
 constexpr int max_block_team = 512;
 // Output rows of one chunk of the streamed path (bounds the pinned staging).
 constexpr int64_t stream_chunk_bytes = int64_t(64) << 20;
@@ -138,8 +138,12 @@ struct DeviceSink {
   }
 };
 
+#ifndef BLOCHSIM_WARP_MIN_BLOCKS
+#define BLOCHSIM_WARP_MIN_BLOCKS 1
+#endif
+
 template <bool Complex, int R>
-__global__ void __launch_bounds__(warp_block) warp_kernel(EventStream s, Tissue t, float* out, int T) {
+__global__ void __launch_bounds__(warp_block, BLOCHSIM_WARP_MIN_BLOCKS) warp_kernel(EventStream s, Tissue t, float* out, int T) {
   const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t team = g / T;
   const int rank = static_cast<int>(g % T);

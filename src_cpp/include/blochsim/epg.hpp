@@ -155,15 +155,18 @@ BLOCHSIM_UNROLL
 // the phase).  With `uniform` (no per-problem B1 or B1phase) the rotation
 // is the same for every lane and comes from the stream's rf_table if any.
 // (c0, s0) = (cos, sin) of the stream's common phase (real path).
-template <class V, bool Complex>
+// Table = 1 promises uniform pulses and a table (the compiler then drops the
+// per-lane path), 0 decides at run time.
+template <class V, bool Complex, int Table = 0>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE Op<V> pulse_op(const EventStream& s, int64_t e, const EventRec& ev,
                                                 bool uniform, const LaneTissue<V>& lt, float c0, float s0) {
   using LT = Lanes<V>;
   Op<V> o{};
+  if (Table == 1) uniform = true;
   const int n = uniform ? 1 : LT::width;
   for (int l = 0; l < n; ++l) {
     float c2, s2, sa, ca, cp, sp;
-    if (uniform && s.rf_table) {
+    if (Table == 1 || (uniform && s.rf_table)) {
       const float* r = ev.rf;
       c2 = r[rft_cos2_half];
       s2 = r[rft_sin2_half];
@@ -439,7 +442,9 @@ struct PlayContext {
 // before it folded in when nothing comes between them); false when the
 // event applies none.  An interval that cannot be folded (per-order
 // relaxation, or a shift before the pulse) is applied here.
-template <class V, bool Complex, class Store>
+// Fast = true is for the events of a fast run (simple_event, no per-order
+// relaxation), where the interval is always folded; Table as in pulse_op.
+template <class V, bool Complex, bool Fast = false, int Table = 0, class Store>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE bool event_op(const EventStream& s, int64_t e, const EventRec& ev,
                                                const LaneTissue<V>& lt, const PlayContext<V>& cx, Store& st,
                                                int band, Op<V>& o) {
@@ -447,12 +452,15 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE bool event_op(const EventStream& s, int64_t e, 
   o = identity_op<V>();
   bool apply = (f & (event_rf | event_inversion)) != 0;
   if (f & event_rf)
-    o = pulse_op<V, Complex>(s, e, ev, cx.rf_uniform, lt, cx.c0, cx.s0);
+    o = pulse_op<V, Complex, Table>(s, e, ev, cx.rf_uniform, lt, cx.c0, cx.s0);
   else if (f & event_inversion)
     o = inversion_op<V>(lt);
   if (ev.iv >= 0) {
     const IvCoef<V> c = st.interval(ev.iv);
-    if (cx.per_order) {
+    if (Fast) {
+      o = fuse<V, Complex>(o, c);
+      apply = true;
+    } else if (cx.per_order) {
       st.relax_per_order(c, band);
     } else if (ev.sb == 0) {
       o = fuse<V, Complex>(o, c);  // relaxation and the pulse in one pass
@@ -466,12 +474,12 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE bool event_op(const EventStream& s, int64_t e, 
 
 // The readout of event e from F+_0 = (f0r, f0i): M0 F+_0 e^{-i rx}, or on
 // the real path M0 (-i e^{i phi0}) f+_0 e^{-i rx}.
-template <class V, bool Complex, class Sink>
+template <class V, bool Complex, int Table = 0, class Sink>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE void take_readout(const EventStream& s, int64_t e, const EventRec& ev,
                                                     const PlayContext<V>& cx, const V& f0r, const V& f0i,
                                                     Sink& sink) {
   float cr, sr;
-  if (s.rf_table) {
+  if (Table == 1 || s.rf_table) {
     cr = ev.rf[rft_cos_rx];
     sr = ev.rf[rft_sin_rx];
   } else {
@@ -494,6 +502,28 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE bool simple_event(const EventStream& s, int64_t
   const uint32_t f = s.flags[e];
   return (f & event_spoil) == 0 && s.shift_before[e] == 0 && s.shift_after[e] == 1 &&
          ((f & (event_rf | event_inversion)) != 0 || s.interval[e] >= 0);
+}
+
+// Events [e, e + Store::unroll) of play(), all simple_event, with ev the
+// record of event e; on return ev holds the record of the event after them.
+// Each event's record is fetched one step ahead.
+template <class V, bool Complex, int Table, class Store, class Sink>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE void fast_run(const EventStream& s, const LaneTissue<V>& lt,
+                                               const PlayContext<V>& cx, Store& st, Sink& sink, int64_t e,
+                                               int band, EventRec& ev) {
+  const int64_t last = s.n_events - 1;
+  EventRec next;
+  auto op = [&](int u, int b) {
+    next = load_event(s, e + u + 1 < last ? e + u + 1 : last);
+    Op<V> o;
+    event_op<V, Complex, true, Table>(s, e + u, ev, lt, cx, st, b, o);
+    return o;
+  };
+  auto take = [&](int u, const V& r, const V& i) {
+    if (ev.flags & event_readout) take_readout<V, Complex, Table>(s, e + u, ev, cx, r, i, sink);
+    ev = next;
+  };
+  st.template apply_shift_run<Store::unroll, 1>(op, take, band);
 }
 
 template <class V, bool Complex, class Store, class Sink>
@@ -519,22 +549,12 @@ BLOCHSIM_UNROLL
       if (run) {
         // U events of one operator and one shift up each, the shifts done
         // by renaming registers (RegisterStore::apply_shift_run)
-        EventRec evs[U > 1 ? U : 1];
-        evs[0] = ev;
-BLOCHSIM_UNROLL
-        for (int u = 1; u < U; ++u) evs[u] = load_event(s, e + u);
-        auto op = [&](int u, int b) {
-          Op<V> o;
-          event_op<V, Complex>(s, e + u, evs[u], lt, cx, st, b, o);
-          return o;
-        };
-        auto take = [&](int u, const V& r, const V& i) {
-          if (evs[u].flags & event_readout) take_readout<V, Complex>(s, e + u, evs[u], cx, r, i, sink);
-        };
-        st.template apply_shift_run<U, 1>(op, take, band);
-        band = band + U < K ? band + U : K;
+        if (cx.rf_uniform && s.rf_table)
+          fast_run<V, Complex, 1>(s, lt, cx, st, sink, e, band, ev);
+        else
+          fast_run<V, Complex, 0>(s, lt, cx, st, sink, e, band, ev);
         e += U;
-        ev = load_event(s, e < n ? e : n - 1);
+        band = band + U < K ? band + U : K;
         continue;
       }
     }

@@ -125,7 +125,10 @@ BLOCHSIM_UNROLL
   // Events per call of apply_shift_run on the device's fast path (play()
   // takes it for runs of events that each apply an operator and shift once
   // up); 1 turns the fast path off.
-  static constexpr int unroll = R % 4 == 0 ? 4 : 1;
+#ifndef BLOCHSIM_RUN
+#define BLOCHSIM_RUN 4
+#endif
+  static constexpr int unroll = R % BLOCHSIM_RUN == 0 ? BLOCHSIM_RUN : 1;
 
   // apply(o), the new F+_0 into (r0, i0), then one shift in direction dir.
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void apply_shift(const Op<V>& o, int band, int dir, V& r0, V& i0) {
