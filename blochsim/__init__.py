@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os as _os
 
+from blochsim._core import CudaError
 from blochsim._device import DeviceArray
 from blochsim._dispatch import backends
 from blochsim.sequence import (Delay, Dephase, Excitation, Inversion, Operator, Pulse, Readout,
@@ -26,7 +27,7 @@ from blochsim.simulators import (bssfp_sim, fse_sim, ir_sim, mrf_sim, se_sim, sp
 __version__ = "0.1.0"
 
 __all__ = [
-    "backends", "DeviceArray", "get_include", "get_pkgconfig_dir", "Simulator", "ClosedFormSimulator",
+    "backends", "CudaError", "DeviceArray", "get_include", "get_pkgconfig_dir", "Simulator", "ClosedFormSimulator",
     "Operator", "Sequence", "Pulse", "Excitation", "Refocusing", "Inversion", "Delay", "Dephase",
     "Spoil", "Readout", "SampledPulse", "fse_sim", "mrf_sim", "spgr_sim", "bssfp_sim",
     "truefisp_sim", "ir_sim", "se_sim", "ste_sim",

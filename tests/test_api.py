@@ -173,3 +173,11 @@ def test_out_argument():
         sim.simulate(T2=T2, out=np.zeros((3, 5), np.complex64))
     with pytest.raises(ValueError, match=r"out must be .*complex64"):
         sim.simulate(T2=T2, out=np.zeros((3, 6), np.complex128))
+
+
+def test_cuda_error_is_exported():
+    import blochsim
+    from blochsim import _core
+
+    assert blochsim.CudaError is _core.CudaError
+    assert issubclass(blochsim.CudaError, RuntimeError)

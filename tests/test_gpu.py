@@ -189,5 +189,5 @@ def _huge_device_array(cp):
 def test_cuda_error_is_a_python_exception():
     from blochsim import _core
 
-    with pytest.raises(_core.CudaError, match=r"^cuda\w+"):
+    with pytest.raises(blochsim.CudaError, match=r"^cuda\w+"):
         _core.DeviceBuffer(1 << 62)
