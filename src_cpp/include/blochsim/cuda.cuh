@@ -36,11 +36,20 @@ namespace detail {
 #define BLOCHSIM_WARP_ORDERS_REAL 32
 #endif
 #ifndef BLOCHSIM_WARP_ORDERS_COMPLEX
-#define BLOCHSIM_WARP_ORDERS_COMPLEX 16
+#define BLOCHSIM_WARP_ORDERS_COMPLEX 8
 #endif
-// Orders per thread of the warp kernel (compile-time: -D to tune).
+#ifndef BLOCHSIM_WARP_MIN_BLOCKS_REAL
+#define BLOCHSIM_WARP_MIN_BLOCKS_REAL 1
+#endif
+#ifndef BLOCHSIM_WARP_MIN_BLOCKS_COMPLEX
+#define BLOCHSIM_WARP_MIN_BLOCKS_COMPLEX 4
+#endif
+// Orders per thread of the warp kernel, and the blocks per SM its register
+// budget is sized for (compile-time: -D to tune; bench/device_tune.sh).
 constexpr int warp_orders_real = BLOCHSIM_WARP_ORDERS_REAL;
 constexpr int warp_orders_complex = BLOCHSIM_WARP_ORDERS_COMPLEX;
+constexpr int warp_min_blocks_real = BLOCHSIM_WARP_MIN_BLOCKS_REAL;
+constexpr int warp_min_blocks_complex = BLOCHSIM_WARP_MIN_BLOCKS_COMPLEX;
 constexpr int block_orders_real = 16, block_orders_complex = 8;
 constexpr int warp_block = 128;  // small blocks: register-limited residency in whole blocks
 constexpr int max_block_team = 512;
@@ -138,12 +147,9 @@ struct DeviceSink {
   }
 };
 
-#ifndef BLOCHSIM_WARP_MIN_BLOCKS
-#define BLOCHSIM_WARP_MIN_BLOCKS 1
-#endif
-
 template <bool Complex, int R>
-__global__ void __launch_bounds__(warp_block, BLOCHSIM_WARP_MIN_BLOCKS) warp_kernel(EventStream s, Tissue t, float* out, int T) {
+__global__ void __launch_bounds__(warp_block, Complex ? warp_min_blocks_complex : warp_min_blocks_real)
+    warp_kernel(EventStream s, Tissue t, float* out, int T) {
   const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t team = g / T;
   const int rank = static_cast<int>(g % T);
@@ -267,6 +273,12 @@ inline int upload_stream(const EventStream& s, DeviceStream& d, cudaStream_t st,
   const size_t o_flip = put(h, s.flip_rad, ne), o_ph = put(h, s.phase_rad, ne);
   const size_t o_rx = put(h, s.rx_phase_rad, ne), o_slot = put(h, s.slot, ne);
   const size_t o_rft = s.rf_table ? put(h, s.rf_table, ne * rf_table_fields) : 0;
+  std::vector<int32_t> runs(static_cast<size_t>(ne));
+  if (s.simple_run)
+    std::copy(s.simple_run, s.simple_run + ne, runs.begin());
+  else
+    simple_runs(s, runs.data());
+  const size_t o_run = put(h, runs.data(), ne);
   h.resize(std::max<size_t>(h.size(), 16));
   BLOCHSIM_CUDA(cudaMallocAsync(&d.buf, h.size(), st), "cudaMallocAsync (event stream)");
   BLOCHSIM_CUDA(cudaMemcpyAsync(d.buf, h.data(), h.size(), cudaMemcpyHostToDevice, st), "copy of the event stream");
@@ -283,6 +295,7 @@ inline int upload_stream(const EventStream& s, DeviceStream& d, cudaStream_t st,
   d.ds.rx_phase_rad = reinterpret_cast<const float*>(b + o_rx);
   d.ds.slot = reinterpret_cast<const int32_t*>(b + o_slot);
   d.ds.rf_table = s.rf_table ? reinterpret_cast<const float*>(b + o_rft) : nullptr;
+  d.ds.simple_run = reinterpret_cast<const int32_t*>(b + o_run);
   return ok;
 }
 

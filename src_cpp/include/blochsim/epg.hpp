@@ -129,6 +129,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE Op<V> identity_op() {
 // rf_table row when the stream has one (else it is unused).
 struct EventRec {
   int32_t iv, sb, sa, slot;
+  int32_t run;  // EventStream::simple_run, or -1 without it
   uint32_t flags;
   float rf[rf_table_fields];
 };
@@ -140,6 +141,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE EventRec load_event(const EventStream& s, int64
   r.sa = s.shift_after[e];
   r.slot = s.slot[e];
   r.flags = s.flags[e];
+  r.run = s.simple_run ? s.simple_run[e] : -1;
   if (s.rf_table) {
     const float* t = s.rf_table + e * rf_table_fields;
 BLOCHSIM_UNROLL
@@ -496,14 +498,6 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void take_readout(const EventStream& s, int64_t
   }
 }
 
-// Whether event e is of the form the fast path runs: an operator (a pulse
-// or inversion, or a folded interval), an optional readout, one shift up.
-BLOCHSIM_HD BLOCHSIM_FORCEINLINE bool simple_event(const EventStream& s, int64_t e) {
-  const uint32_t f = s.flags[e];
-  return (f & event_spoil) == 0 && s.shift_before[e] == 0 && s.shift_after[e] == 1 &&
-         ((f & (event_rf | event_inversion)) != 0 || s.interval[e] >= 0);
-}
-
 // Events [e, e + Store::unroll) of play(), all simple_event, with ev the
 // record of event e; on return ev holds the record of the event after them.
 // Each event's record is fetched one step ahead.
@@ -543,9 +537,14 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void play(const EventStream& s, const Tissue& t
   EventRec ev = load_event(s, 0);
   for (int64_t e = 0; e < n;) {
     if constexpr (U > 1) {
-      bool run = !cx.per_order && e + U <= n;
+      bool run = !cx.per_order;
+      if (ev.run >= 0) {
+        run = run && ev.run >= U;
+      } else {
+        run = run && e + U <= n;
 BLOCHSIM_UNROLL
-      for (int u = 0; u < U; ++u) run = run && simple_event(s, e + u < n ? e + u : n - 1);
+        for (int u = 0; u < U; ++u) run = run && simple_event(s, e + u < n ? e + u : n - 1);
+      }
       if (run) {
         // U events of one operator and one shift up each, the shifts done
         // by renaming registers (RegisterStore::apply_shift_run)

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cmath>
+#include <vector>
 
 #include "epg.hpp"
 
@@ -341,6 +342,11 @@ struct TeamLaneSink {
 template <class V, int R, bool Complex>
 inline int forward_registers_host(const EventStream& s, const Tissue& t, float* out) {
   if (s.states > Lanes<V>::width * R) return states_exceed_team;
+  // the fast-path decisions from a table, as the device launcher makes them
+  std::vector<int32_t> runs(static_cast<size_t>(s.n_events));
+  simple_runs(s, runs.data());
+  EventStream sr = s;
+  sr.simple_run = runs.data();
   for (int64_t p = 0; p < t.n; ++p) {
     LaneTissue<V> lt;
     {
@@ -352,7 +358,7 @@ inline int forward_registers_host(const EventStream& s, const Tissue& t, float* 
     RegisterStore<V, R, Complex, LaneTeam<V, R>> st;
     st.init(s, lt, LaneTeam<V, R>{});
     TeamLaneSink<V> sink{out, p, s.n_samples};
-    play<V, Complex>(s, t, lt, st, sink);
+    play<V, Complex>(sr, t, lt, st, sink);
   }
   return ok;
 }

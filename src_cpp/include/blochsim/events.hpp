@@ -55,6 +55,12 @@ struct EventStream {
   // sincos; null: kernels compute it from flip_rad, phase_rad, rx_phase_rad.
   const float* rf_table = nullptr;
 
+  // Optional (n_events,) count of the consecutive events from e on that
+  // are simple (simple_event below; see simple_runs), so that a kernel with
+  // a fast path for them decides without reading ahead; null: kernels look
+  // at the events themselves.
+  const int32_t* simple_run = nullptr;
+
   int64_t n_samples = 0;                  // output slots per problem
   int32_t states = 8;                     // K: orders 0 .. K-1
 
@@ -69,6 +75,24 @@ struct EventStream {
   int32_t real_path = 0;
   float common_phase_rad = 0.0f;
 };
+
+// Whether event e is of the form the kernels' fast path plays (epg.hpp
+// play()): an RF pulse, an inversion or an interval, an optional readout,
+// then exactly one shift up; no shift before, no spoil.
+BLOCHSIM_HD inline bool simple_event(const EventStream& s, int64_t e) {
+  const uint32_t f = s.flags[e];
+  return (f & event_spoil) == 0 && s.shift_before[e] == 0 && s.shift_after[e] == 1 &&
+         ((f & (event_rf | event_inversion)) != 0 || s.interval[e] >= 0);
+}
+
+// Fills out (n_events,) with the EventStream::simple_run counts.
+inline void simple_runs(const EventStream& s, int32_t* out) {
+  int32_t run = 0;
+  for (int64_t e = s.n_events - 1; e >= 0; --e) {
+    run = simple_event(s, e) ? (run < 0x3fffffff ? run + 1 : run) : 0;
+    out[e] = run;
+  }
+}
 
 // One tissue property for n problems: element i is data[i * stride]
 // (stride 0 broadcasts one value); a null pointer means the property is
