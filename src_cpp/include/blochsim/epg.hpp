@@ -548,15 +548,25 @@ BLOCHSIM_UNROLL
       if (run) {
         // U events of one operator and one shift up each, the shifts done
         // by renaming registers (RegisterStore::apply_shift_run)
+#ifdef BLOCHSIM_X_TABLE_RUNS_ONLY
+        if (cx.rf_uniform && s.rf_table)
+          fast_run<V, Complex, 1>(s, lt, cx, st, sink, e, band, ev);
+        else
+          goto general;
+#else
         if (cx.rf_uniform && s.rf_table)
           fast_run<V, Complex, 1>(s, lt, cx, st, sink, e, band, ev);
         else
           fast_run<V, Complex, 0>(s, lt, cx, st, sink, e, band, ev);
+#endif
         e += U;
         band = band + U < K ? band + U : K;
         continue;
       }
     }
+#ifdef BLOCHSIM_X_TABLE_RUNS_ONLY
+  general:
+#endif
     // the next event's fields are in flight while this one computes
     const EventRec next = load_event(s, e + 1 < n ? e + 1 : e);
     const uint32_t f = ev.flags;
