@@ -224,23 +224,39 @@ def cuda_available():
 # Device memory, copies and streams
 
 cdef class DeviceBuffer:
-    """Owns ``nbytes`` of device memory (freed when the object goes)."""
+    """Owns ``nbytes`` of device memory (freed when the object goes).
+
+    With ``stream`` (a CUDA stream handle) the memory is allocated and freed
+    in that stream's order, without synchronising the device; the stream
+    must outlive the buffer.  Without it, allocation and release are
+    synchronous and the memory is usable from any stream.
+    """
     cdef readonly uintptr_t ptr
     cdef readonly size_t nbytes
+    cdef uintptr_t stream
+    cdef bint ordered
 
-    def __cinit__(self, size_t nbytes):
+    def __cinit__(self, size_t nbytes, stream=None):
         cdef void* p = NULL
         cdef char err[ERRLEN]
         err[0] = 0
         self.ptr = 0
         self.nbytes = nbytes
-        _raise(L.device_malloc(&p, nbytes, err, ERRLEN), err)
+        self.ordered = stream is not None
+        self.stream = <uintptr_t> (int(stream) if stream is not None else 0)
+        if self.ordered:
+            _raise(L.device_malloc_async(&p, nbytes, <void*> self.stream, err, ERRLEN), err)
+        else:
+            _raise(L.device_malloc(&p, nbytes, err, ERRLEN), err)
         self.ptr = <uintptr_t> p
 
     def __dealloc__(self):
         cdef char err[ERRLEN]
         if self.ptr:
-            L.device_free(<void*> self.ptr, err, ERRLEN)
+            if self.ordered:
+                L.device_free_async(<void*> self.ptr, <void*> self.stream, err, ERRLEN)
+            else:
+                L.device_free(<void*> self.ptr, err, ERRLEN)
             self.ptr = 0
 
 

@@ -9,6 +9,8 @@ cdef extern from "launcher.hpp" namespace "blochsim::cuda" nogil:
     int available(char* why, int n)
     int device_malloc(void** p, size_t nbytes, char* err, int n)
     int device_free(void* p, char* err, int n)
+    int device_malloc_async(void** p, size_t nbytes, void* stream, char* err, int n)
+    int device_free_async(void* p, void* stream, char* err, int n)
     int copy_to_device(void* dst, const void* src, size_t nbytes, void* stream, char* err, int n)
     int copy_to_host(void* dst, const void* src, size_t nbytes, void* stream, char* err, int n)
     int stream_create(void** stream, char* err, int n)

@@ -296,7 +296,7 @@ class Simulator(_Base):
                 it = ifaces[name]
                 size = int(np.prod(it.shape, dtype=np.int64))
                 count = 1 if size == 1 else n
-                buf = _core.DeviceBuffer(4 * count)
+                buf = _core.DeviceBuffer(4 * count, stream)
                 if count == 1:
                     _core.expand_to_float(it.ptr, it.is_f64, (1,), (0,), factor, buf.ptr, 1, stream)
                 else:
@@ -310,7 +310,7 @@ class Simulator(_Base):
                 host = (np.asarray(a, np.float64).reshape(1) if a.size == 1 else
                         np.broadcast_to(a, shape).reshape(-1)) * factor
                 host = np.ascontiguousarray(host, dtype=np.float32)
-                buf = _core.DeviceBuffer(host.nbytes)
+                buf = _core.DeviceBuffer(host.nbytes, stream)
                 _core.copy_to_device(buf.ptr, host.view(np.uint8), stream)
                 keep.append((buf, host))
                 dev.append((buf.ptr, 0 if host.size == 1 else 1))
@@ -326,6 +326,7 @@ class Simulator(_Base):
         # one); waiting for it keeps the temporaries alive until the kernel is
         # done and hands back a result any stream may read.
         _core.stream_synchronize(stream)
+        del keep  # freed in the order of the stream, which must outlive them
         del own
         return result
 

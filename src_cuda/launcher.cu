@@ -77,6 +77,18 @@ int device_free(void* p, char* err, int n) {
   return ok;
 }
 
+int device_malloc_async(void** p, std::size_t bytes, void* stream, char* err, int n) {
+  *p = nullptr;
+  if (bytes == 0) return ok;
+  BLOCHSIM_CUDA(cudaMallocAsync(p, bytes, as_stream(stream)), "cudaMallocAsync");
+  return ok;
+}
+
+int device_free_async(void* p, void* stream, char* err, int n) {
+  if (p) BLOCHSIM_CUDA(cudaFreeAsync(p, as_stream(stream)), "cudaFreeAsync");
+  return ok;
+}
+
 int copy_to_device(void* dst, const void* src, std::size_t bytes, void* stream, char* err, int n) {
   if (bytes) BLOCHSIM_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, as_stream(stream)), "copy to device");
   return ok;

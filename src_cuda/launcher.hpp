@@ -24,6 +24,10 @@ int available(char* why, int n);
 // opaque handles (cudaStream_t); 0 is the legacy default stream.
 int device_malloc(void** p, std::size_t bytes, char* err, int n);
 int device_free(void* p, char* err, int n);
+// Stream-ordered allocation (no device-wide synchronisation): the memory is
+// usable by work ordered after it on `stream` and freed in stream order.
+int device_malloc_async(void** p, std::size_t bytes, void* stream, char* err, int n);
+int device_free_async(void* p, void* stream, char* err, int n);
 int copy_to_device(void* dst, const void* src, std::size_t bytes, void* stream, char* err, int n);
 int copy_to_host(void* dst, const void* src, std::size_t bytes, void* stream, char* err, int n);
 int stream_create(void** stream, char* err, int n);

@@ -20,6 +20,8 @@ int available(char* why, int n) {
 
 int device_malloc(void**, std::size_t, char* err, int n) { return no(err, n); }
 int device_free(void*, char* err, int n) { return no(err, n); }
+int device_malloc_async(void**, std::size_t, void*, char* err, int n) { return no(err, n); }
+int device_free_async(void*, void*, char* err, int n) { return no(err, n); }
 int copy_to_device(void*, const void*, std::size_t, void*, char* err, int n) { return no(err, n); }
 int copy_to_host(void*, const void*, std::size_t, void*, char* err, int n) { return no(err, n); }
 int stream_create(void**, char* err, int n) { return no(err, n); }
