@@ -60,8 +60,10 @@ def test_wide_states(states):
         assert rel(np.abs(perfect), np.exp(-np.arange(1, 1025) * 2.0 / 500.0)) <= RTOL
 
 
-def test_complex_wide_states_block_team():
-    sim = FSESimulator(ESP=3.0, flip=np.full(400, 140.0), states=1500)
+@pytest.mark.parametrize("states", [200, 1500])
+def test_complex_wide_states(states):
+    # 200: a warp team of 25 lanes; 1500: a block team
+    sim = FSESimulator(ESP=3.0, flip=np.full(400, 140.0), states=states)
     kw = {"T1": 900.0, "T2": np.array([60.0, 120.0]), "B0": np.array([5.0, -12.0])}
     ref = sim.simulate(**kw)
     sim.device = "cuda"

@@ -6,10 +6,10 @@
 //
 // Kernel choice by the number of orders K, T being the smallest power of
 // two with T R >= K threads per problem:
-//   warp_kernel   R = 32 (real path) or 16 (complex) orders per thread in
+//   warp_kernel   R = 32 (real path) or 8 (complex) orders per thread in
 //                 registers, T <= 32: teams inside warps, boundary orders
 //                 passed by warp shuffles (several problems per warp when
-//                 T < 32); K <= 1024 / 512;
+//                 T < 32); K <= 1024 / 256;
 //   block_kernel  R = 16 or 8 (a block of up to 512 threads leaves 128
 //                 registers each), T <= 512: one problem per block, boundary
 //                 orders through shared memory; K <= 8192 / 4096;
