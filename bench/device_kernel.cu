@@ -5,7 +5,8 @@
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Isrc_cpp/include \
 //        [-DBLOCHSIM_WARP_ORDERS_REAL=16 ...] bench/device_kernel.cu -o device_kernel
-//   ./device_kernel [atoms ...]
+//   ./device_kernel [atoms ...]      reference workload, real and complex paths
+//   ./device_kernel states           real path at 1e4 atoms over a range of K
 #include <blochsim/cuda.cuh>
 #include <blochsim/host.hpp>
 
@@ -13,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #define CHECK(call)                                                                                \
@@ -61,7 +63,7 @@ struct Mrf {
     add(0, 0u, 0, 0, 0, 0);
   }
 
-  blochsim::EventStream view(bool real_path) const {
+  blochsim::EventStream view(bool real_path, int32_t states = 32) const {
     blochsim::EventStream s;
     s.n_events = static_cast<int64_t>(flags.size());
     s.interval = interval.data();
@@ -76,7 +78,7 @@ struct Mrf {
     s.duration_s = duration_s.data();
     s.rf_table = rf_table.data();
     s.n_samples = n_tr;
-    s.states = 32;
+    s.states = states;
     s.real_path = real_path ? 1 : 0;
     return s;
   }
@@ -104,12 +106,64 @@ void host_forward(const blochsim::EventStream& s, const blochsim::Tissue& t, flo
 #endif
 }
 
+// Atoms/s of the real path at 1e4 atoms for K around the kernel boundaries
+// (warp teams of 1, 2, ... 32 threads, then block teams), 500 events.
+int states_sweep() {
+  const Mrf mrf(false);
+  const int64_t n = 10000;
+  std::vector<float> T1, T2;
+  tissues(n, T1, T2);
+  float *dT1, *dT2, *dout;
+  CHECK(cudaMalloc(&dT1, n * sizeof(float)));
+  CHECK(cudaMalloc(&dT2, n * sizeof(float)));
+  CHECK(cudaMalloc(&dout, n * n_tr * 2 * sizeof(float)));
+  CHECK(cudaMemcpy(dT1, T1.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(dT2, T2.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  blochsim::Tissue t;
+  t.n = n;
+  t.T1_s = {dT1, 1, 0.0f};
+  t.T2_s = {dT2, 1, 0.0f};
+  cudaStream_t cs;
+  CHECK(cudaStreamCreate(&cs));
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  for (int K : {32, 33, 64, 65, 128, 256, 512, 1024, 1025, 1536, 2048, 4096, 8192, 8193}) {
+    const blochsim::EventStream s = mrf.view(true, K);
+    std::vector<float> ms;
+    char err[256] = {0};
+    for (int rep = 0; rep < 4; ++rep) {
+      CHECK(cudaEventRecord(a, cs));
+      if (blochsim::cuda::forward_device(s, t, dout, cs, err, sizeof err) != 0) {
+        std::fprintf(stderr, "device_kernel: %s\n", err);
+        return 1;
+      }
+      CHECK(cudaEventRecord(b, cs));
+      CHECK(cudaEventSynchronize(b));
+      float m = 0;
+      CHECK(cudaEventElapsedTime(&m, a, b));
+      if (rep > 0) ms.push_back(m);
+    }
+    std::sort(ms.begin(), ms.end());
+    const double med = ms[ms.size() / 2];
+    std::printf("states %5d  median %9.3f ms  %9.3f M atoms/s\n", K, med, n / med * 1e-3);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<int64_t> sizes;
-  for (int i = 1; i < argc; ++i) sizes.push_back(std::atoll(argv[i]));
+  int sweep = 0;  // "states": the real path at 1e4 atoms over K instead
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "states")
+      sweep = 1;
+    else
+      sizes.push_back(std::atoll(argv[i]));
+  }
   if (sizes.empty()) sizes = {100000, 1000000};
+  if (sweep) return states_sweep();
   std::printf("warp orders per thread: real %d, complex %d\n", BLOCHSIM_WARP_ORDERS_REAL,
               BLOCHSIM_WARP_ORDERS_COMPLEX);
   cudaStream_t cs;

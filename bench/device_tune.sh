@@ -5,7 +5,8 @@
 # Usage there: bash bench/device_tune.sh "32 8 4 1 4" "16 8 4 1 3" ...
 #   (orders per thread real, complex; events per fast run; min blocks per
 #   SM real, complex; optionally one more macro to define).
-#   PROFILE="32 8 4 1 4" also profiles that variant.
+#   PROFILE="32 8 4 1 4" also profiles that variant; SWEEP=1 times the
+#   first variant over a range of state counts.
 set -u
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
@@ -26,6 +27,10 @@ for v in "${variants[@]}"; do
   grep -A2 "warp_kernel" "$out/ptxas_$1_$2_$3_$4_$5$6.txt" | grep -E "Used|spill" | head -4
   /tmp/dk_$1_$2_$3_$4_$5$6 100000 1000000 2>&1 | grep -v "^warp orders"
 done
+if [ -n "${SWEEP:-}" ]; then
+  set -- ${variants[0]}
+  /tmp/dk_$1_$2_$3_$4_$5$6 states
+fi
 if [ -n "${PROFILE:-}" ] && command -v ncu > /dev/null; then
   set -- $PROFILE
   for skip in 1 7; do
