@@ -106,47 +106,67 @@ void host_forward(const blochsim::EventStream& s, const blochsim::Tissue& t, flo
 #endif
 }
 
-// Atoms/s of the real path at 1e4 atoms for K around the kernel boundaries
-// (warp teams of 1, 2, ... 32 threads, then block teams), 500 events.
-int states_sweep() {
-  const Mrf mrf(false);
-  const int64_t n = 10000;
+// The reference tissues of n atoms in device memory, with room for the
+// output.
+struct DeviceProblem {
+  int64_t n;
   std::vector<float> T1, T2;
-  tissues(n, T1, T2);
-  float *dT1, *dT2, *dout;
-  CHECK(cudaMalloc(&dT1, n * sizeof(float)));
-  CHECK(cudaMalloc(&dT2, n * sizeof(float)));
-  CHECK(cudaMalloc(&dout, n * n_tr * 2 * sizeof(float)));
-  CHECK(cudaMemcpy(dT1, T1.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-  CHECK(cudaMemcpy(dT2, T2.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  float *dT1 = nullptr, *dT2 = nullptr, *dout = nullptr;
   blochsim::Tissue t;
-  t.n = n;
-  t.T1_s = {dT1, 1, 0.0f};
-  t.T2_s = {dT2, 1, 0.0f};
-  cudaStream_t cs;
-  CHECK(cudaStreamCreate(&cs));
+
+  explicit DeviceProblem(int64_t atoms) : n(atoms) {
+    tissues(n, T1, T2);
+    CHECK(cudaMalloc(&dT1, n * sizeof(float)));
+    CHECK(cudaMalloc(&dT2, n * sizeof(float)));
+    CHECK(cudaMalloc(&dout, n * n_tr * 2 * sizeof(float)));
+    CHECK(cudaMemcpy(dT1, T1.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(dT2, T2.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    t.n = n;
+    t.T1_s = {dT1, 1, 0.0f};
+    t.T2_s = {dT2, 1, 0.0f};
+  }
+  ~DeviceProblem() {
+    cudaFree(dT1);
+    cudaFree(dT2);
+    cudaFree(dout);
+  }
+};
+
+// Median milliseconds of forward_device over `reps` runs after one warm-up.
+double median_ms(const blochsim::EventStream& s, const DeviceProblem& p, cudaStream_t cs, int reps) {
   cudaEvent_t a, b;
   CHECK(cudaEventCreate(&a));
   CHECK(cudaEventCreate(&b));
-  for (int K : {32, 33, 64, 65, 128, 256, 512, 1024, 1025, 1536, 2048, 4096, 8192, 8193}) {
-    const blochsim::EventStream s = mrf.view(true, K);
-    std::vector<float> ms;
-    char err[256] = {0};
-    for (int rep = 0; rep < 4; ++rep) {
-      CHECK(cudaEventRecord(a, cs));
-      if (blochsim::cuda::forward_device(s, t, dout, cs, err, sizeof err) != 0) {
-        std::fprintf(stderr, "device_kernel: %s\n", err);
-        return 1;
-      }
-      CHECK(cudaEventRecord(b, cs));
-      CHECK(cudaEventSynchronize(b));
-      float m = 0;
-      CHECK(cudaEventElapsedTime(&m, a, b));
-      if (rep > 0) ms.push_back(m);
+  std::vector<float> ms;
+  char err[256] = {0};
+  for (int rep = 0; rep <= reps; ++rep) {
+    CHECK(cudaEventRecord(a, cs));
+    const int r = blochsim::cuda::forward_device(s, p.t, p.dout, cs, err, sizeof err);
+    if (r != 0) {
+      std::fprintf(stderr, "device_kernel: forward_device: %d %s\n", r, err);
+      std::exit(1);
     }
-    std::sort(ms.begin(), ms.end());
-    const double med = ms[ms.size() / 2];
-    std::printf("states %5d  median %9.3f ms  %9.3f M atoms/s\n", K, med, n / med * 1e-3);
+    CHECK(cudaEventRecord(b, cs));
+    CHECK(cudaEventSynchronize(b));
+    float m = 0;
+    CHECK(cudaEventElapsedTime(&m, a, b));
+    if (rep > 0) ms.push_back(m);
+  }
+  CHECK(cudaEventDestroy(a));
+  CHECK(cudaEventDestroy(b));
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// Atoms/s of the real path at 1e4 atoms for K around the kernel boundaries
+// (warp teams of 1, 2, ... 32 threads, then block teams, then planes),
+// 500 events.
+int states_sweep(cudaStream_t cs) {
+  const Mrf mrf(false);
+  const DeviceProblem p(10000);
+  for (int K : {32, 33, 64, 65, 128, 256, 512, 1024, 1025, 1536, 2048, 4096, 8192, 8193}) {
+    const double med = median_ms(mrf.view(true, K), p, cs, 3);
+    std::printf("states %5d  median %9.3f ms  %9.3f M atoms/s\n", K, med, p.n / med * 1e-3);
   }
   return 0;
 }
@@ -163,56 +183,26 @@ int main(int argc, char** argv) {
       sizes.push_back(std::atoll(argv[i]));
   }
   if (sizes.empty()) sizes = {100000, 1000000};
-  if (sweep) return states_sweep();
-  std::printf("warp orders per thread: real %d, complex %d\n", BLOCHSIM_WARP_ORDERS_REAL,
-              BLOCHSIM_WARP_ORDERS_COMPLEX);
   cudaStream_t cs;
   CHECK(cudaStreamCreate(&cs));
+  if (sweep) return states_sweep(cs);
+  std::printf("warp orders per thread: real %d, complex %d\n", BLOCHSIM_WARP_ORDERS_REAL,
+              BLOCHSIM_WARP_ORDERS_COMPLEX);
   for (int path = 0; path < 2; ++path) {
     const bool real_path = path == 0;
     const Mrf mrf(!real_path);
     const blochsim::EventStream s = mrf.view(real_path);
     for (int64_t n : sizes) {
-      std::vector<float> T1, T2;
-      tissues(n, T1, T2);
-      float *dT1, *dT2, *dout;
-      CHECK(cudaMalloc(&dT1, n * sizeof(float)));
-      CHECK(cudaMalloc(&dT2, n * sizeof(float)));
-      CHECK(cudaMalloc(&dout, n * n_tr * 2 * sizeof(float)));
-      CHECK(cudaMemcpy(dT1, T1.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-      CHECK(cudaMemcpy(dT2, T2.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-      blochsim::Tissue t;
-      t.n = n;
-      t.T1_s = {dT1, 1, 0.0f};
-      t.T2_s = {dT2, 1, 0.0f};
-      char err[256] = {0};
-      std::vector<float> ms;
-      cudaEvent_t a, b;
-      CHECK(cudaEventCreate(&a));
-      CHECK(cudaEventCreate(&b));
-      for (int rep = 0; rep < 6; ++rep) {
-        CHECK(cudaEventRecord(a, cs));
-        const int r = blochsim::cuda::forward_device(s, t, dout, cs, err, sizeof err);
-        if (r != 0) {
-          std::fprintf(stderr, "device_kernel: forward_device: %d %s\n", r, err);
-          return 1;
-        }
-        CHECK(cudaEventRecord(b, cs));
-        CHECK(cudaEventSynchronize(b));
-        float m = 0;
-        CHECK(cudaEventElapsedTime(&m, a, b));
-        if (rep > 0) ms.push_back(m);
-      }
-      std::sort(ms.begin(), ms.end());
-      const double med = ms[ms.size() / 2];
+      const DeviceProblem p(n);
+      const double med = median_ms(s, p, cs, 5);
       // the first problems against the host backend
       const int64_t nc = std::min<int64_t>(n, 256);
       std::vector<float> dev(nc * n_tr * 2), host(nc * n_tr * 2);
-      CHECK(cudaMemcpy(dev.data(), dout, dev.size() * sizeof(float), cudaMemcpyDeviceToHost));
-      blochsim::Tissue th = t;
+      CHECK(cudaMemcpy(dev.data(), p.dout, dev.size() * sizeof(float), cudaMemcpyDeviceToHost));
+      blochsim::Tissue th = p.t;
       th.n = nc;
-      th.T1_s = {T1.data(), 1, 0.0f};
-      th.T2_s = {T2.data(), 1, 0.0f};
+      th.T1_s = {p.T1.data(), 1, 0.0f};
+      th.T2_s = {p.T2.data(), 1, 0.0f};
       host_forward(s, th, host.data());
       double num = 0, den = 0;
       for (size_t i = 0; i < host.size(); ++i) {
@@ -221,9 +211,6 @@ int main(int argc, char** argv) {
       }
       std::printf("%-8s n=%-8lld median %8.3f ms  %8.2f M atoms/s  max|dev-host|/max|host| %.2e\n",
                   real_path ? "real" : "complex", static_cast<long long>(n), med, n / med * 1e-3, num / den);
-      CHECK(cudaFree(dT1));
-      CHECK(cudaFree(dT2));
-      CHECK(cudaFree(dout));
     }
   }
   return 0;
