@@ -279,19 +279,6 @@ inline int upload_stream(const EventStream& s, DeviceStream& d, cudaStream_t st,
   else
     simple_runs(s, runs.data());
   const size_t o_run = put(h, runs.data(), ne);
-  static_assert(rf_table_fields == 8, "the packed record holds 8 rf_table columns");
-  std::vector<uint32_t> rec(static_cast<size_t>(16 * ne), 0u);
-  for (int64_t e = 0; e < ne; ++e) {
-    uint32_t* r = rec.data() + 16 * e;
-    r[0] = static_cast<uint32_t>(s.interval[e]);
-    r[1] = static_cast<uint32_t>(s.shift_before[e]);
-    r[2] = static_cast<uint32_t>(s.shift_after[e]);
-    r[3] = static_cast<uint32_t>(s.slot[e]);
-    r[4] = static_cast<uint32_t>(runs[static_cast<size_t>(e)]);
-    r[5] = s.flags[e];
-    if (s.rf_table) std::memcpy(r + 8, s.rf_table + e * rf_table_fields, sizeof(float) * rf_table_fields);
-  }
-  const size_t o_rec = put(h, rec.data(), 16 * ne);
   h.resize(std::max<size_t>(h.size(), 16));
   BLOCHSIM_CUDA(cudaMallocAsync(&d.buf, h.size(), st), "cudaMallocAsync (event stream)");
   BLOCHSIM_CUDA(cudaMemcpyAsync(d.buf, h.data(), h.size(), cudaMemcpyHostToDevice, st), "copy of the event stream");
@@ -309,7 +296,6 @@ inline int upload_stream(const EventStream& s, DeviceStream& d, cudaStream_t st,
   d.ds.slot = reinterpret_cast<const int32_t*>(b + o_slot);
   d.ds.rf_table = s.rf_table ? reinterpret_cast<const float*>(b + o_rft) : nullptr;
   d.ds.simple_run = reinterpret_cast<const int32_t*>(b + o_run);
-  d.ds.packed = reinterpret_cast<const uint32_t*>(b + o_rec);
   return ok;
 }
 

@@ -136,28 +136,6 @@ struct EventRec {
 
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE EventRec load_event(const EventStream& s, int64_t e) {
   EventRec r;
-#if defined(__CUDA_ARCH__)
-  if (s.packed) {
-    // four 16-byte loads instead of fourteen scalar ones
-    const uint4* q = reinterpret_cast<const uint4*>(s.packed) + 4 * e;
-    const uint4 a = q[0], b = q[1], c = q[2], d = q[3];
-    r.iv = static_cast<int32_t>(a.x);
-    r.sb = static_cast<int32_t>(a.y);
-    r.sa = static_cast<int32_t>(a.z);
-    r.slot = static_cast<int32_t>(a.w);
-    r.run = static_cast<int32_t>(b.x);
-    r.flags = b.y;
-    r.rf[0] = __uint_as_float(c.x);
-    r.rf[1] = __uint_as_float(c.y);
-    r.rf[2] = __uint_as_float(c.z);
-    r.rf[3] = __uint_as_float(c.w);
-    r.rf[4] = __uint_as_float(d.x);
-    r.rf[5] = __uint_as_float(d.y);
-    r.rf[6] = __uint_as_float(d.z);
-    r.rf[7] = __uint_as_float(d.w);
-    return r;
-  }
-#endif
   r.iv = s.interval[e];
   r.sb = s.shift_before[e];
   r.sa = s.shift_after[e];

@@ -61,13 +61,6 @@ struct EventStream {
   // at the events themselves.
   const int32_t* simple_run = nullptr;
 
-  // Optional (n_events, 16) 32-bit words, 16-byte aligned: each event's
-  // fields in one record for vector loads on the device (interval,
-  // shift_before, shift_after, slot, simple_run, flags, 0, 0, then its
-  // rf_table row or zeros).  Filled by the device launcher from the arrays
-  // above; null: kernels read those arrays.
-  const uint32_t* packed = nullptr;
-
   int64_t n_samples = 0;                  // output slots per problem
   int32_t states = 8;                     // K: orders 0 .. K-1
 
