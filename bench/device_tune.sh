@@ -17,19 +17,19 @@ for v in "${variants[@]}"; do
   set -- $v
   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Isrc_cpp/include -Xcompiler=-O2 \
     -DBLOCHSIM_WARP_ORDERS_REAL=$1 -DBLOCHSIM_WARP_ORDERS_COMPLEX=$2 -DBLOCHSIM_RUN=$3 \
-    -DBLOCHSIM_WARP_MIN_BLOCKS_REAL=$4 -DBLOCHSIM_WARP_MIN_BLOCKS_COMPLEX=$5 ${6:+-D$6} -Xptxas -v bench/device_kernel.cu -o /tmp/dk_$1_$2_$3_$4_$5$6 \
-    > "$out/ptxas_$1_$2_$3_$4_$5$6.txt" 2>&1 &
+    -DBLOCHSIM_WARP_MIN_BLOCKS_REAL=$4 -DBLOCHSIM_WARP_MIN_BLOCKS_COMPLEX=$5 ${6:+-D${6:-}} -Xptxas -v bench/device_kernel.cu -o /tmp/dk_$1_$2_$3_$4_$5${6:-} \
+    > "$out/ptxas_$1_$2_$3_$4_$5${6:-}.txt" 2>&1 &
 done
 wait
 for v in "${variants[@]}"; do
   set -- $v
   echo "== variant $v"
-  grep -A2 "warp_kernel" "$out/ptxas_$1_$2_$3_$4_$5$6.txt" | grep -E "Used|spill" | head -4
-  /tmp/dk_$1_$2_$3_$4_$5$6 100000 1000000 2>&1 | grep -v "^warp orders"
+  grep -A2 "warp_kernel" "$out/ptxas_$1_$2_$3_$4_$5${6:-}.txt" | grep -E "Used|spill" | head -4
+  /tmp/dk_$1_$2_$3_$4_$5${6:-} 100000 1000000 2>&1 | grep -v "^warp orders"
 done
 if [ -n "${SWEEP:-}" ]; then
   set -- ${variants[0]}
-  /tmp/dk_$1_$2_$3_$4_$5$6 states
+  /tmp/dk_$1_$2_$3_$4_$5${6:-} states
 fi
 if [ -n "${PROFILE:-}" ] && command -v ncu > /dev/null; then
   set -- $PROFILE
@@ -38,7 +38,7 @@ if [ -n "${PROFILE:-}" ] && command -v ncu > /dev/null; then
       --section SpeedOfLight --section Occupancy --section SchedulerStats --section WarpStateStats \
       --section InstructionStats --section LaunchStats --section MemoryWorkloadAnalysis \
       --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio \
-      /tmp/dk_$1_$2_$3_$4_$5$6 100000 > "$out/ncu_skip$skip.txt" 2>&1
+      /tmp/dk_$1_$2_$3_$4_$5${6:-} 100000 > "$out/ncu_skip$skip.txt" 2>&1
     grep -E "Issue Slots Busy|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Executed Instructions  |No Eligible|Duration" "$out/ncu_skip$skip.txt" | head -12
     grep -E "issue_stalled" "$out/ncu_skip$skip.txt" | sort -k3 -n -r | head -8
   done

@@ -226,15 +226,17 @@ def cuda_available():
 cdef class DeviceBuffer:
     """Owns ``nbytes`` of device memory (freed when the object goes).
 
-    With ``stream`` (a CUDA stream handle) the memory is allocated and freed
-    in that stream's order, without synchronising the device; the stream
-    must outlive the buffer.  Without it, allocation and release are
-    synchronous and the memory is usable from any stream.
+    With ``stream`` (a :class:`CudaStream`, kept alive by the buffer, or the
+    handle of a stream that outlives it) the memory is allocated and freed
+    in that stream's order, without synchronising the device.  Without it,
+    allocation and release are synchronous and the memory is usable from
+    any stream.
     """
     cdef readonly uintptr_t ptr
     cdef readonly size_t nbytes
     cdef uintptr_t stream
     cdef bint ordered
+    cdef object owner
 
     def __cinit__(self, size_t nbytes, stream=None):
         cdef void* p = NULL
@@ -243,7 +245,11 @@ cdef class DeviceBuffer:
         self.ptr = 0
         self.nbytes = nbytes
         self.ordered = stream is not None
-        self.stream = <uintptr_t> (int(stream) if stream is not None else 0)
+        self.owner = stream if isinstance(stream, CudaStream) else None
+        if isinstance(stream, CudaStream):
+            self.stream = <uintptr_t> stream.handle
+        else:
+            self.stream = <uintptr_t> (int(stream) if stream is not None else 0)
         if self.ordered:
             _raise(L.device_malloc_async(&p, nbytes, <void*> self.stream, err, ERRLEN), err)
         else:

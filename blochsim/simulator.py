@@ -282,58 +282,53 @@ class Simulator(_Base):
                 f"per call (chunk the first axis), or pass NumPy arrays with device='cuda', which stream "
                 f"through the device in chunks of budget_bytes")
         own = None
+        if streams:
+            stream = int(streams[0])
+        else:
+            own = _core.CudaStream()
+            stream = own.handle
+        # temporaries are allocated and freed in the stream's order; each
+        # holds the stream blochsim made, so it outlives them
+        order = own if own is not None else stream
         keep = []
-        buf = None
-        try:
-            if streams:
-                stream = int(streams[0])
-            else:
-                own = _core.CudaStream()
-                stream = own.handle
-            dev = []
-            for field in _core.TISSUE_FIELDS:
-                name = _SI_TO_PUBLIC.get(field)
-                factor = V.TISSUE_UNITS[name][0] if name else 1.0
-                if name in ifaces:
-                    it = ifaces[name]
-                    size = int(np.prod(it.shape, dtype=np.int64))
-                    count = 1 if size == 1 else n
-                    buf = _core.DeviceBuffer(4 * count, stream)
-                    if count == 1:
-                        _core.expand_to_float(it.ptr, it.is_f64, (1,), (0,), factor, buf.ptr, 1, stream)
-                    else:
-                        _core.expand_to_float(it.ptr, it.is_f64, tuple(shape), _broadcast_strides(it.shape, shape),
-                                              factor, buf.ptr, n, stream)
-                    _check_device_values(name, buf.ptr, count, shape if count > 1 else (), factor, stream)
-                    keep.append(buf)
-                    dev.append((buf.ptr, 0 if count == 1 else 1))
-                elif name in arrays:
-                    a = arrays[name]
-                    host = (np.asarray(a, np.float64).reshape(1) if a.size == 1 else
-                            np.broadcast_to(a, shape).reshape(-1)) * factor
-                    host = np.ascontiguousarray(host, dtype=np.float32)
-                    buf = _core.DeviceBuffer(host.nbytes, stream)
-                    _core.copy_to_device(buf.ptr, host.view(np.uint8), stream)
-                    keep.append((buf, host))
-                    dev.append((buf.ptr, 0 if host.size == 1 else 1))
+        dev = []
+        for field in _core.TISSUE_FIELDS:
+            name = _SI_TO_PUBLIC.get(field)
+            factor = V.TISSUE_UNITS[name][0] if name else 1.0
+            if name in ifaces:
+                it = ifaces[name]
+                size = int(np.prod(it.shape, dtype=np.int64))
+                count = 1 if size == 1 else n
+                buf = _core.DeviceBuffer(4 * count, order)
+                if count == 1:
+                    _core.expand_to_float(it.ptr, it.is_f64, (1,), (0,), factor, buf.ptr, 1, stream)
                 else:
-                    dev.append(None)
-            if out_iface is not None:
-                result, out_ptr = out, out_iface.ptr
+                    _core.expand_to_float(it.ptr, it.is_f64, tuple(shape), _broadcast_strides(it.shape, shape),
+                                          factor, buf.ptr, n, stream)
+                _check_device_values(name, buf.ptr, count, shape if count > 1 else (), factor, stream)
+                keep.append(buf)
+                dev.append((buf.ptr, 0 if count == 1 else 1))
+            elif name in arrays:
+                a = arrays[name]
+                host = (np.asarray(a, np.float64).reshape(1) if a.size == 1 else
+                        np.broadcast_to(a, shape).reshape(-1)) * factor
+                host = np.ascontiguousarray(host, dtype=np.float32)
+                buf = _core.DeviceBuffer(host.nbytes, order)
+                _core.copy_to_device(buf.ptr, host.view(np.uint8), stream)
+                keep.append((buf, host))
+                dev.append((buf.ptr, 0 if host.size == 1 else 1))
             else:
-                library = next(iter(ifaces.values())).library if ifaces else "blochsim"
-                result, out_ptr = new_output(want, library)
-            _core.forward_cuda(ps, tuple(dev), n, out_ptr, stream)
-            # The work is ordered after the producer's on its stream (if it gave
-            # one); waiting for it keeps the temporaries alive until the kernel is
-            # done and hands back a result any stream may read.
-            _core.stream_synchronize(stream)
-            return result
-        finally:
-            # temporaries are freed in the order of the stream, so before it goes
-            keep.clear()
-            buf = None  # noqa: F841 (the last temporary, also freed before the stream)
-            del own
+                dev.append(None)
+        if out_iface is not None:
+            result, out_ptr = out, out_iface.ptr
+        else:
+            library = next(iter(ifaces.values())).library if ifaces else "blochsim"
+            result, out_ptr = new_output(want, library)
+        _core.forward_cuda(ps, tuple(dev), n, out_ptr, stream)
+        # The work is ordered after the producer's on its stream (if it gave
+        # one); waiting for it hands back a result any stream may read.
+        _core.stream_synchronize(stream)
+        return result
 
 
 class _Shaped:

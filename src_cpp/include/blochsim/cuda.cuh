@@ -274,10 +274,7 @@ inline int upload_stream(const EventStream& s, DeviceStream& d, cudaStream_t st,
   const size_t o_rx = put(h, s.rx_phase_rad, ne), o_slot = put(h, s.slot, ne);
   const size_t o_rft = s.rf_table ? put(h, s.rf_table, ne * rf_table_fields) : 0;
   std::vector<int32_t> runs(static_cast<size_t>(ne));
-  if (s.simple_run)
-    std::copy(s.simple_run, s.simple_run + ne, runs.begin());
-  else
-    simple_runs(s, runs.data());
+  simple_runs(s, runs.data());
   const size_t o_run = put(h, runs.data(), ne);
   h.resize(std::max<size_t>(h.size(), 16));
   BLOCHSIM_CUDA(cudaMallocAsync(&d.buf, h.size(), st), "cudaMallocAsync (event stream)");

@@ -129,7 +129,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE Op<V> identity_op() {
 // rf_table row when the stream has one (else it is unused).
 struct EventRec {
   int32_t iv, sb, sa, slot;
-  int32_t run;  // EventStream::simple_run, or -1 without it
+  int32_t run;  // EventStream::simple_run, or 0 without it (no fast run)
   uint32_t flags;
   float rf[rf_table_fields];
 };
@@ -141,7 +141,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE EventRec load_event(const EventStream& s, int64
   r.sa = s.shift_after[e];
   r.slot = s.slot[e];
   r.flags = s.flags[e];
-  r.run = s.simple_run ? s.simple_run[e] : -1;
+  r.run = s.simple_run ? s.simple_run[e] : 0;
   if (s.rf_table) {
     const float* t = s.rf_table + e * rf_table_fields;
 BLOCHSIM_UNROLL
@@ -403,14 +403,6 @@ struct PlaneStore {
     }
   }
 
-  // apply(o), then the new F+_0 into (r, i), then one shift in direction dir.
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void apply_shift(const Op<V>& o, int band, int dir, V& r, V& i) {
-    apply(o, band);
-    r = f0r();
-    i = f0i();
-    shift_once(dir, band);
-  }
-
   static constexpr int unroll = 1;  // no fast path (play())
 
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void spoil(int band) {
@@ -517,7 +509,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void fast_run(const EventStream& s, const LaneT
     if (ev.flags & event_readout) take_readout<V, Complex, Table>(s, e + u, ev, cx, r, i, sink);
     ev = next;
   };
-  st.template apply_shift_run<Store::unroll, 1>(op, take, band);
+  st.template apply_shift_run<Store::unroll>(op, take, band);
 }
 
 template <class V, bool Complex, class Store, class Sink>
@@ -537,36 +529,19 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void play(const EventStream& s, const Tissue& t
   EventRec ev = load_event(s, 0);
   for (int64_t e = 0; e < n;) {
     if constexpr (U > 1) {
-      bool run = !cx.per_order;
-      if (ev.run >= 0) {
-        run = run && ev.run >= U;
-      } else {
-        run = run && e + U <= n;
-BLOCHSIM_UNROLL
-        for (int u = 0; u < U; ++u) run = run && simple_event(s, e + u < n ? e + u : n - 1);
-      }
-      if (run) {
-        // U events of one operator and one shift up each, the shifts done
-        // by renaming registers (RegisterStore::apply_shift_run)
-#ifdef BLOCHSIM_X_TABLE_RUNS_ONLY
-        if (cx.rf_uniform && s.rf_table)
-          fast_run<V, Complex, 1>(s, lt, cx, st, sink, e, band, ev);
-        else
-          goto general;
-#else
+      // U events of one operator and one shift up each, the shifts done by
+      // renaming registers (RegisterStore::apply_shift_run); the counts of
+      // simple events ahead come with the stream (EventStream::simple_run)
+      if (!cx.per_order && ev.run >= U) {
         if (cx.rf_uniform && s.rf_table)
           fast_run<V, Complex, 1>(s, lt, cx, st, sink, e, band, ev);
         else
           fast_run<V, Complex, 0>(s, lt, cx, st, sink, e, band, ev);
-#endif
         e += U;
         band = band + U < K ? band + U : K;
         continue;
       }
     }
-#ifdef BLOCHSIM_X_TABLE_RUNS_ONLY
-  general:
-#endif
     // the next event's fields are in flight while this one computes
     const EventRec next = load_event(s, e + 1 < n ? e + 1 : e);
     const uint32_t f = ev.flags;
@@ -577,23 +552,14 @@ BLOCHSIM_UNROLL
       st.shift_once(sb > 0 ? 1 : -1, band);
       band = band < K ? band + 1 : K;
     }
-    const bool spoil = (f & event_spoil) != 0;
-    if (apply && !spoil && (sa == 1 || sa == -1)) {
-      // operator, sample and one shift in one pass over the orders
-      V f0r{}, f0i{};
-      st.apply_shift(o, band, sa, f0r, f0i);
-      band = band < K ? band + 1 : K;
-      if (f & event_readout) take_readout<V, Complex>(s, e, ev, cx, f0r, f0i, sink);
+    if (apply) st.apply(o, band);
+    if (f & event_readout) take_readout<V, Complex>(s, e, ev, cx, st.f0r(), st.f0i(), sink);
+    if (f & event_spoil) {
+      st.spoil(band);
     } else {
-      if (apply) st.apply(o, band);
-      if (f & event_readout) take_readout<V, Complex>(s, e, ev, cx, st.f0r(), st.f0i(), sink);
-      if (spoil) {
-        st.spoil(band);
-      } else {
-        for (int i = 0; i < (sa > 0 ? sa : -sa); ++i) {
-          st.shift_once(sa > 0 ? 1 : -1, band);
-          band = band < K ? band + 1 : K;
-        }
+      for (int i = 0; i < (sa > 0 ? sa : -sa); ++i) {
+        st.shift_once(sa > 0 ? 1 : -1, band);
+        band = band < K ? band + 1 : K;
       }
     }
     ev = next;

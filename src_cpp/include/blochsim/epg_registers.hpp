@@ -131,45 +131,26 @@ BLOCHSIM_UNROLL
 #endif
   static constexpr int unroll = R % BLOCHSIM_RUN == 0 ? BLOCHSIM_RUN : 1;
 
-  // apply(o), the new F+_0 into (r0, i0), then one shift in direction dir.
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void apply_shift(const Op<V>& o, int band, int dir, V& r0, V& i0) {
-    auto op = [&](int, int) { return o; };
-    auto take = [&](int, const V& r, const V& i) {
-      r0 = r;
-      i0 = i;
-    };
-    if (dir > 0)
-      apply_shift_run<1, 1>(op, take, band);
-    else
-      apply_shift_run<1, -1>(op, take, band);
-  }
-
   // U events, each: the operator op(u, band) at every order, the new F+_0
-  // handed to take(u, re, im), then one shift in direction D.
+  // handed to take(u, re, im), then one shift up.
   //
   // The shifts move no data inside a member: during the run, logical order
-  // l of the family that shifts up (F+ for D = 1) sits in register
-  // (l - u) mod R after u shifts, and of the family that shifts down in
+  // l of F+ sits in register (l - u) mod R after u shifts and of F- in
   // (l + u) mod R, so each operator updates the registers in place and a
   // shift only passes the member's boundary orders to its neighbours.  The
   // registers are put back in order once at the end of the run (R moves per
   // family per U events instead of R per event).
-  template <int U, int D, class OpFn, class TakeFn>
+  template <int U, class OpFn, class TakeFn>
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void apply_shift_run(OpFn&& op, TakeFn&& take, int band) {
     static_assert(U >= 1 && U <= R, "a run is at most R events");
-    V* upr = D > 0 ? pr : mr;  // (R,) the family that shifts up, its real part
-    V* dnr = D > 0 ? mr : pr;
-    V* upi = D > 0 ? pi : mi;
-    V* dni = D > 0 ? mi : pi;
     const V f = team.first();
 BLOCHSIM_UNROLL
     for (int u = 0; u < U; ++u) {
       const Op<V> o = op(u, band);
-      // the registers of logical order l in this step
-#define BLOCHSIM_UP(l) (((l) - u + R) % R)
-#define BLOCHSIM_DN(l) (((l) + u) % R)
-#define BLOCHSIM_P(l) (D > 0 ? BLOCHSIM_UP(l) : BLOCHSIM_DN(l))
-#define BLOCHSIM_M(l) (D > 0 ? BLOCHSIM_DN(l) : BLOCHSIM_UP(l))
+      // the registers of logical order l in this step (C: the imaginary
+      // planes, which the real path does not have)
+#define BLOCHSIM_P(l) (((l) - u + R) % R)
+#define BLOCHSIM_M(l) (((l) + u) % R)
 #define BLOCHSIM_C(l) ((l) < RI ? (l) : 0)
       if (!Team::band_skips || team.active(band)) {
 BLOCHSIM_UNROLL
@@ -188,33 +169,31 @@ BLOCHSIM_UNROLL
         mi[BLOCHSIM_C(BLOCHSIM_M(0))] -= f * o.ji;
       }
       take(u, pr[BLOCHSIM_P(0)], Complex ? pi[BLOCHSIM_C(BLOCHSIM_P(0))] : V{});
-      // the shift: the top order of the up family leaves for the member
-      // above, whose register becomes logical order 0; the bottom order of
-      // the down family arrives from the member above
-      upr[BLOCHSIM_UP(R - 1)] = team.from_below(upr[BLOCHSIM_UP(R - 1)]);
-      dnr[BLOCHSIM_DN(0)] = team.from_above(dnr[BLOCHSIM_DN(0)]);
+      // the shift: the top order of F+ leaves for the member above, whose
+      // register becomes logical order 0; the bottom order of F- arrives
+      // from the member above
+      pr[BLOCHSIM_P(R - 1)] = team.from_below(pr[BLOCHSIM_P(R - 1)]);
+      mr[BLOCHSIM_M(0)] = team.from_above(mr[BLOCHSIM_M(0)]);
       if (Complex) {
-        upi[BLOCHSIM_C(BLOCHSIM_UP(R - 1))] = team.from_below(upi[BLOCHSIM_C(BLOCHSIM_UP(R - 1))]);
-        dni[BLOCHSIM_C(BLOCHSIM_DN(0))] = team.from_above(dni[BLOCHSIM_C(BLOCHSIM_DN(0))]);
+        pi[BLOCHSIM_C(BLOCHSIM_P(R - 1))] = team.from_below(pi[BLOCHSIM_C(BLOCHSIM_P(R - 1))]);
+        mi[BLOCHSIM_C(BLOCHSIM_M(0))] = team.from_above(mi[BLOCHSIM_C(BLOCHSIM_M(0))]);
       }
-#undef BLOCHSIM_UP
-#undef BLOCHSIM_DN
-      // logical order l now sits in register (l - u - 1) mod R (up family)
-      // and (l + u + 1) mod R (down family)
-#define BLOCHSIM_UP(l) (((l) - u - 1 + 2 * R) % R)
-#define BLOCHSIM_DN(l) (((l) + u + 1) % R)
+#undef BLOCHSIM_P
+#undef BLOCHSIM_M
+      // logical order l now sits in register (l - u - 1) mod R (F+) and
+      // (l + u + 1) mod R (F-)
+#define BLOCHSIM_P(l) (((l) - u - 1 + 2 * R) % R)
+#define BLOCHSIM_M(l) (((l) + u + 1) % R)
       if (truncate) {
 BLOCHSIM_UNROLL
         for (int l = 0; l < R; ++l) {
-          upr[BLOCHSIM_UP(l)] *= team.below(l, K);
-          if (Complex) upi[BLOCHSIM_C(BLOCHSIM_UP(l))] *= team.below(l, K);
+          pr[BLOCHSIM_P(l)] *= team.below(l, K);
+          if (Complex) pi[BLOCHSIM_C(BLOCHSIM_P(l))] *= team.below(l, K);
         }
       }
       // F+_0 = conj(F-_0) in member 0
-      upr[BLOCHSIM_UP(0)] += f * dnr[BLOCHSIM_DN(0)];
-      if (Complex) upi[BLOCHSIM_C(BLOCHSIM_UP(0))] -= f * dni[BLOCHSIM_C(BLOCHSIM_DN(0))];
-#undef BLOCHSIM_UP
-#undef BLOCHSIM_DN
+      pr[BLOCHSIM_P(0)] += f * mr[BLOCHSIM_M(0)];
+      if (Complex) pi[BLOCHSIM_C(BLOCHSIM_P(0))] -= f * mi[BLOCHSIM_C(BLOCHSIM_M(0))];
 #undef BLOCHSIM_P
 #undef BLOCHSIM_M
 #undef BLOCHSIM_C
@@ -222,29 +201,24 @@ BLOCHSIM_UNROLL
     }
     // back in order: logical l from register (l - U) mod R, (l + U) mod R
     if (U % R != 0) {
-      V tu[R], td[R];
+      reorder<U>(pr, mr);
+      if constexpr (Complex) reorder<U>(pi, mi);
+    }
+  }
+
+  // up[l] <- up[(l - U) mod R], dn[l] <- dn[(l + U) mod R] for arrays of R.
+  template <int U>
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE static void reorder(V* up, V* dn) {
+    V tu[R], td[R];
 BLOCHSIM_UNROLL
-      for (int l = 0; l < R; ++l) {
-        tu[l] = upr[(l - U % R + R) % R];
-        td[l] = dnr[(l + U) % R];
-      }
+    for (int l = 0; l < R; ++l) {
+      tu[l] = up[(l - U % R + R) % R];
+      td[l] = dn[(l + U) % R];
+    }
 BLOCHSIM_UNROLL
-      for (int l = 0; l < R; ++l) {
-        upr[l] = tu[l];
-        dnr[l] = td[l];
-      }
-      if (Complex) {
-BLOCHSIM_UNROLL
-        for (int l = 0; l < RI; ++l) {
-          tu[l] = upi[(l - U % R + R) % R];
-          td[l] = dni[(l + U) % R];
-        }
-BLOCHSIM_UNROLL
-        for (int l = 0; l < RI; ++l) {
-          upi[l] = tu[l];
-          dni[l] = td[l];
-        }
-      }
+    for (int l = 0; l < R; ++l) {
+      up[l] = tu[l];
+      dn[l] = td[l];
     }
   }
 
@@ -342,7 +316,7 @@ struct TeamLaneSink {
 template <class V, int R, bool Complex>
 inline int forward_registers_host(const EventStream& s, const Tissue& t, float* out) {
   if (s.states > Lanes<V>::width * R) return states_exceed_team;
-  // the fast-path decisions from a table, as the device launcher makes them
+  // the fast-path run counts, as the device launcher derives them
   std::vector<int32_t> runs(static_cast<size_t>(s.n_events));
   simple_runs(s, runs.data());
   EventStream sr = s;

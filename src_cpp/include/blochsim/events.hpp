@@ -55,10 +55,10 @@ struct EventStream {
   // sincos; null: kernels compute it from flip_rad, phase_rad, rx_phase_rad.
   const float* rf_table = nullptr;
 
-  // Optional (n_events,) count of the consecutive events from e on that
-  // are simple (simple_event below; see simple_runs), so that a kernel with
-  // a fast path for them decides without reading ahead; null: kernels look
-  // at the events themselves.
+  // (n_events,) count of the consecutive events from e on that are simple
+  // (simple_event below), derived from the fields above by simple_runs():
+  // the launchers that have a fast path for such runs fill it in (a value
+  // given by the caller is not used); null: no fast path.
   const int32_t* simple_run = nullptr;
 
   int64_t n_samples = 0;                  // output slots per problem
@@ -89,7 +89,7 @@ BLOCHSIM_HD inline bool simple_event(const EventStream& s, int64_t e) {
 inline void simple_runs(const EventStream& s, int32_t* out) {
   int32_t run = 0;
   for (int64_t e = s.n_events - 1; e >= 0; --e) {
-    run = simple_event(s, e) ? (run < 0x3fffffff ? run + 1 : run) : 0;
+    run = simple_event(s, e) ? (run < INT32_MAX ? run + 1 : run) : 0;
     out[e] = run;
   }
 }
