@@ -4,8 +4,9 @@
 // stream.  Include it from a .cu file to embed the device backend in a C++
 // program; the Python extension compiles it in src_cuda/launcher.cu.
 //
-// Kernel choice by the number of orders K, T being the smallest power of
-// two with T R >= K threads per problem:
+// Kernel choice by the number of orders K, with T threads per problem (the
+// smallest power of two with T R >= K for warp teams, the smallest multiple
+// of 32 for block teams):
 //   warp_kernel   R = 32 (real path) or 8 (complex) orders per thread in
 //                 registers, T <= 32: teams inside warps, boundary orders
 //                 passed by warp shuffles (several problems per warp when
@@ -197,12 +198,16 @@ inline int team_size(int K, int R) {
 
 enum Kind { warp_kind, block_kind, plane_kind };
 
+// Warp teams are a power of two (shuffle segments); a block team passes its
+// boundaries through shared memory, so it only needs whole warps.
 inline Kind kind_of(const EventStream& s, int& T) {
   T = team_size(s.states, s.real_path ? warp_orders_real : warp_orders_complex);
   if (T <= 32) return warp_kind;
-  T = team_size(s.states, s.real_path ? block_orders_real : block_orders_complex);
-  if (T <= max_block_team) return block_kind;
-  return plane_kind;
+  const int64_t R = s.real_path ? block_orders_real : block_orders_complex;
+  const int64_t warps = (s.states + 32 * R - 1) / (32 * R);
+  if (warps * 32 > max_block_team) return plane_kind;
+  T = static_cast<int>(warps * 32);
+  return block_kind;
 }
 
 // Plays `ds` (device pointers) for the problems of t into out on `st`.
