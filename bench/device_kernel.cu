@@ -6,7 +6,7 @@
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Isrc_cpp/include \
 //        [-DBLOCHSIM_WARP_ORDERS_REAL=16 ...] bench/device_kernel.cu -o device_kernel
 //   ./device_kernel [atoms ...]      reference workload, real and complex paths
-//   ./device_kernel states           real path at 1e4 atoms over a range of K
+//   ./device_kernel states           real path at 1e5 atoms over a range of K
 #include <blochsim/cuda.cuh>
 #include <blochsim/host.hpp>
 
@@ -158,15 +158,17 @@ double median_ms(const blochsim::EventStream& s, const DeviceProblem& p, cudaStr
   return ms[ms.size() / 2];
 }
 
-// Atoms/s of the real path at 1e4 atoms for K around the kernel boundaries
-// (warp teams of 1, 2, ... 32 threads, then block teams, then planes),
-// 500 events.
+// Atoms/s of the real path at 1e5 atoms for K on both sides of the kernel
+// boundaries (one thread, warp teams of 2 ... 32 lanes, block teams, then
+// planes), 500 events; atoms x K / s shows the cost per order.
 int states_sweep(cudaStream_t cs) {
   const Mrf mrf(false);
-  const DeviceProblem p(10000);
-  for (int K : {32, 33, 64, 65, 128, 256, 512, 1024, 1025, 1536, 2048, 4096, 8192, 8193}) {
-    const double med = median_ms(mrf.view(true, K), p, cs, 3);
-    std::printf("states %5d  median %9.3f ms  %9.3f M atoms/s\n", K, med, p.n / med * 1e-3);
+  const DeviceProblem p(100000);
+  for (int K : {32, 33, 48, 64, 65, 96, 97, 128, 256, 512, 513, 768, 1024, 1025, 1536, 2048, 4096, 8192, 8193}) {
+    const double med = median_ms(mrf.view(true, K), p, cs, K > 4096 ? 1 : 3);
+    const double rate = p.n / med * 1e-3;
+    std::printf("states %5d  median %9.3f ms  %9.3f M atoms/s  %9.1f M atom-orders/s\n", K, med, rate,
+                rate * K);
   }
   return 0;
 }
@@ -175,7 +177,7 @@ int states_sweep(cudaStream_t cs) {
 
 int main(int argc, char** argv) {
   std::vector<int64_t> sizes;
-  int sweep = 0;  // "states": the real path at 1e4 atoms over K instead
+  int sweep = 0;  // "states": the real path at 1e5 atoms over K instead
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "states")
       sweep = 1;

@@ -176,8 +176,7 @@ int first_bad_value(const float* x, int64_t count, int check_lower, float lower,
 
 std::size_t bytes_per_problem(const EventStream& s, const Tissue&) {
   std::size_t b = static_cast<std::size_t>(s.n_samples) * 8 + 9 * sizeof(float);
-  int T = 1;
-  if (kind_of(s, T) == plane_kind) b += static_cast<std::size_t>(epg::PlaneStore<float, true>::workspace(s)) * 4;
+  if (shape_of(s).kind == plane_kind) b += static_cast<std::size_t>(epg::PlaneStore<float, true>::workspace(s)) * 4;
   return b;
 }
 

@@ -60,6 +60,24 @@ def test_wide_states(states):
         assert rel(np.abs(perfect), np.exp(-np.arange(1, 1025) * 2.0 / 500.0)) <= RTOL
 
 
+@pytest.mark.parametrize("states", [20, 33, 65, 97, 200, 513, 1025, 1500])
+@pytest.mark.parametrize("quadratic", [False, True], ids=["real", "complex"])
+def test_team_shapes_on_a_fingerprinting_train(states, quadratic):
+    # 500 pulses with one shift each: the fast runs, truncated at K < 500 and
+    # played by teams of every kind the launcher picks for K (one thread,
+    # warp teams of 2, 3, 4, 7 lanes with spare lanes, blocks of several teams)
+    phases = 0.5 * np.arange(500) ** 2 if quadratic else 0.0
+    sim = MRFSimulator(flip=FLIPS, TR=10.0, states=states, phases=phases)
+    tissue = {"T1": np.array([300.0, 900.0, 2000.0, 1200.0, 700.0]),
+              "T2": np.array([30.0, 80.0, 150.0, 40.0, 300.0])}
+    # uniform pulses (from the rows) and per-problem B1 (per-lane pulses)
+    for extra in ({}, {"B1": np.array([1.0, 0.9, 1.1, 0.8, 1.05])}):
+        sim.device = "cpu"
+        ref = sim.simulate(**tissue, **extra)
+        sim.device = "cuda"
+        assert rel(sim.simulate(**tissue, **extra), ref) <= RTOL
+
+
 @pytest.mark.parametrize("states", [200, 1500])
 def test_complex_wide_states(states):
     # 200: a warp team of 25 lanes; 1500: a block team

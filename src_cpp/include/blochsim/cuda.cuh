@@ -77,15 +77,20 @@ inline int say(int status, char* err, int n) {
 
 inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 
-// A team of T lanes of one warp (T a power of two <= 32).
+// A team of T consecutive lanes of one warp, any T <= 32: a warp holds
+// 32 / T teams, and its last 32 mod T lanes form a spare team that replays a
+// problem and writes nothing.  Boundary orders pass by full-warp shuffles
+// (lane - 1 and lane + 1), which every lane of the warp executes, so team
+// sizes need not be powers of two; the first and last members drop what
+// crosses their team's edge.
 struct WarpTeam {
   static constexpr bool band_skips = false;  // members of a team share a warp
   int rank, T, first_order;
+  bool last;  // the top member of its team (of the spare team too)
   BLOCHSIM_HD int members() const { return T; }
   BLOCHSIM_HD float from_below(float x) const {
 #if defined(__CUDA_ARCH__)
-    if (T == 1) return 0.0f;  // a team of one thread (uniform over the warp)
-    const float v = __shfl_up_sync(0xffffffffu, x, 1, T);
+    const float v = __shfl_up_sync(0xffffffffu, x, 1);
     return rank == 0 ? 0.0f : v;
 #else
     return x * 0.0f;
@@ -93,9 +98,8 @@ struct WarpTeam {
   }
   BLOCHSIM_HD float from_above(float x) const {
 #if defined(__CUDA_ARCH__)
-    if (T == 1) return 0.0f;
-    const float v = __shfl_down_sync(0xffffffffu, x, 1, T);
-    return rank == T - 1 ? 0.0f : v;
+    const float v = __shfl_down_sync(0xffffffffu, x, 1);
+    return last ? 0.0f : v;
 #else
     return x * 0.0f;
 #endif
@@ -106,18 +110,21 @@ struct WarpTeam {
   BLOCHSIM_HD float below(int r, int K) const { return first_order + r < K ? 1.0f : 0.0f; }
 };
 
-// A team of one block of T threads; boundary orders through shared memory.
+// Teams of T consecutive threads of a block (any T <= max_block_team), a
+// block holding one or more of them plus spare threads up to a whole warp;
+// boundary orders pass through shared memory (one float per thread).
 struct BlockTeam {
   static constexpr bool band_skips = true;
-  int rank, T, first_order;
-  float* buf;  // shared, T floats
+  int rank, T, first_order, tid;
+  bool last;
+  float* buf;  // shared, blockDim.x floats
   BLOCHSIM_HD int members() const { return T; }
   BLOCHSIM_HD float from_below(float x) const {
 #if defined(__CUDA_ARCH__)
     __syncthreads();
-    buf[rank] = x;
+    buf[tid] = x;
     __syncthreads();
-    return rank > 0 ? buf[rank - 1] : 0.0f;
+    return rank > 0 ? buf[tid - 1] : 0.0f;
 #else
     return x * 0.0f;
 #endif
@@ -125,9 +132,9 @@ struct BlockTeam {
   BLOCHSIM_HD float from_above(float x) const {
 #if defined(__CUDA_ARCH__)
     __syncthreads();
-    buf[rank] = x;
+    buf[tid] = x;
     __syncthreads();
-    return rank + 1 < T ? buf[rank + 1] : 0.0f;
+    return last ? 0.0f : buf[tid + 1];
 #else
     return x * 0.0f;
 #endif
@@ -138,41 +145,60 @@ struct BlockTeam {
   BLOCHSIM_HD float below(int r, int K) const { return first_order + r < K ? 1.0f : 0.0f; }
 };
 
-// Member 0 of a team writes its problem's samples.
+// Member 0 of a team writes its problem's samples (row: its output row).
 struct DeviceSink {
-  float* out;
-  int64_t problem, n_samples;
+  float2* row;
   bool writer;
   BLOCHSIM_HD void write(int64_t slot, float re, float im) {
-    if (writer) reinterpret_cast<float2*>(out)[problem * n_samples + slot] = make_float2(re, im);
+    if (writer) row[slot] = make_float2(re, im);
   }
 };
+
+// Where a thread sits in a launch of teams of T threads packed `per` to a
+// group of `group` threads (a warp, or a block): its team's problem, its
+// rank, whether it is its team's top member and whether it writes.
+struct Seat {
+  int64_t problem;
+  int rank;
+  bool last, writer;
+};
+
+BLOCHSIM_HD inline Seat seat(int64_t group_index, int thread, int group, int T, int per, int64_t n) {
+  const int slot = thread / T;  // == per for the spare threads
+  Seat st;
+  st.rank = thread - slot * T;
+  const int size = slot < per ? T : group - per * T;
+  st.last = st.rank == size - 1;
+  const int64_t team = group_index * per + (slot < per ? slot : per - 1);
+  // teams past the last problem replay it, so that every warp stays full for
+  // the shuffles and every block for its barriers, and write nothing
+  st.problem = team < n ? team : n - 1;
+  st.writer = slot < per && st.rank == 0 && team < n;
+  return st;
+}
 
 template <bool Complex, int R>
 __global__ void __launch_bounds__(warp_block, Complex ? warp_min_blocks_complex : warp_min_blocks_real)
     warp_kernel(EventStream s, Tissue t, float* out, int T) {
   const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t team = g / T;
-  const int rank = static_cast<int>(g % T);
-  // teams past the last problem replay it, so that every warp stays full
-  // for the shuffles, and write nothing
-  const int64_t p = team < t.n ? team : t.n - 1;
-  const epg::LaneTissue<float> lt = epg::gather<float>(t, &p);
+  const Seat at = seat(g / 32, static_cast<int>(g % 32), 32, T, 32 / T, t.n);
+  const epg::LaneTissue<float> lt = epg::gather<float>(t, &at.problem);
   epg::RegisterStore<float, R, Complex, WarpTeam> st;
-  st.init(s, lt, WarpTeam{rank, T, rank * R});
-  DeviceSink sink{out, team, s.n_samples, rank == 0 && team < t.n};
+  st.init(s, lt, WarpTeam{at.rank, T, at.rank * R, at.last});
+  DeviceSink sink{reinterpret_cast<float2*>(out) + at.problem * s.n_samples, at.writer};
   epg::play<float, Complex>(s, t, lt, st, sink);
 }
 
 template <bool Complex, int R>
-__global__ void __launch_bounds__(max_block_team) block_kernel(EventStream s, Tissue t, float* out) {
+__global__ void __launch_bounds__(max_block_team) block_kernel(EventStream s, Tissue t, float* out, int T,
+                                                                int per) {
   extern __shared__ float exchange[];
-  const int64_t p = blockIdx.x;
-  const int rank = threadIdx.x;
-  const epg::LaneTissue<float> lt = epg::gather<float>(t, &p);
+  const int tid = threadIdx.x;
+  const Seat at = seat(blockIdx.x, tid, blockDim.x, T, per, t.n);
+  const epg::LaneTissue<float> lt = epg::gather<float>(t, &at.problem);
   epg::RegisterStore<float, R, Complex, BlockTeam> st;
-  st.init(s, lt, BlockTeam{rank, static_cast<int>(blockDim.x), rank * R, exchange});
-  DeviceSink sink{out, p, s.n_samples, rank == 0};
+  st.init(s, lt, BlockTeam{at.rank, T, at.rank * R, tid, at.last, exchange});
+  DeviceSink sink{reinterpret_cast<float2*>(out) + at.problem * s.n_samples, at.writer};
   epg::play<float, Complex>(s, t, lt, st, sink);
 }
 
@@ -189,47 +215,66 @@ __global__ void __launch_bounds__(128) plane_kernel(EventStream s, Tissue t, flo
   epg::play<float, Complex>(s, t, lt, st, sink);
 }
 
-// Members of a team of R orders each that K orders need (a power of two).
-inline int team_size(int K, int R) {
-  int T = 1;
-  while (static_cast<int64_t>(T) * R < K && T <= max_block_team) T *= 2;
-  return T;
-}
-
 enum Kind { warp_kind, block_kind, plane_kind };
 
-// Warp teams are a power of two (shuffle segments); a block team passes its
-// boundaries through shared memory, so it only needs whole warps.
-inline Kind kind_of(const EventStream& s, int& T) {
-  T = team_size(s.states, s.real_path ? warp_orders_real : warp_orders_complex);
-  if (T <= 32) return warp_kind;
-  const int64_t R = s.real_path ? block_orders_real : block_orders_complex;
-  const int64_t warps = (s.states + 32 * R - 1) / (32 * R);
-  if (warps * 32 > max_block_team) return plane_kind;
-  T = static_cast<int>(warps * 32);
-  return block_kind;
+// The launch shape for K orders: T threads per problem, `per` problems per
+// group (a warp for warp_kind, a block of `threads` for block_kind).
+struct Shape {
+  Kind kind;
+  int T, per, threads;
+};
+
+// Per-thread work of a kernel in units of one order's operator: R orders
+// plus the event's fixed cost (its record, coefficients, readout and
+// shifts; the block kernel's barriers add to it).
+constexpr int warp_fixed = 8, block_fixed = 12;
+
+// Chooses the cheaper of the warp and block kernels for the stream: the
+// cost of a problem is the threads it occupies (its share of the group,
+// spare threads included) times each thread's work.  Orders beyond what a
+// block team holds go to the plane kernel.
+inline Shape shape_of(const EventStream& s) {
+  const int64_t K = s.states;
+  const int Rw = s.real_path ? warp_orders_real : warp_orders_complex;
+  const int Rb = s.real_path ? block_orders_real : block_orders_complex;
+  Shape best{plane_kind, 1, 1, 128};
+  double best_cost = 0.0;
+  const int64_t Tw = (K + Rw - 1) / Rw;
+  if (Tw <= 32) {
+    const int per = 32 / static_cast<int>(Tw);
+    best = {warp_kind, static_cast<int>(Tw), per, warp_block};
+    best_cost = 32.0 / per * (Rw + warp_fixed);
+  }
+  const int64_t Tb = (K + Rb - 1) / Rb;
+  if (Tb <= max_block_team) {
+    const int per = max_block_team / static_cast<int>(Tb);
+    const int threads = (per * static_cast<int>(Tb) + 31) / 32 * 32;
+    const double cost = static_cast<double>(threads) / per * (Rb + block_fixed);
+    if (best.kind == plane_kind || cost < best_cost) best = {block_kind, static_cast<int>(Tb), per, threads};
+  }
+  return best;
 }
 
 // Plays `ds` (device pointers) for the problems of t into out on `st`.
 inline int launch(const EventStream& ds, const Tissue& t, float* out, cudaStream_t st, char* err, int n) {
   if (t.n == 0 || ds.n_samples == 0) return ok;
-  int T = 1;
-  const Kind kind = kind_of(ds, T);
+  const Shape sh = shape_of(ds);
   const bool cplx = !ds.real_path;
-  if (kind == warp_kind) {
-    const int64_t threads = t.n * T;
+  const unsigned groups = static_cast<unsigned>((t.n + sh.per - 1) / sh.per);
+  if (sh.kind == warp_kind) {
+    const int64_t threads = static_cast<int64_t>(groups) * 32;
     const unsigned blocks = static_cast<unsigned>((threads + warp_block - 1) / warp_block);
     if (cplx)
-      warp_kernel<true, warp_orders_complex><<<blocks, warp_block, 0, st>>>(ds, t, out, T);
+      warp_kernel<true, warp_orders_complex><<<blocks, warp_block, 0, st>>>(ds, t, out, sh.T);
     else
-      warp_kernel<false, warp_orders_real><<<blocks, warp_block, 0, st>>>(ds, t, out, T);
+      warp_kernel<false, warp_orders_real><<<blocks, warp_block, 0, st>>>(ds, t, out, sh.T);
     BLOCHSIM_CUDA(cudaGetLastError(), "warp_kernel launch");
-  } else if (kind == block_kind) {
-    const size_t smem = sizeof(float) * T;
+  } else if (sh.kind == block_kind) {
+    const size_t smem = sizeof(float) * static_cast<size_t>(sh.threads);
     if (cplx)
-      block_kernel<true, block_orders_complex><<<static_cast<unsigned>(t.n), T, smem, st>>>(ds, t, out);
+      block_kernel<true, block_orders_complex><<<groups, sh.threads, smem, st>>>(ds, t, out, sh.T, sh.per);
     else
-      block_kernel<false, block_orders_real><<<static_cast<unsigned>(t.n), T, smem, st>>>(ds, t, out);
+      block_kernel<false, block_orders_real><<<groups, sh.threads, smem, st>>>(ds, t, out, sh.T, sh.per);
     BLOCHSIM_CUDA(cudaGetLastError(), "block_kernel launch");
   } else {
     const int64_t ws = epg::PlaneStore<float, true>::workspace(ds);
@@ -278,9 +323,9 @@ inline int upload_stream(const EventStream& s, DeviceStream& d, cudaStream_t st,
   const size_t o_flip = put(h, s.flip_rad, ne), o_ph = put(h, s.phase_rad, ne);
   const size_t o_rx = put(h, s.rx_phase_rad, ne), o_slot = put(h, s.slot, ne);
   const size_t o_rft = s.rf_table ? put(h, s.rf_table, ne * rf_table_fields) : 0;
-  std::vector<int32_t> runs(static_cast<size_t>(ne));
-  simple_runs(s, runs.data());
-  const size_t o_run = put(h, runs.data(), ne);
+  std::vector<EventRecord> records(static_cast<size_t>(ne));
+  pack_events(s, records.data());
+  const size_t o_rec = put(h, records.data(), ne);
   h.resize(std::max<size_t>(h.size(), 16));
   BLOCHSIM_CUDA(cudaMallocAsync(&d.buf, h.size(), st), "cudaMallocAsync (event stream)");
   BLOCHSIM_CUDA(cudaMemcpyAsync(d.buf, h.data(), h.size(), cudaMemcpyHostToDevice, st), "copy of the event stream");
@@ -297,7 +342,7 @@ inline int upload_stream(const EventStream& s, DeviceStream& d, cudaStream_t st,
   d.ds.rx_phase_rad = reinterpret_cast<const float*>(b + o_rx);
   d.ds.slot = reinterpret_cast<const int32_t*>(b + o_slot);
   d.ds.rf_table = s.rf_table ? reinterpret_cast<const float*>(b + o_rft) : nullptr;
-  d.ds.simple_run = reinterpret_cast<const int32_t*>(b + o_run);
+  d.ds.records = reinterpret_cast<const EventRecord*>(b + o_rec);
   return ok;
 }
 

@@ -124,28 +124,31 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE Op<V> identity_op() {
   return o;
 }
 
-// The fields of one event, loaded together so that the event loop can fetch
-// the next event while it computes the current one.  rf holds the event's
-// rf_table row when the stream has one (else it is unused).
-struct EventRec {
-  int32_t iv, sb, sa, slot;
-  int32_t run;  // EventStream::simple_run, or 0 without it (no fast run)
-  uint32_t flags;
-  float rf[rf_table_fields];
-};
+// Whether the stream carries each pulse's rotation at B1 = 1 and each
+// receiver phase (EventStream::rf_table or the rows of its records).
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE bool has_rf_rows(const EventStream& s) {
+  return s.records != nullptr || s.rf_table != nullptr;
+}
 
-BLOCHSIM_HD BLOCHSIM_FORCEINLINE EventRec load_event(const EventStream& s, int64_t e) {
-  EventRec r;
-  r.iv = s.interval[e];
-  r.sb = s.shift_before[e];
-  r.sa = s.shift_after[e];
+// The fields of event e, loaded together so that the event loop can fetch
+// the next event while it computes the current one: the stream's record if
+// it has records (four 16-byte loads on the device), else gathered from its
+// arrays with no fast run (run = 0) and rf the rf_table row or zeros.
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE EventRecord load_event(const EventStream& s, int64_t e) {
+  if (s.records) return s.records[e];
+  EventRecord r;
+  r.interval = s.interval[e];
+  r.shift_before = s.shift_before[e];
+  r.shift_after = s.shift_after[e];
   r.slot = s.slot[e];
+  r.run = 0;
   r.flags = s.flags[e];
-  r.run = s.simple_run ? s.simple_run[e] : 0;
+  r.flip_rad = s.flip_rad[e];
+  r.phase_rad = s.phase_rad[e];
   if (s.rf_table) {
-    const float* t = s.rf_table + e * rf_table_fields;
+    const float* row = s.rf_table + e * rf_table_fields;
 BLOCHSIM_UNROLL
-    for (int i = 0; i < rf_table_fields; ++i) r.rf[i] = t[i];
+    for (int i = 0; i < rf_table_fields; ++i) r.rf[i] = row[i];
   } else {
 BLOCHSIM_UNROLL
     for (int i = 0; i < rf_table_fields; ++i) r.rf[i] = 0.0f;
@@ -153,22 +156,30 @@ BLOCHSIM_UNROLL
   return r;
 }
 
+// Where pulse_op takes a pulse's rotation from.
+enum PulseFrom : int {
+  pulse_decided = 0,  // decided at run time (rows when uniform and the stream has them)
+  pulse_rows = 1,     // uniform over the lanes, from the stream's rows
+  pulse_lanes = 2,    // per lane, from flip_rad B1 and phase_rad + B1phase
+};
+
 // The pulse of event e for every lane (B1 scales the flip, B1phase adds to
 // the phase).  With `uniform` (no per-problem B1 or B1phase) the rotation
-// is the same for every lane and comes from the stream's rf_table if any.
-// (c0, s0) = (cos, sin) of the stream's common phase (real path).
-// Table = 1 promises uniform pulses and a table (the compiler then drops the
-// per-lane path), 0 decides at run time.
-template <class V, bool Complex, int Table = 0>
-BLOCHSIM_HD BLOCHSIM_FORCEINLINE Op<V> pulse_op(const EventStream& s, int64_t e, const EventRec& ev,
-                                                bool uniform, const LaneTissue<V>& lt, float c0, float s0) {
+// is the same for every lane and comes from the stream's rows if any.
+// (c0, s0) = (cos, sin) of the stream's common phase (real path).  From
+// (a PulseFrom) fixes at compile time where the rotation comes from.
+template <class V, bool Complex, int From = pulse_decided>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE Op<V> pulse_op(const EventStream& s, const EventRecord& ev, bool uniform,
+                                                const LaneTissue<V>& lt, float c0, float s0) {
   using LT = Lanes<V>;
   Op<V> o{};
-  if (Table == 1) uniform = true;
+  if (From == pulse_rows) uniform = true;
+  if (From == pulse_lanes) uniform = false;
+  const bool rows = From == pulse_rows || (From == pulse_decided && uniform && has_rf_rows(s));
   const int n = uniform ? 1 : LT::width;
   for (int l = 0; l < n; ++l) {
     float c2, s2, sa, ca, cp, sp;
-    if (Table == 1 || (uniform && s.rf_table)) {
+    if (rows) {
       const float* r = ev.rf;
       c2 = r[rft_cos2_half];
       s2 = r[rft_sin2_half];
@@ -177,8 +188,8 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE Op<V> pulse_op(const EventStream& s, int64_t e,
       cp = r[rft_cos_phase];
       sp = r[rft_sin_phase];
     } else {
-      const float alpha = s.flip_rad[e] * LT::get(lt.B1, l);
-      const float phi = s.phase_rad[e] + LT::get(lt.B1phase, l);
+      const float alpha = ev.flip_rad * LT::get(lt.B1, l);
+      const float phi = ev.phase_rad + LT::get(lt.B1phase, l);
       const float ch = std::cos(0.5f * alpha), sh = std::sin(0.5f * alpha);
       c2 = ch * ch;
       s2 = sh * sh;
@@ -254,7 +265,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE Op<V> fuse(const Op<V>& o, const IvCoef<V>& c) 
 }
 
 // One order under an Op (without the order-0 source), written as chains of
-// multiply-adds (8 per order on the real path, 34 on the complex path).
+// multiply-adds (7 per order on the real path, 34 on the complex path).
 template <class V, bool Complex>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE void apply_order(const Op<V>& o, V& fpr, V& fpi, V& fmr, V& fmi, V& zr,
                                                   V& zi) {
@@ -267,11 +278,15 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void apply_order(const Op<V>& o, V& fpr, V& fpi
     zr = o.ca * ar + (o.cr * (pr + mr) + o.ci * (mi - pi_));
     zi = o.ca * ai + (o.cr * (pi_ + mi) + o.ci * (pr - mr));
   } else {
+    // f+' = P f+ + A f- + B z = (P - A) f+ + u with u = A (f+ + f-) + B z
+    // shared by both families: 7 instructions instead of 8
     const V p = fpr, m = fmr, z = zr;
-    const V t = o.br * z;
-    fpr = o.pr * p + (o.ar * m + t);
-    fmr = o.pr * m + (o.ar * p + t);
-    zr = o.cr * (p + m) + o.ca * z;
+    const V sum = p + m;
+    const V u = o.ar * sum + o.br * z;
+    const V d = o.pr - o.ar;  // the same for every order: computed once per event
+    fpr = d * p + u;
+    fmr = d * m + u;
+    zr = o.cr * sum + o.ca * z;
   }
 }
 
@@ -436,27 +451,22 @@ struct PlayContext {
 // before it folded in when nothing comes between them); false when the
 // event applies none.  An interval that cannot be folded (per-order
 // relaxation, or a shift before the pulse) is applied here.
-// Fast = true is for the events of a fast run (simple_event, no per-order
-// relaxation), where the interval is always folded; Table as in pulse_op.
-template <class V, bool Complex, bool Fast = false, int Table = 0, class Store>
-BLOCHSIM_HD BLOCHSIM_FORCEINLINE bool event_op(const EventStream& s, int64_t e, const EventRec& ev,
+template <class V, bool Complex, class Store>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE bool event_op(const EventStream& s, const EventRecord& ev,
                                                const LaneTissue<V>& lt, const PlayContext<V>& cx, Store& st,
                                                int band, Op<V>& o) {
   const uint32_t f = ev.flags;
   o = identity_op<V>();
   bool apply = (f & (event_rf | event_inversion)) != 0;
   if (f & event_rf)
-    o = pulse_op<V, Complex, Table>(s, e, ev, cx.rf_uniform, lt, cx.c0, cx.s0);
+    o = pulse_op<V, Complex>(s, ev, cx.rf_uniform, lt, cx.c0, cx.s0);
   else if (f & event_inversion)
     o = inversion_op<V>(lt);
-  if (ev.iv >= 0) {
-    const IvCoef<V> c = st.interval(ev.iv);
-    if (Fast) {
-      o = fuse<V, Complex>(o, c);
-      apply = true;
-    } else if (cx.per_order) {
+  if (ev.interval >= 0) {
+    const IvCoef<V> c = st.interval(ev.interval);
+    if (cx.per_order) {
       st.relax_per_order(c, band);
-    } else if (ev.sb == 0) {
+    } else if (ev.shift_before == 0) {
       o = fuse<V, Complex>(o, c);  // relaxation and the pulse in one pass
       apply = true;
     } else {
@@ -468,12 +478,12 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE bool event_op(const EventStream& s, int64_t e, 
 
 // The readout of event e from F+_0 = (f0r, f0i): M0 F+_0 e^{-i rx}, or on
 // the real path M0 (-i e^{i phi0}) f+_0 e^{-i rx}.
-template <class V, bool Complex, int Table = 0, class Sink>
-BLOCHSIM_HD BLOCHSIM_FORCEINLINE void take_readout(const EventStream& s, int64_t e, const EventRec& ev,
+template <class V, bool Complex, class Sink>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE void take_readout(const EventStream& s, int64_t e, const EventRecord& ev,
                                                     const PlayContext<V>& cx, const V& f0r, const V& f0i,
                                                     Sink& sink) {
   float cr, sr;
-  if (Table == 1 || s.rf_table) {
+  if (has_rf_rows(s)) {
     cr = ev.rf[rft_cos_rx];
     sr = ev.rf[rft_sin_rx];
   } else {
@@ -490,26 +500,32 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void take_readout(const EventStream& s, int64_t
   }
 }
 
-// Events [e, e + Store::unroll) of play(), all simple_event, with ev the
-// record of event e; on return ev holds the record of the event after them.
-// Each event's record is fetched one step ahead.
-template <class V, bool Complex, int Table, class Store, class Sink>
+// Events [e, e + Store::unroll) of play(): a run of simple events (a pulse
+// after the run's interval, a readout in all of them or in none, one shift
+// up; EventRecord::run), with ev the record of event e; on return ev holds
+// the record of the event after them.  The interval coefficients are taken
+// once for the run and each event's record is fetched one step ahead, so
+// the run is one stretch of code with no branch.  From is where the pulses
+// come from (pulse_rows or pulse_lanes); Trunc whether the store must drop
+// orders pushed past K - 1.
+template <class V, bool Complex, int From, bool Trunc, class Store, class Sink>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE void fast_run(const EventStream& s, const LaneTissue<V>& lt,
                                                const PlayContext<V>& cx, Store& st, Sink& sink, int64_t e,
-                                               int band, EventRec& ev) {
+                                               int band, EventRecord& ev) {
   const int64_t last = s.n_events - 1;
-  EventRec next;
-  auto op = [&](int u, int b) {
+  // the identity interval folds in exactly (x 1, sources 0)
+  const IvCoef<V> c = ev.interval >= 0 ? st.interval(ev.interval) : identity_interval<V>();
+  const bool readout = (ev.flags & event_readout) != 0;
+  EventRecord next;
+  auto op = [&](int u) {
     next = load_event(s, e + u + 1 < last ? e + u + 1 : last);
-    Op<V> o;
-    event_op<V, Complex, true, Table>(s, e + u, ev, lt, cx, st, b, o);
-    return o;
+    return fuse<V, Complex>(pulse_op<V, Complex, From>(s, ev, cx.rf_uniform, lt, cx.c0, cx.s0), c);
   };
   auto take = [&](int u, const V& r, const V& i) {
-    if (ev.flags & event_readout) take_readout<V, Complex, Table>(s, e + u, ev, cx, r, i, sink);
+    if (readout) take_readout<V, Complex>(s, e + u, ev, cx, r, i, sink);
     ev = next;
   };
-  st.template apply_shift_run<Store::unroll>(op, take, band);
+  st.template apply_shift_run<Store::unroll, Trunc>(op, take, band);
 }
 
 template <class V, bool Complex, class Store, class Sink>
@@ -526,28 +542,33 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void play(const EventStream& s, const Tissue& t
   const int64_t n = s.n_events;
   int band = 1;
   if (n <= 0) return;
-  EventRec ev = load_event(s, 0);
+  EventRecord ev = load_event(s, 0);
   for (int64_t e = 0; e < n;) {
     if constexpr (U > 1) {
       // U events of one operator and one shift up each, the shifts done by
-      // renaming registers (RegisterStore::apply_shift_run); the counts of
-      // simple events ahead come with the stream (EventStream::simple_run)
+      // renaming registers (RegisterStore::apply_shift_run); the run counts
+      // come with the records (pack_events)
       if (!cx.per_order && ev.run >= U) {
-        if (cx.rf_uniform && s.rf_table)
-          fast_run<V, Complex, 1>(s, lt, cx, st, sink, e, band, ev);
+        const bool rows = cx.rf_uniform;  // the records carry the rows
+        if (rows && st.truncate)
+          fast_run<V, Complex, pulse_rows, true>(s, lt, cx, st, sink, e, band, ev);
+        else if (rows)
+          fast_run<V, Complex, pulse_rows, false>(s, lt, cx, st, sink, e, band, ev);
+        else if (st.truncate)
+          fast_run<V, Complex, pulse_lanes, true>(s, lt, cx, st, sink, e, band, ev);
         else
-          fast_run<V, Complex, 0>(s, lt, cx, st, sink, e, band, ev);
+          fast_run<V, Complex, pulse_lanes, false>(s, lt, cx, st, sink, e, band, ev);
         e += U;
         band = band + U < K ? band + U : K;
         continue;
       }
     }
     // the next event's fields are in flight while this one computes
-    const EventRec next = load_event(s, e + 1 < n ? e + 1 : e);
+    const EventRecord next = load_event(s, e + 1 < n ? e + 1 : e);
     const uint32_t f = ev.flags;
     Op<V> o;
-    const bool apply = event_op<V, Complex>(s, e, ev, lt, cx, st, band, o);
-    const int32_t sb = ev.sb, sa = ev.sa;
+    const bool apply = event_op<V, Complex>(s, ev, lt, cx, st, band, o);
+    const int32_t sb = ev.shift_before, sa = ev.shift_after;
     for (int i = 0; i < (sb > 0 ? sb : -sb); ++i) {
       st.shift_once(sb > 0 ? 1 : -1, band);
       band = band < K ? band + 1 : K;

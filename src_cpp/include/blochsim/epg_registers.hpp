@@ -131,8 +131,9 @@ BLOCHSIM_UNROLL
 #endif
   static constexpr int unroll = R % BLOCHSIM_RUN == 0 ? BLOCHSIM_RUN : 1;
 
-  // U events, each: the operator op(u, band) at every order, the new F+_0
-  // handed to take(u, re, im), then one shift up.
+  // U events, each: the operator op(u) at every order, the new F+_0 handed
+  // to take(u, re, im), then one shift up (dropping orders past K - 1 when
+  // Trunc).
   //
   // The shifts move no data inside a member: during the run, logical order
   // l of F+ sits in register (l - u) mod R after u shifts and of F- in
@@ -140,13 +141,13 @@ BLOCHSIM_UNROLL
   // shift only passes the member's boundary orders to its neighbours.  The
   // registers are put back in order once at the end of the run (R moves per
   // family per U events instead of R per event).
-  template <int U, class OpFn, class TakeFn>
+  template <int U, bool Trunc, class OpFn, class TakeFn>
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void apply_shift_run(OpFn&& op, TakeFn&& take, int band) {
     static_assert(U >= 1 && U <= R, "a run is at most R events");
     const V f = team.first();
 BLOCHSIM_UNROLL
     for (int u = 0; u < U; ++u) {
-      const Op<V> o = op(u, band);
+      const Op<V> o = op(u);
       // the registers of logical order l in this step (C: the imaginary
       // planes, which the real path does not have)
 #define BLOCHSIM_P(l) (((l) - u + R) % R)
@@ -184,7 +185,7 @@ BLOCHSIM_UNROLL
       // (l + u + 1) mod R (F-)
 #define BLOCHSIM_P(l) (((l) - u - 1 + 2 * R) % R)
 #define BLOCHSIM_M(l) (((l) + u + 1) % R)
-      if (truncate) {
+      if (Trunc) {
 BLOCHSIM_UNROLL
         for (int l = 0; l < R; ++l) {
           pr[BLOCHSIM_P(l)] *= team.below(l, K);
@@ -316,11 +317,11 @@ struct TeamLaneSink {
 template <class V, int R, bool Complex>
 inline int forward_registers_host(const EventStream& s, const Tissue& t, float* out) {
   if (s.states > Lanes<V>::width * R) return states_exceed_team;
-  // the fast-path run counts, as the device launcher derives them
-  std::vector<int32_t> runs(static_cast<size_t>(s.n_events));
-  simple_runs(s, runs.data());
+  // the event records with their run counts, as the device launcher packs them
+  std::vector<EventRecord> records(static_cast<size_t>(s.n_events));
+  pack_events(s, records.data());
   EventStream sr = s;
-  sr.simple_run = runs.data();
+  sr.records = records.data();
   for (int64_t p = 0; p < t.n; ++p) {
     LaneTissue<V> lt;
     {

@@ -9,6 +9,7 @@
 // Units are SI: seconds, radians, hertz, m^2/s, m/s, radians per metre.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "config.hpp"
@@ -35,6 +36,19 @@ enum RfTableField : int {
   rf_table_fields
 };
 
+// One event, as the kernels read it (EventStream::records).  rf is the
+// event's rf_table row, computed from flip_rad, phase_rad and rx_phase_rad
+// when the stream has no table; run is the count of the events from this one
+// on that the fast path can play together (pack_events()).
+struct alignas(16) EventRecord {
+  int32_t interval, shift_before, shift_after, slot;
+  int32_t run;
+  uint32_t flags;
+  float flip_rad, phase_rad;
+  float rf[rf_table_fields];
+};
+static_assert(sizeof(EventRecord) == 64, "an event record is four 16-byte words");
+
 struct EventStream {
   int64_t n_events = 0;
   const int32_t* interval = nullptr;      // (n_events,) index into duration_s, or -1
@@ -55,11 +69,12 @@ struct EventStream {
   // sincos; null: kernels compute it from flip_rad, phase_rad, rx_phase_rad.
   const float* rf_table = nullptr;
 
-  // (n_events,) count of the consecutive events from e on that are simple
-  // (simple_event below), derived from the fields above by simple_runs():
-  // the launchers that have a fast path for such runs fill it in (a value
-  // given by the caller is not used); null: no fast path.
-  const int32_t* simple_run = nullptr;
+  // (n_events,) the fields of each event in one 64-byte record (above),
+  // for the register kernels, which read an event with four vector loads.
+  // Derived from the fields above by pack_events(): the launchers that use
+  // records fill it in (a value given by the caller is not used); null: the
+  // kernels read the arrays above.
+  const EventRecord* records = nullptr;
 
   int64_t n_samples = 0;                  // output slots per problem
   int32_t states = 8;                     // K: orders 0 .. K-1
@@ -77,20 +92,46 @@ struct EventStream {
 };
 
 // Whether event e is of the form the kernels' fast path plays (epg.hpp
-// play()): an RF pulse, an inversion or an interval, an optional readout,
+// play()): an RF pulse after its interval (or none), an optional readout,
 // then exactly one shift up; no shift before, no spoil.
 BLOCHSIM_HD inline bool simple_event(const EventStream& s, int64_t e) {
   const uint32_t f = s.flags[e];
-  return (f & event_spoil) == 0 && s.shift_before[e] == 0 && s.shift_after[e] == 1 &&
-         ((f & (event_rf | event_inversion)) != 0 || s.interval[e] >= 0);
+  return (f & (event_spoil | event_inversion)) == 0 && (f & event_rf) != 0 && s.shift_before[e] == 0 &&
+         s.shift_after[e] == 1;
 }
 
-// Fills out (n_events,) with the EventStream::simple_run counts.
-inline void simple_runs(const EventStream& s, int32_t* out) {
+// Fills out (n_events,) with the records of the stream (EventStream::records).
+// The run count of event e is the number of consecutive simple events from e
+// on that share e's interval and whether it reads out, so that the fast path
+// plays a run of them with one set of interval coefficients and no branch
+// between its events.
+inline void pack_events(const EventStream& s, EventRecord* out) {
   int32_t run = 0;
   for (int64_t e = s.n_events - 1; e >= 0; --e) {
-    run = simple_event(s, e) ? (run < INT32_MAX ? run + 1 : run) : 0;
-    out[e] = run;
+    const bool same = e + 1 < s.n_events && s.interval[e + 1] == s.interval[e] &&
+                      ((s.flags[e + 1] ^ s.flags[e]) & event_readout) == 0;
+    if (!simple_event(s, e))
+      run = 0;
+    else
+      run = same && run > 0 ? (run < INT32_MAX ? run + 1 : run) : 1;
+    EventRecord& r = out[e];
+    r.interval = s.interval[e];
+    r.shift_before = s.shift_before[e];
+    r.shift_after = s.shift_after[e];
+    r.slot = s.slot[e];
+    r.run = run;
+    r.flags = s.flags[e];
+    r.flip_rad = s.flip_rad[e];
+    r.phase_rad = s.phase_rad[e];
+    if (s.rf_table) {
+      for (int i = 0; i < rf_table_fields; ++i) r.rf[i] = s.rf_table[e * rf_table_fields + i];
+    } else {
+      const double a = s.flip_rad[e], phi = s.phase_rad[e], rx = s.rx_phase_rad[e];
+      const double ch = std::cos(0.5 * a), sh = std::sin(0.5 * a);
+      const double row[rf_table_fields] = {ch * ch,        sh * sh,       std::sin(a),    std::cos(a),
+                                           std::cos(phi), std::sin(phi), std::cos(rx), std::sin(rx)};
+      for (int i = 0; i < rf_table_fields; ++i) r.rf[i] = static_cast<float>(row[i]);
+    }
   }
 }
 
