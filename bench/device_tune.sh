@@ -6,7 +6,8 @@
 #   (orders per thread real, complex; events per fast run; min blocks per
 #   SM real, complex; optionally one more macro to define).
 #   PROFILE="32 8 4 1 4" also profiles that variant; SWEEP=1 times the
-#   first variant over a range of state counts.
+#   first variant over a range of state counts; SOURCE=1 (with PROFILE)
+#   writes the per-instruction stall samples to $OUT/source.csv.
 set -u
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
@@ -42,4 +43,12 @@ if [ -n "${PROFILE:-}" ] && command -v ncu > /dev/null; then
     grep -E "Issue Slots Busy|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Executed Instructions  |No Eligible|Duration" "$out/ncu_skip$skip.txt" | head -12
     grep -E "issue_stalled" "$out/ncu_skip$skip.txt" | sort -k3 -n -r | head -8
   done
+  if [ -n "${SOURCE:-}" ]; then
+    # per-instruction stall samples of the real path (SASS), for reading here
+    timeout 200 ncu --clock-control none -k regex:warp_kernel --launch-skip 1 --launch-count 1 \
+      --section SourceCounters --section WarpStateStats -f -o /tmp/src_rep \
+      /tmp/dk_$1_$2_$3_$4_$5${6:-} 100000 > /dev/null 2>&1
+    ncu -i /tmp/src_rep.ncu-rep --page source --csv --print-source sass > "$out/source.csv" 2>&1
+    wc -c "$out/source.csv"
+  fi
 fi

@@ -177,9 +177,35 @@ BLOCHSIM_HD inline Seat seat(int64_t group_index, int thread, int group, int T, 
   return st;
 }
 
+#ifndef BLOCHSIM_SHARED_RECORDS
+#define BLOCHSIM_SHARED_RECORDS 1
+#endif
+// Event records are copied into each block's shared memory when they fit
+// in this many bytes (the default dynamic limit, no opt-in): every thread
+// reads every record, and shared memory answers faster than L1.
+constexpr int64_t shared_records_cap = BLOCHSIM_SHARED_RECORDS ? 48 * 1024 : 0;
+
+inline int64_t shared_records_bytes(const EventStream& s) {
+  const int64_t b = (s.n_events + 1) * static_cast<int64_t>(sizeof(EventRecord));
+  return b <= shared_records_cap ? b : 0;
+}
+
+// The block's copy of the stream's records in `smem` (bytes of them, 0 for
+// none); every thread of the block must call it.
+__device__ inline void stage_records(EventStream& s, unsigned char* smem, int64_t bytes) {
+  if (bytes == 0) return;
+  const uint4* src = reinterpret_cast<const uint4*>(s.records);
+  uint4* dst = reinterpret_cast<uint4*>(smem);
+  for (int64_t i = threadIdx.x; i < bytes / 16; i += blockDim.x) dst[i] = src[i];
+  __syncthreads();
+  s.records = reinterpret_cast<const EventRecord*>(smem);
+}
+
 template <bool Complex, int R>
 __global__ void __launch_bounds__(warp_block, Complex ? warp_min_blocks_complex : warp_min_blocks_real)
-    warp_kernel(EventStream s, Tissue t, float* out, int T) {
+    warp_kernel(EventStream s, Tissue t, float* out, int T, int64_t record_bytes) {
+  extern __shared__ __align__(16) unsigned char shared[];
+  stage_records(s, shared, record_bytes);
   const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const Seat at = seat(g / 32, static_cast<int>(g % 32), 32, T, 32 / T, t.n);
   const epg::LaneTissue<float> lt = epg::gather<float>(t, &at.problem);
@@ -191,8 +217,10 @@ __global__ void __launch_bounds__(warp_block, Complex ? warp_min_blocks_complex 
 
 template <bool Complex, int R>
 __global__ void __launch_bounds__(max_block_team) block_kernel(EventStream s, Tissue t, float* out, int T,
-                                                                int per) {
-  extern __shared__ float exchange[];
+                                                                int per, int64_t record_bytes) {
+  extern __shared__ __align__(16) unsigned char shared[];
+  stage_records(s, shared, record_bytes);
+  float* exchange = reinterpret_cast<float*>(shared + record_bytes);
   const int tid = threadIdx.x;
   const Seat at = seat(blockIdx.x, tid, blockDim.x, T, per, t.n);
   const epg::LaneTissue<float> lt = epg::gather<float>(t, &at.problem);
@@ -261,20 +289,22 @@ inline int launch(const EventStream& ds, const Tissue& t, float* out, cudaStream
   const Shape sh = shape_of(ds);
   const bool cplx = !ds.real_path;
   const unsigned groups = static_cast<unsigned>((t.n + sh.per - 1) / sh.per);
+  const int64_t rb = shared_records_bytes(ds);
   if (sh.kind == warp_kind) {
     const int64_t threads = static_cast<int64_t>(groups) * 32;
     const unsigned blocks = static_cast<unsigned>((threads + warp_block - 1) / warp_block);
+    const size_t smem = static_cast<size_t>(rb);
     if (cplx)
-      warp_kernel<true, warp_orders_complex><<<blocks, warp_block, 0, st>>>(ds, t, out, sh.T);
+      warp_kernel<true, warp_orders_complex><<<blocks, warp_block, smem, st>>>(ds, t, out, sh.T, rb);
     else
-      warp_kernel<false, warp_orders_real><<<blocks, warp_block, 0, st>>>(ds, t, out, sh.T);
+      warp_kernel<false, warp_orders_real><<<blocks, warp_block, smem, st>>>(ds, t, out, sh.T, rb);
     BLOCHSIM_CUDA(cudaGetLastError(), "warp_kernel launch");
   } else if (sh.kind == block_kind) {
-    const size_t smem = sizeof(float) * static_cast<size_t>(sh.threads);
+    const size_t smem = static_cast<size_t>(rb) + sizeof(float) * static_cast<size_t>(sh.threads);
     if (cplx)
-      block_kernel<true, block_orders_complex><<<groups, sh.threads, smem, st>>>(ds, t, out, sh.T, sh.per);
+      block_kernel<true, block_orders_complex><<<groups, sh.threads, smem, st>>>(ds, t, out, sh.T, sh.per, rb);
     else
-      block_kernel<false, block_orders_real><<<groups, sh.threads, smem, st>>>(ds, t, out, sh.T, sh.per);
+      block_kernel<false, block_orders_real><<<groups, sh.threads, smem, st>>>(ds, t, out, sh.T, sh.per, rb);
     BLOCHSIM_CUDA(cudaGetLastError(), "block_kernel launch");
   } else {
     const int64_t ws = epg::PlaneStore<float, true>::workspace(ds);
@@ -323,9 +353,9 @@ inline int upload_stream(const EventStream& s, DeviceStream& d, cudaStream_t st,
   const size_t o_flip = put(h, s.flip_rad, ne), o_ph = put(h, s.phase_rad, ne);
   const size_t o_rx = put(h, s.rx_phase_rad, ne), o_slot = put(h, s.slot, ne);
   const size_t o_rft = s.rf_table ? put(h, s.rf_table, ne * rf_table_fields) : 0;
-  std::vector<EventRecord> records(static_cast<size_t>(ne));
+  std::vector<EventRecord> records(static_cast<size_t>(ne + 1));
   pack_events(s, records.data());
-  const size_t o_rec = put(h, records.data(), ne);
+  const size_t o_rec = put(h, records.data(), ne + 1);
   h.resize(std::max<size_t>(h.size(), 16));
   BLOCHSIM_CUDA(cudaMallocAsync(&d.buf, h.size(), st), "cudaMallocAsync (event stream)");
   BLOCHSIM_CUDA(cudaMemcpyAsync(d.buf, h.data(), h.size(), cudaMemcpyHostToDevice, st), "copy of the event stream");

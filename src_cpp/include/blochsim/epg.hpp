@@ -478,12 +478,13 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE bool event_op(const EventStream& s, const Event
 
 // The readout of event e from F+_0 = (f0r, f0i): M0 F+_0 e^{-i rx}, or on
 // the real path M0 (-i e^{i phi0}) f+_0 e^{-i rx}.
-template <class V, bool Complex, class Sink>
+// Rows = true promises that the record carries the receiver phase.
+template <class V, bool Complex, bool Rows = false, class Sink>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE void take_readout(const EventStream& s, int64_t e, const EventRecord& ev,
                                                     const PlayContext<V>& cx, const V& f0r, const V& f0i,
                                                     Sink& sink) {
   float cr, sr;
-  if (has_rf_rows(s)) {
+  if (Rows || has_rf_rows(s)) {
     cr = ev.rf[rft_cos_rx];
     sr = ev.rf[rft_sin_rx];
   } else {
@@ -510,19 +511,18 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void take_readout(const EventStream& s, int64_t
 // orders pushed past K - 1.
 template <class V, bool Complex, int From, bool Trunc, class Store, class Sink>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE void fast_run(const EventStream& s, const LaneTissue<V>& lt,
-                                               const PlayContext<V>& cx, Store& st, Sink& sink, int64_t e,
+                                               const PlayContext<V>& cx, Store& st, Sink& sink, int32_t e,
                                                int band, EventRecord& ev) {
-  const int64_t last = s.n_events - 1;
   // the identity interval folds in exactly (x 1, sources 0)
   const IvCoef<V> c = ev.interval >= 0 ? st.interval(ev.interval) : identity_interval<V>();
   const bool readout = (ev.flags & event_readout) != 0;
   EventRecord next;
   auto op = [&](int u) {
-    next = load_event(s, e + u + 1 < last ? e + u + 1 : last);
+    next = s.records[e + u + 1];  // fast runs come from records, which end with a sentinel
     return fuse<V, Complex>(pulse_op<V, Complex, From>(s, ev, cx.rf_uniform, lt, cx.c0, cx.s0), c);
   };
   auto take = [&](int u, const V& r, const V& i) {
-    if (readout) take_readout<V, Complex>(s, e + u, ev, cx, r, i, sink);
+    if (readout) take_readout<V, Complex, true>(s, e + u, ev, cx, r, i, sink);
     ev = next;
   };
   st.template apply_shift_run<Store::unroll, Trunc>(op, take, band);
@@ -539,11 +539,12 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void play(const EventStream& s, const Tissue& t
   cx.m0 = lt.M0;
   constexpr int U = Store::unroll;
   const int K = s.states;
-  const int64_t n = s.n_events;
+  // event indices fit in 32 bits (validate()), which saves registers
+  const int32_t n = static_cast<int32_t>(s.n_events);
   int band = 1;
   if (n <= 0) return;
   EventRecord ev = load_event(s, 0);
-  for (int64_t e = 0; e < n;) {
+  for (int32_t e = 0; e < n;) {
     if constexpr (U > 1) {
       // U events of one operator and one shift up each, the shifts done by
       // renaming registers (RegisterStore::apply_shift_run); the run counts

@@ -318,7 +318,7 @@ template <class V, int R, bool Complex>
 inline int forward_registers_host(const EventStream& s, const Tissue& t, float* out) {
   if (s.states > Lanes<V>::width * R) return states_exceed_team;
   // the event records with their run counts, as the device launcher packs them
-  std::vector<EventRecord> records(static_cast<size_t>(s.n_events));
+  std::vector<EventRecord> records(static_cast<size_t>(s.n_events + 1));
   pack_events(s, records.data());
   EventStream sr = s;
   sr.records = records.data();

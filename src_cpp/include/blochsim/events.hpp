@@ -69,7 +69,7 @@ struct EventStream {
   // sincos; null: kernels compute it from flip_rad, phase_rad, rx_phase_rad.
   const float* rf_table = nullptr;
 
-  // (n_events,) the fields of each event in one 64-byte record (above),
+  // (n_events + 1,) the fields of each event in one 64-byte record (above),
   // for the register kernels, which read an event with four vector loads.
   // Derived from the fields above by pack_events(): the launchers that use
   // records fill it in (a value given by the caller is not used); null: the
@@ -100,12 +100,15 @@ BLOCHSIM_HD inline bool simple_event(const EventStream& s, int64_t e) {
          s.shift_after[e] == 1;
 }
 
-// Fills out (n_events,) with the records of the stream (EventStream::records).
+// Fills out (n_events + 1,) with the records of the stream
+// (EventStream::records), the last a sentinel that does nothing, so that a
+// kernel may fetch the record after the last event.
 // The run count of event e is the number of consecutive simple events from e
 // on that share e's interval and whether it reads out, so that the fast path
 // plays a run of them with one set of interval coefficients and no branch
 // between its events.
 inline void pack_events(const EventStream& s, EventRecord* out) {
+  out[s.n_events] = EventRecord{-1, 0, 0, 0, 0, 0u, 0.0f, 0.0f, {}};
   int32_t run = 0;
   for (int64_t e = s.n_events - 1; e >= 0; --e) {
     const bool same = e + 1 < s.n_events && s.interval[e + 1] == s.interval[e] &&
@@ -168,6 +171,7 @@ struct Tissue {
 inline int validate(const EventStream& s, const Tissue& t) {
   if (s.states < 1) return bad_states;
   if (s.n_events < 0 || s.n_intervals < 0 || s.n_samples < 0 || t.n < 0) return bad_shape;
+  if (s.n_events >= INT32_MAX) return bad_shape;
   if (s.n_events > 0 && (!s.interval || !s.flags || !s.shift_before || !s.shift_after ||
                          !s.flip_rad || !s.phase_rad || !s.rx_phase_rad || !s.slot))
     return bad_shape;
