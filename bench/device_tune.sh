@@ -5,8 +5,8 @@
 # Usage there: bash bench/device_tune.sh "32 8 4 1 4" "16 8 4 1 3" ...
 #   (orders per thread real, complex; events per fast run; min blocks per
 #   SM real, complex; optionally one more macro to define).
-#   PROFILE="32 8 4 1 4" also profiles that variant; SWEEP=1 times the
-#   first variant over a range of state counts; SOURCE=1 (with PROFILE)
+#   PROFILE="32 8 4 1 4" also profiles that variant; SWEEP=1 times each
+#   variant over a range of state counts; SOURCE=1 (with PROFILE)
 #   writes the per-instruction stall samples to $OUT/source.csv.
 set -u
 out=${OUT:-/tmp/out}
@@ -29,8 +29,11 @@ for v in "${variants[@]}"; do
   /tmp/dk_$1_$2_$3_$4_$5${6:-} 100000 1000000 2>&1 | grep -v "^warp orders"
 done
 if [ -n "${SWEEP:-}" ]; then
-  set -- ${variants[0]}
-  /tmp/dk_$1_$2_$3_$4_$5${6:-} states
+  for v in "${variants[@]}"; do
+    set -- $v
+    echo "== states sweep, variant $v"
+    /tmp/dk_$1_$2_$3_$4_$5${6:-} states
+  done
 fi
 if [ -n "${PROFILE:-}" ] && command -v ncu > /dev/null; then
   set -- $PROFILE

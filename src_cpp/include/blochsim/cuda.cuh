@@ -4,18 +4,22 @@
 // stream.  Include it from a .cu file to embed the device backend in a C++
 // program; the Python extension compiles it in src_cuda/launcher.cu.
 //
-// Kernel choice by the number of orders K, with T threads per problem (the
-// smallest power of two with T R >= K for warp teams, the smallest multiple
-// of 32 for block teams):
-//   warp_kernel   R = 32 (real path) or 8 (complex) orders per thread in
-//                 registers, T <= 32: teams inside warps, boundary orders
-//                 passed by warp shuffles (several problems per warp when
-//                 T < 32); K <= 1024 / 256;
-//   block_kernel  R = 16 or 8 (a block of up to 512 threads leaves 128
-//                 registers each), T <= 512: one problem per block, boundary
-//                 orders through shared memory; K <= 8192 / 4096;
+// Kernels, for K orders with T = ceil(K / R) threads per problem, each
+// holding R orders in registers:
+//   warp_kernel   R = 32 (real path) or 8 (complex), T <= 32 (K <= 1024 /
+//                 256): teams of T consecutive lanes, 32 / T to a warp (any
+//                 T; the lanes left over replay a problem), boundary orders
+//                 passed by warp shuffles;
+//   block_kernel  R = 16 or 8, T <= 512 (K <= 8192 / 4096): teams of T
+//                 threads, as many to a block of up to 512 threads as fit,
+//                 boundary orders through shared memory;
 //   plane_kernel  beyond: one thread per problem with its planes in global
 //                 memory (any K that fits in memory).
+// shape_of() picks the warp or the block kernel by a cost model (threads
+// per problem, spare threads included, times each thread's work), so that
+// the cost grows with K in steps of one thread's orders rather than in
+// powers of two.  The teams read the event records from a window in their
+// block's shared memory (SharedRecords).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -51,9 +55,15 @@ constexpr int warp_orders_real = BLOCHSIM_WARP_ORDERS_REAL;
 constexpr int warp_orders_complex = BLOCHSIM_WARP_ORDERS_COMPLEX;
 constexpr int warp_min_blocks_real = BLOCHSIM_WARP_MIN_BLOCKS_REAL;
 constexpr int warp_min_blocks_complex = BLOCHSIM_WARP_MIN_BLOCKS_COMPLEX;
-constexpr int block_orders_real = 16, block_orders_complex = 8;
+#ifndef BLOCHSIM_BLOCK_ORDERS_REAL
+#define BLOCHSIM_BLOCK_ORDERS_REAL 16
+#endif
+constexpr int block_orders_real = BLOCHSIM_BLOCK_ORDERS_REAL, block_orders_complex = 8;
 constexpr int warp_block = 128;  // small blocks: register-limited residency in whole blocks
 constexpr int max_block_team = 512;
+// Threads of a block of the block kernel with R orders each: 32 orders
+// need the whole register file of a thread (255), which 256 threads fill.
+constexpr int block_threads(int R) { return R >= 32 ? 256 : max_block_team; }
 // Output rows of one chunk of the streamed path (bounds the pinned staging).
 constexpr int64_t stream_chunk_bytes = int64_t(64) << 20;
 
@@ -77,6 +87,45 @@ inline int say(int status, char* err, int n) {
 
 inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 
+// A window of the stream's event records in a block's shared memory, which
+// every thread reads at every event: the block refills it, between two
+// barriers, when play() asks for records past its end (advance() is called
+// by every thread of the block at the same events).
+struct SharedRecords {
+  EventRecord* buf;  // shared, `cap` records
+  int32_t first;     // the window holds records [first, first + cap), less past the sentinel
+  int32_t cap;
+  BLOCHSIM_HD void advance(const EventStream& s, int32_t e, int32_t n) {
+#if defined(__CUDA_ARCH__)
+    const int32_t total = static_cast<int32_t>(s.n_events) + 1;  // with the sentinel
+    const int32_t need = e + n < total ? e + n : total;
+    if (need <= first + cap) return;
+    __syncthreads();
+    first = e;
+    const int32_t count = (total - e < cap ? total - e : cap) * 4;
+    const uint4* src = reinterpret_cast<const uint4*>(s.records + e);
+    uint4* dst = reinterpret_cast<uint4*>(buf);
+    for (int i = threadIdx.x; i < count; i += blockDim.x) dst[i] = src[i];
+    __syncthreads();
+#endif
+  }
+  BLOCHSIM_HD EventRecord record(const EventStream& s, int32_t e) const {
+#if defined(__CUDA_ARCH__)
+    return buf[e - first];
+#else
+    return s.records[e];
+#endif
+  }
+};
+
+// Records of the window: all of a stream's when they fit in 48 kB (the
+// dynamic shared memory a block gets without opting in), else 768 at a time.
+constexpr int32_t window_cap = 48 * 1024 / static_cast<int32_t>(sizeof(EventRecord));
+
+inline int32_t window_records(const EventStream& s) {
+  return static_cast<int32_t>(std::min<int64_t>(s.n_events + 1, window_cap));
+}
+
 // A team of T consecutive lanes of one warp, any T <= 32: a warp holds
 // 32 / T teams, and its last 32 mod T lanes form a spare team that replays a
 // problem and writes nothing.  Boundary orders pass by full-warp shuffles
@@ -87,6 +136,7 @@ struct WarpTeam {
   static constexpr bool band_skips = false;  // members of a team share a warp
   int rank, T, first_order;
   bool last;  // the top member of its team (of the spare team too)
+  SharedRecords records;
   BLOCHSIM_HD int members() const { return T; }
   BLOCHSIM_HD float from_below(float x) const {
 #if defined(__CUDA_ARCH__)
@@ -108,9 +158,11 @@ struct WarpTeam {
   BLOCHSIM_HD float base() const { return static_cast<float>(first_order); }
   BLOCHSIM_HD bool active(int band) const { return first_order < band; }
   BLOCHSIM_HD float below(int r, int K) const { return first_order + r < K ? 1.0f : 0.0f; }
+  BLOCHSIM_HD void advance(const EventStream& s, int32_t e, int32_t n) { records.advance(s, e, n); }
+  BLOCHSIM_HD EventRecord record(const EventStream& s, int32_t e) const { return records.record(s, e); }
 };
 
-// Teams of T consecutive threads of a block (any T <= max_block_team), a
+// Teams of T consecutive threads of a block (any T <= block_threads(R)), a
 // block holding one or more of them plus spare threads up to a whole warp;
 // boundary orders pass through shared memory (one float per thread).
 struct BlockTeam {
@@ -118,6 +170,7 @@ struct BlockTeam {
   int rank, T, first_order, tid;
   bool last;
   float* buf;  // shared, blockDim.x floats
+  SharedRecords records;
   BLOCHSIM_HD int members() const { return T; }
   BLOCHSIM_HD float from_below(float x) const {
 #if defined(__CUDA_ARCH__)
@@ -143,6 +196,8 @@ struct BlockTeam {
   BLOCHSIM_HD float base() const { return static_cast<float>(first_order); }
   BLOCHSIM_HD bool active(int band) const { return first_order < band; }
   BLOCHSIM_HD float below(int r, int K) const { return first_order + r < K ? 1.0f : 0.0f; }
+  BLOCHSIM_HD void advance(const EventStream& s, int32_t e, int32_t n) { records.advance(s, e, n); }
+  BLOCHSIM_HD EventRecord record(const EventStream& s, int32_t e) const { return records.record(s, e); }
 };
 
 // Member 0 of a team writes its problem's samples (row: its output row).
@@ -177,55 +232,31 @@ BLOCHSIM_HD inline Seat seat(int64_t group_index, int thread, int group, int T, 
   return st;
 }
 
-#ifndef BLOCHSIM_SHARED_RECORDS
-#define BLOCHSIM_SHARED_RECORDS 1
-#endif
-// Event records are copied into each block's shared memory when they fit
-// in this many bytes (the default dynamic limit, no opt-in): every thread
-// reads every record, and shared memory answers faster than L1.
-constexpr int64_t shared_records_cap = BLOCHSIM_SHARED_RECORDS ? 48 * 1024 : 0;
-
-inline int64_t shared_records_bytes(const EventStream& s) {
-  const int64_t b = (s.n_events + 1) * static_cast<int64_t>(sizeof(EventRecord));
-  return b <= shared_records_cap ? b : 0;
-}
-
-// The block's copy of the stream's records in `smem` (bytes of them, 0 for
-// none); every thread of the block must call it.
-__device__ inline void stage_records(EventStream& s, unsigned char* smem, int64_t bytes) {
-  if (bytes == 0) return;
-  const uint4* src = reinterpret_cast<const uint4*>(s.records);
-  uint4* dst = reinterpret_cast<uint4*>(smem);
-  for (int64_t i = threadIdx.x; i < bytes / 16; i += blockDim.x) dst[i] = src[i];
-  __syncthreads();
-  s.records = reinterpret_cast<const EventRecord*>(smem);
-}
-
 template <bool Complex, int R>
 __global__ void __launch_bounds__(warp_block, Complex ? warp_min_blocks_complex : warp_min_blocks_real)
-    warp_kernel(EventStream s, Tissue t, float* out, int T, int64_t record_bytes) {
+    warp_kernel(EventStream s, Tissue t, float* out, int T, int32_t window) {
   extern __shared__ __align__(16) unsigned char shared[];
-  stage_records(s, shared, record_bytes);
   const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const Seat at = seat(g / 32, static_cast<int>(g % 32), 32, T, 32 / T, t.n);
   const epg::LaneTissue<float> lt = epg::gather<float>(t, &at.problem);
   epg::RegisterStore<float, R, Complex, WarpTeam> st;
-  st.init(s, lt, WarpTeam{at.rank, T, at.rank * R, at.last});
+  const SharedRecords records{reinterpret_cast<EventRecord*>(shared), -window, window};  // empty
+  st.init(s, lt, WarpTeam{at.rank, T, at.rank * R, at.last, records});
   DeviceSink sink{reinterpret_cast<float2*>(out) + at.problem * s.n_samples, at.writer};
   epg::play<float, Complex>(s, t, lt, st, sink);
 }
 
 template <bool Complex, int R>
-__global__ void __launch_bounds__(max_block_team) block_kernel(EventStream s, Tissue t, float* out, int T,
-                                                                int per, int64_t record_bytes) {
+__global__ void __launch_bounds__(block_threads(R)) block_kernel(EventStream s, Tissue t, float* out, int T,
+                                                                int per, int32_t window) {
   extern __shared__ __align__(16) unsigned char shared[];
-  stage_records(s, shared, record_bytes);
-  float* exchange = reinterpret_cast<float*>(shared + record_bytes);
+  float* exchange = reinterpret_cast<float*>(shared + window * sizeof(EventRecord));
   const int tid = threadIdx.x;
   const Seat at = seat(blockIdx.x, tid, blockDim.x, T, per, t.n);
   const epg::LaneTissue<float> lt = epg::gather<float>(t, &at.problem);
   epg::RegisterStore<float, R, Complex, BlockTeam> st;
-  st.init(s, lt, BlockTeam{at.rank, T, at.rank * R, tid, at.last, exchange});
+  const SharedRecords records{reinterpret_cast<EventRecord*>(shared), -window, window};  // empty
+  st.init(s, lt, BlockTeam{at.rank, T, at.rank * R, tid, at.last, exchange, records});
   DeviceSink sink{reinterpret_cast<float2*>(out) + at.problem * s.n_samples, at.writer};
   epg::play<float, Complex>(s, t, lt, st, sink);
 }
@@ -274,8 +305,9 @@ inline Shape shape_of(const EventStream& s) {
     best_cost = 32.0 / per * (Rw + warp_fixed);
   }
   const int64_t Tb = (K + Rb - 1) / Rb;
-  if (Tb <= max_block_team) {
-    const int per = max_block_team / static_cast<int>(Tb);
+  const int Bmax = block_threads(Rb);
+  if (Tb <= Bmax) {
+    const int per = Bmax / static_cast<int>(Tb);
     const int threads = (per * static_cast<int>(Tb) + 31) / 32 * 32;
     const double cost = static_cast<double>(threads) / per * (Rb + block_fixed);
     if (best.kind == plane_kind || cost < best_cost) best = {block_kind, static_cast<int>(Tb), per, threads};
@@ -289,22 +321,22 @@ inline int launch(const EventStream& ds, const Tissue& t, float* out, cudaStream
   const Shape sh = shape_of(ds);
   const bool cplx = !ds.real_path;
   const unsigned groups = static_cast<unsigned>((t.n + sh.per - 1) / sh.per);
-  const int64_t rb = shared_records_bytes(ds);
+  const int32_t w = window_records(ds);
+  const size_t rb = sizeof(EventRecord) * static_cast<size_t>(w);
   if (sh.kind == warp_kind) {
     const int64_t threads = static_cast<int64_t>(groups) * 32;
     const unsigned blocks = static_cast<unsigned>((threads + warp_block - 1) / warp_block);
-    const size_t smem = static_cast<size_t>(rb);
     if (cplx)
-      warp_kernel<true, warp_orders_complex><<<blocks, warp_block, smem, st>>>(ds, t, out, sh.T, rb);
+      warp_kernel<true, warp_orders_complex><<<blocks, warp_block, rb, st>>>(ds, t, out, sh.T, w);
     else
-      warp_kernel<false, warp_orders_real><<<blocks, warp_block, smem, st>>>(ds, t, out, sh.T, rb);
+      warp_kernel<false, warp_orders_real><<<blocks, warp_block, rb, st>>>(ds, t, out, sh.T, w);
     BLOCHSIM_CUDA(cudaGetLastError(), "warp_kernel launch");
   } else if (sh.kind == block_kind) {
-    const size_t smem = static_cast<size_t>(rb) + sizeof(float) * static_cast<size_t>(sh.threads);
+    const size_t smem = rb + sizeof(float) * static_cast<size_t>(sh.threads);
     if (cplx)
-      block_kernel<true, block_orders_complex><<<groups, sh.threads, smem, st>>>(ds, t, out, sh.T, sh.per, rb);
+      block_kernel<true, block_orders_complex><<<groups, sh.threads, smem, st>>>(ds, t, out, sh.T, sh.per, w);
     else
-      block_kernel<false, block_orders_real><<<groups, sh.threads, smem, st>>>(ds, t, out, sh.T, sh.per, rb);
+      block_kernel<false, block_orders_real><<<groups, sh.threads, smem, st>>>(ds, t, out, sh.T, sh.per, w);
     BLOCHSIM_CUDA(cudaGetLastError(), "block_kernel launch");
   } else {
     const int64_t ws = epg::PlaneStore<float, true>::workspace(ds);

@@ -420,6 +420,12 @@ struct PlaneStore {
 
   static constexpr int unroll = 1;  // no fast path (play())
 
+  // Event records straight from the stream.
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void advance(const EventStream&, int32_t, int32_t) {}
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE EventRecord record(const EventStream& s, int32_t e) const {
+    return load_event(s, e);
+  }
+
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void spoil(int band) {
     fpr.zero(0, band);
     fmr.zero(0, band);
@@ -436,7 +442,10 @@ struct PlaneStore {
 
 // --------------------------------------------------------------------------
 // The event loop, shared by every store.  Sink::write(slot, re, im) receives
-// M0 F+_0 e^{-i rx} of each readout.
+// M0 F+_0 e^{-i rx} of each readout.  The store also hands out the event
+// records: advance(s, e, n) before events e .. e + n - 1 are read (every
+// thread of a device block calls it at the same events, so a store may
+// stage records in shared memory there), record(s, e) to read one.
 
 // Per-call constants of the event loop.
 template <class V>
@@ -518,7 +527,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void fast_run(const EventStream& s, const LaneT
   const bool readout = (ev.flags & event_readout) != 0;
   EventRecord next;
   auto op = [&](int u) {
-    next = s.records[e + u + 1];  // fast runs come from records, which end with a sentinel
+    next = st.record(s, e + u + 1);  // fast runs come from records, which end with a sentinel
     return fuse<V, Complex>(pulse_op<V, Complex, From>(s, ev, cx.rf_uniform, lt, cx.c0, cx.s0), c);
   };
   auto take = [&](int u, const V& r, const V& i) {
@@ -543,8 +552,11 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void play(const EventStream& s, const Tissue& t
   const int32_t n = static_cast<int32_t>(s.n_events);
   int band = 1;
   if (n <= 0) return;
-  EventRecord ev = load_event(s, 0);
+  st.advance(s, 0, 1);
+  EventRecord ev = st.record(s, 0);
   for (int32_t e = 0; e < n;) {
+    // the records of events e .. e + U are at hand (the store may stage them)
+    st.advance(s, e, U + 1);
     if constexpr (U > 1) {
       // U events of one operator and one shift up each, the shifts done by
       // renaming registers (RegisterStore::apply_shift_run); the run counts
@@ -565,7 +577,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void play(const EventStream& s, const Tissue& t
       }
     }
     // the next event's fields are in flight while this one computes
-    const EventRecord next = load_event(s, e + 1 < n ? e + 1 : e);
+    const EventRecord next = st.record(s, e + 1 < n ? e + 1 : e);
     const uint32_t f = ev.flags;
     Op<V> o;
     const bool apply = event_op<V, Complex>(s, ev, lt, cx, st, band, o);

@@ -17,6 +17,9 @@
 //   base()               the first order a member holds, as V
 //   active(band)         whether a member holds any order below `band`
 //   below(r, K)          1 where order base + r < K, else 0
+//   advance(s, e, n), record(s, e)
+//                        the event records of the stream (EventStream::
+//                        records), as play() asks for them
 //   band_skips           whether members past the band skip the arithmetic
 //                        (worth it only where whole warps fall past it)
 #pragma once
@@ -64,6 +67,8 @@ struct LaneTeam {
     for (int l = 0; l < width; ++l) LT::set(y, l, l * R + r < K ? 1.0f : 0.0f);
     return y;
   }
+  void advance(const EventStream&, int32_t, int32_t) {}
+  EventRecord record(const EventStream& s, int32_t e) const { return s.records[e]; }
 };
 
 template <class V, int R, bool Complex, class Team>
@@ -297,6 +302,14 @@ BLOCHSIM_UNROLL
 
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE V f0r() const { return pr[0]; }
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE V f0i() const { return Complex ? pi[0] : V{}; }
+
+  // Event records, from the team (which may stage them; play()).
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void advance(const EventStream& st, int32_t e, int32_t n) {
+    team.advance(st, e, n);
+  }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE EventRecord record(const EventStream& st, int32_t e) const {
+    return team.record(st, e);
+  }
 };
 
 // Host sink of a LaneTeam: the problem's samples are lane 0 (member 0).
