@@ -263,13 +263,15 @@ __global__ void __launch_bounds__(block_threads(R)) block_kernel(EventStream s, 
 
 template <bool Complex>
 __global__ void __launch_bounds__(128) plane_kernel(EventStream s, Tissue t, float* out, float* scratch,
-                                                    int64_t first, int64_t count, int64_t ws) {
+                                                    int64_t first, int64_t count) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= count) return;
   const int64_t p = first + i;
   const epg::LaneTissue<float> lt = epg::gather<float>(t, &p);
-  epg::PlaneStore<float, Complex> st;
-  st.template init<float>(s, lt, scratch + i * ws);
+  // the planes of the chunk's problems interleaved: row r of problem i at
+  // scratch[r * count + i], so that a warp's accesses to one order coalesce
+  epg::PlaneStore<float, Complex, true> st;
+  st.template init<float>(s, lt, scratch + i, count);
   epg::LaneSink<float> sink{out, p, t.n, s.n_samples};
   epg::play<float, Complex>(s, t, lt, st, sink);
 }
@@ -352,9 +354,9 @@ inline int launch(const EventStream& ds, const Tissue& t, float* out, cudaStream
       const int64_t count = std::min<int64_t>(chunk, t.n - first);
       const unsigned blocks = static_cast<unsigned>((count + 127) / 128);
       if (cplx)
-        plane_kernel<true><<<blocks, 128, 0, st>>>(ds, t, out, scratch, first, count, ws);
+        plane_kernel<true><<<blocks, 128, 0, st>>>(ds, t, out, scratch, first, count);
       else
-        plane_kernel<false><<<blocks, 128, 0, st>>>(ds, t, out, scratch, first, count, ws);
+        plane_kernel<false><<<blocks, 128, 0, st>>>(ds, t, out, scratch, first, count);
       BLOCHSIM_CUDA(cudaGetLastError(), "plane_kernel launch");
     }
     BLOCHSIM_CUDA(cudaFreeAsync(scratch, st), "cudaFreeAsync");
