@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import blochsim
+from blochsim import Delay, Dephase, Excitation, Pulse, Readout, Sequence, Simulator
 from blochsim.simulators import FSESimulator, MRFSimulator
 
 pytestmark = pytest.mark.gpu
@@ -48,7 +49,7 @@ def test_parity_with_host_streamed(name, make, extra):
 
 @pytest.mark.parametrize("states", [32, 200, 2048, 5000, 9000])
 def test_wide_states(states):
-    # 2048: warp teams give way to block teams; 9000 > 512 * 16: the plane kernel
+    # 2048: warp teams give way to block teams; 9000 > 512 * 16: the tail kernel
     n = 300
     sim = FSESimulator(ESP=2.0, flip=np.full(n, 150.0), states=states)
     T2 = np.array([100.0, 300.0])
@@ -58,6 +59,36 @@ def test_wide_states(states):
     if states == 2048:
         perfect = FSESimulator(ESP=2.0, flip=np.full(1024, 180.0), device="cuda").simulate(T2=500.0)
         assert rel(np.abs(perfect), np.exp(-np.arange(1, 1025) * 2.0 / 500.0)) <= RTOL
+
+
+class TailProbe(Simulator):
+    """An excitation, `steps` small pulses each followed by one shift up, then
+    a rewinder of `steps` orders and a readout: the F+ state carried up to
+    order `steps` (past what a block team holds in registers) comes back to
+    order 0, so the readout sees what the tail kernel kept in memory."""
+
+    tissue_properties = ("T1", "T2", "B0")
+
+    def __init__(self, steps, **kw):
+        self.steps = steps
+        super().__init__(**kw)
+
+    def repetition(self, p):
+        ops = [Excitation(90.0, 90.0)] + [Pulse(1.0, 0.0), Dephase(), Delay(0.5)] * self.steps
+        return Sequence(ops + [Readout(), Dephase(-self.steps), Readout()])
+
+
+@pytest.mark.parametrize("states,steps,B0", [(8300, 8260, None), (4200, 4150, 9.0)],
+                         ids=["real, 8300", "complex, 4200"])
+def test_tail_past_the_register_team(states, steps, B0):
+    sim = TailProbe(steps, states=states)
+    kw = {"T1": np.array([1000.0, 3000.0]), "T2": np.array([2000.0, 8000.0])}
+    if B0 is not None:
+        kw["B0"] = B0
+    ref = sim.simulate(**kw)
+    assert np.min(np.abs(ref[:, 1])) > 0.05  # the echo from order `steps` is there
+    sim.device = "cuda"
+    assert rel(sim.simulate(**kw), ref) <= RTOL
 
 
 @pytest.mark.parametrize("states", [20, 33, 65, 97, 200, 513, 1025, 1500])

@@ -13,8 +13,10 @@
 //   block_kernel  R = 16 or 8, T <= 512 (K <= 8192 / 4096): teams of T
 //                 threads, as many to a block of up to 512 threads as fit,
 //                 boundary orders through shared memory;
-//   plane_kernel  beyond: one thread per problem with its planes in global
-//                 memory (any K that fits in memory).
+//   tail_kernel   beyond: a block team of the most threads holding the
+//                 first orders in registers and the rest in device memory
+//                 (epg::TailStore), so that the cost grows with K across the
+//                 boundary (any K that fits in memory).
 // shape_of() picks the warp or the block kernel by a cost model (threads
 // per problem, spare threads included, times each thread's work), so that
 // the cost grows with K in steps of one thread's orders rather than in
@@ -198,6 +200,19 @@ struct BlockTeam {
   BLOCHSIM_HD float below(int r, int K) const { return first_order + r < K ? 1.0f : 0.0f; }
   BLOCHSIM_HD void advance(const EventStream& s, int32_t e, int32_t n) { records.advance(s, e, n); }
   BLOCHSIM_HD EventRecord record(const EventStream& s, int32_t e) const { return records.record(s, e); }
+  // the tail of a TailStore (one team per block)
+  BLOCHSIM_HD float load(const float* p) const { return p[rank]; }
+  BLOCHSIM_HD void store(float* p, float x) const { p[rank] = x; }
+  BLOCHSIM_HD void put_top(float* p, float x) const {
+    if (last) *p = x;
+  }
+  BLOCHSIM_HD float take_top(const float* p) const { return last ? *p : 0.0f; }
+  BLOCHSIM_HD void sync() const {
+#if defined(__CUDA_ARCH__)
+    __syncthreads();
+#endif
+  }
+  BLOCHSIM_HD float below_tail(int k0, int K) const { return k0 + rank < K ? 1.0f : 0.0f; }
 };
 
 // Member 0 of a team writes its problem's samples (row: its output row).
@@ -261,22 +276,23 @@ __global__ void __launch_bounds__(block_threads(R)) block_kernel(EventStream s, 
   epg::play<float, Complex>(s, t, lt, st, sink);
 }
 
-template <bool Complex>
-__global__ void __launch_bounds__(128) plane_kernel(EventStream s, Tissue t, float* out, float* scratch,
-                                                    int64_t first, int64_t count) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= count) return;
-  const int64_t p = first + i;
+template <bool Complex, int R>
+__global__ void __launch_bounds__(block_threads(R)) tail_kernel(EventStream s, Tissue t, float* out,
+                                                                 float* scratch, int64_t first, int64_t ws,
+                                                                 int32_t window) {
+  extern __shared__ __align__(16) unsigned char shared[];
+  float* exchange = reinterpret_cast<float*>(shared + window * sizeof(EventRecord));
+  const int tid = threadIdx.x, T = blockDim.x;
+  const int64_t p = first + blockIdx.x;
   const epg::LaneTissue<float> lt = epg::gather<float>(t, &p);
-  // the planes of the chunk's problems interleaved: row r of problem i at
-  // scratch[r * count + i], so that a warp's accesses to one order coalesce
-  epg::PlaneStore<float, Complex, true> st;
-  st.template init<float>(s, lt, scratch + i, count);
-  epg::LaneSink<float> sink{out, p, t.n, s.n_samples};
+  epg::TailStore<float, R, Complex, BlockTeam> st;
+  const SharedRecords records{reinterpret_cast<EventRecord*>(shared), -window, window};  // empty
+  st.init(s, lt, BlockTeam{tid, T, tid * R, tid, tid == T - 1, exchange, records}, scratch + blockIdx.x * ws);
+  DeviceSink sink{reinterpret_cast<float2*>(out) + p * s.n_samples, tid == 0};
   epg::play<float, Complex>(s, t, lt, st, sink);
 }
 
-enum Kind { warp_kind, block_kind, plane_kind };
+enum Kind { warp_kind, block_kind, tail_kind };
 
 // The launch shape for K orders: T threads per problem, `per` problems per
 // group (a warp for warp_kind, a block of `threads` for block_kind).
@@ -293,12 +309,14 @@ constexpr int warp_fixed = 8, block_fixed = 12;
 // Chooses the cheaper of the warp and block kernels for the stream: the
 // cost of a problem is the threads it occupies (its share of the group,
 // spare threads included) times each thread's work.  Orders beyond what a
-// block team holds go to the plane kernel.
+// block team holds go to the tail kernel, a block team of the most threads
+// with the rest of the orders in memory.
 inline Shape shape_of(const EventStream& s) {
   const int64_t K = s.states;
   const int Rw = s.real_path ? warp_orders_real : warp_orders_complex;
   const int Rb = s.real_path ? block_orders_real : block_orders_complex;
-  Shape best{plane_kind, 1, 1, 128};
+  const int Bmax = block_threads(Rb);
+  Shape best{tail_kind, Bmax, 1, Bmax};
   double best_cost = 0.0;
   const int64_t Tw = (K + Rw - 1) / Rw;
   if (Tw <= 32) {
@@ -307,12 +325,11 @@ inline Shape shape_of(const EventStream& s) {
     best_cost = 32.0 / per * (Rw + warp_fixed);
   }
   const int64_t Tb = (K + Rb - 1) / Rb;
-  const int Bmax = block_threads(Rb);
   if (Tb <= Bmax) {
     const int per = Bmax / static_cast<int>(Tb);
     const int threads = (per * static_cast<int>(Tb) + 31) / 32 * 32;
     const double cost = static_cast<double>(threads) / per * (Rb + block_fixed);
-    if (best.kind == plane_kind || cost < best_cost) best = {block_kind, static_cast<int>(Tb), per, threads};
+    if (best.kind == tail_kind || cost < best_cost) best = {block_kind, static_cast<int>(Tb), per, threads};
   }
   return best;
 }
@@ -341,7 +358,8 @@ inline int launch(const EventStream& ds, const Tissue& t, float* out, cudaStream
       block_kernel<false, block_orders_real><<<groups, sh.threads, smem, st>>>(ds, t, out, sh.T, sh.per, w);
     BLOCHSIM_CUDA(cudaGetLastError(), "block_kernel launch");
   } else {
-    const int64_t ws = epg::PlaneStore<float, true>::workspace(ds);
+    const int64_t ws = cplx ? epg::TailStore<float, block_orders_complex, true, BlockTeam>::workspace(ds.states, sh.T)
+                            : epg::TailStore<float, block_orders_real, false, BlockTeam>::workspace(ds.states, sh.T);
     size_t free_b = 0, total_b = 0;
     BLOCHSIM_CUDA(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
     const int64_t per = ws * static_cast<int64_t>(sizeof(float));
@@ -349,15 +367,17 @@ inline int launch(const EventStream& ds, const Tissue& t, float* out, cudaStream
     const int64_t chunk = std::min<int64_t>(t.n, std::min<int64_t>(fit, 65536));
     float* scratch = nullptr;
     BLOCHSIM_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&scratch), static_cast<size_t>(chunk * per), st),
-                  "cudaMallocAsync (plane scratch)");
+                  "cudaMallocAsync (tail scratch)");
+    const size_t smem = rb + sizeof(float) * static_cast<size_t>(sh.T);
     for (int64_t first = 0; first < t.n; first += chunk) {
       const int64_t count = std::min<int64_t>(chunk, t.n - first);
-      const unsigned blocks = static_cast<unsigned>((count + 127) / 128);
+      BLOCHSIM_CUDA(cudaMemsetAsync(scratch, 0, static_cast<size_t>(count * per), st), "cudaMemsetAsync");
+      const unsigned blocks = static_cast<unsigned>(count);
       if (cplx)
-        plane_kernel<true><<<blocks, 128, 0, st>>>(ds, t, out, scratch, first, count);
+        tail_kernel<true, block_orders_complex><<<blocks, sh.T, smem, st>>>(ds, t, out, scratch, first, ws, w);
       else
-        plane_kernel<false><<<blocks, 128, 0, st>>>(ds, t, out, scratch, first, count);
-      BLOCHSIM_CUDA(cudaGetLastError(), "plane_kernel launch");
+        tail_kernel<false, block_orders_real><<<blocks, sh.T, smem, st>>>(ds, t, out, scratch, first, ws, w);
+      BLOCHSIM_CUDA(cudaGetLastError(), "tail_kernel launch");
     }
     BLOCHSIM_CUDA(cudaFreeAsync(scratch, st), "cudaFreeAsync");
   }

@@ -318,9 +318,10 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void relax_order(const IvCoef<V>& c, const V& g
 // --------------------------------------------------------------------------
 // PlaneStore: every order in memory, (orders,) of V per real component.
 
-template <class V, bool Complex, bool Strided = false>
+template <class V, bool Complex>
 struct PlaneStore {
-  Plane<V, Strided> fpr, fmr, zr, fpi, fmi, zi, ivt;  // ivt: (n_intervals, 6) tabulated IvCoef
+  Plane<V> fpr, fmr, zr, fpi, fmi, zi;
+  V* ivt;  // (n_intervals, 6) tabulated IvCoef, in the order of its fields
   int K;
 
   // Workspace of one store, in units of V.
@@ -328,40 +329,34 @@ struct PlaneStore {
     return (Complex ? 6 : 3) * static_cast<int64_t>(s.states) + 6 * s.n_intervals;
   }
 
-  // `work` holds workspace(s) lane vectors, `stride` apart when Strided.
   template <class M>
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void init(const EventStream& s, const LaneTissue<V>& lt, V* work,
-                                             int64_t stride = 1) {
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void init(const EventStream& s, const LaneTissue<V>& lt, V* work) {
     K = s.states;
-    const int64_t step = Strided ? stride : 1;
-    auto plane = [&](int64_t row) { return Plane<V, Strided>{work + row * step, stride}; };
-    fpr = plane(0);
-    fmr = plane(K);
-    zr = plane(2 * K);
+    fpr.p = work;
+    fmr.p = work + K;
+    zr.p = work + 2 * K;
     // the imaginary planes exist on the complex path only
-    fpi = plane(Complex ? 3 * K : 0);
-    fmi = plane(Complex ? 4 * K : 0);
-    zi = plane(Complex ? 5 * K : 0);
-    ivt = plane((Complex ? 6 : 3) * K);
-    for (int k = 0; k < K; ++k) {
-      fpr[k] = fmr[k] = zr[k] = V{};
-      if (Complex) fpi[k] = fmi[k] = zi[k] = V{};
-    }
+    fpi.p = Complex ? work + 3 * K : work;
+    fmi.p = Complex ? work + 4 * K : work;
+    zi.p = Complex ? work + 5 * K : work;
+    ivt = work + (Complex ? 6 : 3) * K;
+    for (int64_t i = 0; i < (Complex ? 6 : 3) * static_cast<int64_t>(K); ++i) work[i] = V{};
     zr[0] = splat<V>(1.0f);
-    for (int i = 0; i < static_cast<int>(s.n_intervals); ++i) {
+    for (int64_t i = 0; i < s.n_intervals; ++i) {
       const IvCoef<V> c = interval_coef<V, M>(s, lt, i);
-      ivt[6 * i + 0] = c.qr;
-      ivt[6 * i + 1] = c.qi;
-      ivt[6 * i + 2] = c.e1;
-      ivt[6 * i + 3] = c.rec;
-      ivt[6 * i + 4] = c.dlog;
-      ivt[6 * i + 5] = c.flow;
+      V* r = ivt + 6 * i;
+      r[0] = c.qr;
+      r[1] = c.qi;
+      r[2] = c.e1;
+      r[3] = c.rec;
+      r[4] = c.dlog;
+      r[5] = c.flow;
     }
   }
 
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE IvCoef<V> interval(int64_t iv) const {
-    const int r = 6 * static_cast<int>(iv);
-    return {ivt[r], ivt[r + 1], ivt[r + 2], ivt[r + 3], ivt[r + 4], ivt[r + 5]};
+    const V* r = ivt + 6 * iv;
+    return {r[0], r[1], r[2], r[3], r[4], r[5]};
   }
 
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void apply(const Op<V>& o, int band) {
@@ -409,14 +404,14 @@ struct PlaneStore {
   // One shift of every transverse order (dir = +1: F+ up, F- down), keeping
   // F-_0 = conj(F+_0); orders pushed past K-1 are dropped.
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void shift_once(int dir, int band) {
-    Plane<V, Strided>& upr = dir > 0 ? fpr : fmr;
-    Plane<V, Strided>& dnr = dir > 0 ? fmr : fpr;
+    Plane<V>& upr = dir > 0 ? fpr : fmr;
+    Plane<V>& dnr = dir > 0 ? fmr : fpr;
     upr.shift_up(band, K);
     dnr.shift_down(band);
     upr[0] = dnr[0];
     if (Complex) {
-      Plane<V, Strided>& upi = dir > 0 ? fpi : fmi;
-      Plane<V, Strided>& dni = dir > 0 ? fmi : fpi;
+      Plane<V>& upi = dir > 0 ? fpi : fmi;
+      Plane<V>& dni = dir > 0 ? fmi : fpi;
       upi.shift_up(band, K);
       dni.shift_down(band);
       upi[0] = -dni[0];
@@ -566,7 +561,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void play(const EventStream& s, const Tissue& t
       // U events of one operator and one shift up each, the shifts done by
       // renaming registers (RegisterStore::apply_shift_run); the run counts
       // come with the records (pack_events)
-      if (!cx.per_order && ev.run >= U) {
+      if (!cx.per_order && ev.run >= U && st.fast_ok(band)) {
         const bool rows = cx.rf_uniform;  // the records carry the rows
         if (rows && st.truncate)
           fast_run<V, Complex, pulse_rows, true>(s, lt, cx, st, sink, e, band, ev);

@@ -24,6 +24,7 @@
 //                        (worth it only where whole warps fall past it)
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -69,6 +70,27 @@ struct LaneTeam {
   }
   void advance(const EventStream&, int32_t, int32_t) {}
   EventRecord record(const EventStream& s, int32_t e) const { return s.records[e]; }
+  // the tail of a TailStore
+  V load(const float* p) const {
+    V y;
+    for (int l = 0; l < width; ++l) LT::set(y, l, p[l]);
+    return y;
+  }
+  void store(float* p, const V& x) const {
+    for (int l = 0; l < width; ++l) p[l] = LT::get(x, l);
+  }
+  void put_top(float* p, const V& x) const { *p = LT::get(x, width - 1); }
+  V take_top(const float* p) const {
+    V y{};
+    LT::set(y, width - 1, *p);
+    return y;
+  }
+  void sync() const {}
+  V below_tail(int k0, int K) const {
+    V y{};
+    for (int l = 0; l < width; ++l) LT::set(y, l, k0 + l < K ? 1.0f : 0.0f);
+    return y;
+  }
 };
 
 template <class V, int R, bool Complex, class Team>
@@ -100,10 +122,11 @@ BLOCHSIM_UNROLL
   }
 
   // Interval coefficients, computed when the interval changes (the device
-  // keeps no per-problem table).
+  // keeps no per-problem table), in double like the host's table: a train
+  // of thousands of equal intervals multiplies their rounding error.
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE IvCoef<V> interval(int32_t iv) {
     if (iv != cached_iv) {
-      cached = interval_coef<V, float>(*s, *lt, iv);
+      cached = interval_coef<V, double>(*s, *lt, iv);
       cached_iv = iv;
     }
     return cached;
@@ -303,12 +326,196 @@ BLOCHSIM_UNROLL
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE V f0r() const { return pr[0]; }
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE V f0i() const { return Complex ? pi[0] : V{}; }
 
+  // Whether play() may take a fast run at this band (TailStore limits it).
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE bool fast_ok(int) const { return true; }
+
   // Event records, from the team (which may stage them; play()).
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void advance(const EventStream& st, int32_t e, int32_t n) {
     team.advance(st, e, n);
   }
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE EventRecord record(const EventStream& st, int32_t e) const {
     return team.record(st, e);
+  }
+};
+
+// TailStore: a RegisterStore whose team holds orders [0, Kr) in registers
+// (Kr = members R) and the orders [Kr, K) beyond in memory, the tail, which
+// the members update together: member j takes tail orders Kr + i T + j,
+// i = 0, 1, ... (rows of T orders, so that the members' accesses to a row
+// are contiguous).  The tail's F+ and F- planes are double-buffered: a
+// shift reads one buffer and writes the other.  Between the two parts, the
+// register team's top member writes its top order into a ghost cell before
+// the tail (index -1) and takes the tail's first order when F- moves down.
+//
+// While the band is below Kr the tail is zero and stays so, and play() runs
+// the register part's fast runs (fast_ok()); past it, every event goes the
+// general way.  Team policies used with a tail also provide
+//   load(p), store(p, x)  a row of the tail: member j's element p[j]
+//   put_top(p, x)         *p = the top member's x
+//   take_top(p)           *p in the top member, 0 elsewhere
+//   sync()                a barrier of the team
+template <class V, int R, bool Complex, class Team>
+struct TailStore : RegisterStore<V, R, Complex, Team> {
+  using Base = RegisterStore<V, R, Complex, Team>;
+  static constexpr int NP = Complex ? 2 : 1;  // real and imaginary parts
+  float* fp[2][NP];  // F+ (buffer, part), each with a ghost cell at -1; buffer 0 is current
+  float* fm[2][NP];
+  float* z[NP];
+  int Kr, T, rows;
+
+  // Floats of one tail plane for K orders over a team of T members of R
+  // orders: the rows, a row of zeros on each side (the ghost cell and the
+  // F- reads past the last row).
+  BLOCHSIM_HD static int64_t plane_floats(int K, int T) {
+    const int64_t kr = static_cast<int64_t>(T) * R;
+    const int64_t r = K > kr ? (K - kr + T - 1) / T : 0;
+    return (r + 2) * T;
+  }
+  BLOCHSIM_HD static int64_t workspace(int K, int T) { return 5 * NP * plane_floats(K, T); }
+
+  // `work`: workspace(K, T) floats, zero.
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void init(const EventStream& stream, const LaneTissue<V>& tissue,
+                                             const Team& tm, float* work) {
+    Base::init(stream, tissue, tm);
+    T = tm.members();
+    Kr = T * R;
+    Base::truncate = this->K < Kr;  // else the registers hold orders below Kr <= K
+    rows = this->K > Kr ? (this->K - Kr + T - 1) / T : 0;
+    const int64_t L = plane_floats(this->K, T);
+    int n = 0;
+    auto plane = [&]() { return work + (n++) * L + T; };
+    for (int b = 0; b < 2; ++b)
+      for (int c = 0; c < NP; ++c) {
+        fp[b][c] = plane();
+        fm[b][c] = plane();
+      }
+    for (int c = 0; c < NP; ++c) z[c] = plane();
+  }
+
+  // Rows of the tail holding orders below `band`.
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE int rows_below(int band) const {
+    const int r = band > Kr ? (band - Kr + T - 1) / T : 0;
+    return r < rows ? r : rows;
+  }
+
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE bool fast_ok(int band) const {
+    return rows == 0 || band + Base::unroll <= Kr;
+  }
+
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void apply(const Op<V>& o, int band) {
+    Base::apply(o, band);
+    const Team& tm = this->team;
+    for (int i = 0, n = rows_below(band); i < n; ++i) {
+      const int off = i * T;
+      V a = tm.load(fp[0][0] + off), b = tm.load(fm[0][0] + off), c = tm.load(z[0] + off);
+      V ai{}, bi{}, ci{};
+      if (Complex) {
+        ai = tm.load(fp[0][NP - 1] + off);
+        bi = tm.load(fm[0][NP - 1] + off);
+        ci = tm.load(z[NP - 1] + off);
+      }
+      apply_order<V, Complex>(o, a, ai, b, bi, c, ci);
+      tm.store(fp[0][0] + off, a);
+      tm.store(fm[0][0] + off, b);
+      tm.store(z[0] + off, c);
+      if (Complex) {
+        tm.store(fp[0][NP - 1] + off, ai);
+        tm.store(fm[0][NP - 1] + off, bi);
+        tm.store(z[NP - 1] + off, ci);
+      }
+    }
+  }
+
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void relax_per_order(const IvCoef<V>& c, int band) {
+    using LT = Lanes<V>;
+    Base::relax_per_order(c, band);
+    const Team& tm = this->team;
+    const V j = tm.base() * (1.0f / R);  // member index
+    for (int i = 0, n = rows_below(band); i < n; ++i) {
+      const int off = i * T;
+      V gc, gs;
+      for (int l = 0; l < LT::width; ++l) {
+        const float k = static_cast<float>(Kr + off) + LT::get(j, l);
+        const float g = std::exp(LT::get(c.dlog, l) * k * k), ph = k * LT::get(c.flow, l);
+        LT::set(gc, l, g * std::cos(ph));
+        LT::set(gs, l, g * std::sin(ph));
+      }
+      V a = tm.load(fp[0][0] + off), b = tm.load(fm[0][0] + off), zz = tm.load(z[0] + off);
+      V ai{}, bi{}, ci{};
+      if (Complex) {
+        ai = tm.load(fp[0][NP - 1] + off);
+        bi = tm.load(fm[0][NP - 1] + off);
+        ci = tm.load(z[NP - 1] + off);
+      }
+      relax_order<V, Complex>(c, gc, gs, a, ai, b, bi, zz, ci);
+      tm.store(fp[0][0] + off, a);
+      tm.store(fm[0][0] + off, b);
+      tm.store(z[0] + off, zz);
+      if (Complex) {
+        tm.store(fp[0][NP - 1] + off, ai);
+        tm.store(fm[0][NP - 1] + off, bi);
+        tm.store(z[NP - 1] + off, ci);
+      }
+    }
+  }
+
+  // One shift (dir = +1: F+ up, F- down) of both parts: the tail's rows go
+  // from buffer 0 to buffer 1 (then the buffers swap), the register top's
+  // order leaves through the ghost cell and the tail's first order comes
+  // down into it.  The register arrays are named, never pointed to, so that
+  // they stay in registers.
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void shift_once(int dir, int band) {
+    const Team& tm = this->team;
+    const bool upward = dir > 0;
+    V head[NP];
+    tm.sync();  // the tail's last update is complete
+    for (int c = 0; c < NP; ++c) {
+      const V top = upward ? (c == 0 ? this->pr[R - 1] : this->pi[Base::RI - 1])
+                           : (c == 0 ? this->mr[R - 1] : this->mi[Base::RI - 1]);
+      tm.put_top((upward ? fp[0][c] : fm[0][c]) - 1, top);
+      head[c] = tm.take_top(upward ? fm[0][c] : fp[0][c]);
+    }
+    tm.sync();  // the ghost cells are written
+    const int n = rows_below(band + 1);
+    for (int c = 0; c < NP; ++c) {
+      const float* up = upward ? fp[0][c] : fm[0][c];
+      const float* dn = upward ? fm[0][c] : fp[0][c];
+      float* upn = upward ? fp[1][c] : fm[1][c];
+      float* dnn = upward ? fm[1][c] : fp[1][c];
+      for (int i = 0; i < n; ++i) {
+        const int off = i * T;
+        // orders past K - 1 are dropped
+        tm.store(upn + off, tm.load(up + off - 1) * tm.below_tail(Kr + off, this->K));
+        tm.store(dnn + off, tm.load(dn + off + 1));
+      }
+    }
+    for (int c = 0; c < NP; ++c) {
+      float* s0 = fp[0][c];
+      fp[0][c] = fp[1][c];
+      fp[1][c] = s0;
+      float* s1 = fm[0][c];
+      fm[0][c] = fm[1][c];
+      fm[1][c] = s1;
+    }
+    Base::shift_once(dir, band);
+    // the register top takes the tail's first order (the team gave it 0)
+    if (upward) {
+      this->mr[R - 1] += head[0];
+      if (Complex) this->mi[Base::RI - 1] += head[NP - 1];
+    } else {
+      this->pr[R - 1] += head[0];
+      if (Complex) this->pi[Base::RI - 1] += head[NP - 1];
+    }
+  }
+
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void spoil(int band) {
+    Base::spoil(band);
+    const Team& tm = this->team;
+    for (int i = 0, n = rows_below(band); i < n; ++i)
+      for (int c = 0; c < NP; ++c) {
+        tm.store(fp[0][c] + i * T, V{});
+        tm.store(fm[0][c] + i * T, V{});
+      }
   }
 };
 
@@ -345,6 +552,31 @@ inline int forward_registers_host(const EventStream& s, const Tissue& t, float* 
     }
     RegisterStore<V, R, Complex, LaneTeam<V, R>> st;
     st.init(s, lt, LaneTeam<V, R>{});
+    TeamLaneSink<V> sink{out, p, s.n_samples};
+    play<V, Complex>(sr, t, lt, st, sink);
+  }
+  return ok;
+}
+
+// Host instantiation of the device's tail path: the register team of
+// Lanes<V>::width members, R orders each, plus the tail for any K.
+template <class V, int R, bool Complex>
+inline int forward_tail_host(const EventStream& s, const Tissue& t, float* out) {
+  using Store = TailStore<V, R, Complex, LaneTeam<V, R>>;
+  std::vector<EventRecord> records(static_cast<size_t>(s.n_events + 1));
+  pack_events(s, records.data());
+  EventStream sr = s;
+  sr.records = records.data();
+  const int T = Lanes<V>::width;
+  std::vector<float> work(static_cast<size_t>(Store::workspace(s.states, T)));
+  for (int64_t p = 0; p < t.n; ++p) {
+    const LaneTissue<float> one = gather<float>(t, &p);
+    const LaneTissue<V> lt = {splat<V>(one.T1), splat<V>(one.T2), splat<V>(one.M0),
+                              splat<V>(one.B1), splat<V>(one.B1phase), splat<V>(one.B0),
+                              splat<V>(one.D), splat<V>(one.v), splat<V>(one.eta)};
+    std::fill(work.begin(), work.end(), 0.0f);
+    Store st;
+    st.init(sr, lt, LaneTeam<V, R>{}, work.data());
     TeamLaneSink<V> sink{out, p, s.n_samples};
     play<V, Complex>(sr, t, lt, st, sink);
   }

@@ -83,33 +83,30 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE D splatd(double x) {
 }
 
 // One real component of one EPG family (say Re F+) for a block of problems:
-// row k holds order k of every lane.  Layout (orders,) of V, rows `stride`
-// apart when Strided (the device's plane kernel interleaves the planes of
-// neighbouring threads, so that a warp's accesses to one order coalesce).
-template <class V, bool Strided = false>
+// row k holds order k of every lane.  Layout (orders,) of V.
+template <class V>
 struct Plane {
   V* BLOCHSIM_RESTRICT p;
-  int64_t stride = 1;
 
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE V& operator[](int k) const { return p[Strided ? k * stride : k]; }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE V& operator[](int k) const { return p[k]; }
 
   // Zero orders [k0, k1).
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void zero(int k0, int k1) const {
-    for (int k = k0; k < k1; ++k) (*this)[k] = V{};
+    for (int k = k0; k < k1; ++k) p[k] = V{};
   }
 
   // Row k takes row k-1 for k in [1, min(band, K-1)]; row 0 is left for the
   // caller.  Rows at or above `band` are zero on entry.
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void shift_up(int band, int K) const {
     const int top = band < K ? band : K - 1;
-    for (int k = top; k >= 1; --k) (*this)[k] = (*this)[k - 1];
+    for (int k = top; k >= 1; --k) p[k] = p[k - 1];
   }
 
   // Row k takes row k+1 over [0, band - 1); row band - 1 becomes zero (it
   // takes row `band`, which is zero or past K - 1).
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void shift_down(int band) const {
-    for (int k = 0; k + 1 < band; ++k) (*this)[k] = (*this)[k + 1];
-    (*this)[band - 1] = V{};
+    for (int k = 0; k + 1 < band; ++k) p[k] = p[k + 1];
+    p[band - 1] = V{};
   }
 };
 
