@@ -164,7 +164,7 @@ double median_ms(const blochsim::EventStream& s, const DeviceProblem& p, cudaStr
 int states_sweep(cudaStream_t cs) {
   const Mrf mrf(false);
   const DeviceProblem p(100000);
-  for (int K : {32, 33, 48, 64, 65, 96, 97, 128, 256, 512, 513, 768, 1024, 1025, 1536, 2048, 4096, 8192, 8193}) {
+  for (int K : {32, 33, 48, 64, 65, 96, 97, 128, 256, 512, 513, 768, 1024, 1025, 1536, 2048, 4096, 8192, 8193, 16384}) {
     const double med = median_ms(mrf.view(true, K), p, cs, K > 4096 ? 1 : 3);
     const double rate = p.n / med * 1e-3;
     std::printf("states %5d  median %9.3f ms  %9.3f M atoms/s  %9.1f M atom-orders/s\n", K, med, rate,
