@@ -1,9 +1,11 @@
 // Host instantiations of the device's register kernels (epg_registers.hpp),
 // so that the cross-member shifts, truncation, order-0 sources and the tail
 // in memory that the GPU runs are tested on machines without one.  Not used
-// for speed.  The orders per member are those of the GPU's warp kernel (team
-// 1: 32 real, 16 complex) and block kernel (team 4: 16 real, 8 complex);
-// team 5 is the team of 4 with a tail in memory for any K (the tail kernel).
+// for speed.  Team 1 holds 32 orders (real path) or 16 (complex) in one
+// member, as the GPU's warp kernel does; teams 4 and 5 hold 16 or 8 per
+// member over four members (the block kernel's templates with few enough
+// orders that the test cases cross members and, with team 5, run into the
+// tail in memory that the tail kernel keeps for any K).
 #include <blochsim/epg_registers.hpp>
 
 #include "dispatch.hpp"

@@ -10,8 +10,8 @@
 //                 256): teams of T consecutive lanes, 32 / T to a warp (any
 //                 T; the lanes left over replay a problem), boundary orders
 //                 passed by warp shuffles;
-//   block_kernel  R = 16 or 8, T <= 512 (K <= 8192 / 4096): teams of T
-//                 threads, as many to a block of up to 512 threads as fit,
+//   block_kernel  R = 32 or 8, T <= 256 / 512 (K <= 8192 / 4096): teams of
+//                 T threads, as many to a block (of up to 256 / 512) as fit,
 //                 boundary orders through shared memory;
 //   tail_kernel   beyond: a block team of the most threads holding the
 //                 first orders in registers and the rest in device memory
@@ -58,7 +58,7 @@ constexpr int warp_orders_complex = BLOCHSIM_WARP_ORDERS_COMPLEX;
 constexpr int warp_min_blocks_real = BLOCHSIM_WARP_MIN_BLOCKS_REAL;
 constexpr int warp_min_blocks_complex = BLOCHSIM_WARP_MIN_BLOCKS_COMPLEX;
 #ifndef BLOCHSIM_BLOCK_ORDERS_REAL
-#define BLOCHSIM_BLOCK_ORDERS_REAL 16
+#define BLOCHSIM_BLOCK_ORDERS_REAL 32
 #endif
 constexpr int block_orders_real = BLOCHSIM_BLOCK_ORDERS_REAL, block_orders_complex = 8;
 constexpr int warp_block = 128;  // small blocks: register-limited residency in whole blocks
@@ -120,9 +120,27 @@ struct SharedRecords {
   }
 };
 
-// Records of the window: all of a stream's when they fit in 48 kB (the
-// dynamic shared memory a block gets without opting in), else 768 at a time.
-constexpr int32_t window_cap = 48 * 1024 / static_cast<int32_t>(sizeof(EventRecord));
+// Records of the window: all of a stream's when they fit in 32 kB, else as
+// many at a time.
+constexpr int32_t window_cap = 32 * 1024 / static_cast<int32_t>(sizeof(EventRecord));
+
+// A block's shared memory: the records window, then one float per thread
+// for the block team's exchange, then each thread's tissue values (kept
+// there rather than in registers: the event loop reads them only when an
+// interval changes or a pulse depends on B1).
+inline size_t shared_bytes(int32_t window, int threads) {
+  return sizeof(EventRecord) * static_cast<size_t>(window) +
+         (sizeof(float) + sizeof(epg::LaneTissue<float>)) * static_cast<size_t>(threads);
+}
+
+// The thread's tissue values, gathered into their place in shared memory.
+__device__ inline const epg::LaneTissue<float>& stage_tissue(unsigned char* shared, int32_t window,
+                                                             const Tissue& t, int64_t problem) {
+  epg::LaneTissue<float>* all = reinterpret_cast<epg::LaneTissue<float>*>(
+      shared + sizeof(EventRecord) * static_cast<size_t>(window) + sizeof(float) * blockDim.x);
+  all[threadIdx.x] = epg::gather<float>(t, &problem);
+  return all[threadIdx.x];
+}
 
 inline int32_t window_records(const EventStream& s) {
   return static_cast<int32_t>(std::min<int64_t>(s.n_events + 1, window_cap));
@@ -253,7 +271,7 @@ __global__ void __launch_bounds__(warp_block, Complex ? warp_min_blocks_complex 
   extern __shared__ __align__(16) unsigned char shared[];
   const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const Seat at = seat(g / 32, static_cast<int>(g % 32), 32, T, 32 / T, t.n);
-  const epg::LaneTissue<float> lt = epg::gather<float>(t, &at.problem);
+  const epg::LaneTissue<float>& lt = stage_tissue(shared, window, t, at.problem);
   epg::RegisterStore<float, R, Complex, WarpTeam> st;
   const SharedRecords records{reinterpret_cast<EventRecord*>(shared), -window, window};  // empty
   st.init(s, lt, WarpTeam{at.rank, T, at.rank * R, at.last, records});
@@ -268,7 +286,7 @@ __global__ void __launch_bounds__(block_threads(R)) block_kernel(EventStream s, 
   float* exchange = reinterpret_cast<float*>(shared + window * sizeof(EventRecord));
   const int tid = threadIdx.x;
   const Seat at = seat(blockIdx.x, tid, blockDim.x, T, per, t.n);
-  const epg::LaneTissue<float> lt = epg::gather<float>(t, &at.problem);
+  const epg::LaneTissue<float>& lt = stage_tissue(shared, window, t, at.problem);
   epg::RegisterStore<float, R, Complex, BlockTeam> st;
   const SharedRecords records{reinterpret_cast<EventRecord*>(shared), -window, window};  // empty
   st.init(s, lt, BlockTeam{at.rank, T, at.rank * R, tid, at.last, exchange, records});
@@ -284,7 +302,7 @@ __global__ void __launch_bounds__(block_threads(R)) tail_kernel(EventStream s, T
   float* exchange = reinterpret_cast<float*>(shared + window * sizeof(EventRecord));
   const int tid = threadIdx.x, T = blockDim.x;
   const int64_t p = first + blockIdx.x;
-  const epg::LaneTissue<float> lt = epg::gather<float>(t, &p);
+  const epg::LaneTissue<float>& lt = stage_tissue(shared, window, t, p);
   epg::TailStore<float, R, Complex, BlockTeam> st;
   const SharedRecords records{reinterpret_cast<EventRecord*>(shared), -window, window};  // empty
   st.init(s, lt, BlockTeam{tid, T, tid * R, tid, tid == T - 1, exchange, records}, scratch + blockIdx.x * ws);
@@ -334,6 +352,14 @@ inline Shape shape_of(const EventStream& s) {
   return best;
 }
 
+// Lets `kernel` take `bytes` of dynamic shared memory (past 48 kB a kernel
+// must opt in).
+template <class F>
+inline cudaError_t allow_shared(F* kernel, size_t bytes) {
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+}
+
 // Plays `ds` (device pointers) for the problems of t into out on `st`.
 inline int launch(const EventStream& ds, const Tissue& t, float* out, cudaStream_t st, char* err, int n) {
   if (t.n == 0 || ds.n_samples == 0) return ok;
@@ -341,21 +367,25 @@ inline int launch(const EventStream& ds, const Tissue& t, float* out, cudaStream
   const bool cplx = !ds.real_path;
   const unsigned groups = static_cast<unsigned>((t.n + sh.per - 1) / sh.per);
   const int32_t w = window_records(ds);
-  const size_t rb = sizeof(EventRecord) * static_cast<size_t>(w);
+
   if (sh.kind == warp_kind) {
     const int64_t threads = static_cast<int64_t>(groups) * 32;
     const unsigned blocks = static_cast<unsigned>((threads + warp_block - 1) / warp_block);
+    const size_t smem = shared_bytes(w, warp_block);
     if (cplx)
-      warp_kernel<true, warp_orders_complex><<<blocks, warp_block, rb, st>>>(ds, t, out, sh.T, w);
+      warp_kernel<true, warp_orders_complex><<<blocks, warp_block, smem, st>>>(ds, t, out, sh.T, w);
     else
-      warp_kernel<false, warp_orders_real><<<blocks, warp_block, rb, st>>>(ds, t, out, sh.T, w);
+      warp_kernel<false, warp_orders_real><<<blocks, warp_block, smem, st>>>(ds, t, out, sh.T, w);
     BLOCHSIM_CUDA(cudaGetLastError(), "warp_kernel launch");
   } else if (sh.kind == block_kind) {
-    const size_t smem = rb + sizeof(float) * static_cast<size_t>(sh.threads);
-    if (cplx)
+    const size_t smem = shared_bytes(w, sh.threads);
+    if (cplx) {
+      BLOCHSIM_CUDA(allow_shared(block_kernel<true, block_orders_complex>, smem), "cudaFuncSetAttribute");
       block_kernel<true, block_orders_complex><<<groups, sh.threads, smem, st>>>(ds, t, out, sh.T, sh.per, w);
-    else
+    } else {
+      BLOCHSIM_CUDA(allow_shared(block_kernel<false, block_orders_real>, smem), "cudaFuncSetAttribute");
       block_kernel<false, block_orders_real><<<groups, sh.threads, smem, st>>>(ds, t, out, sh.T, sh.per, w);
+    }
     BLOCHSIM_CUDA(cudaGetLastError(), "block_kernel launch");
   } else {
     const int64_t ws = cplx ? epg::TailStore<float, block_orders_complex, true, BlockTeam>::workspace(ds.states, sh.T)
@@ -368,15 +398,18 @@ inline int launch(const EventStream& ds, const Tissue& t, float* out, cudaStream
     float* scratch = nullptr;
     BLOCHSIM_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&scratch), static_cast<size_t>(chunk * per), st),
                   "cudaMallocAsync (tail scratch)");
-    const size_t smem = rb + sizeof(float) * static_cast<size_t>(sh.T);
+    const size_t smem = shared_bytes(w, sh.T);
     for (int64_t first = 0; first < t.n; first += chunk) {
       const int64_t count = std::min<int64_t>(chunk, t.n - first);
       BLOCHSIM_CUDA(cudaMemsetAsync(scratch, 0, static_cast<size_t>(count * per), st), "cudaMemsetAsync");
       const unsigned blocks = static_cast<unsigned>(count);
-      if (cplx)
+      if (cplx) {
+        BLOCHSIM_CUDA(allow_shared(tail_kernel<true, block_orders_complex>, smem), "cudaFuncSetAttribute");
         tail_kernel<true, block_orders_complex><<<blocks, sh.T, smem, st>>>(ds, t, out, scratch, first, ws, w);
-      else
+      } else {
+        BLOCHSIM_CUDA(allow_shared(tail_kernel<false, block_orders_real>, smem), "cudaFuncSetAttribute");
         tail_kernel<false, block_orders_real><<<blocks, sh.T, smem, st>>>(ds, t, out, scratch, first, ws, w);
+      }
       BLOCHSIM_CUDA(cudaGetLastError(), "tail_kernel launch");
     }
     BLOCHSIM_CUDA(cudaFreeAsync(scratch, st), "cudaFreeAsync");
