@@ -151,15 +151,18 @@ inline int32_t window_records(const EventStream& s) {
 // problem and writes nothing.  Boundary orders pass by full-warp shuffles
 // (lane - 1 and lane + 1), which every lane of the warp executes, so team
 // sizes need not be powers of two; the first and last members drop what
-// crosses their team's edge.
+// crosses their team's edge.  Solo: teams of one thread, which exchange
+// nothing (the launcher's choice for T = 1).
+template <bool Solo>
 struct WarpTeam {
   static constexpr bool band_skips = false;  // members of a team share a warp
   int rank, T, first_order;
   bool last;  // the top member of its team (of the spare team too)
   SharedRecords records;
-  BLOCHSIM_HD int members() const { return T; }
+  BLOCHSIM_HD int members() const { return Solo ? 1 : T; }
   BLOCHSIM_HD float from_below(float x) const {
 #if defined(__CUDA_ARCH__)
+    if (Solo) return 0.0f;
     const float v = __shfl_up_sync(0xffffffffu, x, 1);
     return rank == 0 ? 0.0f : v;
 #else
@@ -168,16 +171,17 @@ struct WarpTeam {
   }
   BLOCHSIM_HD float from_above(float x) const {
 #if defined(__CUDA_ARCH__)
+    if (Solo) return 0.0f;
     const float v = __shfl_down_sync(0xffffffffu, x, 1);
     return last ? 0.0f : v;
 #else
     return x * 0.0f;
 #endif
   }
-  BLOCHSIM_HD float first() const { return rank == 0 ? 1.0f : 0.0f; }
-  BLOCHSIM_HD float base() const { return static_cast<float>(first_order); }
-  BLOCHSIM_HD bool active(int band) const { return first_order < band; }
-  BLOCHSIM_HD float below(int r, int K) const { return first_order + r < K ? 1.0f : 0.0f; }
+  BLOCHSIM_HD float first() const { return Solo || rank == 0 ? 1.0f : 0.0f; }
+  BLOCHSIM_HD float base() const { return Solo ? 0.0f : static_cast<float>(first_order); }
+  BLOCHSIM_HD bool active(int band) const { return Solo || first_order < band; }
+  BLOCHSIM_HD float below(int r, int K) const { return (Solo ? 0 : first_order) + r < K ? 1.0f : 0.0f; }
   BLOCHSIM_HD void advance(const EventStream& s, int32_t e, int32_t n) { records.advance(s, e, n); }
   BLOCHSIM_HD EventRecord record(const EventStream& s, int32_t e) const { return records.record(s, e); }
 };
@@ -265,16 +269,16 @@ BLOCHSIM_HD inline Seat seat(int64_t group_index, int thread, int group, int T, 
   return st;
 }
 
-template <bool Complex, int R>
+template <bool Complex, int R, bool Solo>
 __global__ void __launch_bounds__(warp_block, Complex ? warp_min_blocks_complex : warp_min_blocks_real)
     warp_kernel(EventStream s, Tissue t, float* out, int T, int32_t window) {
   extern __shared__ __align__(16) unsigned char shared[];
   const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const Seat at = seat(g / 32, static_cast<int>(g % 32), 32, T, 32 / T, t.n);
   const epg::LaneTissue<float>& lt = stage_tissue(shared, window, t, at.problem);
-  epg::RegisterStore<float, R, Complex, WarpTeam> st;
+  epg::RegisterStore<float, R, Complex, WarpTeam<Solo>> st;
   const SharedRecords records{reinterpret_cast<EventRecord*>(shared), -window, window};  // empty
-  st.init(s, lt, WarpTeam{at.rank, T, at.rank * R, at.last, records});
+  st.init(s, lt, WarpTeam<Solo>{at.rank, T, at.rank * R, at.last, records});
   DeviceSink sink{reinterpret_cast<float2*>(out) + at.problem * s.n_samples, at.writer};
   epg::play<float, Complex>(s, t, lt, st, sink);
 }
@@ -373,9 +377,11 @@ inline int launch(const EventStream& ds, const Tissue& t, float* out, cudaStream
     const unsigned blocks = static_cast<unsigned>((threads + warp_block - 1) / warp_block);
     const size_t smem = shared_bytes(w, warp_block);
     if (cplx)
-      warp_kernel<true, warp_orders_complex><<<blocks, warp_block, smem, st>>>(ds, t, out, sh.T, w);
+      warp_kernel<true, warp_orders_complex, false><<<blocks, warp_block, smem, st>>>(ds, t, out, sh.T, w);
+    else if (sh.T == 1)
+      warp_kernel<false, warp_orders_real, true><<<blocks, warp_block, smem, st>>>(ds, t, out, sh.T, w);
     else
-      warp_kernel<false, warp_orders_real><<<blocks, warp_block, smem, st>>>(ds, t, out, sh.T, w);
+      warp_kernel<false, warp_orders_real, false><<<blocks, warp_block, smem, st>>>(ds, t, out, sh.T, w);
     BLOCHSIM_CUDA(cudaGetLastError(), "warp_kernel launch");
   } else if (sh.kind == block_kind) {
     const size_t smem = shared_bytes(w, sh.threads);
