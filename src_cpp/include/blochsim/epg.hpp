@@ -279,7 +279,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void apply_order(const Op<V>& o, V& fpr, V& fpi
     zi = o.ca * ai + (o.cr * (pi_ + mi) + o.ci * (pr - mr));
   } else {
     // f+' = P f+ + A f- + B z = (P - A) f+ + u with u = A (f+ + f-) + B z
-    // shared by both families: 7 instructions instead of 8
+    // shared by both families: 7 instructions per order
     const V p = fpr, m = fmr, z = zr;
     const V sum = p + m;
     const V u = o.ar * sum + o.br * z;

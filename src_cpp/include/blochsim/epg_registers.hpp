@@ -402,8 +402,10 @@ struct TailStore : RegisterStore<V, R, Complex, Team> {
     return rows == 0 || band + Base::unroll <= Kr;
   }
 
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void apply(const Op<V>& o, int band) {
-    Base::apply(o, band);
+  // f(off, f+, Im f+, f-, Im f-, z, Im z) on every tail row below the band,
+  // its values loaded before and stored after (off: the row's first element).
+  template <class F>
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void each_row(int band, F&& f) {
     const Team& tm = this->team;
     for (int i = 0, n = rows_below(band); i < n; ++i) {
       const int off = i * T;
@@ -414,7 +416,7 @@ struct TailStore : RegisterStore<V, R, Complex, Team> {
         bi = tm.load(fm[0][NP - 1] + off);
         ci = tm.load(z[NP - 1] + off);
       }
-      apply_order<V, Complex>(o, a, ai, b, bi, c, ci);
+      f(off, a, ai, b, bi, c, ci);
       tm.store(fp[0][0] + off, a);
       tm.store(fm[0][0] + off, b);
       tm.store(z[0] + off, c);
@@ -426,13 +428,18 @@ struct TailStore : RegisterStore<V, R, Complex, Team> {
     }
   }
 
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void apply(const Op<V>& o, int band) {
+    Base::apply(o, band);
+    each_row(band, [&](int, V& a, V& ai, V& b, V& bi, V& c, V& ci) {
+      apply_order<V, Complex>(o, a, ai, b, bi, c, ci);
+    });
+  }
+
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void relax_per_order(const IvCoef<V>& c, int band) {
     using LT = Lanes<V>;
     Base::relax_per_order(c, band);
-    const Team& tm = this->team;
-    const V j = tm.base() * (1.0f / R);  // member index
-    for (int i = 0, n = rows_below(band); i < n; ++i) {
-      const int off = i * T;
+    const V j = this->team.base() * (1.0f / R);  // member index
+    each_row(band, [&](int off, V& a, V& ai, V& b, V& bi, V& zz, V& ci) {
       V gc, gs;
       for (int l = 0; l < LT::width; ++l) {
         const float k = static_cast<float>(Kr + off) + LT::get(j, l);
@@ -440,23 +447,8 @@ struct TailStore : RegisterStore<V, R, Complex, Team> {
         LT::set(gc, l, g * std::cos(ph));
         LT::set(gs, l, g * std::sin(ph));
       }
-      V a = tm.load(fp[0][0] + off), b = tm.load(fm[0][0] + off), zz = tm.load(z[0] + off);
-      V ai{}, bi{}, ci{};
-      if (Complex) {
-        ai = tm.load(fp[0][NP - 1] + off);
-        bi = tm.load(fm[0][NP - 1] + off);
-        ci = tm.load(z[NP - 1] + off);
-      }
       relax_order<V, Complex>(c, gc, gs, a, ai, b, bi, zz, ci);
-      tm.store(fp[0][0] + off, a);
-      tm.store(fm[0][0] + off, b);
-      tm.store(z[0] + off, zz);
-      if (Complex) {
-        tm.store(fp[0][NP - 1] + off, ai);
-        tm.store(fm[0][NP - 1] + off, bi);
-        tm.store(z[NP - 1] + off, ci);
-      }
-    }
+    });
   }
 
   // One shift (dir = +1: F+ up, F- down) of both parts: the tail's rows go
