@@ -177,10 +177,7 @@ int first_bad_value(const float* x, int64_t count, int check_lower, float lower,
 std::size_t bytes_per_problem(const EventStream& s, const Tissue&) {
   std::size_t b = static_cast<std::size_t>(s.n_samples) * 8 + 9 * sizeof(float);
   const Shape sh = shape_of(s);
-  if (sh.kind == tail_kind)
-    b += 4 * static_cast<std::size_t>(
-                 s.real_path ? epg::TailStore<float, block_orders_real, false, BlockTeam>::workspace(s.states, sh.T)
-                             : epg::TailStore<float, block_orders_complex, true, BlockTeam>::workspace(s.states, sh.T));
+  if (sh.kind == tail_kind) b += 4 * static_cast<std::size_t>(tail_workspace(s, sh.T));
   return b;
 }
 

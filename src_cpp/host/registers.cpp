@@ -19,8 +19,8 @@ int host_forward_registers(const EventStream& s, const Tissue& t, float* out, in
     return s.real_path ? epg::forward_registers_host<float, 32, false>(s, t, out)
                        : epg::forward_registers_host<float, 16, true>(s, t, out);
   if (team == 5)
-    return s.real_path ? epg::forward_tail_host<vfloat4, 16, false>(s, t, out)
-                       : epg::forward_tail_host<vfloat4, 8, true>(s, t, out);
+    return s.real_path ? epg::forward_registers_host<vfloat4, 16, false, true>(s, t, out)
+                       : epg::forward_registers_host<vfloat4, 8, true, true>(s, t, out);
   if (team == 4)
     return s.real_path ? epg::forward_registers_host<vfloat4, 16, false>(s, t, out)
                        : epg::forward_registers_host<vfloat4, 8, true>(s, t, out);

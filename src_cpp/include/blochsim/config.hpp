@@ -71,6 +71,7 @@ enum Status : int {
   bad_shape = 5,           // negative counts or a null array that is required
   no_cuda = 6,             // the device backend was not compiled
   states_exceed_team = 7,  // K larger than a register team holds (host emulation only)
+  too_many_events = 8,     // n_events >= 2^31 - 1 (kernels index events in 32 bits)
 };
 
 // Launchers return cuda_error_base + the cudaError_t value for CUDA errors.
@@ -86,6 +87,7 @@ inline const char* status_message(int status) {
     case bad_shape: return "an array of the event stream or tissue is missing or has a negative length";
     case no_cuda: return "blochsim was built without CUDA";
     case states_exceed_team: return "states exceed what the register team holds";
+    case too_many_events: return "a stream holds at most 2147483646 events";
     default: return "unknown blochsim status";
   }
 }

@@ -124,27 +124,36 @@ struct SharedRecords {
 // many at a time.
 constexpr int32_t window_cap = 32 * 1024 / static_cast<int32_t>(sizeof(EventRecord));
 
-// A block's shared memory: the records window, then one float per thread
-// for the block team's exchange, then each thread's tissue values (kept
-// there rather than in registers: the event loop reads them only when an
-// interval changes or a pulse depends on B1).
-inline size_t shared_bytes(int32_t window, int threads) {
-  return sizeof(EventRecord) * static_cast<size_t>(window) +
-         (sizeof(float) + sizeof(epg::LaneTissue<float>)) * static_cast<size_t>(threads);
-}
-
-// The thread's tissue values, gathered into their place in shared memory.
-__device__ inline const epg::LaneTissue<float>& stage_tissue(unsigned char* shared, int32_t window,
-                                                             const Tissue& t, int64_t problem) {
-  epg::LaneTissue<float>* all = reinterpret_cast<epg::LaneTissue<float>*>(
-      shared + sizeof(EventRecord) * static_cast<size_t>(window) + sizeof(float) * blockDim.x);
-  all[threadIdx.x] = epg::gather<float>(t, &problem);
-  return all[threadIdx.x];
-}
-
 inline int32_t window_records(const EventStream& s) {
   return static_cast<int32_t>(std::min<int64_t>(s.n_events + 1, window_cap));
 }
+
+// A block's dynamic shared memory: the records window, then one float per
+// thread for the block team's exchange, then each thread's tissue values
+// (kept there rather than in registers: the event loop reads them only when
+// an interval changes or a pulse depends on B1).
+struct BlockShared {
+  unsigned char* base;
+  int32_t window;  // records
+  int threads;
+
+  static size_t bytes(int32_t window, int threads) {
+    return sizeof(EventRecord) * static_cast<size_t>(window) +
+           (sizeof(float) + sizeof(epg::LaneTissue<float>)) * static_cast<size_t>(threads);
+  }
+  BLOCHSIM_HD SharedRecords records() const {  // empty until the first advance()
+    return {reinterpret_cast<EventRecord*>(base), -window, window};
+  }
+  BLOCHSIM_HD float* exchange() const {
+    return reinterpret_cast<float*>(base + sizeof(EventRecord) * static_cast<size_t>(window));
+  }
+  // The thread's tissue values, gathered into their place.
+  BLOCHSIM_HD const epg::LaneTissue<float>& tissue(int thread, const Tissue& t, int64_t problem) const {
+    epg::LaneTissue<float>* all = reinterpret_cast<epg::LaneTissue<float>*>(exchange() + threads);
+    all[thread] = epg::gather<float>(t, &problem);
+    return all[thread];
+  }
+};
 
 // A team of T consecutive lanes of one warp, any T <= 32: a warp holds
 // 32 / T teams, and its last 32 mod T lanes form a spare team that replays a
@@ -273,12 +282,12 @@ template <bool Complex, int R, bool Solo>
 __global__ void __launch_bounds__(warp_block, Complex ? warp_min_blocks_complex : warp_min_blocks_real)
     warp_kernel(EventStream s, Tissue t, float* out, int T, int32_t window) {
   extern __shared__ __align__(16) unsigned char shared[];
+  const BlockShared sm{shared, window, static_cast<int>(blockDim.x)};
   const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const Seat at = seat(g / 32, static_cast<int>(g % 32), 32, T, 32 / T, t.n);
-  const epg::LaneTissue<float>& lt = stage_tissue(shared, window, t, at.problem);
+  const epg::LaneTissue<float>& lt = sm.tissue(threadIdx.x, t, at.problem);
   epg::RegisterStore<float, R, Complex, WarpTeam<Solo>> st;
-  const SharedRecords records{reinterpret_cast<EventRecord*>(shared), -window, window};  // empty
-  st.init(s, lt, WarpTeam<Solo>{at.rank, T, at.rank * R, at.last, records});
+  st.init(s, lt, WarpTeam<Solo>{at.rank, T, at.rank * R, at.last, sm.records()});
   DeviceSink sink{reinterpret_cast<float2*>(out) + at.problem * s.n_samples, at.writer};
   epg::play<float, Complex>(s, t, lt, st, sink);
 }
@@ -287,13 +296,12 @@ template <bool Complex, int R>
 __global__ void __launch_bounds__(block_threads(R)) block_kernel(EventStream s, Tissue t, float* out, int T,
                                                                 int per, int32_t window) {
   extern __shared__ __align__(16) unsigned char shared[];
-  float* exchange = reinterpret_cast<float*>(shared + window * sizeof(EventRecord));
+  const BlockShared sm{shared, window, static_cast<int>(blockDim.x)};
   const int tid = threadIdx.x;
   const Seat at = seat(blockIdx.x, tid, blockDim.x, T, per, t.n);
-  const epg::LaneTissue<float>& lt = stage_tissue(shared, window, t, at.problem);
+  const epg::LaneTissue<float>& lt = sm.tissue(tid, t, at.problem);
   epg::RegisterStore<float, R, Complex, BlockTeam> st;
-  const SharedRecords records{reinterpret_cast<EventRecord*>(shared), -window, window};  // empty
-  st.init(s, lt, BlockTeam{at.rank, T, at.rank * R, tid, at.last, exchange, records});
+  st.init(s, lt, BlockTeam{at.rank, T, at.rank * R, tid, at.last, sm.exchange(), sm.records()});
   DeviceSink sink{reinterpret_cast<float2*>(out) + at.problem * s.n_samples, at.writer};
   epg::play<float, Complex>(s, t, lt, st, sink);
 }
@@ -303,13 +311,13 @@ __global__ void __launch_bounds__(block_threads(R)) tail_kernel(EventStream s, T
                                                                  float* scratch, int64_t first, int64_t ws,
                                                                  int32_t window) {
   extern __shared__ __align__(16) unsigned char shared[];
-  float* exchange = reinterpret_cast<float*>(shared + window * sizeof(EventRecord));
   const int tid = threadIdx.x, T = blockDim.x;
+  const BlockShared sm{shared, window, T};
   const int64_t p = first + blockIdx.x;
-  const epg::LaneTissue<float>& lt = stage_tissue(shared, window, t, p);
+  const epg::LaneTissue<float>& lt = sm.tissue(tid, t, p);
   epg::TailStore<float, R, Complex, BlockTeam> st;
-  const SharedRecords records{reinterpret_cast<EventRecord*>(shared), -window, window};  // empty
-  st.init(s, lt, BlockTeam{tid, T, tid * R, tid, tid == T - 1, exchange, records}, scratch + blockIdx.x * ws);
+  st.init(s, lt, BlockTeam{tid, T, tid * R, tid, tid == T - 1, sm.exchange(), sm.records()},
+          scratch + blockIdx.x * ws);
   DeviceSink sink{reinterpret_cast<float2*>(out) + p * s.n_samples, tid == 0};
   epg::play<float, Complex>(s, t, lt, st, sink);
 }
@@ -356,6 +364,12 @@ inline Shape shape_of(const EventStream& s) {
   return best;
 }
 
+// Floats of device memory one problem's tail takes (tail_kind, T threads).
+inline int64_t tail_workspace(const EventStream& s, int T) {
+  return s.real_path ? epg::TailStore<float, block_orders_real, false, BlockTeam>::workspace(s.states, T)
+                     : epg::TailStore<float, block_orders_complex, true, BlockTeam>::workspace(s.states, T);
+}
+
 // Lets `kernel` take `bytes` of dynamic shared memory (past 48 kB a kernel
 // must opt in).
 template <class F>
@@ -371,11 +385,10 @@ inline int launch(const EventStream& ds, const Tissue& t, float* out, cudaStream
   const bool cplx = !ds.real_path;
   const unsigned groups = static_cast<unsigned>((t.n + sh.per - 1) / sh.per);
   const int32_t w = window_records(ds);
-
   if (sh.kind == warp_kind) {
     const int64_t threads = static_cast<int64_t>(groups) * 32;
     const unsigned blocks = static_cast<unsigned>((threads + warp_block - 1) / warp_block);
-    const size_t smem = shared_bytes(w, warp_block);
+    const size_t smem = BlockShared::bytes(w, warp_block);
     if (cplx)
       warp_kernel<true, warp_orders_complex, false><<<blocks, warp_block, smem, st>>>(ds, t, out, sh.T, w);
     else if (sh.T == 1)
@@ -384,7 +397,7 @@ inline int launch(const EventStream& ds, const Tissue& t, float* out, cudaStream
       warp_kernel<false, warp_orders_real, false><<<blocks, warp_block, smem, st>>>(ds, t, out, sh.T, w);
     BLOCHSIM_CUDA(cudaGetLastError(), "warp_kernel launch");
   } else if (sh.kind == block_kind) {
-    const size_t smem = shared_bytes(w, sh.threads);
+    const size_t smem = BlockShared::bytes(w, sh.threads);
     if (cplx) {
       BLOCHSIM_CUDA(allow_shared(block_kernel<true, block_orders_complex>, smem), "cudaFuncSetAttribute");
       block_kernel<true, block_orders_complex><<<groups, sh.threads, smem, st>>>(ds, t, out, sh.T, sh.per, w);
@@ -394,8 +407,7 @@ inline int launch(const EventStream& ds, const Tissue& t, float* out, cudaStream
     }
     BLOCHSIM_CUDA(cudaGetLastError(), "block_kernel launch");
   } else {
-    const int64_t ws = cplx ? epg::TailStore<float, block_orders_complex, true, BlockTeam>::workspace(ds.states, sh.T)
-                            : epg::TailStore<float, block_orders_real, false, BlockTeam>::workspace(ds.states, sh.T);
+    const int64_t ws = tail_workspace(ds, sh.T);
     size_t free_b = 0, total_b = 0;
     BLOCHSIM_CUDA(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
     const int64_t per = ws * static_cast<int64_t>(sizeof(float));
@@ -404,7 +416,7 @@ inline int launch(const EventStream& ds, const Tissue& t, float* out, cudaStream
     float* scratch = nullptr;
     BLOCHSIM_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&scratch), static_cast<size_t>(chunk * per), st),
                   "cudaMallocAsync (tail scratch)");
-    const size_t smem = shared_bytes(w, sh.T);
+    const size_t smem = BlockShared::bytes(w, sh.T);
     for (int64_t first = 0; first < t.n; first += chunk) {
       const int64_t count = std::min<int64_t>(chunk, t.n - first);
       BLOCHSIM_CUDA(cudaMemsetAsync(scratch, 0, static_cast<size_t>(count * per), st), "cudaMemsetAsync");

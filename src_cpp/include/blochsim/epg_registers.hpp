@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "epg.hpp"
@@ -353,6 +354,7 @@ BLOCHSIM_UNROLL
 //   load(p), store(p, x)  a row of the tail: member j's element p[j]
 //   put_top(p, x)         *p = the top member's x
 //   take_top(p)           *p in the top member, 0 elsewhere
+//   below_tail(k0, K)     1 where member j's order k0 + j < K, else 0
 //   sync()                a barrier of the team
 template <class V, int R, bool Complex, class Team>
 struct TailStore : RegisterStore<V, R, Complex, Team> {
@@ -363,14 +365,12 @@ struct TailStore : RegisterStore<V, R, Complex, Team> {
   float* z[NP];
   int Kr, T, rows;
 
-  // Floats of one tail plane for K orders over a team of T members of R
-  // orders: the rows, a row of zeros on each side (the ghost cell and the
-  // F- reads past the last row).
-  BLOCHSIM_HD static int64_t plane_floats(int K, int T) {
-    const int64_t kr = static_cast<int64_t>(T) * R;
-    const int64_t r = K > kr ? (K - kr + T - 1) / T : 0;
-    return (r + 2) * T;
-  }
+  // Rows of the tail for K orders over a team of T members of R orders.
+  BLOCHSIM_HD static int tail_rows(int K, int T) { return K > T * R ? (K - T * R + T - 1) / T : 0; }
+
+  // Floats of one tail plane: the rows, a row of zeros on each side (the
+  // ghost cell and the F- reads past the last row).
+  BLOCHSIM_HD static int64_t plane_floats(int K, int T) { return (tail_rows(K, T) + 2) * static_cast<int64_t>(T); }
   BLOCHSIM_HD static int64_t workspace(int K, int T) { return 5 * NP * plane_floats(K, T); }
 
   // `work`: workspace(K, T) floats, zero.
@@ -380,7 +380,7 @@ struct TailStore : RegisterStore<V, R, Complex, Team> {
     T = tm.members();
     Kr = T * R;
     Base::truncate = this->K < Kr;  // else the registers hold orders below Kr <= K
-    rows = this->K > Kr ? (this->K - Kr + T - 1) / T : 0;
+    rows = tail_rows(this->K, T);
     const int64_t L = plane_floats(this->K, T);
     int n = 0;
     auto plane = [&]() { return work + (n++) * L + T; };
@@ -525,50 +525,34 @@ struct TeamLaneSink {
 
 // Host instantiation of the device's register path for problems [0, n):
 // one problem at a time, its orders over the lanes of V (a team of
-// Lanes<V>::width members, R orders each).  K must be at most width * R.
-template <class V, int R, bool Complex>
+// Lanes<V>::width members, R orders each).  Without Tail, K must be at most
+// width * R; with it (TailStore, the tail kernel's store) any K.
+template <class V, int R, bool Complex, bool Tail = false>
 inline int forward_registers_host(const EventStream& s, const Tissue& t, float* out) {
-  if (s.states > Lanes<V>::width * R) return states_exceed_team;
+  using Team = LaneTeam<V, R>;
+  using Store = std::conditional_t<Tail, TailStore<V, R, Complex, Team>, RegisterStore<V, R, Complex, Team>>;
+  constexpr int T = Lanes<V>::width;
+  if (!Tail && s.states > T * R) return states_exceed_team;
   // the event records with their run counts, as the device launcher packs them
   std::vector<EventRecord> records(static_cast<size_t>(s.n_events + 1));
   pack_events(s, records.data());
   EventStream sr = s;
   sr.records = records.data();
+  std::vector<float> work;
+  if constexpr (Tail) work.resize(static_cast<size_t>(Store::workspace(s.states, T)));
   for (int64_t p = 0; p < t.n; ++p) {
-    LaneTissue<V> lt;
-    {
-      // every member sees the problem's tissue
-      const LaneTissue<float> one = gather<float>(t, &p);
-      lt = {splat<V>(one.T1), splat<V>(one.T2), splat<V>(one.M0), splat<V>(one.B1), splat<V>(one.B1phase),
-            splat<V>(one.B0), splat<V>(one.D), splat<V>(one.v), splat<V>(one.eta)};
-    }
-    RegisterStore<V, R, Complex, LaneTeam<V, R>> st;
-    st.init(s, lt, LaneTeam<V, R>{});
-    TeamLaneSink<V> sink{out, p, s.n_samples};
-    play<V, Complex>(sr, t, lt, st, sink);
-  }
-  return ok;
-}
-
-// Host instantiation of the device's tail path: the register team of
-// Lanes<V>::width members, R orders each, plus the tail for any K.
-template <class V, int R, bool Complex>
-inline int forward_tail_host(const EventStream& s, const Tissue& t, float* out) {
-  using Store = TailStore<V, R, Complex, LaneTeam<V, R>>;
-  std::vector<EventRecord> records(static_cast<size_t>(s.n_events + 1));
-  pack_events(s, records.data());
-  EventStream sr = s;
-  sr.records = records.data();
-  const int T = Lanes<V>::width;
-  std::vector<float> work(static_cast<size_t>(Store::workspace(s.states, T)));
-  for (int64_t p = 0; p < t.n; ++p) {
+    // every member sees the problem's tissue
     const LaneTissue<float> one = gather<float>(t, &p);
-    const LaneTissue<V> lt = {splat<V>(one.T1), splat<V>(one.T2), splat<V>(one.M0),
+    const LaneTissue<V> lt = {splat<V>(one.T1), splat<V>(one.T2),      splat<V>(one.M0),
                               splat<V>(one.B1), splat<V>(one.B1phase), splat<V>(one.B0),
-                              splat<V>(one.D), splat<V>(one.v), splat<V>(one.eta)};
-    std::fill(work.begin(), work.end(), 0.0f);
+                              splat<V>(one.D),  splat<V>(one.v),       splat<V>(one.eta)};
     Store st;
-    st.init(sr, lt, LaneTeam<V, R>{}, work.data());
+    if constexpr (Tail) {
+      std::fill(work.begin(), work.end(), 0.0f);
+      st.init(sr, lt, Team{}, work.data());
+    } else {
+      st.init(sr, lt, Team{});
+    }
     TeamLaneSink<V> sink{out, p, s.n_samples};
     play<V, Complex>(sr, t, lt, st, sink);
   }

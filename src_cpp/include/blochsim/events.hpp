@@ -171,7 +171,7 @@ struct Tissue {
 inline int validate(const EventStream& s, const Tissue& t) {
   if (s.states < 1) return bad_states;
   if (s.n_events < 0 || s.n_intervals < 0 || s.n_samples < 0 || t.n < 0) return bad_shape;
-  if (s.n_events >= INT32_MAX) return bad_shape;
+  if (s.n_events >= INT32_MAX) return too_many_events;
   if (s.n_events > 0 && (!s.interval || !s.flags || !s.shift_before || !s.shift_after ||
                          !s.flip_rad || !s.phase_rad || !s.rx_phase_rad || !s.slot))
     return bad_shape;
