@@ -80,7 +80,7 @@ int device_free(void* p, char* err, int n) {
 int device_malloc_async(void** p, std::size_t bytes, void* stream, char* err, int n) {
   *p = nullptr;
   if (bytes == 0) return ok;
-  BLOCHSIM_CUDA(cudaMallocAsync(p, bytes, as_stream(stream)), "cudaMallocAsync");
+  BLOCHSIM_CUDA(pool_malloc(p, bytes, as_stream(stream)), "cudaMallocFromPoolAsync");
   return ok;
 }
 
@@ -158,7 +158,7 @@ int first_bad_value(const float* x, int64_t count, int check_lower, float lower,
   if (count == 0) return ok;
   cudaStream_t st = as_stream(stream);
   unsigned long long* d = nullptr;
-  BLOCHSIM_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&d), sizeof(unsigned long long), st), "cudaMallocAsync");
+  BLOCHSIM_CUDA(pool_malloc(reinterpret_cast<void**>(&d), sizeof(unsigned long long), st), "cudaMallocFromPoolAsync");
   BLOCHSIM_CUDA(cudaMemsetAsync(d, 0xff, sizeof(unsigned long long), st), "cudaMemsetAsync");
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((count + 255) / 256, 4096));
   bad_value_kernel<<<blocks, 256, 0, st>>>(x, count, check_lower, lower, strict, d);

@@ -109,6 +109,36 @@ def test_team_shapes_on_a_fingerprinting_train(states, quadratic):
         assert rel(sim.simulate(**tissue, **extra), ref) <= RTOL
 
 
+class SparseReadouts(Simulator):
+    """29 pulses with one shift each, read out after all but every third, at
+    receiver phases 0 and 180 degrees: 19 samples (not a multiple of the
+    warp's stage of 8), with runs of events with and without a readout."""
+
+    tissue_properties = ("T1", "T2")
+
+    def repetition(self, p):
+        ops = [Excitation(90.0, 0.0)]
+        for i in range(29):
+            ops += [Pulse(20.0 + 5.0 * (i % 7), 0.0)]
+            if i % 3 != 1:
+                ops += [Readout(180.0 * (i % 2))]
+            ops += [Dephase(), Delay(4.0 + (i % 4))]
+        return Sequence(ops)
+
+
+@pytest.mark.parametrize("states", [20, 32, 45])
+def test_staged_samples_of_the_warp_kernel(states):
+    # 70 problems: two full warps and one of 6 (lanes past the last problem
+    # write nothing); one thread per problem at K <= 32, teams of two at 45
+    rng = np.random.default_rng(11)
+    kw = {"T1": rng.uniform(200.0, 3000.0, 70), "T2": rng.uniform(10.0, 300.0, 70)}
+    sim = SparseReadouts(states=states)
+    ref = sim.simulate(**kw)
+    assert ref.shape == (70, 19)
+    sim.device = "cuda"
+    assert rel(sim.simulate(**kw), ref) <= RTOL
+
+
 @pytest.mark.parametrize("states", [200, 1500])
 def test_complex_wide_states(states):
     # 200: a warp team of 25 lanes; 1500: a block team

@@ -29,6 +29,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <vector>
 
 #include "epg.hpp"
@@ -89,6 +90,50 @@ inline int say(int status, char* err, int n) {
 
 inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 
+// blochsim's temporaries (event streams, tissue planes, scratch) come from
+// a memory pool of its own that keeps up to pool_keep_bytes of freed memory
+// between calls.  The device's default pool hands freed memory back to the
+// driver at every synchronisation, so that each call mapped its buffers
+// afresh.
+constexpr uint64_t pool_keep_bytes = uint64_t(256) << 20;
+
+inline cudaError_t current_pool(cudaMemPool_t* pool) {
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  constexpr int max_devices = 64;
+  if (dev < 0 || dev >= max_devices) return cudaErrorInvalidDevice;
+  static std::mutex guard;
+  static cudaMemPool_t pools[max_devices] = {};
+  std::lock_guard<std::mutex> lock(guard);
+  if (pools[dev] == nullptr) {
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = dev;
+    cudaMemPool_t made = nullptr;
+    e = cudaMemPoolCreate(&made, &props);
+    if (e != cudaSuccess) return e;
+    uint64_t keep = pool_keep_bytes;
+    e = cudaMemPoolSetAttribute(made, cudaMemPoolAttrReleaseThreshold, &keep);
+    if (e != cudaSuccess) {
+      cudaMemPoolDestroy(made);
+      return e;
+    }
+    pools[dev] = made;
+  }
+  *pool = pools[dev];
+  return cudaSuccess;
+}
+
+// Stream-ordered allocation from that pool (release with cudaFreeAsync).
+inline cudaError_t pool_malloc(void** p, size_t bytes, cudaStream_t st) {
+  cudaMemPool_t pool = nullptr;
+  const cudaError_t e = current_pool(&pool);
+  if (e != cudaSuccess) return e;
+  return cudaMallocFromPoolAsync(p, bytes, pool, st);
+}
+
 // A window of the stream's event records in a block's shared memory, which
 // every thread reads at every event: the block refills it, between two
 // barriers, when play() asks for records past its end (advance() is called
@@ -128,18 +173,32 @@ inline int32_t window_records(const EventStream& s) {
   return static_cast<int32_t>(std::min<int64_t>(s.n_events + 1, window_cap));
 }
 
+// Readouts of one warp, staged in shared memory and written out
+// stage_samples at a time (StagedSink).
+constexpr int stage_samples = 8;
+struct WarpStage {
+  float2 value[32 * (stage_samples + 1)];  // lane-major; the pad spreads a lane's row over the banks
+  float2* row[32];                          // each lane's output row, null where the lane writes nothing
+  int32_t slot[stage_samples];
+};
+
 // A block's dynamic shared memory: the records window, then one float per
 // thread for the block team's exchange, then each thread's tissue values
 // (kept there rather than in registers: the event loop reads them only when
-// an interval changes or a pulse depends on B1).
+// an interval changes or a pulse depends on B1), then, for the warp
+// kernels, one WarpStage per warp.
 struct BlockShared {
   unsigned char* base;
   int32_t window;  // records
   int threads;
 
-  static size_t bytes(int32_t window, int threads) {
-    return sizeof(EventRecord) * static_cast<size_t>(window) +
-           (sizeof(float) + sizeof(epg::LaneTissue<float>)) * static_cast<size_t>(threads);
+  BLOCHSIM_HD static size_t stage_offset(int32_t window, int threads) {
+    const size_t b = sizeof(EventRecord) * static_cast<size_t>(window) +
+                     (sizeof(float) + sizeof(epg::LaneTissue<float>)) * static_cast<size_t>(threads);
+    return (b + 15) / 16 * 16;
+  }
+  static size_t bytes(int32_t window, int threads, bool staged = false) {
+    return stage_offset(window, threads) + (staged ? sizeof(WarpStage) * static_cast<size_t>(threads / 32) : 0);
   }
   BLOCHSIM_HD SharedRecords records() const {  // empty until the first advance()
     return {reinterpret_cast<EventRecord*>(base), -window, window};
@@ -152,6 +211,9 @@ struct BlockShared {
     epg::LaneTissue<float>* all = reinterpret_cast<epg::LaneTissue<float>*>(exchange() + threads);
     all[thread] = epg::gather<float>(t, &problem);
     return all[thread];
+  }
+  BLOCHSIM_HD WarpStage* stage(int warp) const {
+    return reinterpret_cast<WarpStage*>(base + stage_offset(window, threads)) + warp;
   }
 };
 
@@ -255,6 +317,44 @@ struct DeviceSink {
   }
 };
 
+// The sink of the warp kernels: every lane stages its readouts in its
+// warp's WarpStage (all lanes of a warp play the same events, so the count
+// is the same in each), and every stage_samples readouts the warp writes
+// them out together, each store instruction covering stage_samples
+// consecutive samples of 32 / stage_samples rows.  A store per readout
+// would touch 32 rows, and a store holds its source registers until the
+// memory system has taken all of them: the event loop would stall on them
+// (ncu: a third of the warps' stall samples, right after such stores).
+struct StagedSink {
+  WarpStage* stage;
+  int lane, count;
+  BLOCHSIM_HD void write(int64_t slot, float re, float im) {
+#if defined(__CUDA_ARCH__)
+    stage->value[lane * (stage_samples + 1) + count] = make_float2(re, im);
+    stage->slot[count] = static_cast<int32_t>(slot);
+    if (++count == stage_samples) flush<true>();
+#endif
+  }
+  // Full: all stage_samples staged (else the first `count`).  The stores go
+  // to L2 (st.global.cg): nothing reads the samples back.
+  template <bool Full = false>
+  BLOCHSIM_HD void flush() {
+#if defined(__CUDA_ARCH__)
+    __syncwarp();
+BLOCHSIM_UNROLL
+    for (int j = 0; j < stage_samples; ++j) {
+      const int i = lane + 32 * j;
+      const int c = i / stage_samples, k = i % stage_samples;
+      float2* row = stage->row[c];
+      if (row != nullptr && (Full || k < count))
+        __stcg(row + stage->slot[k], stage->value[c * (stage_samples + 1) + k]);
+    }
+    __syncwarp();
+    count = 0;
+#endif
+  }
+};
+
 // Where a thread sits in a launch of teams of T threads packed `per` to a
 // group of `group` threads (a warp, or a block): its team's problem, its
 // rank, whether it is its team's top member and whether it writes.
@@ -288,8 +388,20 @@ __global__ void __launch_bounds__(warp_block, Complex ? warp_min_blocks_complex 
   const epg::LaneTissue<float>& lt = sm.tissue(threadIdx.x, t, at.problem);
   epg::RegisterStore<float, R, Complex, WarpTeam<Solo>> st;
   st.init(s, lt, WarpTeam<Solo>{at.rank, T, at.rank * R, at.last, sm.records()});
-  DeviceSink sink{reinterpret_cast<float2*>(out) + at.problem * s.n_samples, at.writer};
-  epg::play<float, Complex>(s, t, lt, st, sink);
+  float2* row = reinterpret_cast<float2*>(out) + at.problem * s.n_samples;
+  if (Complex) {
+    // issue-bound (many warps of 128 registers): the stage's instructions
+    // and registers cost more than the stores' stalls
+    DeviceSink sink{row, at.writer};
+    epg::play<float, Complex>(s, t, lt, st, sink);
+  } else {
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    WarpStage* stage = sm.stage(static_cast<int>(threadIdx.x / 32));
+    stage->row[lane] = at.writer ? row : nullptr;
+    StagedSink sink{stage, lane, 0};
+    epg::play<float, Complex>(s, t, lt, st, sink);
+    if (sink.count > 0) sink.flush();
+  }
 }
 
 template <bool Complex, int R>
@@ -388,13 +500,17 @@ inline int launch(const EventStream& ds, const Tissue& t, float* out, cudaStream
   if (sh.kind == warp_kind) {
     const int64_t threads = static_cast<int64_t>(groups) * 32;
     const unsigned blocks = static_cast<unsigned>((threads + warp_block - 1) / warp_block);
-    const size_t smem = BlockShared::bytes(w, warp_block);
-    if (cplx)
+    const size_t smem = BlockShared::bytes(w, warp_block, !cplx);  // the real path stages its samples
+    if (cplx) {
+      BLOCHSIM_CUDA(allow_shared(warp_kernel<true, warp_orders_complex, false>, smem), "cudaFuncSetAttribute");
       warp_kernel<true, warp_orders_complex, false><<<blocks, warp_block, smem, st>>>(ds, t, out, sh.T, w);
-    else if (sh.T == 1)
+    } else if (sh.T == 1) {
+      BLOCHSIM_CUDA(allow_shared(warp_kernel<false, warp_orders_real, true>, smem), "cudaFuncSetAttribute");
       warp_kernel<false, warp_orders_real, true><<<blocks, warp_block, smem, st>>>(ds, t, out, sh.T, w);
-    else
+    } else {
+      BLOCHSIM_CUDA(allow_shared(warp_kernel<false, warp_orders_real, false>, smem), "cudaFuncSetAttribute");
       warp_kernel<false, warp_orders_real, false><<<blocks, warp_block, smem, st>>>(ds, t, out, sh.T, w);
+    }
     BLOCHSIM_CUDA(cudaGetLastError(), "warp_kernel launch");
   } else if (sh.kind == block_kind) {
     const size_t smem = BlockShared::bytes(w, sh.threads);
@@ -414,8 +530,8 @@ inline int launch(const EventStream& ds, const Tissue& t, float* out, cudaStream
     const int64_t fit = std::max<int64_t>(1, static_cast<int64_t>(free_b / 2) / per);
     const int64_t chunk = std::min<int64_t>(t.n, std::min<int64_t>(fit, 65536));
     float* scratch = nullptr;
-    BLOCHSIM_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&scratch), static_cast<size_t>(chunk * per), st),
-                  "cudaMallocAsync (tail scratch)");
+    BLOCHSIM_CUDA(pool_malloc(reinterpret_cast<void**>(&scratch), static_cast<size_t>(chunk * per), st),
+                  "cudaMallocFromPoolAsync (tail scratch)");
     const size_t smem = BlockShared::bytes(w, sh.T);
     for (int64_t first = 0; first < t.n; first += chunk) {
       const int64_t count = std::min<int64_t>(chunk, t.n - first);
@@ -462,7 +578,7 @@ inline int upload_stream(const EventStream& s, DeviceStream& d, cudaStream_t st,
   pack_events(s, records.data());
   const size_t o_rec = put(h, records.data(), ne + 1);
   h.resize(std::max<size_t>(h.size(), 16));
-  BLOCHSIM_CUDA(cudaMallocAsync(&d.buf, h.size(), st), "cudaMallocAsync (event stream)");
+  BLOCHSIM_CUDA(pool_malloc(&d.buf, h.size(), st), "cudaMallocFromPoolAsync (event stream)");
   BLOCHSIM_CUDA(cudaMemcpyAsync(d.buf, h.data(), h.size(), cudaMemcpyHostToDevice, st), "copy of the event stream");
   // the copy from pageable memory has been staged when it returns, so h may go
   unsigned char* b = static_cast<unsigned char*>(d.buf);
