@@ -220,6 +220,24 @@ def test_blochsim_device_array_and_dlpack():
     assert rel(t.cpu().numpy(), ref) <= RTOL
 
 
+def test_a_bare_cuda_array_interface():
+    # what Numba's device arrays expose: the interface alone (version 3,
+    # with a stream), from a library blochsim cannot name
+    cp = pytest.importorskip("cupy")
+    T2 = cp.linspace(20, 200, 50, dtype=cp.float32)
+    cp.cuda.Device().synchronize()
+    stream = cp.cuda.Stream(non_blocking=True)
+
+    class Bare:
+        __cuda_array_interface__ = {"shape": (50,), "typestr": "<f4", "data": (T2.data.ptr, False),
+                                    "version": 3, "strides": None, "stream": stream.ptr}
+
+    sim = FSESimulator(ESP=5.0, flip=np.full(16, 150.0))
+    out = sim.simulate(T1=900.0, T2=Bare())
+    assert isinstance(out, blochsim.DeviceArray) and out.shape == (50, 16)
+    assert rel(out.get(), sim.simulate(T1=900.0, T2=cp.asnumpy(T2))) <= RTOL
+
+
 def test_deterministic_on_the_device():
     cp = pytest.importorskip("cupy")
     T1 = cp.linspace(300, 2500, 3000)
