@@ -12,7 +12,7 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 
 from blochsim._events cimport EventStream, Property, Tissue, cuda_error_base, status_message
-from blochsim._host cimport host_forward_dispatch, host_forward_registers, host_isa
+from blochsim._host cimport host_forward_dispatch, host_forward_registers, host_isa, host_jacobian_dispatch
 cimport blochsim._launcher as L
 
 # Order of the tissue entries handed to the forward functions.
@@ -153,6 +153,39 @@ def forward_host(PackedStream ps, tuple tissue, int64_t n, float complex[:, ::1]
             st = host_forward_dispatch(ps.s, t, outp, threads)
         else:
             st = host_forward_registers(ps.s, t, outp, variant)
+    _raise(st, err)
+
+
+def jacobian_host(PackedStream ps, tuple tissue, int64_t n, fields, float complex[:, ::1] out,
+                  float complex[:, :, ::1] jac, int threads):
+    """Signal and tissue Jacobian of a packed stream for n problems on the
+    host, in one pass.
+
+    ``fields`` are indices into TISSUE_FIELDS (distinct, at least one);
+    ``jac`` is complex64 of shape (n, len(fields), n_samples): the derivative
+    of each sample with respect to each field in its SI unit.  ``tissue`` and
+    ``out`` as in :func:`forward_host`.
+    """
+    cdef Tissue t
+    cdef int st
+    cdef int nd = len(fields)
+    cdef int cf[9]
+    cdef char err[ERRLEN]
+    err[0] = 0
+    if nd < 1 or nd > 9:
+        raise ValueError("blochsim internal error: 1 to 9 Jacobian directions")
+    for i in range(nd):
+        cf[i] = int(fields[i])
+    if out.shape[0] != n or out.shape[1] != ps.s.n_samples or jac.shape[0] != n or jac.shape[1] != nd \
+            or jac.shape[2] != ps.s.n_samples:
+        raise ValueError("blochsim internal error: output shapes")
+    keep = _host_tissue(&t, tissue, n)
+    if n == 0 or ps.s.n_samples == 0:
+        return
+    cdef float* outp = <float*> &out[0, 0]
+    cdef float* jacp = <float*> &jac[0, 0, 0]
+    with nogil:
+        st = host_jacobian_dispatch(ps.s, t, cf, nd, outp, jacp, threads)
     _raise(st, err)
 
 

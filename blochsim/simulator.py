@@ -169,6 +169,72 @@ class Simulator(_Base):
         self._stream_cache = (key, s)
         return s
 
+    def _stream_for(self, p, present):
+        """The event stream of protocol p and its packed form for the kernels,
+        given the tissue properties present."""
+        if ("D" in present or "v" in present) and (p["crusher_dephasing_rad"] is None or p["voxel_size_m"] is None):
+            which = "D" if "D" in present else "v"
+            raise ValueError(
+                f"{which} needs the crusher geometry: pass crusher_dephasing_rad and voxel_size_m "
+                f"to {type(self).__name__} (got crusher_dephasing_rad={p['crusher_dephasing_rad']!r}, "
+                f"voxel_size_m={p['voxel_size_m']!r})")
+        s = self._packed(p)
+        states = p["states"] if p["states"] is not None else max(8, 1 + s.total_shifts)
+        real, phi0 = s.real_subspace(any(k in present for k in ("B0", "B1phase", "v")))
+        dk = voxel = 0.0
+        if p["crusher_dephasing_rad"] is not None and p["voxel_size_m"] is not None:
+            dk = p["crusher_dephasing_rad"] / p["voxel_size_m"]
+            voxel = p["voxel_size_m"]
+        return s, _core.PackedStream(s, states, dk, voxel, real, phi0)
+
+    def jacobian(self, diff, **values):
+        """Signal and its derivatives with respect to tissue properties, in one
+        pass (forward-mode dual numbers in the kernel, SPEC §4).
+
+        Parameters
+        ----------
+        diff : str or sequence of str
+            Tissue properties to differentiate with respect to; each must be
+            one this simulator models and be passed in ``values``.
+        **values
+            Tissue properties and protocol overrides, as for :meth:`simulate`.
+
+        Returns
+        -------
+        signal : numpy.ndarray, complex64, shape (*voxels, samples)
+        J : numpy.ndarray, complex64
+            ``(*voxels, samples)`` for one name, ``(*voxels, len(diff),
+            samples)`` for a sequence of names: d signal / d property, per
+            the property's public unit (per ms of T1 and T2, per Hz of B0,
+            per degree of B1phase, per µm²/ms of D, per m/s of v).
+        """
+        names = _diff_names(diff, self.tissue_properties, type(self).__name__, "jacobian")
+        proto, tissue = self._split(values)
+        for name in names:
+            if name not in tissue:
+                raise ValueError(f"jacobian with respect to {name!r} needs {name} passed as a tissue value")
+            kind = np.asarray(tissue[name]).dtype.kind
+            if not isinstance(tissue[name], (int, float)) and kind not in "f":
+                raise TypeError(f"{name} must be a float array to differentiate, got dtype "
+                                f"{np.asarray(tissue[name]).dtype}")
+        if any(V.is_device_array(v) for v in tissue.values()):
+            raise TypeError("jacobian takes NumPy tissue values (device arrays: not yet supported)")
+        p = self._protocol_values(proto)
+        arrays, shape = self._tissue(tissue)
+        s, ps = self._stream_for(p, set(arrays))
+        n = int(np.prod(shape, dtype=np.int64))
+        si = _host_si(arrays, shape)
+        out = np.empty(shape + (s.n_samples,), dtype=np.complex64)
+        jac = np.empty((n, len(names), s.n_samples), dtype=np.complex64)
+        fields = [_core.TISSUE_FIELDS.index(V.TISSUE_UNITS[k][1]) for k in names]
+        threads = self.threads if self.threads is not None else _dispatch.default_threads()
+        _core.jacobian_host(ps, si, n, fields, out.reshape(n, s.n_samples), jac, threads)
+        # the kernel's derivatives are per SI unit: per public unit they scale
+        # by the public-to-SI factor
+        jac *= np.array([V.TISSUE_UNITS[k][0] for k in names], np.float32)[:, None]
+        J = jac.reshape(shape + (len(names), s.n_samples))
+        return out, (J[..., 0, :] if isinstance(diff, str) else J)
+
     def stream(self, **protocol):
         """The packed event stream of one call with these protocol overrides."""
         self._check_names(protocol)
@@ -220,21 +286,7 @@ class Simulator(_Base):
             ifaces = {k: Interface(k, tissue[k]) for k in on_device}
             shapes = {**{k: a for k, a in arrays.items()}, **{k: _Shaped(i.shape) for k, i in ifaces.items()}}
             shape = V.broadcast_voxels(shapes) if shapes else ()
-        present = set(arrays) | set(ifaces)
-        if ("D" in present or "v" in present) and (p["crusher_dephasing_rad"] is None or p["voxel_size_m"] is None):
-            which = "D" if "D" in present else "v"
-            raise ValueError(
-                f"{which} needs the crusher geometry: pass crusher_dephasing_rad and voxel_size_m "
-                f"to {type(self).__name__} (got crusher_dephasing_rad={p['crusher_dephasing_rad']!r}, "
-                f"voxel_size_m={p['voxel_size_m']!r})")
-        s = self._packed(p)
-        states = p["states"] if p["states"] is not None else max(8, 1 + s.total_shifts)
-        real, phi0 = s.real_subspace(any(k in present for k in ("B0", "B1phase", "v")))
-        dk = voxel = 0.0
-        if p["crusher_dephasing_rad"] is not None and p["voxel_size_m"] is not None:
-            dk = p["crusher_dephasing_rad"] / p["voxel_size_m"]
-            voxel = p["voxel_size_m"]
-        ps = _core.PackedStream(s, states, dk, voxel, real, phi0)
+        s, ps = self._stream_for(p, set(arrays) | set(ifaces))
         n = int(np.prod(shape, dtype=np.int64))
         want = shape + (s.n_samples,)
         if device == "cuda" and (ifaces or out_on_device):
@@ -329,6 +381,22 @@ class Simulator(_Base):
         # one); waiting for it hands back a result any stream may read.
         _core.stream_synchronize(stream)
         return result
+
+
+def _diff_names(diff, modelled, owner, what):
+    """The names of a ``diff`` argument (a name or a sequence of distinct names)."""
+    names = (diff,) if isinstance(diff, str) else tuple(diff)
+    if not names:
+        raise ValueError(f"{what} needs at least one property in diff")
+    for k in names:
+        if not isinstance(k, str):
+            raise TypeError(f"diff names properties by str, got {k!r}")
+        if k not in modelled:
+            raise TypeError(f"{owner} cannot differentiate with respect to {k!r}: it models "
+                            f"{list(modelled)} (protocol parameters take vjp)")
+    if len(set(names)) != len(names):
+        raise ValueError(f"diff names a property twice: {list(names)}")
+    return names
 
 
 class _Shaped:

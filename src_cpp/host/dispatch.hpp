@@ -10,6 +10,11 @@ namespace blochsim {
 // the best one the CPU supports is chosen at the first call.
 int host_forward_dispatch(const EventStream& s, const Tissue& t, float* out, int threads);
 
+// Signal and tissue Jacobian of every problem of t along the tissue fields
+// fields[0 .. n_dirs) (host::jacobian_status); returns a Status.
+int host_jacobian_dispatch(const EventStream& s, const Tissue& t, const int* fields, int n_dirs, float* out,
+                           float* jac, int threads);
+
 // The device's register path run on the host for testing: a team of one
 // member with 32 orders (real path) or 16 (complex), or of 4 members with
 // 16 or 8 orders each; returns states_exceed_team when K does not fit.
@@ -21,7 +26,9 @@ const char* host_isa();
 namespace kernels {
 #define BLOCHSIM_DECLARE_KERNELS(suffix)                                                              \
   int range_real_##suffix(const EventStream&, const Tissue&, int64_t, int64_t, void*, float*);        \
-  int range_complex_##suffix(const EventStream&, const Tissue&, int64_t, int64_t, void*, float*);
+  int range_complex_##suffix(const EventStream&, const Tissue&, int64_t, int64_t, void*, float*);        \
+  int jacobian_range_##suffix(const EventStream&, const Tissue&, const int*, int, int64_t, int64_t, void*, \
+                              float*, float*);
 BLOCHSIM_DECLARE_KERNELS(default)
 BLOCHSIM_DECLARE_KERNELS(v3)
 BLOCHSIM_DECLARE_KERNELS(v4)

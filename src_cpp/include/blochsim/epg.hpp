@@ -79,24 +79,33 @@ template <class V, class M>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE IvCoef<V> interval_coef(const EventStream& s, const LaneTissue<V>& lt,
                                                           int64_t iv) {
   using LT = Lanes<V>;
+  using S = typename LT::Scalar;
+  using W = typename LT::template Wide<M>;  // M, or its dual on a dual lane type
+  using std::cos;
+  using std::exp;
+  using std::expm1;
+  using std::fabs;
+  using std::sin;
+  // the protocol's constants, then the tissue's values (which may carry
+  // derivatives)
   const M tau = static_cast<M>(s.duration_s[iv]);
   const M dk = static_cast<M>(s.dk_rad_per_m);
   const M voxel = static_cast<M>(s.voxel_size_m);
   IvCoef<V> c;
   for (int l = 0; l < LT::width; ++l) {
-    const M T1 = LT::get(lt.T1, l), T2 = LT::get(lt.T2, l);
-    const M v = LT::get(lt.v, l), D = LT::get(lt.D, l);
-    const M theta = static_cast<M>(2.0 * pi) * static_cast<M>(LT::get(lt.B0, l)) * tau;
-    M w = voxel > M(0) ? std::fabs(v) * tau / voxel : M(0);
-    w = w < M(1) ? w : M(1);
-    const M keep = M(1) - w;
-    const M e2 = keep * std::exp(-tau / T2);
-    LT::set(c.qr, l, static_cast<float>(e2 * std::cos(theta)));
-    LT::set(c.qi, l, static_cast<float>(-e2 * std::sin(theta)));
-    LT::set(c.e1, l, static_cast<float>(keep * std::exp(-tau / T1)));
-    LT::set(c.rec, l, static_cast<float>(-keep * std::expm1(-tau / T1) + w));
-    LT::set(c.dlog, l, static_cast<float>(-D * dk * dk * tau));
-    LT::set(c.flow, l, static_cast<float>(dk * v * tau));
+    const W T1 = static_cast<W>(LT::get(lt.T1, l)), T2 = static_cast<W>(LT::get(lt.T2, l));
+    const W v = static_cast<W>(LT::get(lt.v, l)), D = static_cast<W>(LT::get(lt.D, l));
+    const W theta = static_cast<M>(2.0 * pi) * static_cast<W>(LT::get(lt.B0, l)) * tau;
+    W w = voxel > M(0) ? fabs(v) * tau / voxel : W(M(0));
+    w = value_of(w) < M(1) ? w : W(M(1));
+    const W keep = M(1) - w;
+    const W e2 = keep * exp(-tau / T2);
+    LT::set(c.qr, l, static_cast<S>(e2 * cos(theta)));
+    LT::set(c.qi, l, static_cast<S>(-e2 * sin(theta)));
+    LT::set(c.e1, l, static_cast<S>(keep * exp(-tau / T1)));
+    LT::set(c.rec, l, static_cast<S>(-keep * expm1(-tau / T1) + w));
+    LT::set(c.dlog, l, static_cast<S>(-D * dk * dk * tau));
+    LT::set(c.flow, l, static_cast<S>(dk * v * tau));
   }
   return c;
 }
@@ -172,13 +181,16 @@ template <class V, bool Complex, int From = pulse_decided>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE Op<V> pulse_op(const EventStream& s, const EventRecord& ev, bool uniform,
                                                 const LaneTissue<V>& lt, float c0, float s0) {
   using LT = Lanes<V>;
+  using S = typename LT::Scalar;
+  using std::cos;
+  using std::sin;
   Op<V> o{};
   if (From == pulse_rows) uniform = true;
   if (From == pulse_lanes) uniform = false;
   const bool rows = From == pulse_rows || (From == pulse_decided && uniform && has_rf_rows(s));
   const int n = uniform ? 1 : LT::width;
   for (int l = 0; l < n; ++l) {
-    float c2, s2, sa, ca, cp, sp;
+    S c2, s2, sa, ca, cp, sp;
     if (rows) {
       const float* r = ev.rf;
       c2 = r[rft_cos2_half];
@@ -188,17 +200,17 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE Op<V> pulse_op(const EventStream& s, const Even
       cp = r[rft_cos_phase];
       sp = r[rft_sin_phase];
     } else {
-      const float alpha = ev.flip_rad * LT::get(lt.B1, l);
-      const float phi = ev.phase_rad + LT::get(lt.B1phase, l);
-      const float ch = std::cos(0.5f * alpha), sh = std::sin(0.5f * alpha);
+      const S alpha = ev.flip_rad * LT::get(lt.B1, l);
+      const S phi = ev.phase_rad + LT::get(lt.B1phase, l);
+      const S ch = cos(0.5f * alpha), sh = sin(0.5f * alpha);
       c2 = ch * ch;
       s2 = sh * sh;
       sa = 2.0f * sh * ch;
       ca = c2 - s2;
-      cp = std::cos(phi);
-      sp = std::sin(phi);
+      cp = cos(phi);
+      sp = sin(phi);
     }
-    float v[12] = {c2, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, ca, 0.0f, 0.0f, 0.0f};
+    S v[12] = {c2, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, ca, 0.0f, 0.0f, 0.0f};
     if (Complex) {
       v[2] = (cp * cp - sp * sp) * s2;  // A = e^{2i phi} s2
       v[3] = 2.0f * sp * cp * s2;
@@ -208,14 +220,14 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE Op<V> pulse_op(const EventStream& s, const Even
       v[7] = -0.5f * sa * cp;
     } else {
       // phi = phi0 or phi0 + pi: sigma = cos(phi - phi0) = +-1
-      const float sigma = cp * c0 + sp * s0 >= 0.0f ? 1.0f : -1.0f;
+      const float sigma = value_of(cp * c0 + sp * s0) >= 0.0f ? 1.0f : -1.0f;
       v[2] = -s2;
       v[4] = sigma * sa;
       v[6] = -0.5f * sigma * sa;
     }
     if (uniform) {
-      o = Op<V>{splat<V>(v[0]), splat<V>(v[1]), splat<V>(v[2]), splat<V>(v[3]), splat<V>(v[4]),
-                splat<V>(v[5]), splat<V>(v[6]), splat<V>(v[7]), splat<V>(v[8]), V{}, V{}, V{}};
+      o = Op<V>{LT::splat(v[0]), LT::splat(v[1]), LT::splat(v[2]), LT::splat(v[3]), LT::splat(v[4]),
+                LT::splat(v[5]), LT::splat(v[6]), LT::splat(v[7]), LT::splat(v[8]), V{}, V{}, V{}};
     } else {
       LT::set(o.pr, l, v[0]);
       LT::set(o.ar, l, v[2]);
@@ -380,13 +392,17 @@ struct PlaneStore {
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void relax_per_order(const IvCoef<V>& c, int band) {
     using LT = Lanes<V>;
     using D = typename LT::Double;
+    using SD = typename LT::template Wide<double>;
+    using std::cos;
+    using std::exp;
+    using std::sin;
     D g = splatd<D>(1.0), step, a2, wc = splatd<D>(1.0), ws = D{}, rc, rs;
     for (int l = 0; l < LT::width; ++l) {
-      const double dl = LT::get(c.dlog, l), fl = LT::get(c.flow, l);
-      LT::setd(step, l, std::exp(dl));
-      LT::setd(a2, l, std::exp(2.0 * dl));
-      LT::setd(rc, l, std::cos(fl));
-      LT::setd(rs, l, std::sin(fl));
+      const SD dl = static_cast<SD>(LT::get(c.dlog, l)), fl = static_cast<SD>(LT::get(c.flow, l));
+      LT::setd(step, l, exp(dl));
+      LT::setd(a2, l, exp(2.0 * dl));
+      LT::setd(rc, l, cos(fl));
+      LT::setd(rs, l, sin(fl));
     }
     for (int k = 0; k < band; ++k) {
       V dummy{};

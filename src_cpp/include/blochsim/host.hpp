@@ -18,6 +18,7 @@
 
 #include "epg.hpp"
 #include "events.hpp"
+#include "jacobian.hpp"
 
 // Host code only: skipped by nvcc's device pass when a .cu file includes it.
 #if !defined(__CUDA_ARCH__)
@@ -43,22 +44,24 @@ inline int forward_range(const EventStream& s, const Tissue& t, int64_t b0, int6
   return ok;
 }
 
-// Run fn over the blocks of t on `threads` threads (the calling thread is one
-// of them).  Returns the first non-zero status of any range.
-inline int run_blocks(const EventStream& s, const Tissue& t, float* out, int threads, RangeFn fn) {
+// Run body(b0, b1, work) over the blocks of t on `threads` threads (the
+// calling thread is one of them), each thread with a workspace of
+// `work_floats` floats and its own contiguous range of blocks.  Returns the
+// first non-zero status of any range.
+template <class Body>
+inline int run_blocks_with(const Tissue& t, int threads, std::size_t work_floats, Body&& fn) {
   if (threads < 1) return bad_threads;
   const int64_t nblocks = (t.n + lanes - 1) / lanes;
   if (nblocks == 0) return ok;
   const int64_t nthreads = std::min<int64_t>(threads, nblocks);
-  const std::size_t work_size = static_cast<std::size_t>(epg::PlaneStore<Vec, true>::workspace(s));
   std::vector<int> status(static_cast<std::size_t>(nthreads), ok);
   auto body = [&](int64_t i) {
     // 64-byte aligned, so that each plane row is one aligned register load
-    std::vector<float> buf(work_size * lanes + 16);
+    std::vector<float> buf(work_floats + 16);
     float* work = buf.data();
     while (reinterpret_cast<std::uintptr_t>(work) % 64 != 0) ++work;
     const int64_t b0 = nblocks * i / nthreads, b1 = nblocks * (i + 1) / nthreads;
-    status[static_cast<std::size_t>(i)] = fn(s, t, b0, b1, work, out);
+    status[static_cast<std::size_t>(i)] = fn(b0, b1, work);
   };
   std::vector<std::thread> pool;
   pool.reserve(static_cast<std::size_t>(nthreads - 1));
@@ -68,6 +71,13 @@ inline int run_blocks(const EventStream& s, const Tissue& t, float* out, int thr
   for (int st : status)
     if (st != ok) return st;
   return ok;
+}
+
+// Run fn over the blocks of t on `threads` threads.
+inline int run_blocks(const EventStream& s, const Tissue& t, float* out, int threads, RangeFn fn) {
+  const std::size_t work_size = static_cast<std::size_t>(epg::PlaneStore<Vec, true>::workspace(s));
+  return run_blocks_with(t, threads, work_size * lanes,
+                         [&](int64_t b0, int64_t b1, float* work) { return fn(s, t, b0, b1, work, out); });
 }
 
 // Forward EPG on the host: validates the stream, then plays it for every
@@ -81,6 +91,65 @@ inline int forward_status(const EventStream& s, const Tissue& t, float* out, int
   const int v = validate(s, t);
   if (v != ok) return v;
   return run_blocks(s, t, out, threads, s.real_path ? real_fn : complex_fn);
+}
+
+// Signature of a function that plays the Jacobian of blocks [b0, b1) with a
+// workspace of jacobian_workspace(s, n_dirs) floats.
+using JacobianRangeFn = int (*)(const EventStream& s, const Tissue& t, const int* fields, int n_dirs,
+                                int64_t b0, int64_t b1, void* work, float* out, float* jac);
+
+inline std::size_t jacobian_workspace(const EventStream& s, int n_dirs) {
+  return static_cast<std::size_t>(epg::PlaneStore<Vec, true>::workspace(s)) * lanes *
+         static_cast<std::size_t>(1 + dual_width(n_dirs));
+}
+
+template <int N, bool Complex>
+inline int jacobian_range_for(const EventStream& s, const Tissue& t, const int* fields, int n_dirs, int64_t b0,
+                              int64_t b1, void* work, float* out, float* jac) {
+  using T = Dual<Vec, N>;
+  for (int64_t b = b0; b < b1; ++b) {
+    const int st =
+        epg::jacobian_block<Vec, N, Complex>(s, t, fields, n_dirs, b * lanes, static_cast<T*>(work), out, jac);
+    if (st != ok) return st;
+  }
+  return ok;
+}
+
+// The Jacobian blocks for n_dirs directions on the stream's path.
+template <bool Complex>
+inline int jacobian_range(const EventStream& s, const Tissue& t, const int* fields, int n_dirs, int64_t b0,
+                          int64_t b1, void* work, float* out, float* jac) {
+  switch (dual_width(n_dirs)) {
+    case 1: return jacobian_range_for<1, Complex>(s, t, fields, n_dirs, b0, b1, work, out, jac);
+    case 2: return jacobian_range_for<2, Complex>(s, t, fields, n_dirs, b0, b1, work, out, jac);
+    case 4: return jacobian_range_for<4, Complex>(s, t, fields, n_dirs, b0, b1, work, out, jac);
+    default: return jacobian_range_for<tissue_fields, Complex>(s, t, fields, n_dirs, b0, b1, work, out, jac);
+  }
+}
+
+inline int jacobian_range_any(const EventStream& s, const Tissue& t, const int* fields, int n_dirs, int64_t b0,
+                              int64_t b1, void* work, float* out, float* jac) {
+  return s.real_path ? jacobian_range<false>(s, t, fields, n_dirs, b0, b1, work, out, jac)
+                     : jacobian_range<true>(s, t, fields, n_dirs, b0, b1, work, out, jac);
+}
+
+// Signal and tissue Jacobian on the host in one pass: out as forward_status,
+// jac (t.n, n_dirs, s.n_samples) complex64 interleaved, the derivative of
+// each sample with respect to tissue field fields[j] (TissueField) in its SI
+// unit.  n_dirs in [1, tissue_fields], the fields distinct.
+inline int jacobian_status(const EventStream& s, const Tissue& t, const int* fields, int n_dirs, float* out,
+                           float* jac, int threads, JacobianRangeFn fn = &jacobian_range_any) {
+  const int v = validate(s, t);
+  if (v != ok) return v;
+  if (n_dirs < 1 || n_dirs > tissue_fields) return bad_shape;
+  for (int j = 0; j < n_dirs; ++j) {
+    if (fields[j] < 0 || fields[j] >= tissue_fields) return bad_shape;
+    for (int i = 0; i < j; ++i)
+      if (fields[i] == fields[j]) return bad_shape;
+  }
+  return run_blocks_with(t, threads, jacobian_workspace(s, n_dirs), [&](int64_t b0, int64_t b1, float* work) {
+    return fn(s, t, fields, n_dirs, b0, b1, work, out, jac);
+  });
 }
 
 // As forward_status, throwing std::invalid_argument on a bad stream.

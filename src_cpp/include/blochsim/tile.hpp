@@ -22,6 +22,10 @@ template <>
 struct Lanes<float> {
   static constexpr int width = 1;
   using Double = double;
+  using Scalar = float;  // one lane's value
+  template <class M>
+  using Wide = M;  // one lane's value in the precision M
+  BLOCHSIM_HD static float splat(float s) { return s; }
   BLOCHSIM_HD static float get(const float& v, int) { return v; }
   BLOCHSIM_HD static void set(float& v, int, float x) { v = x; }
   BLOCHSIM_HD static double getd(const double& v, int) { return v; }
@@ -48,6 +52,10 @@ template <>
 struct Lanes<vfloat16> {
   static constexpr int width = 16;
   using Double = vdouble16;
+  using Scalar = float;
+  template <class M>
+  using Wide = M;
+  BLOCHSIM_FORCEINLINE static vfloat16 splat(float s) { return vfloat16{} + s; }
   BLOCHSIM_FORCEINLINE static float get(const vfloat16& v, int l) { return v[l]; }
   BLOCHSIM_FORCEINLINE static void set(vfloat16& v, int l, float x) { v[l] = x; }
   BLOCHSIM_FORCEINLINE static double getd(const vdouble16& v, int l) { return v[l]; }
@@ -60,6 +68,10 @@ template <>
 struct Lanes<vfloat4> {
   static constexpr int width = 4;
   using Double = vdouble4;
+  using Scalar = float;
+  template <class M>
+  using Wide = M;
+  BLOCHSIM_FORCEINLINE static vfloat4 splat(float s) { return vfloat4{} + s; }
   BLOCHSIM_FORCEINLINE static float get(const vfloat4& v, int l) { return v[l]; }
   BLOCHSIM_FORCEINLINE static void set(vfloat4& v, int l, float x) { v[l] = x; }
   BLOCHSIM_FORCEINLINE static double getd(const vdouble4& v, int l) { return v[l]; }
@@ -68,6 +80,34 @@ struct Lanes<vfloat4> {
   BLOCHSIM_FORCEINLINE static vdouble4 widen(const vfloat4& v) { return __builtin_convertvector(v, vdouble4); }
 };
 #endif
+
+// The element type of a lane type (itself for a scalar).
+template <class V>
+struct ElementOf {
+  using type = V;
+};
+#if defined(BLOCHSIM_HAVE_VECTOR_LANES)
+template <>
+struct ElementOf<vfloat16> {
+  using type = float;
+};
+template <>
+struct ElementOf<vfloat4> {
+  using type = float;
+};
+template <>
+struct ElementOf<vdouble16> {
+  using type = double;
+};
+template <>
+struct ElementOf<vdouble4> {
+  using type = double;
+};
+#endif
+
+// The value of a per-lane scalar (dual.hpp adds its duals' values).
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE float value_of(float x) { return x; }
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE double value_of(double x) { return x; }
 
 // A lane vector with every lane equal to x.
 template <class V>

@@ -1,0 +1,227 @@
+// Multi-direction dual numbers: a value and its derivatives along N
+// directions, x = v + sum_j d[j] eps_j with eps_i eps_j = 0.  Every kernel
+// template of epg.hpp runs on them unchanged, so one pass over the events
+// gives the signal and its derivative with respect to N tissue properties
+// (forward-mode differentiation; Griewank & Walther, Evaluating
+// Derivatives, 2nd ed., SIAM 2008, ch. 3).
+//
+// V is a lane type of tile.hpp (a float on the device, a vector of 16 floats
+// on the host) or a per-lane scalar (float, double); Lanes<Dual<V, N>>
+// gives per-lane access as Dual<scalar, N>.
+#pragma once
+
+#include <cmath>
+
+#include "tile.hpp"
+
+namespace blochsim {
+inline namespace BLOCHSIM_ISA {
+
+template <class V, int N>
+struct Dual {
+  V v;
+  V d[N];
+
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE Dual() : v{} {
+    for (int j = 0; j < N; ++j) d[j] = V{};
+  }
+  // a constant: no derivative
+  template <class S, class = decltype(static_cast<typename ElementOf<V>::type>(S{}))>
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE Dual(S x) : v(V{} + static_cast<typename ElementOf<V>::type>(x)) {
+    for (int j = 0; j < N; ++j) d[j] = V{};
+  }
+  // from another precision (float <-> double per-lane scalars)
+  template <class W>
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE explicit Dual(const Dual<W, N>& x) : v(static_cast<V>(x.v)) {
+    for (int j = 0; j < N; ++j) d[j] = static_cast<V>(x.d[j]);
+  }
+
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE Dual& operator+=(const Dual& b) {
+    v += b.v;
+    for (int j = 0; j < N; ++j) d[j] += b.d[j];
+    return *this;
+  }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE Dual& operator-=(const Dual& b) {
+    v -= b.v;
+    for (int j = 0; j < N; ++j) d[j] -= b.d[j];
+    return *this;
+  }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE Dual& operator*=(const Dual& b) {
+    for (int j = 0; j < N; ++j) d[j] = d[j] * b.v + v * b.d[j];
+    v *= b.v;
+    return *this;
+  }
+};
+
+template <class V, int N>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE Dual<V, N> operator+(Dual<V, N> a, const Dual<V, N>& b) {
+  return a += b;
+}
+template <class V, int N>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE Dual<V, N> operator-(Dual<V, N> a, const Dual<V, N>& b) {
+  return a -= b;
+}
+template <class V, int N>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE Dual<V, N> operator-(const Dual<V, N>& a) {
+  Dual<V, N> r;
+  r.v = -a.v;
+  for (int j = 0; j < N; ++j) r.d[j] = -a.d[j];
+  return r;
+}
+template <class V, int N>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE Dual<V, N> operator*(const Dual<V, N>& a, const Dual<V, N>& b) {
+  Dual<V, N> r;
+  r.v = a.v * b.v;
+  for (int j = 0; j < N; ++j) r.d[j] = a.d[j] * b.v + a.v * b.d[j];
+  return r;
+}
+template <class V, int N>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE Dual<V, N> operator/(const Dual<V, N>& a, const Dual<V, N>& b) {
+  Dual<V, N> r;
+  r.v = a.v / b.v;
+  for (int j = 0; j < N; ++j) r.d[j] = (a.d[j] - r.v * b.d[j]) / b.v;
+  return r;
+}
+// with a constant on either side (kept apart from the dual products: no
+// derivative work for the constant)
+#define BLOCHSIM_DUAL_SCALAR_OPS(S)                                                              \
+  template <class V, int N>                                                                      \
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE Dual<V, N> operator*(const Dual<V, N>& a, S b) {              \
+    Dual<V, N> r;                                                                                \
+    r.v = a.v * b;                                                                               \
+    for (int j = 0; j < N; ++j) r.d[j] = a.d[j] * b;                                             \
+    return r;                                                                                    \
+  }                                                                                              \
+  template <class V, int N>                                                                      \
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE Dual<V, N> operator*(S b, const Dual<V, N>& a) {              \
+    return a * b;                                                                                \
+  }                                                                                              \
+  template <class V, int N>                                                                      \
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE Dual<V, N> operator+(Dual<V, N> a, S b) {                     \
+    a.v = a.v + b;                                                                               \
+    return a;                                                                                    \
+  }                                                                                              \
+  template <class V, int N>                                                                      \
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE Dual<V, N> operator+(S b, Dual<V, N> a) {                     \
+    a.v = a.v + b;                                                                               \
+    return a;                                                                                    \
+  }                                                                                              \
+  template <class V, int N>                                                                      \
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE Dual<V, N> operator-(Dual<V, N> a, S b) {                     \
+    a.v = a.v - b;                                                                               \
+    return a;                                                                                    \
+  }                                                                                              \
+  template <class V, int N>                                                                      \
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE Dual<V, N> operator-(S b, const Dual<V, N>& a) {              \
+    Dual<V, N> r = -a;                                                                           \
+    r.v = r.v + b;                                                                               \
+    return r;                                                                                    \
+  }                                                                                              \
+  template <class V, int N>                                                                      \
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE Dual<V, N> operator/(const Dual<V, N>& a, S b) {              \
+    Dual<V, N> r;                                                                                \
+    r.v = a.v / b;                                                                               \
+    for (int j = 0; j < N; ++j) r.d[j] = a.d[j] / b;                                             \
+    return r;                                                                                    \
+  }                                                                                              \
+  template <class V, int N>                                                                      \
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE Dual<V, N> operator/(S b, const Dual<V, N>& a) {              \
+    Dual<V, N> r;                                                                                \
+    r.v = b / a.v;                                                                               \
+    for (int j = 0; j < N; ++j) r.d[j] = -(r.v * a.d[j]) / a.v;                                  \
+    return r;                                                                                    \
+  }
+BLOCHSIM_DUAL_SCALAR_OPS(float)
+BLOCHSIM_DUAL_SCALAR_OPS(double)
+#undef BLOCHSIM_DUAL_SCALAR_OPS
+
+// Comparisons look at the value only (branches of the kernels do not depend
+// on the derivatives).
+template <class V, int N>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE V value_of(const Dual<V, N>& x) {
+  return x.v;
+}
+
+// Elementary functions of per-lane dual scalars: f(v) + f'(v) d.
+template <class S, int N>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE Dual<S, N> chain(const Dual<S, N>& x, S f, S df) {
+  Dual<S, N> r;
+  r.v = f;
+  for (int j = 0; j < N; ++j) r.d[j] = df * x.d[j];
+  return r;
+}
+template <class S, int N>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE Dual<S, N> exp(const Dual<S, N>& x) {
+  const S e = std::exp(x.v);
+  return chain(x, e, e);
+}
+template <class S, int N>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE Dual<S, N> expm1(const Dual<S, N>& x) {
+  return chain(x, static_cast<S>(std::expm1(x.v)), static_cast<S>(std::exp(x.v)));
+}
+template <class S, int N>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE Dual<S, N> cos(const Dual<S, N>& x) {
+  return chain(x, static_cast<S>(std::cos(x.v)), static_cast<S>(-std::sin(x.v)));
+}
+template <class S, int N>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE Dual<S, N> sin(const Dual<S, N>& x) {
+  return chain(x, static_cast<S>(std::sin(x.v)), static_cast<S>(std::cos(x.v)));
+}
+// |x| with the derivative of x's sign (+1 at 0: flow at rest washes out
+// forward)
+template <class S, int N>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE Dual<S, N> fabs(const Dual<S, N>& x) {
+  return chain(x, static_cast<S>(std::fabs(x.v)), static_cast<S>(x.v < S(0) ? -1 : 1));
+}
+
+template <class V, int N>
+struct Lanes<Dual<V, N>> {
+  using B = Lanes<V>;
+  static constexpr int width = B::width;
+  using Scalar = Dual<float, N>;
+  using Double = Dual<typename B::Double, N>;
+  template <class M>
+  using Wide = Dual<M, N>;
+  BLOCHSIM_HD static Scalar get(const Dual<V, N>& x, int l) {
+    Scalar s;
+    s.v = B::get(x.v, l);
+    for (int j = 0; j < N; ++j) s.d[j] = B::get(x.d[j], l);
+    return s;
+  }
+  BLOCHSIM_HD static void set(Dual<V, N>& x, int l, const Scalar& s) {
+    B::set(x.v, l, s.v);
+    for (int j = 0; j < N; ++j) B::set(x.d[j], l, s.d[j]);
+  }
+  BLOCHSIM_HD static Dual<double, N> getd(const Double& x, int l) {
+    Dual<double, N> s;
+    s.v = B::getd(x.v, l);
+    for (int j = 0; j < N; ++j) s.d[j] = B::getd(x.d[j], l);
+    return s;
+  }
+  BLOCHSIM_HD static void setd(Double& x, int l, const Dual<double, N>& s) {
+    B::setd(x.v, l, s.v);
+    for (int j = 0; j < N; ++j) B::setd(x.d[j], l, s.d[j]);
+  }
+  BLOCHSIM_HD static Dual<V, N> narrow(const Double& x) {
+    Dual<V, N> r;
+    r.v = B::narrow(x.v);
+    for (int j = 0; j < N; ++j) r.d[j] = B::narrow(x.d[j]);
+    return r;
+  }
+  BLOCHSIM_HD static Double widen(const Dual<V, N>& x) {
+    Double r;
+    r.v = B::widen(x.v);
+    for (int j = 0; j < N; ++j) r.d[j] = B::widen(x.d[j]);
+    return r;
+  }
+  // every lane equal to the per-lane scalar s
+  BLOCHSIM_HD static Dual<V, N> splat(const Scalar& s) {
+    Dual<V, N> r;
+    r.v = V{} + s.v;
+    for (int j = 0; j < N; ++j) r.d[j] = V{} + s.d[j];
+    return r;
+  }
+};
+
+}  // namespace BLOCHSIM_ISA
+}  // namespace blochsim

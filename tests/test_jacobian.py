@@ -1,0 +1,230 @@
+"""Forward-mode tissue Jacobians (SPEC §4) against outside references:
+analytic derivatives of closed forms, and central finite differences of a
+float64 EPG written here from Weigel's equations (J Magn Reson Imaging
+2015, 41:266)."""
+import numpy as np
+import pytest
+
+from blochsim import Delay, Dephase, Excitation, Inversion, Pulse, Readout, Refocusing, Sequence, Simulator
+from blochsim.simulators import FSESimulator, MRFSimulator
+
+FLIPS = np.concatenate([np.linspace(5, 60, 30), np.linspace(60, 2, 30)])
+
+
+def rel(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+# ---------------------------------------------------------------------------
+# float64 oracle: an inversion-prepared train (pulse, free precession over
+# TE, readout at receiver phase -90 deg, one shift, free precession over
+# TR - TE), states as a (3, K) complex array with rows F+, F-, Z.
+
+def rf(alpha, phi):
+    c2, s2, s = np.cos(alpha / 2) ** 2, np.sin(alpha / 2) ** 2, np.sin(alpha)
+    e = np.exp(1j * phi)
+    return np.array([
+        [c2, e ** 2 * s2, -1j * e * s],
+        [np.conj(e) ** 2 * s2, c2, 1j * np.conj(e) * s],
+        [-0.5j * np.conj(e) * s, 0.5j * e * s, np.cos(alpha)],
+    ])
+
+
+def relax(om, tau, T1, T2, B0):
+    E1, E2 = np.exp(-tau / T1), np.exp(-tau / T2)
+    q = E2 * np.exp(-2j * np.pi * B0 * tau)
+    om = om * np.array([[q], [np.conj(q)], [E1]])
+    om[2, 0] += 1 - E1
+    return om
+
+
+def shift(om):
+    om = om.copy()
+    om[0, 1:] = om[0, :-1].copy()
+    om[1, :-1] = om[1, 1:].copy()
+    om[1, -1] = 0
+    om[0, 0] = np.conj(om[1, 0])
+    return om
+
+
+TE, TR = 2.0, 10.0
+
+
+def oracle(T1, T2, M0=1.0, B1=1.0, B0=0.0, B1phase=0.0, inv_efficiency=1.0, phases=None, K=32):
+    """Samples of the train in float64; times in ms, B0 in Hz, phases in degrees."""
+    ph = np.zeros(len(FLIPS)) if phases is None else np.radians(phases)
+    om = np.zeros((3, K), complex)
+    om[2, 0] = -inv_efficiency
+    out = []
+    for a, p in zip(np.radians(FLIPS), ph):
+        om = relax(rf(a * B1, p + np.radians(B1phase)) @ om, TE * 1e-3, T1 * 1e-3, T2 * 1e-3, B0)
+        out.append(1j * M0 * om[0, 0])
+        om = relax(shift(om), (TR - TE) * 1e-3, T1 * 1e-3, T2 * 1e-3, B0)
+    return np.array(out)
+
+
+def central(f, kw, name, h):
+    up, dn = dict(kw), dict(kw)
+    up[name] = kw[name] + h
+    dn[name] = kw[name] - h
+    return (f(**up) - f(**dn)) / (2 * h)
+
+
+class Train(Simulator):
+    """The oracle's train, with every property it models."""
+
+    protocol = {"phases": None}
+    tissue_properties = ("T1", "T2", "M0", "B1", "B0", "B1phase", "inv_efficiency")
+
+    def repetition(self, p):
+        ph = np.zeros(len(FLIPS)) if p["phases"] is None else p["phases"]
+        ops = [Inversion()]
+        for f, q in zip(FLIPS, ph):
+            ops += [Pulse(float(f), float(q)), Delay(TE), Readout(-90.0), Dephase(), Delay(TR - TE)]
+        return Sequence(ops)
+
+
+STEPS = {"T1": 0.5, "T2": 0.05, "M0": 1e-4, "B1": 1e-5, "B0": 1e-3, "B1phase": 1e-3, "inv_efficiency": 1e-5}
+
+
+def test_real_path_jacobian_against_finite_differences_of_the_oracle():
+    kw = {"T1": 850.0, "T2": 60.0, "M0": 0.8, "B1": 0.9, "inv_efficiency": 0.95}
+    names = ("T1", "T2", "M0", "B1", "inv_efficiency")
+    s, J = Train(states=32).jacobian(names, **kw)
+    assert s.shape == (60,) and J.shape == (5, 60) and J.dtype == np.complex64
+    assert rel(s, oracle(**kw)) < 1e-5
+    for j, name in enumerate(names):
+        assert rel(J[j], central(oracle, kw, name, STEPS[name])) < 1e-4, name
+
+
+def test_complex_path_jacobian_with_off_resonance_and_phases():
+    phases = 0.5 * 117.0 * np.arange(60) * (np.arange(60) + 1) % 360.0
+    kw = {"T1": 1200.0, "T2": 90.0, "B1": 1.05, "B0": 7.0, "B1phase": 4.0}
+    names = ("T2", "T1", "B0", "B1", "B1phase")
+    s, J = Train(states=32, phases=phases).jacobian(names, **kw)
+    assert rel(s, oracle(**kw, phases=phases)) < 1e-5
+    for j, name in enumerate(names):
+        ref = central(lambda **k: oracle(**k, phases=phases), kw, name, STEPS[name])
+        assert rel(J[j], ref) < 1e-4, name
+
+
+def test_perfect_cpmg_against_the_analytic_derivative():
+    # 180-degree refocusing: echo n is M0 e^{-n ESP / T2} (times a phase), so
+    # d/dT2 = n ESP / T2^2 s and d/dM0 = s / M0; T1 has no effect
+    ESP, T2, M0 = 6.0, np.array([40.0, 95.0]), 1.3
+    sim = FSESimulator(ESP=ESP, flip=np.full(20, 180.0))
+    s, J = sim.jacobian(("T2", "M0", "T1"), T1=900.0, T2=T2, M0=M0)
+    n = np.arange(1, 21)
+    TE = n * ESP
+    assert rel(np.abs(s), M0 * np.exp(-TE[None] / T2[:, None])) < 1e-5
+    assert rel(J[:, 0], s * TE[None] / T2[:, None] ** 2) < 1e-5
+    assert rel(J[:, 1], s / M0) < 1e-5
+    assert np.max(np.abs(J[:, 2])) < 1e-9
+
+
+def test_inversion_recovery_against_the_analytic_derivative():
+    # s = 1 - (1 + eta) e^{-TI/T1}: d/dT1 = -(1 + eta) TI/T1^2 e^{-TI/T1},
+    # d/deta = -e^{-TI/T1}
+    TI, T1, eta = 400.0, np.array([300.0, 700.0, 2000.0]), 0.93
+
+    class IR(Simulator):
+        tissue_properties = ("T1", "inv_efficiency")
+
+        def repetition(self, p):
+            return Readout(-90.0) @ Pulse(90.0) @ Delay(TI) @ Inversion()
+
+    s, J = IR().jacobian(["T1", "inv_efficiency"], T1=T1, inv_efficiency=eta)
+    e = np.exp(-TI / T1)
+    assert rel(s[:, 0].real, 1 - (1 + eta) * e) < 1e-5
+    assert rel(J[:, 0, 0].real, -(1 + eta) * TI / T1 ** 2 * e) < 1e-5
+    assert rel(J[:, 1, 0].real, -e) < 1e-5
+
+
+def test_diffusion_against_stejskal_tanner():
+    # echo = e^{-2 tau/T2} e^{-b D}: d/dD = -b echo (b in ms/um^2 for D in um^2/ms)
+    tau, T2 = 20.0, 80.0
+    crusher, voxel = 4 * np.pi, 1e-3
+    dk = crusher / voxel
+    D = np.array([0.5, 1.0, 3.0])
+
+    class DW(Simulator):
+        tissue_properties = ("T2", "D")
+
+        def repetition(self, p):
+            return (Readout() @ Dephase() @ Delay(tau) @ Refocusing(180.0) @ Delay(tau) @ Dephase()
+                    @ Excitation(90.0, 90.0))
+
+    s, J = DW(crusher_dephasing_rad=crusher, voxel_size_m=voxel).jacobian("D", T2=T2, D=D)
+    b = dk ** 2 * 2 * tau * 1e-3 * 1e-9  # per (um^2/ms)
+    assert rel(J[:, 0], -b * s[:, 0]) < 1e-5
+
+
+def test_flow_against_finite_differences():
+    # a velocity v moves the phase of order k by k dk v tau and washes out
+    # v tau / voxel of the voxel per interval; the reference is central
+    # differences of blochsim's float32 forward (rounding ~1e-4 of J here)
+    class Flow(Simulator):
+        tissue_properties = ("T1", "T2", "v")
+
+        def repetition(self, p):
+            ops = [Excitation(90.0, 90.0)]
+            for _ in range(12):
+                ops += [Dephase(), Delay(4.0), Refocusing(150.0), Dephase(), Delay(4.0), Readout()]
+            return Sequence(ops)
+
+    sim = Flow(crusher_dephasing_rad=2 * np.pi, voxel_size_m=2e-3)
+    kw = {"T1": 1000.0, "T2": 100.0, "v": np.array([0.01, 0.05])}
+    s, J = sim.jacobian("v", **kw)
+    h = 2e-4
+    fd = central(lambda **k: sim.simulate(**k).astype(np.complex128), kw, "v", h)
+    assert rel(J, fd) < 2e-3
+
+
+def test_every_direction_in_one_pass_matches_each_alone():
+    kw = {"T1": np.array([600.0, 1500.0]), "T2": np.array([45.0, 130.0]), "M0": 1.1, "B1": 0.95, "B0": 3.0,
+          "B1phase": 2.0, "inv_efficiency": 0.97}
+    names = tuple(kw)
+    sim = Train(states=32)
+    s, J = sim.jacobian(names, **kw)  # 7 directions: the widest duals
+    assert J.shape == (2, 7, 60)
+    for j, name in enumerate(names):
+        s1, J1 = sim.jacobian(name, **kw)
+        np.testing.assert_array_equal(s1, s)
+        assert rel(J1, J[:, j]) < 1e-6, name
+    s2, J2 = sim.jacobian(("B0", "T2", "T1"), **kw)  # 3 directions: duals of 4
+    assert rel(J2[:, 1], J[:, 1]) < 1e-6 and rel(J2[:, 0], J[:, 4]) < 1e-6
+
+
+def test_shapes_and_thread_count():
+    T1 = np.linspace(400.0, 2000.0, 35).reshape(5, 7)
+    sim = MRFSimulator(flip=FLIPS, TR=10.0, states=32, threads=1)
+    s, J = sim.jacobian(("T1", "T2"), T1=T1, T2=80.0)
+    assert s.shape == (5, 7, 60) and J.shape == (5, 7, 2, 60)
+    s1, J1 = sim.jacobian("T2", T1=T1, T2=80.0)
+    assert J1.shape == (5, 7, 60)
+    np.testing.assert_array_equal(J1, J[..., 1, :])
+    many = MRFSimulator(flip=FLIPS, TR=10.0, states=32, threads=2)
+    s2, J2 = many.jacobian(("T1", "T2"), T1=T1, T2=80.0)
+    np.testing.assert_array_equal(J2, J)
+    np.testing.assert_array_equal(s2, s)
+
+
+def test_jacobian_refusals():
+    sim = MRFSimulator(flip=FLIPS, TR=10.0, states=32)
+    with pytest.raises(ValueError, match=r"jacobian with respect to 'B1' needs B1 passed"):
+        sim.jacobian("B1", T1=900.0, T2=80.0)
+    with pytest.raises(TypeError, match=r"T2 must be a float array to differentiate, got dtype int64"):
+        sim.jacobian("T2", T1=900.0, T2=np.array([80, 90]))
+    with pytest.raises(TypeError, match=r"cannot differentiate with respect to 'B0'"):
+        sim.jacobian("B0", T1=900.0, T2=80.0)
+    with pytest.raises(TypeError, match=r"cannot differentiate with respect to 'flip'.*vjp"):
+        sim.jacobian("flip", T1=900.0, T2=80.0)
+    with pytest.raises(ValueError, match=r"diff names a property twice: \['T1', 'T1'\]"):
+        sim.jacobian(("T1", "T1"), T1=900.0, T2=80.0)
+    with pytest.raises(ValueError, match=r"at least one property"):
+        sim.jacobian((), T1=900.0, T2=80.0)
+    with pytest.raises(TypeError, match=r"diff names properties by str, got 3"):
+        sim.jacobian(("T1", 3), T1=900.0, T2=80.0)
+    with pytest.raises(ValueError, match=r"T1 must be > 0 ms"):
+        sim.jacobian("T1", T1=-1.0, T2=80.0)
