@@ -41,3 +41,21 @@ def test_mrf_forward_complex_path(benchmark, n):
 def test_mrf_forward_threads_10k(benchmark, threads):
     """10,000 atoms at a fixed thread count (the issue's 2-core target)."""
     _run(benchmark, 10_000, 0.0, threads=threads)
+
+
+def _run_jacobian(benchmark, n, threads=None):
+    T1, T2 = reference_tissues(n)
+    sim = MRFSimulator(flip=reference_flips(500), TR=10.0, states=32, threads=threads)
+    sim.jacobian(("T1", "T2"), T1=T1[:16], T2=T2[:16])
+    rounds = 3 if n >= 100_000 else 5
+    s, J = benchmark.pedantic(sim.jacobian, args=(("T1", "T2"),), kwargs={"T1": T1, "T2": T2},
+                              rounds=rounds, warmup_rounds=1)
+    assert J.shape == (n, 2, 500)
+    benchmark.extra_info["atoms"] = n
+    benchmark.extra_info["atoms_per_s_median"] = n / benchmark.stats.stats.median
+
+
+@pytest.mark.parametrize("n", [1_000, 10_000])
+def test_mrf_jacobian_T1_T2(benchmark, n):
+    """Signal and its (T1, T2) Jacobian in one pass (real path)."""
+    _run_jacobian(benchmark, n)

@@ -210,13 +210,7 @@ class Simulator(_Base):
         """
         names = _diff_names(diff, self.tissue_properties, type(self).__name__, "jacobian")
         proto, tissue = self._split(values)
-        for name in names:
-            if name not in tissue:
-                raise ValueError(f"jacobian with respect to {name!r} needs {name} passed as a tissue value")
-            kind = np.asarray(tissue[name]).dtype.kind
-            if not isinstance(tissue[name], (int, float)) and kind not in "f":
-                raise TypeError(f"{name} must be a float array to differentiate, got dtype "
-                                f"{np.asarray(tissue[name]).dtype}")
+        _check_diff_values(names, tissue)
         if any(V.is_device_array(v) for v in tissue.values()):
             raise TypeError("jacobian takes NumPy tissue values (device arrays: not yet supported)")
         p = self._protocol_values(proto)
@@ -399,6 +393,18 @@ def _diff_names(diff, modelled, owner, what):
     return names
 
 
+def _check_diff_values(names, tissue):
+    """Each property differentiated must be passed, as a float."""
+    for name in names:
+        if name not in tissue:
+            raise ValueError(f"jacobian with respect to {name!r} needs {name} passed as a tissue value")
+        v = tissue[name]
+        if isinstance(v, (int, float)) or V.is_device_array(v):
+            continue
+        if np.asarray(v).dtype.kind != "f":
+            raise TypeError(f"{name} must be a float array to differentiate, got dtype {np.asarray(v).dtype}")
+
+
 class _Shaped:
     """Stands in for an array in shape broadcasting."""
 
@@ -497,3 +503,43 @@ class ClosedFormSimulator(_Base):
         out = self.signal(p, t)
         out = np.broadcast_to(out, shape + (np.shape(out)[-1],))
         return np.ascontiguousarray(out, dtype=ctype)
+
+    def derivatives(self, p: dict, t: dict, names: tuple) -> dict:
+        """Analytic derivatives of :meth:`signal` with respect to the tissue
+        properties ``names`` (public units, broadcast like the signal)."""
+        raise NotImplementedError(f"{type(self).__name__} defines no analytic derivatives")
+
+    def jacobian(self, diff, **values):
+        """Signal and its analytic derivatives with respect to tissue
+        properties.
+
+        Parameters
+        ----------
+        diff : str or sequence of str
+            Tissue properties to differentiate with respect to; each must be
+            one this simulator models and be passed in ``values``.
+        **values
+            Tissue properties and protocol overrides, as for :meth:`simulate`.
+
+        Returns
+        -------
+        signal : numpy.ndarray, complex, shape (*voxels, samples)
+        J : numpy.ndarray, complex
+            ``(*voxels, samples)`` for one name, ``(*voxels, len(diff),
+            samples)`` for a sequence of names, per the property's public
+            unit; complex128 for float64 inputs, else complex64.
+        """
+        names = _diff_names(diff, self.tissue_properties, type(self).__name__, "jacobian")
+        proto, tissue = self._split(values)
+        _check_diff_values(names, tissue)
+        p = self._protocol_values(proto)
+        arrays, shape = self._tissue(tissue)
+        dtype = np.result_type(*arrays.values(), np.float32) if arrays else np.float64
+        ctype = np.complex128 if dtype == np.float64 else np.complex64
+        t = {k: np.asarray(a, dtype=np.float64)[..., None] for k, a in arrays.items()}
+        out = self.signal(p, t)
+        samples = np.shape(out)[-1]
+        out = np.ascontiguousarray(np.broadcast_to(out, shape + (samples,)), dtype=ctype)
+        d = self.derivatives(p, t, names)
+        J = np.stack([np.broadcast_to(d[k], shape + (samples,)) for k in names], -2).astype(ctype)
+        return out, (J[..., 0, :] if isinstance(diff, str) else J)

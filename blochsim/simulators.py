@@ -289,6 +289,21 @@ class SPGRSimulator(ClosedFormSimulator):
             s = s * np.exp(-2j * np.pi * t["B0"] * TE * 1e-3)
         return s
 
+    def derivatives(self, p, t, names):
+        flip, TR, TE = _contrasts(p, ("flip", "TR", "TE"))
+        a = np.radians(flip)
+        T1 = t["T1"]
+        E1 = np.exp(-TR / T1)
+        s = self.signal(p, t)
+        # d ln[(1 - E1) / (1 - cos a E1)] / dE1 = (cos a - 1) / ((1 - E1)(1 - cos a E1))
+        dlog = (np.cos(a) - 1) / ((1 - E1) * (1 - np.cos(a) * E1))
+        d = {"T1": s * dlog * E1 * TR / T1 ** 2, "M0": s / t.get("M0", 1.0)}
+        if "T2star" in t:
+            d["T2star"] = s * TE / t["T2star"] ** 2
+        if "B0" in t:
+            d["B0"] = s * (-2j * np.pi * TE * 1e-3)
+        return {k: d[k] for k in names}
+
 
 class bSSFPSimulator(ClosedFormSimulator):
     """Balanced SSFP steady state, exact.
@@ -328,6 +343,10 @@ class bSSFPSimulator(ClosedFormSimulator):
         return p
 
     def signal(self, p, t):
+        return self._steady(p, t)["s"]
+
+    def _steady(self, p, t):
+        """The signal and the pieces of its linear system (for derivatives)."""
         for k in ("flip", "TR"):
             if p[k] is None:
                 raise TypeError(f"bSSFPSimulator needs protocol parameter {k!r}")
@@ -351,8 +370,41 @@ class bSSFPSimulator(ClosedFormSimulator):
         b = np.stack([z, z, 1 - E1], -1)
         A = np.eye(3) - R @ E
         M = np.linalg.solve(A, (R @ b[..., None]))[..., 0]
-        F = (M[..., 0] + 1j * M[..., 1]) * np.exp(-TE / T2) * np.exp(-2j * np.pi * B0 * TE * 1e-3)
-        return 1j * t.get("M0", 1.0) * F
+        echo = np.exp(-TE / T2) * np.exp(-2j * np.pi * B0 * TE * 1e-3)
+        F = (M[..., 0] + 1j * M[..., 1]) * echo
+        return {"s": 1j * t.get("M0", 1.0) * F, "R": R, "E1": E1, "E2": E2, "cb": cb, "sb": sb, "TR": TR,
+                "TE": TE, "A": A, "M": M, "echo": echo, "z": z}
+
+    def derivatives(self, p, t, names):
+        q = self._steady(p, t)
+        s, R, E1, E2, cb, sb, TR, TE, A, M, echo, z = (q[k] for k in (
+            "s", "R", "E1", "E2", "cb", "sb", "TR", "TE", "A", "M", "echo", "z"))
+        T1, T2, m0 = t["T1"], t["T2"], t.get("M0", 1.0)
+
+        def through(dE, db):
+            # M = A^{-1} R b with A = I - R E: dM = A^{-1} (R db + R dE M)
+            rhs = R @ (db[..., None] + dE @ M[..., None])
+            dM = np.linalg.solve(A, rhs)[..., 0]
+            return 1j * m0 * (dM[..., 0] + 1j * dM[..., 1]) * echo
+
+        def e_matrix(e2_cb, e2_sb, e1):
+            return np.stack([np.stack([e2_cb, e2_sb, z], -1), np.stack([-e2_sb, e2_cb, z], -1),
+                             np.stack([z, z, e1], -1)], -2)
+
+        d = {}
+        if "T1" in names:
+            dE1 = E1 * TR / T1 ** 2
+            d["T1"] = through(e_matrix(z, z, dE1), np.stack([z, z, -dE1], -1))
+        if "T2" in names:
+            dE2 = E2 * TR / T2 ** 2
+            d["T2"] = through(e_matrix(dE2 * cb, dE2 * sb, z), np.stack([z, z, z], -1)) + s * TE / T2 ** 2
+        if "B0" in names:
+            dbeta = 2 * np.pi * TR * 1e-3
+            d["B0"] = (through(e_matrix(-E2 * sb * dbeta, E2 * cb * dbeta, z), np.stack([z, z, z], -1))
+                       + s * (-2j * np.pi * TE * 1e-3))
+        if "M0" in names:
+            d["M0"] = s / m0
+        return d
 
 
 class InversionRecoverySimulator(ClosedFormSimulator):
@@ -391,6 +443,16 @@ class InversionRecoverySimulator(ClosedFormSimulator):
             s = s + eta * np.exp(-p["TR"] / t["T1"])
         return t.get("M0", 1.0) * s
 
+    def derivatives(self, p, t, names):
+        eta, T1, TI, m0 = t.get("inv_efficiency", 1.0), t["T1"], p["TI"], t.get("M0", 1.0)
+        eI = np.exp(-TI / T1)
+        eR = np.exp(-p["TR"] / T1) if p["TR"] is not None else 0.0
+        TR = p["TR"] if p["TR"] is not None else 0.0
+        d = {"T1": m0 * (-(1 + eta) * eI * TI + eta * eR * TR) / T1 ** 2,
+             "inv_efficiency": m0 * (eR - eI),
+             "M0": self.signal(p, t) / m0}
+        return {k: d[k] for k in names}
+
 
 class SpinEchoSimulator(ClosedFormSimulator):
     """Spin echo with repetition: S = M0 (1 - 2e^{-(TR-TE/2)/T1} + e^{-TR/T1}) e^{-TE/T2}.
@@ -424,6 +486,14 @@ class SpinEchoSimulator(ClosedFormSimulator):
         s = (1 - 2 * np.exp(-(TR - TE / 2) / T1) + np.exp(-TR / T1)) * np.exp(-TE / t["T2"])
         return t.get("M0", 1.0) * s
 
+    def derivatives(self, p, t, names):
+        TE, TR, T1, T2, m0 = p["TE"], p["TR"], t["T1"], t["T2"], t.get("M0", 1.0)
+        a = TR - TE / 2
+        s = self.signal(p, t)
+        d = {"T1": m0 * (-2 * np.exp(-a / T1) * a + np.exp(-TR / T1) * TR) / T1 ** 2 * np.exp(-TE / T2),
+             "T2": s * TE / T2 ** 2, "M0": s / m0}
+        return {k: d[k] for k in names}
+
 
 # --------------------------------------------------------------------------
 # Function forms
@@ -432,14 +502,18 @@ def _function_form(cls, name):
     def f(**kwargs):
         proto = {k: v for k, v in kwargs.items() if k in cls._common or k in cls.protocol
                  or k in ("device", "threads")}
-        rest = {k: v for k, v in kwargs.items() if k not in proto}
+        rest = {k: v for k, v in kwargs.items() if k not in proto and k != "diff"}
+        if "diff" in kwargs:
+            return cls(**proto).jacobian(kwargs["diff"], **rest)
         return cls(**proto).simulate(**rest)
 
     f.__name__ = name
     f.__qualname__ = name
     f.__doc__ = (f"Function form of :class:`{cls.__name__}`: protocol and tissue as keywords.\n\n"
                  f"``{name}(**kw)`` is ``{cls.__name__}(**protocol).simulate(**tissue)``; see the class "
-                 f"for the parameters, units and the returned array.\n")
+                 f"for the parameters, units and the returned array.  With ``diff=`` (a tissue "
+                 f"property or a sequence of them) it returns ``(signal, J)``, as "
+                 f":meth:`{cls.__name__}.jacobian`.\n")
     return f
 
 
