@@ -49,3 +49,17 @@ def test_device_mrf_streamed_from_numpy_1e6(benchmark):
     benchmark.pedantic(sim.simulate, kwargs={"T1": T1, "T2": T2, "out": out}, rounds=3, warmup_rounds=1)
     benchmark.extra_info["atoms"] = n
     benchmark.extra_info["atoms_per_s_median"] = n / benchmark.stats.stats.median
+
+
+@pytest.mark.parametrize("n", [100_000, 1_000_000])
+def test_device_mrf_jacobian_T1_T2(benchmark, n):
+    """Signal and its (T1, T2) Jacobian in one pass, CuPy in and out."""
+    cp = pytest.importorskip("cupy")
+    T1, T2 = reference_tissues(n)
+    T1, T2 = cp.asarray(T1, cp.float32), cp.asarray(T2, cp.float32)
+    sim = MRFSimulator(flip=reference_flips(500), TR=10.0, states=32)
+    sim.jacobian(("T1", "T2"), T1=T1[:1000], T2=T2[:1000])
+    benchmark.pedantic(sim.jacobian, args=(("T1", "T2"),), kwargs={"T1": T1, "T2": T2}, rounds=5,
+                       warmup_rounds=1)
+    benchmark.extra_info["atoms"] = n
+    benchmark.extra_info["atoms_per_s_median"] = n / benchmark.stats.stats.median

@@ -12,7 +12,8 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 
 from blochsim._events cimport EventStream, Property, Tissue, cuda_error_base, status_message
-from blochsim._host cimport host_forward_dispatch, host_forward_registers, host_isa, host_jacobian_dispatch
+from blochsim._host cimport (host_forward_dispatch, host_forward_registers, host_isa, host_jacobian_dispatch,
+                             host_jacobian_registers)
 cimport blochsim._launcher as L
 
 # Order of the tissue entries handed to the forward functions.
@@ -157,14 +158,15 @@ def forward_host(PackedStream ps, tuple tissue, int64_t n, float complex[:, ::1]
 
 
 def jacobian_host(PackedStream ps, tuple tissue, int64_t n, fields, float complex[:, ::1] out,
-                  float complex[:, :, ::1] jac, int threads):
+                  float complex[:, :, ::1] jac, int threads, int variant=0):
     """Signal and tissue Jacobian of a packed stream for n problems on the
     host, in one pass.
 
     ``fields`` are indices into TISSUE_FIELDS (distinct, at least one);
     ``jac`` is complex64 of shape (n, len(fields), n_samples): the derivative
     of each sample with respect to each field in its SI unit.  ``tissue`` and
-    ``out`` as in :func:`forward_host`.
+    ``out`` as in :func:`forward_host`; ``variant`` 4 runs the device's
+    Jacobian register path on the host (a team of four, for tests).
     """
     cdef Tissue t
     cdef int st
@@ -185,8 +187,52 @@ def jacobian_host(PackedStream ps, tuple tissue, int64_t n, fields, float comple
     cdef float* outp = <float*> &out[0, 0]
     cdef float* jacp = <float*> &jac[0, 0, 0]
     with nogil:
-        st = host_jacobian_dispatch(ps.s, t, cf, nd, outp, jacp, threads)
+        if variant == 0:
+            st = host_jacobian_dispatch(ps.s, t, cf, nd, outp, jacp, threads)
+        else:
+            st = host_jacobian_registers(ps.s, t, cf, nd, outp, jacp)
     _raise(st, err)
+
+
+def jacobian_cuda(PackedStream ps, tuple tissue, int64_t n, fields, seeds, uintptr_t out_ptr, uintptr_t jac_ptr,
+                  uintptr_t stream):
+    """Device tissue (as :func:`forward_cuda`) into a device complex64 output
+    and a device (n, len(fields), n_samples) complex64 Jacobian, on
+    ``stream``; direction j seeded with ``seeds[j]`` (d SI value / d
+    direction)."""
+    cdef Tissue t
+    cdef Property* p
+    cdef int st
+    cdef int nd = len(fields)
+    cdef int cf[9]
+    cdef float cs[9]
+    cdef char err[ERRLEN]
+    err[0] = 0
+    if nd < 1 or nd > 9 or len(seeds) != nd:
+        raise ValueError("blochsim internal error: 1 to 9 Jacobian directions")
+    for i in range(nd):
+        cf[i] = int(fields[i])
+        cs[i] = float(seeds[i])
+    t.n = n
+    for i in range(9):
+        p = _field(&t, i)
+        p.data = NULL
+        p.stride = 0
+        p.fallback = _FALLBACK[i]
+        if tissue[i] is not None:
+            ptr, stride = tissue[i]
+            p.data = <const float*> <uintptr_t> ptr
+            p.stride = stride
+    if n == 0 or ps.s.n_samples == 0:
+        return
+    with nogil:
+        st = L.jacobian(ps.s, t, cf, cs, nd, <float*> out_ptr, <float*> jac_ptr, <void*> stream, err, ERRLEN)
+    _raise(st, err)
+
+
+def cuda_jacobian_max_states(bint real_path):
+    """The most states a device Jacobian holds on that path (0 without CUDA)."""
+    return L.jacobian_max_states(1 if real_path else 0)
 
 
 def forward_cuda_streamed(PackedStream ps, tuple tissue, int64_t n, float complex[:, ::1] out,

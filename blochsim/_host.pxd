@@ -6,5 +6,7 @@ cdef extern from "dispatch.hpp" namespace "blochsim" nogil:
     int host_forward_dispatch(const EventStream& s, const Tissue& t, float* out, int threads)
     int host_jacobian_dispatch(const EventStream& s, const Tissue& t, const int* fields, int n_dirs,
                                float* out, float* jac, int threads)
+    int host_jacobian_registers(const EventStream& s, const Tissue& t, const int* fields, int n_dirs,
+                                float* out, float* jac)
     int host_forward_registers(const EventStream& s, const Tissue& t, float* out, int team)
     const char* host_isa()

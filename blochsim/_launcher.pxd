@@ -24,6 +24,9 @@ cdef extern from "launcher.hpp" namespace "blochsim::cuda" nogil:
     int first_bad_value(const float* x, int64_t count, int check_lower, float lower, int strict,
                         int64_t* index, float* bad_value, void* stream, char* err, int n)
     int forward(const EventStream& s, const Tissue& t, float* out, void* stream, char* err, int n)
+    int jacobian(const EventStream& s, const Tissue& t, const int* fields, const float* seeds, int n_dirs,
+                 float* out, float* jac, void* stream, char* err, int n)
+    int jacobian_max_states(int real_path)
     int forward_streamed(const EventStream& s, const Tissue& t, float* out, size_t budget_bytes,
                          char* err, int n)
     size_t bytes_per_problem(const EventStream& s, const Tissue& t)

@@ -170,8 +170,9 @@ class Simulator(_Base):
         return s
 
     def _stream_for(self, p, present):
-        """The event stream of protocol p and its packed form for the kernels,
-        given the tissue properties present."""
+        """The event stream of protocol p, its packed form for the kernels,
+        the states and whether it plays on the real path, given the tissue
+        properties present."""
         if ("D" in present or "v" in present) and (p["crusher_dephasing_rad"] is None or p["voxel_size_m"] is None):
             which = "D" if "D" in present else "v"
             raise ValueError(
@@ -185,7 +186,7 @@ class Simulator(_Base):
         if p["crusher_dephasing_rad"] is not None and p["voxel_size_m"] is not None:
             dk = p["crusher_dephasing_rad"] / p["voxel_size_m"]
             voxel = p["voxel_size_m"]
-        return s, _core.PackedStream(s, states, dk, voxel, real, phi0)
+        return s, _core.PackedStream(s, states, dk, voxel, real, phi0), states, bool(real)
 
     def jacobian(self, diff, **values):
         """Signal and its derivatives with respect to tissue properties, in one
@@ -211,23 +212,54 @@ class Simulator(_Base):
         names = _diff_names(diff, self.tissue_properties, type(self).__name__, "jacobian")
         proto, tissue = self._split(values)
         _check_diff_values(names, tissue)
-        if any(V.is_device_array(v) for v in tissue.values()):
-            raise TypeError("jacobian takes NumPy tissue values (device arrays: not yet supported)")
         p = self._protocol_values(proto)
+        on_device = [k for k, v in tissue.items() if V.is_device_array(v)]
+        device = _dispatch.resolve_device(self.device, on_device[0] if on_device else None)
+        if device == "cpu" and on_device:
+            raise ValueError(f"device='cpu' was asked for, but {on_device[0]} is a device array")
+        fields = [_core.TISSUE_FIELDS.index(V.TISSUE_UNITS[k][1]) for k in names]
+        scale = np.array([V.TISSUE_UNITS[k][0] for k in names], np.float32)[:, None]
+        if device == "cuda":
+            return self._jacobian_device(p, tissue, on_device, names, fields, scale, isinstance(diff, str))
         arrays, shape = self._tissue(tissue)
-        s, ps = self._stream_for(p, set(arrays))
+        s, ps, _, _ = self._stream_for(p, set(arrays))
         n = int(np.prod(shape, dtype=np.int64))
         si = _host_si(arrays, shape)
         out = np.empty(shape + (s.n_samples,), dtype=np.complex64)
         jac = np.empty((n, len(names), s.n_samples), dtype=np.complex64)
-        fields = [_core.TISSUE_FIELDS.index(V.TISSUE_UNITS[k][1]) for k in names]
         threads = self.threads if self.threads is not None else _dispatch.default_threads()
-        _core.jacobian_host(ps, si, n, fields, out.reshape(n, s.n_samples), jac, threads)
+        _core.jacobian_host(ps, si, n, fields, out.reshape(n, s.n_samples), jac, threads, self._host_variant)
         # the kernel's derivatives are per SI unit: per public unit they scale
         # by the public-to-SI factor
-        jac *= np.array([V.TISSUE_UNITS[k][0] for k in names], np.float32)[:, None]
+        jac *= scale
         J = jac.reshape(shape + (len(names), s.n_samples))
         return out, (J[..., 0, :] if isinstance(diff, str) else J)
+
+    def _jacobian_device(self, p, tissue, on_device, names, fields, scale, one):
+        """jacobian() on the GPU: device arrays in and out, or NumPy in and out
+        (moved through the device whole) with device='cuda'."""
+        from blochsim._device import DeviceArray, Interface
+
+        host_only = not on_device
+        if host_only:
+            tissue = {k: DeviceArray.from_numpy(np.ascontiguousarray(V.tissue_array(k, v), np.float32))
+                      for k, v in tissue.items()}
+        ifaces = {k: Interface(k, v) for k, v in tissue.items() if V.is_device_array(v)}
+        arrays = {k: V.tissue_array(k, v) for k, v in tissue.items() if k not in ifaces}
+        shapes = {**arrays, **{k: _Shaped(i.shape) for k, i in ifaces.items()}}
+        shape = V.broadcast_voxels(shapes) if shapes else ()
+        s, ps, states, real = self._stream_for(p, set(arrays) | set(ifaces))
+        limit = _core.cuda_jacobian_max_states(real)
+        if states > limit:
+            raise ValueError(
+                f"states={states} is more than a device Jacobian holds on the {'real' if real else 'complex'} "
+                f"path ({limit}); run this Jacobian on the host (NumPy inputs, device='cpu') or lower states")
+        want = shape + (s.n_samples,)
+        result, J = self._simulate_resident(ps, arrays, ifaces, shape, want, None,
+                                             jacobian=(fields, scale, len(names)))
+        if host_only:
+            result, J = result.get(), J.get()
+        return result, (J[..., 0, :] if one else J)
 
     def stream(self, **protocol):
         """The packed event stream of one call with these protocol overrides."""
@@ -280,7 +312,7 @@ class Simulator(_Base):
             ifaces = {k: Interface(k, tissue[k]) for k in on_device}
             shapes = {**{k: a for k, a in arrays.items()}, **{k: _Shaped(i.shape) for k, i in ifaces.items()}}
             shape = V.broadcast_voxels(shapes) if shapes else ()
-        s, ps = self._stream_for(p, set(arrays) | set(ifaces))
+        s, ps, _, _ = self._stream_for(p, set(arrays) | set(ifaces))
         n = int(np.prod(shape, dtype=np.int64))
         want = shape + (s.n_samples,)
         if device == "cuda" and (ifaces or out_on_device):
@@ -301,8 +333,9 @@ class Simulator(_Base):
             _core.forward_host(ps, si, n, flat, threads, self._host_variant)
         return out
 
-    def _simulate_resident(self, ps, arrays, ifaces, shape, want, out):
-        """The device path for device-array inputs (results stay on the device)."""
+    def _simulate_resident(self, ps, arrays, ifaces, shape, want, out, jacobian=None):
+        """The device path for device-array inputs (results stay on the device).
+        With ``jacobian`` = (fields, scale, count) it returns (signal, J)."""
         from blochsim._device import Interface, new_output
 
         n = int(np.prod(shape, dtype=np.int64))
@@ -319,6 +352,8 @@ class Simulator(_Base):
                 streams.append(out_iface.stream)
         # memory: the output plus one float32 plane per property
         need = (0 if out is not None else n * ps.n_samples * 8) + 4 * n * (len(arrays) + len(ifaces))
+        if jacobian is not None:
+            need += n * ps.n_samples * 8 * jacobian[2]
         free, total = _core.memory_info()
         if need > free:
             per = max(1, need // max(n, 1))
@@ -365,11 +400,20 @@ class Simulator(_Base):
                 dev.append((buf.ptr, 0 if host.size == 1 else 1))
             else:
                 dev.append(None)
+        library = next(iter(ifaces.values())).library if ifaces else "blochsim"
         if out_iface is not None:
             result, out_ptr = out, out_iface.ptr
         else:
-            library = next(iter(ifaces.values())).library if ifaces else "blochsim"
             result, out_ptr = new_output(want, library)
+        if jacobian is not None:
+            fields, scale, count = jacobian
+            # seeded with the SI value of one public unit: derivatives per
+            # public unit
+            jac, jac_ptr = new_output(shape + (count, want[-1]), library)
+            _core.jacobian_cuda(ps, tuple(dev), n, fields, [float(x) for x in scale[:, 0]], out_ptr, jac_ptr,
+                                stream)
+            _core.stream_synchronize(stream)
+            return result, jac
         _core.forward_cuda(ps, tuple(dev), n, out_ptr, stream)
         # The work is ordered after the producer's on its stream (if it gave
         # one); waiting for it hands back a result any stream may read.

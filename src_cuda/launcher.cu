@@ -185,6 +185,13 @@ int forward(const EventStream& s, const Tissue& t, float* out, void* stream, cha
   return forward_device(s, t, out, as_stream(stream), err, n);
 }
 
+int jacobian(const EventStream& s, const Tissue& t, const int* fields, const float* seeds, int n_dirs, float* out,
+             float* jac, void* stream, char* err, int n) {
+  return jacobian_device(s, t, fields, n_dirs, out, jac, as_stream(stream), err, n, seeds);
+}
+
+int jacobian_max_states(int real_path) { return cuda::jacobian_max_states(real_path != 0); }
+
 int forward_streamed(const EventStream& s, const Tissue& t, float* out, std::size_t budget_bytes, char* err,
                      int n) {
   const int v = validate(s, t);

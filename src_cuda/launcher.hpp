@@ -55,6 +55,16 @@ int first_bad_value(const float* x, int64_t count, int check_lower, float lower,
 // synchronised.
 int forward(const EventStream& s, const Tissue& t, float* out, void* stream, char* err, int n);
 
+// Signal and tissue Jacobian on the device in one pass (cuda.cuh
+// jacobian_device): fields are TissueField values (1 to 9, distinct),
+// seeds[j] the seed of direction j; jac is a device (t.n, n_dirs,
+// s.n_samples) complex64 array.  Ordered on `stream`.
+int jacobian(const EventStream& s, const Tissue& t, const int* fields, const float* seeds, int n_dirs, float* out,
+             float* jac, void* stream, char* err, int n);
+// The most states jacobian() holds on the real path (real_path = 1) or the
+// complex path (0 when built without CUDA).
+int jacobian_max_states(int real_path);
+
 // Forward EPG of host tissue arrays into a host output, streamed through the
 // device in chunks that fit `budget_bytes` of device memory (0: most of the
 // free memory), two streams overlapping copies and compute.  Synchronous.

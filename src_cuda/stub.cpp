@@ -38,6 +38,11 @@ int first_bad_value(const float*, int64_t, int, float, int, int64_t*, float*, vo
   return no(err, n);
 }
 int forward(const EventStream&, const Tissue&, float*, void*, char* err, int n) { return no(err, n); }
+int jacobian(const EventStream&, const Tissue&, const int*, const float*, int, float*, float*, void*, char* err,
+             int n) {
+  return no(err, n);
+}
+int jacobian_max_states(int) { return 0; }
 int forward_streamed(const EventStream&, const Tissue&, float*, std::size_t, char* err, int n) {
   return no(err, n);
 }

@@ -290,3 +290,44 @@ def test_cuda_error_is_a_python_exception():
 
     with pytest.raises(blochsim.CudaError, match=r"^cuda\w+"):
         _core.DeviceBuffer(1 << 62)
+
+
+@pytest.mark.parametrize("states,names,extra", [
+    (32, ("T1", "T2"), {}),
+    (200, ("T2", "B1", "M0"), {}),
+    (64, ("T1", "B0", "T2"), {"B0": np.array([3.0, -5.0, 0.0, 8.0, 1.0])}),
+], ids=["real, 2 directions", "real, 200 states, 3 directions", "complex, 3 directions"])
+def test_device_jacobian_against_the_host(states, names, extra):
+    cp = pytest.importorskip("cupy")
+    tissue = {"T1": np.array([300.0, 900.0, 2000.0, 1200.0, 700.0]),
+              "T2": np.array([30.0, 80.0, 150.0, 40.0, 300.0]),
+              "B1": np.array([1.0, 0.9, 1.1, 0.8, 1.05]), "M0": 0.9, **extra}
+    sim = MRFSimulator(flip=FLIPS, TR=10.0, states=states) if not extra else None
+    if sim is None:
+        class Off(Simulator):
+            tissue_properties = ("T1", "T2", "B1", "M0", "B0")
+
+            def repetition(self, p):
+                ops = []
+                for f in FLIPS[:200]:
+                    ops += [Pulse(float(f), 0.0), Delay(2.0), Readout(-90.0), Dephase(), Delay(8.0)]
+                return Sequence(ops)
+
+        sim = Off(states=states)
+    s_ref, J_ref = sim.jacobian(names, **tissue)
+    dev = {k: cp.asarray(v) if np.ndim(v) else v for k, v in tissue.items()}
+    s, J = sim.jacobian(names, **dev)
+    assert isinstance(J, cp.ndarray) and J.shape == J_ref.shape
+    assert rel(cp.asnumpy(s), s_ref) <= RTOL
+    assert rel(cp.asnumpy(J), J_ref) <= RTOL
+    # NumPy in and out through the device
+    sim.device = "cuda"
+    s2, J2 = sim.jacobian(names, **tissue)
+    assert isinstance(J2, np.ndarray) and rel(J2, J_ref) <= RTOL
+
+
+def test_device_jacobian_refuses_more_states_than_it_holds():
+    cp = pytest.importorskip("cupy")
+    sim = MRFSimulator(flip=FLIPS, TR=10.0, states=300)
+    with pytest.raises(ValueError, match=r"states=300 is more than a device Jacobian holds on the real path \(256\)"):
+        sim.jacobian("T1", T1=cp.asarray([900.0]), T2=80.0)

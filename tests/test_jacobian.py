@@ -270,3 +270,24 @@ def test_function_forms_take_diff():
     assert J.shape == (1, 8)
     n = np.arange(1, 9)
     assert rel(J[0], s * n * 5.0 / 70.0 ** 2) < 1e-5
+
+
+# ---------------------------------------------------------------------------
+# the device's Jacobian kernel, instantiated on the host (teams of four
+# lanes, 8 orders each on the real path, 4 on the complex path)
+
+@pytest.mark.parametrize("states,names,extra", [
+    (32, ("T1", "T2"), {}),
+    (30, ("T2", "B1", "M0"), {}),
+    (16, ("T1", "B0", "T2"), {"B0": np.array([3.0, -5.0])}),
+], ids=["real, 2 directions", "real, truncated, 3 directions", "complex, 3 directions"])
+def test_device_jacobian_templates_on_the_host(states, names, extra):
+    kw = {"T1": np.array([700.0, 1600.0]), "T2": np.array([50.0, 140.0]), "B1": np.array([0.9, 1.05]),
+          "M0": 0.8, **extra}
+    sim = Train(states=states)
+    s_ref, J_ref = sim.jacobian(names, **kw)
+    sim._host_variant = 4
+    s, J = sim.jacobian(names, **kw)
+    assert rel(s, s_ref) < 1e-6
+    assert rel(J, J_ref) < 1e-5
+    sim._host_variant = 0

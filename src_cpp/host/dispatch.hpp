@@ -20,6 +20,12 @@ int host_jacobian_dispatch(const EventStream& s, const Tissue& t, const int* fie
 // 16 or 8 orders each; returns states_exceed_team when K does not fit.
 int host_forward_registers(const EventStream& s, const Tissue& t, float* out, int team);
 
+// The device's Jacobian register path run on the host for testing (a team
+// of 4 members with 8 orders each, 4 on the complex path); returns
+// states_exceed_team past 32 (16).
+int host_jacobian_registers(const EventStream& s, const Tissue& t, const int* fields, int n_dirs, float* out,
+                            float* jac);
+
 // Name of the instruction set the block kernels run with ("x86-64-v4", ...).
 const char* host_isa();
 

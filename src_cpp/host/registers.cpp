@@ -5,8 +5,14 @@
 // member, as the GPU's warp kernel does; teams 4 and 5 hold 16 or 8 per
 // member over four members (the block kernel's templates with few enough
 // orders that the test cases cross members and, with team 5, run into the
-// tail in memory that the tail kernel keeps for any K).
+// tail in memory that the tail kernel keeps for any K).  The Jacobian's
+// teams of four hold 8 orders each (4 on the complex path) on duals of two
+// directions, as the device's Jacobian kernel does.
 #include <blochsim/epg_registers.hpp>
+#include <blochsim/jacobian.hpp>
+
+#include <algorithm>
+#include <vector>
 
 #include "dispatch.hpp"
 
@@ -25,6 +31,28 @@ int host_forward_registers(const EventStream& s, const Tissue& t, float* out, in
     return s.real_path ? epg::forward_registers_host<vfloat4, 16, false>(s, t, out)
                        : epg::forward_registers_host<vfloat4, 8, true>(s, t, out);
   return bad_threads;
+}
+
+int host_jacobian_registers(const EventStream& s, const Tissue& t, const int* fields, int n_dirs, float* out,
+                            float* jac) {
+  const int v = validate(s, t);
+  if (v != ok) return v;
+  // the device's Jacobian warp teams: 8 orders a member (4 on the complex
+  // path), duals of 2 directions, further directions in further passes
+  const int64_t ns = s.n_samples;
+  for (int j0 = 0; j0 < n_dirs; j0 += 2) {
+    const int m = n_dirs - j0 < 2 ? n_dirs - j0 : 2;
+    std::vector<float> part(static_cast<size_t>(t.n * m * ns * 2));
+    const int st = s.real_path ? epg::jacobian_registers_host<vfloat4, 2, 8, false>(s, t, fields + j0, m, out,
+                                                                                      part.data())
+                               : epg::jacobian_registers_host<vfloat4, 2, 4, true>(s, t, fields + j0, m, out,
+                                                                                     part.data());
+    if (st != ok) return st;
+    for (int64_t i = 0; i < t.n; ++i)
+      for (int j = 0; j < m; ++j)
+        std::copy_n(part.data() + (i * m + j) * ns * 2, ns * 2, jac + (i * n_dirs + j0 + j) * ns * 2);
+  }
+  return ok;
 }
 
 }  // namespace blochsim

@@ -70,7 +70,7 @@ enum Status : int {
   bad_threads = 4,         // a thread count < 1
   bad_shape = 5,           // negative counts or a null array that is required
   no_cuda = 6,             // the device backend was not compiled
-  states_exceed_team = 7,  // K larger than a register team holds (host emulation only)
+  states_exceed_team = 7,  // K larger than a register team holds (host emulation, device Jacobians)
   too_many_events = 8,     // n_events >= 2^31 - 1 (kernels index events in 32 bits)
 };
 

@@ -34,6 +34,7 @@
 
 #include "epg.hpp"
 #include "epg_registers.hpp"
+#include "jacobian.hpp"
 
 namespace blochsim {
 namespace cuda {
@@ -249,6 +250,21 @@ struct WarpTeam {
     return x * 0.0f;
 #endif
   }
+  // duals pass component by component
+  template <int N>
+  BLOCHSIM_HD Dual<float, N> from_below(const Dual<float, N>& x) const {
+    Dual<float, N> r;
+    r.v = from_below(x.v);
+    for (int j = 0; j < N; ++j) r.d[j] = from_below(x.d[j]);
+    return r;
+  }
+  template <int N>
+  BLOCHSIM_HD Dual<float, N> from_above(const Dual<float, N>& x) const {
+    Dual<float, N> r;
+    r.v = from_above(x.v);
+    for (int j = 0; j < N; ++j) r.d[j] = from_above(x.d[j]);
+    return r;
+  }
   BLOCHSIM_HD float first() const { return Solo || rank == 0 ? 1.0f : 0.0f; }
   BLOCHSIM_HD float base() const { return Solo ? 0.0f : static_cast<float>(first_order); }
   BLOCHSIM_HD bool active(int band) const { return Solo || first_order < band; }
@@ -286,6 +302,21 @@ struct BlockTeam {
 #else
     return x * 0.0f;
 #endif
+  }
+  // duals pass component by component (a barrier pair each)
+  template <int N>
+  BLOCHSIM_HD Dual<float, N> from_below(const Dual<float, N>& x) const {
+    Dual<float, N> r;
+    r.v = from_below(x.v);
+    for (int j = 0; j < N; ++j) r.d[j] = from_below(x.d[j]);
+    return r;
+  }
+  template <int N>
+  BLOCHSIM_HD Dual<float, N> from_above(const Dual<float, N>& x) const {
+    Dual<float, N> r;
+    r.v = from_above(x.v);
+    for (int j = 0; j < N; ++j) r.d[j] = from_above(x.d[j]);
+    return r;
   }
   BLOCHSIM_HD float first() const { return rank == 0 ? 1.0f : 0.0f; }
   BLOCHSIM_HD float base() const { return static_cast<float>(first_order); }
@@ -434,6 +465,58 @@ __global__ void __launch_bounds__(block_threads(R)) tail_kernel(EventStream s, T
   epg::play<float, Complex>(s, t, lt, st, sink);
 }
 
+// ---------------------------------------------------------------------------
+// Tissue Jacobians: the warp kernel on duals of two directions
+// (jacobian.hpp), teams of up to 32 lanes with 8 orders a lane on the real
+// path and 4 on the complex path.
+
+template <bool Complex>
+BLOCHSIM_HD constexpr int jacobian_orders() {
+  return Complex ? 4 : 8;
+}
+// Directions one launch carries; more are played in further launches.
+constexpr int jacobian_dirs = 2;
+
+struct Directions {
+  int n;      // this launch's
+  int total;  // of the call: the stride of jac's rows
+  int field[jacobian_dirs];
+  float seed[jacobian_dirs];  // d field / d direction
+};
+
+// Member 0 of a team writes its problem's samples and their derivatives.
+struct JacobianDeviceSink {
+  float2* row;   // the problem's samples
+  float2* jrow;  // its (n_dirs, n_samples) derivatives
+  int64_t n_samples;
+  int n_dirs;
+  bool writer;
+  BLOCHSIM_HD void write(int64_t slot, const Dual<float, jacobian_dirs>& re, const Dual<float, jacobian_dirs>& im) {
+    if (!writer) return;
+    row[slot] = make_float2(re.v, im.v);
+    for (int j = 0; j < jacobian_dirs; ++j)
+      if (j < n_dirs) jrow[j * n_samples + slot] = make_float2(re.d[j], im.d[j]);
+  }
+};
+
+template <bool Complex>
+__global__ void __launch_bounds__(warp_block) jacobian_kernel(EventStream s, Tissue t, Directions dirs,
+                                                             float* out, float* jac, int T, int32_t window) {
+  using D = Dual<float, jacobian_dirs>;
+  constexpr int R = jacobian_orders<Complex>();
+  extern __shared__ __align__(16) unsigned char shared[];
+  const BlockShared sm{shared, window, static_cast<int>(blockDim.x)};
+  const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const Seat at = seat(g / 32, static_cast<int>(g % 32), 32, T, 32 / T, t.n);
+  const epg::LaneTissue<D> lt = epg::seeded_tissue<jacobian_dirs>(t, at.problem, dirs.field, dirs.n, dirs.seed);
+  epg::RegisterStore<D, R, Complex, WarpTeam<false>> st;
+  st.init(s, lt, WarpTeam<false>{at.rank, T, at.rank * R, at.last, sm.records()});
+  JacobianDeviceSink sink{reinterpret_cast<float2*>(out) + at.problem * s.n_samples,
+                          reinterpret_cast<float2*>(jac) + at.problem * dirs.total * s.n_samples, s.n_samples,
+                          dirs.n, at.writer};
+  epg::play<D, Complex>(s, t, lt, st, sink);
+}
+
 enum Kind { warp_kind, block_kind, tail_kind };
 
 // The launch shape for K orders: T threads per problem, `per` problems per
@@ -551,6 +634,24 @@ inline int launch(const EventStream& ds, const Tissue& t, float* out, cudaStream
   return ok;
 }
 
+inline int launch_jacobian(const EventStream& ds, const Tissue& t, const Directions& dirs, float* out,
+                           float* jac, cudaStream_t st, char* err, int n) {
+  const bool cplx = !ds.real_path;
+  const int R = cplx ? jacobian_orders<true>() : jacobian_orders<false>();
+  const int T = (ds.states + R - 1) / R;
+  const int32_t w = window_records(ds);
+  const int per = 32 / T;
+  const int64_t warps = (t.n + per - 1) / per;
+  const unsigned blocks = static_cast<unsigned>((warps * 32 + warp_block - 1) / warp_block);
+  const size_t smem = BlockShared::bytes(w, warp_block);
+  if (cplx)
+    jacobian_kernel<true><<<blocks, warp_block, smem, st>>>(ds, t, dirs, out, jac, T, w);
+  else
+    jacobian_kernel<false><<<blocks, warp_block, smem, st>>>(ds, t, dirs, out, jac, T, w);
+  BLOCHSIM_CUDA(cudaGetLastError(), "jacobian_kernel launch");
+  return ok;
+}
+
 // The event stream copied to the device as one buffer.
 struct DeviceStream {
   EventStream ds;
@@ -612,6 +713,52 @@ inline int forward_device(const EventStream& s, const Tissue& t, float* out, cud
   int r = detail::upload_stream(s, d, stream, err, n);
   if (r != ok) return r;
   r = detail::launch(d.ds, t, out, stream, err, n);
+  const cudaError_t e = cudaFreeAsync(d.buf, stream);
+  if (r != ok) return r;
+  if (e != cudaSuccess) return detail::fail(e, "cudaFreeAsync", err, n);
+  return ok;
+}
+
+// The most states a device Jacobian holds: a warp team's registers.
+inline int jacobian_max_states(bool real_path) {
+  return 32 * (real_path ? detail::jacobian_orders<false>() : detail::jacobian_orders<true>());
+}
+
+// Signal and tissue Jacobian on the device: out as forward_device, jac
+// (t.n, n_dirs, s.n_samples) complex64 interleaved (device pointers), the
+// derivative of each sample with respect to tissue field fields[j]
+// (TissueField) in its SI unit, for 1 <= n_dirs <= tissue_fields distinct
+// fields: up to two directions a launch, in one pass over the events each.
+// With seeds, direction j is seeded d field / d direction = seeds[j] (the SI
+// value of one public unit gives derivatives per public unit).  At most
+// jacobian_max_states(s.real_path) states (states_exceed_team past them).
+// Ordered on `stream`, not synchronised.
+inline int jacobian_device(const EventStream& s, const Tissue& t, const int* fields, int n_dirs, float* out,
+                           float* jac, cudaStream_t stream, char* err = nullptr, int n = 0,
+                           const float* seeds = nullptr) {
+  const int v = validate(s, t);
+  if (v != ok) return detail::say(v, err, n);
+  if (n_dirs < 1 || n_dirs > tissue_fields) return detail::say(bad_shape, err, n);
+  for (int j = 0; j < n_dirs; ++j)
+    if (fields[j] < 0 || fields[j] >= tissue_fields) return detail::say(bad_shape, err, n);
+  if (s.states > jacobian_max_states(s.real_path != 0)) return detail::say(states_exceed_team, err, n);
+  if (t.n == 0 || s.n_samples == 0) return ok;
+  detail::DeviceStream d;
+  int r = detail::upload_stream(s, d, stream, err, n);
+  if (r != ok) return r;
+  // each launch writes directions j0, j0 + 1 of every problem: rows
+  // i * n_dirs + j0 + j of jac
+  for (int j0 = 0; j0 < n_dirs && r == ok; j0 += detail::jacobian_dirs) {
+    detail::Directions dirs{};
+    dirs.n = std::min(detail::jacobian_dirs, n_dirs - j0);
+    dirs.total = n_dirs;
+    for (int j = 0; j < dirs.n; ++j) {
+      dirs.field[j] = fields[j0 + j];
+      dirs.seed[j] = seeds ? seeds[j0 + j] : 1.0f;
+    }
+    r = detail::launch_jacobian(d.ds, t, dirs, out, jac + static_cast<int64_t>(j0) * s.n_samples * 2, stream,
+                                err, n);
+  }
   const cudaError_t e = cudaFreeAsync(d.buf, stream);
   if (r != ok) return r;
   if (e != cudaSuccess) return detail::fail(e, "cudaFreeAsync", err, n);

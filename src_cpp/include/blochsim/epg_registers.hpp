@@ -254,18 +254,23 @@ BLOCHSIM_UNROLL
 
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void relax_per_order(const IvCoef<V>& c, int) {
     using LT = Lanes<V>;
+    using S = typename LT::Scalar;
+    using std::cos;
+    using std::exp;
+    using std::sin;
     // factors at this member's first order k0, then by recurrence over R
     V g, step, a2, wc, ws, rc, rs;
     const V k0 = team.base();
     for (int l = 0; l < LT::width; ++l) {
-      const float dl = LT::get(c.dlog, l), fl = LT::get(c.flow, l), k = LT::get(k0, l);
-      LT::set(g, l, std::exp(dl * k * k));
-      LT::set(step, l, std::exp(dl * (2.0f * k + 1.0f)));
-      LT::set(a2, l, std::exp(2.0f * dl));
-      LT::set(wc, l, std::cos(k * fl));
-      LT::set(ws, l, std::sin(k * fl));
-      LT::set(rc, l, std::cos(fl));
-      LT::set(rs, l, std::sin(fl));
+      const S dl = LT::get(c.dlog, l), fl = LT::get(c.flow, l);
+      const float k = value_of(LT::get(k0, l));
+      LT::set(g, l, exp(dl * (k * k)));
+      LT::set(step, l, exp(dl * (2.0f * k + 1.0f)));
+      LT::set(a2, l, exp(2.0f * dl));
+      LT::set(wc, l, cos(k * fl));
+      LT::set(ws, l, sin(k * fl));
+      LT::set(rc, l, cos(fl));
+      LT::set(rs, l, sin(fl));
     }
 BLOCHSIM_UNROLL
     for (int r = 0; r < R; ++r) {

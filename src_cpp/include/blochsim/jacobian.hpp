@@ -9,8 +9,11 @@
 // interleaved.
 #pragma once
 
+#include <vector>
+
 #include "dual.hpp"
 #include "epg.hpp"
+#include "epg_registers.hpp"
 
 namespace blochsim {
 
@@ -36,12 +39,14 @@ inline int dual_width(int n_dirs) { return n_dirs <= 1 ? 1 : n_dirs <= 2 ? 2 : n
 inline namespace BLOCHSIM_ISA {
 namespace epg {
 
-// Seeds direction j with the field f of every lane: d field_f / d dir_j = 1.
+// Seeds direction j with the field f of every lane: d field_f / d dir_j =
+// value (1: derivatives per the field's SI unit; the SI value of one public
+// unit: derivatives per public unit).
 template <class V, int N>
-BLOCHSIM_HD BLOCHSIM_FORCEINLINE void seed(LaneTissue<Dual<V, N>>& lt, int f, int j) {
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE void seed(LaneTissue<Dual<V, N>>& lt, int f, int j, float value = 1.0f) {
   Dual<V, N>* fields[tissue_fields] = {&lt.T1, &lt.T2, &lt.M0, &lt.B1, &lt.B1phase,
                                        &lt.B0, &lt.D,  &lt.v,  &lt.eta};
-  fields[f]->d[j] = splat<V>(1.0f);
+  fields[f]->d[j] = splat<V>(value);
 }
 
 // Writes the samples of a lane vector of problems [first, first + width) and
@@ -87,6 +92,68 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE int jacobian_block(const EventStream& s, const 
   st.template init<double>(s, lt, work);
   JacobianSink<V, N> sink{out, jac, first, t.n, s.n_samples, n_dirs};
   play<T, Complex>(s, t, lt, st, sink);
+  return ok;
+}
+
+// The tissue of problem p with directions fields[0 .. n_dirs) seeded (with
+// seeds[j], or 1 without seeds), as one lane's dual scalars.
+template <int N>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE LaneTissue<Dual<float, N>> seeded_tissue(const Tissue& t, int64_t p,
+                                                                          const int* fields, int n_dirs,
+                                                                          const float* seeds = nullptr) {
+  LaneTissue<Dual<float, N>> lt = gather<Dual<float, N>>(t, &p);
+  for (int j = 0; j < n_dirs; ++j) seed(lt, fields[j], j, seeds ? seeds[j] : 1.0f);
+  return lt;
+}
+
+// Writes the samples of member 0 of a team (lane 0 of V) and its first
+// n_dirs derivatives, for problem `problem`.
+template <class V, int N>
+struct TeamJacobianSink {
+  float* out;
+  float* jac;
+  int64_t problem, n_samples;
+  int n_dirs;
+  void write(int64_t slot, const Dual<V, N>& re, const Dual<V, N>& im) {
+    using LT = Lanes<V>;
+    float* o = out + (problem * n_samples + slot) * 2;
+    o[0] = LT::get(re.v, 0);
+    o[1] = LT::get(im.v, 0);
+    for (int j = 0; j < n_dirs; ++j) {
+      float* d = jac + ((problem * n_dirs + j) * n_samples + slot) * 2;
+      d[0] = LT::get(re.d[j], 0);
+      d[1] = LT::get(im.d[j], 0);
+    }
+  }
+};
+
+// Host instantiation of the device's Jacobian register path (a team of
+// Lanes<V>::width members holding R orders each, on duals of N
+// directions), one problem at a time: the tests' view of the device
+// Jacobian kernels.  K must be at most width * R.
+template <class V, int N, int R, bool Complex>
+inline int jacobian_registers_host(const EventStream& s, const Tissue& t, const int* fields, int n_dirs,
+                                   float* out, float* jac) {
+  using T = Dual<V, N>;
+  using Team = LaneTeam<T, R>;
+  constexpr int W = Lanes<V>::width;
+  if (s.states > W * R) return states_exceed_team;
+  if (n_dirs < 1 || n_dirs > N) return bad_shape;
+  std::vector<EventRecord> records(static_cast<size_t>(s.n_events + 1));
+  pack_events(s, records.data());
+  EventStream sr = s;
+  sr.records = records.data();
+  using LT = Lanes<T>;
+  for (int64_t p = 0; p < t.n; ++p) {
+    const LaneTissue<Dual<float, N>> one = seeded_tissue<N>(t, p, fields, n_dirs);
+    const LaneTissue<T> lt = {LT::splat(one.T1), LT::splat(one.T2),      LT::splat(one.M0),
+                              LT::splat(one.B1), LT::splat(one.B1phase), LT::splat(one.B0),
+                              LT::splat(one.D),  LT::splat(one.v),       LT::splat(one.eta)};
+    RegisterStore<T, R, Complex, Team> st;
+    st.init(sr, lt, Team{});
+    TeamJacobianSink<V, N> sink{out, jac, p, s.n_samples, n_dirs};
+    play<T, Complex>(sr, t, lt, st, sink);
+  }
   return ok;
 }
 
