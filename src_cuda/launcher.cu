@@ -147,6 +147,7 @@ int expand_to_float(const void* src, int src_is_f64, int ndim, const int64_t* sh
     e.strides[d] = strides[d];
   }
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((count + 255) / 256, 65535));
+  no_stale_error();
   expand_kernel<<<blocks, 256, 0, as_stream(stream)>>>(src, src_is_f64, e, scale, dst, count);
   BLOCHSIM_CUDA(cudaGetLastError(), "expand_kernel launch");
   return ok;
@@ -161,6 +162,7 @@ int first_bad_value(const float* x, int64_t count, int check_lower, float lower,
   BLOCHSIM_CUDA(pool_malloc(reinterpret_cast<void**>(&d), sizeof(unsigned long long), st), "cudaMallocFromPoolAsync");
   BLOCHSIM_CUDA(cudaMemsetAsync(d, 0xff, sizeof(unsigned long long), st), "cudaMemsetAsync");
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((count + 255) / 256, 4096));
+  no_stale_error();
   bad_value_kernel<<<blocks, 256, 0, st>>>(x, count, check_lower, lower, strict, d);
   BLOCHSIM_CUDA(cudaGetLastError(), "bad_value_kernel launch");
   unsigned long long h = 0;

@@ -290,6 +290,10 @@ def test_cuda_error_is_a_python_exception():
 
     with pytest.raises(blochsim.CudaError, match=r"^cuda\w+"):
         _core.DeviceBuffer(1 << 62)
+    # the failed allocation is not reported again by the next launch
+    sim = FSESimulator(ESP=5.0, flip=np.full(8, 150.0), device="cuda")
+    ref = FSESimulator(ESP=5.0, flip=np.full(8, 150.0)).simulate(T2=np.array([60.0, 90.0]))
+    assert rel(sim.simulate(T2=np.array([60.0, 90.0])), ref) <= RTOL
 
 
 @pytest.mark.parametrize("states,names,extra", [

@@ -71,7 +71,14 @@ constexpr int block_threads(int R) { return R >= 32 ? 256 : max_block_team; }
 // Output rows of one chunk of the streamed path (bounds the pinned staging).
 constexpr int64_t stream_chunk_bytes = int64_t(64) << 20;
 
+// A failed runtime call also stays the thread's last error, which the
+// check after a later kernel launch would report as the launch's: fail()
+// clears it (a sticky error comes back from the next call anyway), and
+// each launch clears what other code left (no_stale_error()).
+inline void no_stale_error() { (void)cudaGetLastError(); }
+
 inline int fail(cudaError_t e, const char* what, char* err, int n) {
+  no_stale_error();
   if (err && n > 0)
     std::snprintf(err, static_cast<size_t>(n), "%s: %s (in %s)", cudaGetErrorName(e), cudaGetErrorString(e),
                   what);
@@ -576,6 +583,7 @@ inline cudaError_t allow_shared(F* kernel, size_t bytes) {
 // Plays `ds` (device pointers) for the problems of t into out on `st`.
 inline int launch(const EventStream& ds, const Tissue& t, float* out, cudaStream_t st, char* err, int n) {
   if (t.n == 0 || ds.n_samples == 0) return ok;
+  no_stale_error();
   const Shape sh = shape_of(ds);
   const bool cplx = !ds.real_path;
   const unsigned groups = static_cast<unsigned>((t.n + sh.per - 1) / sh.per);
@@ -636,6 +644,7 @@ inline int launch(const EventStream& ds, const Tissue& t, float* out, cudaStream
 
 inline int launch_jacobian(const EventStream& ds, const Tissue& t, const Directions& dirs, float* out,
                            float* jac, cudaStream_t st, char* err, int n) {
+  no_stale_error();
   const bool cplx = !ds.real_path;
   const int R = cplx ? jacobian_orders<true>() : jacobian_orders<false>();
   const int T = (ds.states + R - 1) / R;
