@@ -201,7 +201,6 @@ def jacobian_cuda(PackedStream ps, tuple tissue, int64_t n, fields, seeds, uintp
     ``stream``; direction j seeded with ``seeds[j]`` (d SI value / d
     direction)."""
     cdef Tissue t
-    cdef Property* p
     cdef int st
     cdef int nd = len(fields)
     cdef int cf[9]
@@ -213,16 +212,7 @@ def jacobian_cuda(PackedStream ps, tuple tissue, int64_t n, fields, seeds, uintp
     for i in range(nd):
         cf[i] = int(fields[i])
         cs[i] = float(seeds[i])
-    t.n = n
-    for i in range(9):
-        p = _field(&t, i)
-        p.data = NULL
-        p.stride = 0
-        p.fallback = _FALLBACK[i]
-        if tissue[i] is not None:
-            ptr, stride = tissue[i]
-            p.data = <const float*> <uintptr_t> ptr
-            p.stride = stride
+    _device_tissue(&t, tissue, n)
     if n == 0 or ps.s.n_samples == 0:
         return
     with nogil:
@@ -254,17 +244,13 @@ def forward_cuda_streamed(PackedStream ps, tuple tissue, int64_t n, float comple
     _raise(st, err)
 
 
-def forward_cuda(PackedStream ps, tuple tissue, int64_t n, uintptr_t out_ptr, uintptr_t stream):
-    """Device tissue (one (pointer, stride) pair or None per TISSUE_FIELDS
-    entry, float32 SI values) into a device complex64 output, on ``stream``."""
-    cdef Tissue t
+cdef int _device_tissue(Tissue* t, tuple tissue, int64_t n) except -1:
+    """Point t at device float32 planes: one (pointer, stride) pair or None
+    per TISSUE_FIELDS entry."""
     cdef Property* p
-    cdef int st
-    cdef char err[ERRLEN]
-    err[0] = 0
     t.n = n
     for i in range(9):
-        p = _field(&t, i)
+        p = _field(t, i)
         p.data = NULL
         p.stride = 0
         p.fallback = _FALLBACK[i]
@@ -272,6 +258,17 @@ def forward_cuda(PackedStream ps, tuple tissue, int64_t n, uintptr_t out_ptr, ui
             ptr, stride = tissue[i]
             p.data = <const float*> <uintptr_t> ptr
             p.stride = stride
+    return 0
+
+
+def forward_cuda(PackedStream ps, tuple tissue, int64_t n, uintptr_t out_ptr, uintptr_t stream):
+    """Device tissue (one (pointer, stride) pair or None per TISSUE_FIELDS
+    entry, float32 SI values) into a device complex64 output, on ``stream``."""
+    cdef Tissue t
+    cdef int st
+    cdef char err[ERRLEN]
+    err[0] = 0
+    _device_tissue(&t, tissue, n)
     if n == 0 or ps.s.n_samples == 0:
         return
     with nogil:

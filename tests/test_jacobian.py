@@ -8,6 +8,22 @@ import pytest
 from blochsim import Delay, Dephase, Excitation, Inversion, Pulse, Readout, Refocusing, Sequence, Simulator
 from blochsim.simulators import FSESimulator, MRFSimulator
 
+
+def _physics_oracle():
+    """The Weigel EPG of test_epg_physics.py (tests are not a package)."""
+    import importlib.util
+    import pathlib
+
+    spec = importlib.util.spec_from_file_location(
+        "epg_physics", pathlib.Path(__file__).with_name("test_epg_physics.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_W = _physics_oracle()
+rf, shift = _W.weigel_T, _W.weigel_shift
+
 FLIPS = np.concatenate([np.linspace(5, 60, 30), np.linspace(60, 2, 30)])
 
 
@@ -21,30 +37,11 @@ def rel(a, b):
 # TE, readout at receiver phase -90 deg, one shift, free precession over
 # TR - TE), states as a (3, K) complex array with rows F+, F-, Z.
 
-def rf(alpha, phi):
-    c2, s2, s = np.cos(alpha / 2) ** 2, np.sin(alpha / 2) ** 2, np.sin(alpha)
-    e = np.exp(1j * phi)
-    return np.array([
-        [c2, e ** 2 * s2, -1j * e * s],
-        [np.conj(e) ** 2 * s2, c2, 1j * np.conj(e) * s],
-        [-0.5j * np.conj(e) * s, 0.5j * e * s, np.cos(alpha)],
-    ])
-
-
 def relax(om, tau, T1, T2, B0):
     E1, E2 = np.exp(-tau / T1), np.exp(-tau / T2)
     q = E2 * np.exp(-2j * np.pi * B0 * tau)
     om = om * np.array([[q], [np.conj(q)], [E1]])
     om[2, 0] += 1 - E1
-    return om
-
-
-def shift(om):
-    om = om.copy()
-    om[0, 1:] = om[0, :-1].copy()
-    om[1, :-1] = om[1, 1:].copy()
-    om[1, -1] = 0
-    om[0, 0] = np.conj(om[1, 0])
     return om
 
 

@@ -225,6 +225,24 @@ struct BlockShared {
   }
 };
 
+// A team's from_below / from_above for duals (jacobian.hpp): component by
+// component, through the team's float versions.
+#define BLOCHSIM_HD_DUAL_PASSING                                         \
+  template <int N>                                                       \
+  BLOCHSIM_HD Dual<float, N> from_below(const Dual<float, N>& x) const { \
+    Dual<float, N> r;                                                    \
+    r.v = from_below(x.v);                                               \
+    for (int j = 0; j < N; ++j) r.d[j] = from_below(x.d[j]);             \
+    return r;                                                            \
+  }                                                                      \
+  template <int N>                                                       \
+  BLOCHSIM_HD Dual<float, N> from_above(const Dual<float, N>& x) const { \
+    Dual<float, N> r;                                                    \
+    r.v = from_above(x.v);                                               \
+    for (int j = 0; j < N; ++j) r.d[j] = from_above(x.d[j]);             \
+    return r;                                                            \
+  }
+
 // A team of T consecutive lanes of one warp, any T <= 32: a warp holds
 // 32 / T teams, and its last 32 mod T lanes form a spare team that replays a
 // problem and writes nothing.  Boundary orders pass by full-warp shuffles
@@ -257,21 +275,7 @@ struct WarpTeam {
     return x * 0.0f;
 #endif
   }
-  // duals pass component by component
-  template <int N>
-  BLOCHSIM_HD Dual<float, N> from_below(const Dual<float, N>& x) const {
-    Dual<float, N> r;
-    r.v = from_below(x.v);
-    for (int j = 0; j < N; ++j) r.d[j] = from_below(x.d[j]);
-    return r;
-  }
-  template <int N>
-  BLOCHSIM_HD Dual<float, N> from_above(const Dual<float, N>& x) const {
-    Dual<float, N> r;
-    r.v = from_above(x.v);
-    for (int j = 0; j < N; ++j) r.d[j] = from_above(x.d[j]);
-    return r;
-  }
+  BLOCHSIM_HD_DUAL_PASSING
   BLOCHSIM_HD float first() const { return Solo || rank == 0 ? 1.0f : 0.0f; }
   BLOCHSIM_HD float base() const { return Solo ? 0.0f : static_cast<float>(first_order); }
   BLOCHSIM_HD bool active(int band) const { return Solo || first_order < band; }
@@ -310,21 +314,7 @@ struct BlockTeam {
     return x * 0.0f;
 #endif
   }
-  // duals pass component by component (a barrier pair each)
-  template <int N>
-  BLOCHSIM_HD Dual<float, N> from_below(const Dual<float, N>& x) const {
-    Dual<float, N> r;
-    r.v = from_below(x.v);
-    for (int j = 0; j < N; ++j) r.d[j] = from_below(x.d[j]);
-    return r;
-  }
-  template <int N>
-  BLOCHSIM_HD Dual<float, N> from_above(const Dual<float, N>& x) const {
-    Dual<float, N> r;
-    r.v = from_above(x.v);
-    for (int j = 0; j < N; ++j) r.d[j] = from_above(x.d[j]);
-    return r;
-  }
+  BLOCHSIM_HD_DUAL_PASSING  // a barrier pair per component
   BLOCHSIM_HD float first() const { return rank == 0 ? 1.0f : 0.0f; }
   BLOCHSIM_HD float base() const { return static_cast<float>(first_order); }
   BLOCHSIM_HD bool active(int band) const { return first_order < band; }
