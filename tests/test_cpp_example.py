@@ -65,6 +65,12 @@ def test_cpmg_example(cpmg):
     expect = np.exp(-np.arange(1, n + 1)[None, :] * esp / t2[:, None])
     np.testing.assert_allclose(mag, expect, rtol=1e-5, atol=0)
 
+    # The host Jacobian from C++: d|S_n|/dT2 = |S_n| n ESP / T2^2.
+    out180 = _run(cpmg, n, esp, 180, 2)
+    dmag = np.array([[float(x) for x in line.split()[2:]] for line in out180.splitlines()
+                     if line.startswith("dmag_dT2")]).T
+    np.testing.assert_allclose(dmag, expect * np.arange(1, n + 1)[None, :] * esp / t2[:, None] ** 2, rtol=1e-5)
+
     # Imperfect refocusing: stimulated echoes; parity with the Python API.
     out150 = _run(cpmg, n, esp, 150, 2)
     t2, mag = _parse(out150)
