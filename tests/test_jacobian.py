@@ -288,3 +288,14 @@ def test_device_jacobian_templates_on_the_host(states, names, extra):
     assert rel(s, s_ref) < 1e-6
     assert rel(J, J_ref) < 1e-5
     sim._host_variant = 0
+
+
+def test_M0_derivative_is_the_unscaled_signal_even_at_zero():
+    # M0 only scales the readouts: d s / d M0 = s(M0 = 1), also where M0 = 0
+    M0 = np.array([0.0, 0.5, 2.0])
+    sim = MRFSimulator(flip=FLIPS, TR=10.0, states=32)
+    s, J = sim.jacobian(("T2", "M0"), T1=900.0, T2=80.0, M0=M0)
+    unit, J1 = sim.jacobian("T2", T1=900.0, T2=80.0)
+    np.testing.assert_allclose(J[:, 1], np.broadcast_to(unit, (3, 60)), rtol=1e-6)
+    np.testing.assert_allclose(s, M0[:, None] * unit, rtol=1e-6)
+    np.testing.assert_allclose(J[:, 0], M0[:, None] * J1, rtol=1e-6, atol=1e-12)

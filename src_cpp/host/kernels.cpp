@@ -45,7 +45,7 @@ int jacobian_range(const EventStream& s, const Tissue& t, const int* fields, int
 template <bool Complex>
 int jacobian_any(const EventStream& s, const Tissue& t, const int* fields, int n_dirs, int64_t b0, int64_t b1,
                  void* work, float* out, float* jac) {
-  switch (dual_width(n_dirs)) {
+  switch (dual_width(dual_directions(fields, n_dirs))) {
     case 1: return jacobian_range<1, Complex>(s, t, fields, n_dirs, b0, b1, work, out, jac);
     case 2: return jacobian_range<2, Complex>(s, t, fields, n_dirs, b0, b1, work, out, jac);
     case 4: return jacobian_range<4, Complex>(s, t, fields, n_dirs, b0, b1, work, out, jac);

@@ -94,13 +94,13 @@ inline int forward_status(const EventStream& s, const Tissue& t, float* out, int
 }
 
 // Signature of a function that plays the Jacobian of blocks [b0, b1) with a
-// workspace of jacobian_workspace(s, n_dirs) floats.
+// workspace of jacobian_workspace(s, fields, n_dirs) floats.
 using JacobianRangeFn = int (*)(const EventStream& s, const Tissue& t, const int* fields, int n_dirs,
                                 int64_t b0, int64_t b1, void* work, float* out, float* jac);
 
-inline std::size_t jacobian_workspace(const EventStream& s, int n_dirs) {
+inline std::size_t jacobian_workspace(const EventStream& s, const int* fields, int n_dirs) {
   return static_cast<std::size_t>(epg::PlaneStore<Vec, true>::workspace(s)) * lanes *
-         static_cast<std::size_t>(1 + dual_width(n_dirs));
+         static_cast<std::size_t>(1 + dual_width(dual_directions(fields, n_dirs)));
 }
 
 template <int N, bool Complex>
@@ -119,7 +119,7 @@ inline int jacobian_range_for(const EventStream& s, const Tissue& t, const int* 
 template <bool Complex>
 inline int jacobian_range(const EventStream& s, const Tissue& t, const int* fields, int n_dirs, int64_t b0,
                           int64_t b1, void* work, float* out, float* jac) {
-  switch (dual_width(n_dirs)) {
+  switch (dual_width(dual_directions(fields, n_dirs))) {
     case 1: return jacobian_range_for<1, Complex>(s, t, fields, n_dirs, b0, b1, work, out, jac);
     case 2: return jacobian_range_for<2, Complex>(s, t, fields, n_dirs, b0, b1, work, out, jac);
     case 4: return jacobian_range_for<4, Complex>(s, t, fields, n_dirs, b0, b1, work, out, jac);
@@ -147,7 +147,7 @@ inline int jacobian_status(const EventStream& s, const Tissue& t, const int* fie
     for (int i = 0; i < j; ++i)
       if (fields[i] == fields[j]) return bad_shape;
   }
-  return run_blocks_with(t, threads, jacobian_workspace(s, n_dirs), [&](int64_t b0, int64_t b1, float* work) {
+  return run_blocks_with(t, threads, jacobian_workspace(s, fields, n_dirs), [&](int64_t b0, int64_t b1, float* work) {
     return fn(s, t, fields, n_dirs, b0, b1, work, out, jac);
   });
 }

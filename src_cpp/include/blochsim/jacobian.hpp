@@ -36,6 +36,15 @@ enum TissueField : int {
 // left unseeded).
 inline int dual_width(int n_dirs) { return n_dirs <= 1 ? 1 : n_dirs <= 2 ? 2 : n_dirs <= 4 ? 4 : tissue_fields; }
 
+// The directions among fields[0 .. n_dirs) that the host's duals carry: all
+// but M0, which only scales the readouts, so that d S / d M0 = S / M0 comes
+// from the unscaled signal at no cost (host jacobian_block).
+inline int dual_directions(const int* fields, int n_dirs) {
+  int n = 0;
+  for (int j = 0; j < n_dirs; ++j) n += fields[j] != field_M0;
+  return n;
+}
+
 inline namespace BLOCHSIM_ISA {
 namespace epg {
 
@@ -49,35 +58,47 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void seed(LaneTissue<Dual<V, N>>& lt, int f, in
   fields[f]->d[j] = splat<V>(value);
 }
 
-// Writes the samples of a lane vector of problems [first, first + width) and
-// the first n_dirs of their derivatives, skipping lanes past n.
+// Writes the samples of a lane vector of problems [first, first + width)
+// and their n_dirs derivatives, skipping lanes past n.  The event loop plays
+// with M0 = 1; the sink scales by each lane's M0 and takes the direction
+// m0_dir (if >= 0) as the unscaled sample; output direction j is dual
+// direction slot[j] otherwise.
 template <class V, int N>
 struct JacobianSink {
   float* out;
   float* jac;
   int64_t first, n, n_samples;
-  int n_dirs;
+  int n_dirs, m0_dir;
+  const int* slot;
+  V m0;
 
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void write(int64_t slot, const Dual<V, N>& re, const Dual<V, N>& im) {
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void write(int64_t s, const Dual<V, N>& re, const Dual<V, N>& im) {
     using LT = Lanes<V>;
     for (int l = 0; l < LT::width; ++l) {
       const int64_t p = first + l;
       if (p >= n) break;
-      float* o = out + (p * n_samples + slot) * 2;
-      o[0] = LT::get(re.v, l);
-      o[1] = LT::get(im.v, l);
+      const float m = LT::get(m0, l), vr = LT::get(re.v, l), vi = LT::get(im.v, l);
+      float* o = out + (p * n_samples + s) * 2;
+      o[0] = m * vr;
+      o[1] = m * vi;
       for (int j = 0; j < n_dirs; ++j) {
-        float* d = jac + ((p * n_dirs + j) * n_samples + slot) * 2;
-        d[0] = LT::get(re.d[j], l);
-        d[1] = LT::get(im.d[j], l);
+        float* d = jac + ((p * n_dirs + j) * n_samples + s) * 2;
+        if (j == m0_dir) {
+          d[0] = vr;
+          d[1] = vi;
+        } else {
+          d[0] = m * LT::get(re.d[slot[j]], l);
+          d[1] = m * LT::get(im.d[slot[j]], l);
+        }
       }
     }
   }
 };
 
 // Jacobian of problems [first, first + width) of t along the fields
-// fields[0 .. n_dirs) (n_dirs <= N), with all orders in `work`
-// (PlaneStore<Dual<V, N>>::workspace(s) dual lane vectors).
+// fields[0 .. n_dirs) (dual_directions(fields, n_dirs) <= N), with all
+// orders in `work` (PlaneStore<Dual<V, N>>::workspace(s) dual lane
+// vectors).
 template <class V, int N, bool Complex>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE int jacobian_block(const EventStream& s, const Tissue& t, const int* fields,
                                                     int n_dirs, int64_t first, Dual<V, N>* work, float* out,
@@ -87,10 +108,22 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE int jacobian_block(const EventStream& s, const 
   int64_t idx[W];
   lane_indices<W>(first, t.n, idx);
   LaneTissue<T> lt = gather<T>(t, idx);
-  for (int j = 0; j < n_dirs; ++j) seed(lt, fields[j], j);
+  int slot[tissue_fields];
+  int m0_dir = -1, k = 0;
+  for (int j = 0; j < n_dirs; ++j) {
+    if (fields[j] == field_M0) {
+      m0_dir = j;
+      slot[j] = 0;
+    } else {
+      seed(lt, fields[j], k);
+      slot[j] = k++;
+    }
+  }
+  const V m0 = lt.M0.v;
+  lt.M0 = T(1.0f);
   PlaneStore<T, Complex> st;
   st.template init<double>(s, lt, work);
-  JacobianSink<V, N> sink{out, jac, first, t.n, s.n_samples, n_dirs};
+  JacobianSink<V, N> sink{out, jac, first, t.n, s.n_samples, n_dirs, m0_dir, slot, m0};
   play<T, Complex>(s, t, lt, st, sink);
   return ok;
 }
