@@ -188,7 +188,7 @@ class Simulator(_Base):
             voxel = p["voxel_size_m"]
         return s, _core.PackedStream(s, states, dk, voxel, real, phi0), states, bool(real)
 
-    def jacobian(self, diff, **values):
+    def jacobian(self, diff, order=1, **values):
         """Signal and its derivatives with respect to tissue properties, in one
         pass (forward-mode dual numbers in the kernel, SPEC §4).
 
@@ -197,6 +197,8 @@ class Simulator(_Base):
         diff : str or sequence of str
             Tissue properties to differentiate with respect to; each must be
             one this simulator models and be passed in ``values``.
+        order : int
+            Derivative order; 1 (first derivatives) is what is supported.
         **values
             Tissue properties and protocol overrides, as for :meth:`simulate`.
 
@@ -209,6 +211,7 @@ class Simulator(_Base):
             the property's public unit (per ms of T1 and T2, per Hz of B0,
             per degree of B1phase, per µm²/ms of D, per m/s of v).
         """
+        _check_order(order)
         names = _diff_names(diff, self.tissue_properties, type(self).__name__, "jacobian")
         proto, tissue = self._split(values)
         _check_diff_values(names, tissue)
@@ -437,6 +440,12 @@ def _diff_names(diff, modelled, owner, what):
     return names
 
 
+def _check_order(order):
+    """jacobian computes first derivatives only."""
+    if isinstance(order, bool) or not isinstance(order, (int, np.integer)) or order != 1:
+        raise ValueError(f"jacobian computes first derivatives (order=1), got order={order!r}")
+
+
 def _check_diff_values(names, tissue):
     """Each property differentiated must be passed, as a float."""
     for name in names:
@@ -553,7 +562,7 @@ class ClosedFormSimulator(_Base):
         properties ``names`` (public units, broadcast like the signal)."""
         raise NotImplementedError(f"{type(self).__name__} defines no analytic derivatives")
 
-    def jacobian(self, diff, **values):
+    def jacobian(self, diff, order=1, **values):
         """Signal and its analytic derivatives with respect to tissue
         properties.
 
@@ -562,6 +571,8 @@ class ClosedFormSimulator(_Base):
         diff : str or sequence of str
             Tissue properties to differentiate with respect to; each must be
             one this simulator models and be passed in ``values``.
+        order : int
+            Derivative order; 1 (first derivatives) is what is supported.
         **values
             Tissue properties and protocol overrides, as for :meth:`simulate`.
 
@@ -573,6 +584,7 @@ class ClosedFormSimulator(_Base):
             samples)`` for a sequence of names, per the property's public
             unit; complex128 for float64 inputs, else complex64.
         """
+        _check_order(order)
         names = _diff_names(diff, self.tissue_properties, type(self).__name__, "jacobian")
         proto, tissue = self._split(values)
         _check_diff_values(names, tissue)

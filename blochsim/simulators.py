@@ -502,9 +502,9 @@ def _function_form(cls, name):
     def f(**kwargs):
         proto = {k: v for k, v in kwargs.items() if k in cls._common or k in cls.protocol
                  or k in ("device", "threads")}
-        rest = {k: v for k, v in kwargs.items() if k not in proto and k != "diff"}
+        rest = {k: v for k, v in kwargs.items() if k not in proto and k not in ("diff", "order")}
         if "diff" in kwargs:
-            return cls(**proto).jacobian(kwargs["diff"], **rest)
+            return cls(**proto).jacobian(kwargs["diff"], kwargs.get("order", 1), **rest)
         return cls(**proto).simulate(**rest)
 
     f.__name__ = name

@@ -225,6 +225,14 @@ def test_jacobian_refusals():
         sim.jacobian(("T1", 3), T1=900.0, T2=80.0)
     with pytest.raises(ValueError, match=r"T1 must be > 0 ms"):
         sim.jacobian("T1", T1=-1.0, T2=80.0)
+    with pytest.raises(ValueError, match=r"jacobian computes first derivatives \(order=1\), got order=2"):
+        sim.jacobian("T1", order=2, T1=900.0, T2=80.0)
+    from blochsim.simulators import SPGRSimulator, spgr_sim
+
+    with pytest.raises(ValueError, match=r"got order=2"):
+        SPGRSimulator(flip=10.0, TR=8.0).jacobian("T1", order=2, T1=900.0)
+    with pytest.raises(ValueError, match=r"got order=0"):
+        spgr_sim(flip=10.0, TR=8.0, T1=900.0, diff="T1", order=0)
 
 
 # ---------------------------------------------------------------------------
