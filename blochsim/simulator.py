@@ -93,6 +93,14 @@ class _Base:
                 raise TypeError(f"{type(self).__name__}.simulate() needs tissue property {r!r}")
         return proto, tissue
 
+    def _jacobian_request(self, diff, order, values):
+        """The checked names, protocol overrides and tissue of a jacobian call."""
+        _check_order(order)
+        names = _diff_names(diff, self.tissue_properties, type(self).__name__, "jacobian")
+        proto, tissue = self._split(values)
+        _check_diff_values(names, tissue)
+        return names, proto, tissue
+
     def _tissue(self, tissue):
         arrays = {k: V.tissue_array(k, v) for k, v in tissue.items()}
         shape = V.broadcast_voxels(arrays) if arrays else ()
@@ -211,17 +219,14 @@ class Simulator(_Base):
             the property's public unit (per ms of T1 and T2, per Hz of B0,
             per degree of B1phase, per µm²/ms of D, per m/s of v).
         """
-        _check_order(order)
-        names = _diff_names(diff, self.tissue_properties, type(self).__name__, "jacobian")
-        proto, tissue = self._split(values)
-        _check_diff_values(names, tissue)
+        names, proto, tissue = self._jacobian_request(diff, order, values)
         p = self._protocol_values(proto)
         on_device = [k for k, v in tissue.items() if V.is_device_array(v)]
         device = _dispatch.resolve_device(self.device, on_device[0] if on_device else None)
         if device == "cpu" and on_device:
             raise ValueError(f"device='cpu' was asked for, but {on_device[0]} is a device array")
         fields = [_core.TISSUE_FIELDS.index(V.TISSUE_UNITS[k][1]) for k in names]
-        scale = np.array([V.TISSUE_UNITS[k][0] for k in names], np.float32)[:, None]
+        scale = [V.TISSUE_UNITS[k][0] for k in names]  # SI value of one public unit
         if device == "cuda":
             return self._jacobian_device(p, tissue, on_device, names, fields, scale, isinstance(diff, str))
         arrays, shape = self._tissue(tissue)
@@ -234,7 +239,7 @@ class Simulator(_Base):
         _core.jacobian_host(ps, si, n, fields, out.reshape(n, s.n_samples), jac, threads, self._host_variant)
         # the kernel's derivatives are per SI unit: per public unit they scale
         # by the public-to-SI factor
-        jac *= scale
+        jac *= np.array(scale, np.float32)[:, None]
         J = jac.reshape(shape + (len(names), s.n_samples))
         return out, (J[..., 0, :] if isinstance(diff, str) else J)
 
@@ -413,8 +418,7 @@ class Simulator(_Base):
             # seeded with the SI value of one public unit: derivatives per
             # public unit
             jac, jac_ptr = new_output(shape + (count, want[-1]), library)
-            _core.jacobian_cuda(ps, tuple(dev), n, fields, [float(x) for x in scale[:, 0]], out_ptr, jac_ptr,
-                                stream)
+            _core.jacobian_cuda(ps, tuple(dev), n, fields, scale, out_ptr, jac_ptr, stream)
             _core.stream_synchronize(stream)
             return result, jac
         _core.forward_cuda(ps, tuple(dev), n, out_ptr, stream)
@@ -548,18 +552,26 @@ class ClosedFormSimulator(_Base):
         numpy.ndarray, complex, shape (*voxels, samples)
         """
         proto, tissue = self._split(values)
+        p, t, shape, ctype = self._evaluation(proto, tissue)
+        out = self.signal(p, t)
+        out = np.broadcast_to(out, shape + (np.shape(out)[-1],))
+        return np.ascontiguousarray(out, dtype=ctype)
+
+    def _evaluation(self, proto, tissue):
+        """Protocol, tissue as float64 with a trailing sample axis, voxel
+        shape and output dtype of a call."""
         p = self._protocol_values(proto)
         arrays, shape = self._tissue(tissue)
         dtype = np.result_type(*arrays.values(), np.float32) if arrays else np.float64
         ctype = np.complex128 if dtype == np.float64 else np.complex64
         t = {k: np.asarray(a, dtype=np.float64)[..., None] for k, a in arrays.items()}
-        out = self.signal(p, t)
-        out = np.broadcast_to(out, shape + (np.shape(out)[-1],))
-        return np.ascontiguousarray(out, dtype=ctype)
+        return p, t, shape, ctype
 
-    def derivatives(self, p: dict, t: dict, names: tuple) -> dict:
+    def derivatives(self, p: dict, t: dict, names: tuple, s) -> dict:
         """Analytic derivatives of :meth:`signal` with respect to the tissue
-        properties ``names`` (public units, broadcast like the signal)."""
+        properties ``names`` (public units, broadcast like the signal), given
+        the signal ``s`` at (p, t).  M0 is never among them and never in t:
+        it scales every closed form, and :meth:`jacobian` applies it."""
         raise NotImplementedError(f"{type(self).__name__} defines no analytic derivatives")
 
     def jacobian(self, diff, order=1, **values):
@@ -584,18 +596,16 @@ class ClosedFormSimulator(_Base):
             samples)`` for a sequence of names, per the property's public
             unit; complex128 for float64 inputs, else complex64.
         """
-        _check_order(order)
-        names = _diff_names(diff, self.tissue_properties, type(self).__name__, "jacobian")
-        proto, tissue = self._split(values)
-        _check_diff_values(names, tissue)
-        p = self._protocol_values(proto)
-        arrays, shape = self._tissue(tissue)
-        dtype = np.result_type(*arrays.values(), np.float32) if arrays else np.float64
-        ctype = np.complex128 if dtype == np.float64 else np.complex64
-        t = {k: np.asarray(a, dtype=np.float64)[..., None] for k, a in arrays.items()}
-        out = self.signal(p, t)
-        samples = np.shape(out)[-1]
-        out = np.ascontiguousarray(np.broadcast_to(out, shape + (samples,)), dtype=ctype)
-        d = self.derivatives(p, t, names)
-        J = np.stack([np.broadcast_to(d[k], shape + (samples,)) for k in names], -2).astype(ctype)
+        names, proto, tissue = self._jacobian_request(diff, order, values)
+        p, t, shape, ctype = self._evaluation(proto, tissue)
+        # the signal is M0 times that at M0 = 1: d/dM0 is the latter (also
+        # where M0 = 0), and the other derivatives scale by M0
+        m0 = t.pop("M0", 1.0)
+        unit = self.signal(p, t)
+        d = self.derivatives(p, t, tuple(k for k in names if k != "M0"), unit)
+        d["M0"] = unit
+        samples = np.shape(unit)[-1]
+        out = np.ascontiguousarray(np.broadcast_to(m0 * unit, shape + (samples,)), dtype=ctype)
+        J = np.stack([np.broadcast_to(d[k] if k == "M0" else m0 * d[k], shape + (samples,)) for k in names],
+                     -2).astype(ctype)
         return out, (J[..., 0, :] if isinstance(diff, str) else J)

@@ -289,15 +289,14 @@ class SPGRSimulator(ClosedFormSimulator):
             s = s * np.exp(-2j * np.pi * t["B0"] * TE * 1e-3)
         return s
 
-    def derivatives(self, p, t, names):
+    def derivatives(self, p, t, names, s):
         flip, TR, TE = _contrasts(p, ("flip", "TR", "TE"))
         a = np.radians(flip)
         T1 = t["T1"]
         E1 = np.exp(-TR / T1)
-        s = self.signal(p, t)
         # d ln[(1 - E1) / (1 - cos a E1)] / dE1 = (cos a - 1) / ((1 - E1)(1 - cos a E1))
         dlog = (np.cos(a) - 1) / ((1 - E1) * (1 - np.cos(a) * E1))
-        d = {"T1": s * dlog * E1 * TR / T1 ** 2, "M0": s / t.get("M0", 1.0)}
+        d = {"T1": s * dlog * E1 * TR / T1 ** 2}
         if "T2star" in t:
             d["T2star"] = s * TE / t["T2star"] ** 2
         if "B0" in t:
@@ -375,17 +374,17 @@ class bSSFPSimulator(ClosedFormSimulator):
         return {"s": 1j * t.get("M0", 1.0) * F, "R": R, "E1": E1, "E2": E2, "cb": cb, "sb": sb, "TR": TR,
                 "TE": TE, "A": A, "M": M, "echo": echo, "z": z}
 
-    def derivatives(self, p, t, names):
+    def derivatives(self, p, t, names, s):
         q = self._steady(p, t)
-        s, R, E1, E2, cb, sb, TR, TE, A, M, echo, z = (q[k] for k in (
-            "s", "R", "E1", "E2", "cb", "sb", "TR", "TE", "A", "M", "echo", "z"))
-        T1, T2, m0 = t["T1"], t["T2"], t.get("M0", 1.0)
+        R, E1, E2, cb, sb, TR, TE, A, M, echo, z = (q[k] for k in (
+            "R", "E1", "E2", "cb", "sb", "TR", "TE", "A", "M", "echo", "z"))
+        T1, T2 = t["T1"], t["T2"]
 
         def through(dE, db):
             # M = A^{-1} R b with A = I - R E: dM = A^{-1} (R db + R dE M)
             rhs = R @ (db[..., None] + dE @ M[..., None])
             dM = np.linalg.solve(A, rhs)[..., 0]
-            return 1j * m0 * (dM[..., 0] + 1j * dM[..., 1]) * echo
+            return 1j * (dM[..., 0] + 1j * dM[..., 1]) * echo
 
         def e_matrix(e2_cb, e2_sb, e1):
             return np.stack([np.stack([e2_cb, e2_sb, z], -1), np.stack([-e2_sb, e2_cb, z], -1),
@@ -402,8 +401,6 @@ class bSSFPSimulator(ClosedFormSimulator):
             dbeta = 2 * np.pi * TR * 1e-3
             d["B0"] = (through(e_matrix(-E2 * sb * dbeta, E2 * cb * dbeta, z), np.stack([z, z, z], -1))
                        + s * (-2j * np.pi * TE * 1e-3))
-        if "M0" in names:
-            d["M0"] = s / m0
         return d
 
 
@@ -443,14 +440,12 @@ class InversionRecoverySimulator(ClosedFormSimulator):
             s = s + eta * np.exp(-p["TR"] / t["T1"])
         return t.get("M0", 1.0) * s
 
-    def derivatives(self, p, t, names):
-        eta, T1, TI, m0 = t.get("inv_efficiency", 1.0), t["T1"], p["TI"], t.get("M0", 1.0)
+    def derivatives(self, p, t, names, s):
+        eta, T1, TI = t.get("inv_efficiency", 1.0), t["T1"], p["TI"]
         eI = np.exp(-TI / T1)
         eR = np.exp(-p["TR"] / T1) if p["TR"] is not None else 0.0
         TR = p["TR"] if p["TR"] is not None else 0.0
-        d = {"T1": m0 * (-(1 + eta) * eI * TI + eta * eR * TR) / T1 ** 2,
-             "inv_efficiency": m0 * (eR - eI),
-             "M0": self.signal(p, t) / m0}
+        d = {"T1": (-(1 + eta) * eI * TI + eta * eR * TR) / T1 ** 2, "inv_efficiency": eR - eI}
         return {k: d[k] for k in names}
 
 
@@ -486,12 +481,11 @@ class SpinEchoSimulator(ClosedFormSimulator):
         s = (1 - 2 * np.exp(-(TR - TE / 2) / T1) + np.exp(-TR / T1)) * np.exp(-TE / t["T2"])
         return t.get("M0", 1.0) * s
 
-    def derivatives(self, p, t, names):
-        TE, TR, T1, T2, m0 = p["TE"], p["TR"], t["T1"], t["T2"], t.get("M0", 1.0)
+    def derivatives(self, p, t, names, s):
+        TE, TR, T1, T2 = p["TE"], p["TR"], t["T1"], t["T2"]
         a = TR - TE / 2
-        s = self.signal(p, t)
-        d = {"T1": m0 * (-2 * np.exp(-a / T1) * a + np.exp(-TR / T1) * TR) / T1 ** 2 * np.exp(-TE / T2),
-             "T2": s * TE / T2 ** 2, "M0": s / m0}
+        d = {"T1": (-2 * np.exp(-a / T1) * a + np.exp(-TR / T1) * TR) / T1 ** 2 * np.exp(-TE / T2),
+             "T2": s * TE / T2 ** 2}
         return {k: d[k] for k in names}
 
 

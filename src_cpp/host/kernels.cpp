@@ -28,37 +28,12 @@ BLOCHSIM_FORCEINLINE int range(const EventStream& s, const Tissue& t, int64_t b0
   }
   return ok;
 }
-
-template <int N, bool Complex>
-int jacobian_range(const EventStream& s, const Tissue& t, const int* fields, int n_dirs, int64_t b0, int64_t b1,
-                   void* work, float* out, float* jac) {
-  using V = vfloat16;
-  using T = Dual<V, N>;
-  for (int64_t b = b0; b < b1; ++b) {
-    const int st = epg::jacobian_block<V, N, Complex>(s, t, fields, n_dirs, b * Lanes<V>::width,
-                                                      static_cast<T*>(work), out, jac);
-    if (st != ok) return st;
-  }
-  return ok;
-}
-
-template <bool Complex>
-int jacobian_any(const EventStream& s, const Tissue& t, const int* fields, int n_dirs, int64_t b0, int64_t b1,
-                 void* work, float* out, float* jac) {
-  switch (dual_width(dual_directions(fields, n_dirs))) {
-    case 1: return jacobian_range<1, Complex>(s, t, fields, n_dirs, b0, b1, work, out, jac);
-    case 2: return jacobian_range<2, Complex>(s, t, fields, n_dirs, b0, b1, work, out, jac);
-    case 4: return jacobian_range<4, Complex>(s, t, fields, n_dirs, b0, b1, work, out, jac);
-    default: return jacobian_range<tissue_fields, Complex>(s, t, fields, n_dirs, b0, b1, work, out, jac);
-  }
-}
 }  // namespace
 
 int BLOCHSIM_CAT(jacobian_range_, BLOCHSIM_ISA_SUFFIX)(const EventStream& s, const Tissue& t, const int* fields,
                                                        int n_dirs, int64_t b0, int64_t b1, void* work, float* out,
                                                        float* jac) {
-  return s.real_path ? jacobian_any<false>(s, t, fields, n_dirs, b0, b1, work, out, jac)
-                     : jacobian_any<true>(s, t, fields, n_dirs, b0, b1, work, out, jac);
+  return epg::jacobian_range<vfloat16>(s, t, fields, n_dirs, b0, b1, work, out, jac);
 }
 
 int BLOCHSIM_CAT(range_real_, BLOCHSIM_ISA_SUFFIX)(const EventStream& s, const Tissue& t, int64_t b0,

@@ -37,6 +37,8 @@ int host_jacobian_registers(const EventStream& s, const Tissue& t, const int* fi
                             float* jac) {
   const int v = validate(s, t);
   if (v != ok) return v;
+  const int d = validate_directions(fields, n_dirs);
+  if (d != ok) return d;
   // the device's Jacobian warp teams: 8 orders a member (4 on the complex
   // path), duals of 2 directions, further directions in further passes
   const int64_t ns = s.n_samples;

@@ -737,9 +737,8 @@ inline int jacobian_device(const EventStream& s, const Tissue& t, const int* fie
                            const float* seeds = nullptr) {
   const int v = validate(s, t);
   if (v != ok) return detail::say(v, err, n);
-  if (n_dirs < 1 || n_dirs > tissue_fields) return detail::say(bad_shape, err, n);
-  for (int j = 0; j < n_dirs; ++j)
-    if (fields[j] < 0 || fields[j] >= tissue_fields) return detail::say(bad_shape, err, n);
+  const int dv = validate_directions(fields, n_dirs);
+  if (dv != ok) return detail::say(dv, err, n);
   if (s.states > jacobian_max_states(s.real_path != 0)) return detail::say(states_exceed_team, err, n);
   if (t.n == 0 || s.n_samples == 0) return ok;
   detail::DeviceStream d;

@@ -103,34 +103,9 @@ inline std::size_t jacobian_workspace(const EventStream& s, const int* fields, i
          static_cast<std::size_t>(1 + dual_width(dual_directions(fields, n_dirs)));
 }
 
-template <int N, bool Complex>
-inline int jacobian_range_for(const EventStream& s, const Tissue& t, const int* fields, int n_dirs, int64_t b0,
-                              int64_t b1, void* work, float* out, float* jac) {
-  using T = Dual<Vec, N>;
-  for (int64_t b = b0; b < b1; ++b) {
-    const int st =
-        epg::jacobian_block<Vec, N, Complex>(s, t, fields, n_dirs, b * lanes, static_cast<T*>(work), out, jac);
-    if (st != ok) return st;
-  }
-  return ok;
-}
-
-// The Jacobian blocks for n_dirs directions on the stream's path.
-template <bool Complex>
-inline int jacobian_range(const EventStream& s, const Tissue& t, const int* fields, int n_dirs, int64_t b0,
-                          int64_t b1, void* work, float* out, float* jac) {
-  switch (dual_width(dual_directions(fields, n_dirs))) {
-    case 1: return jacobian_range_for<1, Complex>(s, t, fields, n_dirs, b0, b1, work, out, jac);
-    case 2: return jacobian_range_for<2, Complex>(s, t, fields, n_dirs, b0, b1, work, out, jac);
-    case 4: return jacobian_range_for<4, Complex>(s, t, fields, n_dirs, b0, b1, work, out, jac);
-    default: return jacobian_range_for<tissue_fields, Complex>(s, t, fields, n_dirs, b0, b1, work, out, jac);
-  }
-}
-
 inline int jacobian_range_any(const EventStream& s, const Tissue& t, const int* fields, int n_dirs, int64_t b0,
                               int64_t b1, void* work, float* out, float* jac) {
-  return s.real_path ? jacobian_range<false>(s, t, fields, n_dirs, b0, b1, work, out, jac)
-                     : jacobian_range<true>(s, t, fields, n_dirs, b0, b1, work, out, jac);
+  return epg::jacobian_range<Vec>(s, t, fields, n_dirs, b0, b1, work, out, jac);
 }
 
 // Signal and tissue Jacobian on the host in one pass: out as forward_status,
@@ -141,12 +116,8 @@ inline int jacobian_status(const EventStream& s, const Tissue& t, const int* fie
                            float* jac, int threads, JacobianRangeFn fn = &jacobian_range_any) {
   const int v = validate(s, t);
   if (v != ok) return v;
-  if (n_dirs < 1 || n_dirs > tissue_fields) return bad_shape;
-  for (int j = 0; j < n_dirs; ++j) {
-    if (fields[j] < 0 || fields[j] >= tissue_fields) return bad_shape;
-    for (int i = 0; i < j; ++i)
-      if (fields[i] == fields[j]) return bad_shape;
-  }
+  const int d = validate_directions(fields, n_dirs);
+  if (d != ok) return d;
   return run_blocks_with(t, threads, jacobian_workspace(s, fields, n_dirs), [&](int64_t b0, int64_t b1, float* work) {
     return fn(s, t, fields, n_dirs, b0, b1, work, out, jac);
   });

@@ -9,6 +9,7 @@
 // interleaved.
 #pragma once
 
+#include <type_traits>
 #include <vector>
 
 #include "dual.hpp"
@@ -43,6 +44,17 @@ inline int dual_directions(const int* fields, int n_dirs) {
   int n = 0;
   for (int j = 0; j < n_dirs; ++j) n += fields[j] != field_M0;
   return n;
+}
+
+// Checks Jacobian directions: 1 to tissue_fields distinct tissue fields.
+inline int validate_directions(const int* fields, int n_dirs) {
+  if (n_dirs < 1 || n_dirs > tissue_fields) return bad_shape;
+  for (int j = 0; j < n_dirs; ++j) {
+    if (fields[j] < 0 || fields[j] >= tissue_fields) return bad_shape;
+    for (int i = 0; i < j; ++i)
+      if (fields[i] == fields[j]) return bad_shape;
+  }
+  return ok;
 }
 
 inline namespace BLOCHSIM_ISA {
@@ -126,6 +138,35 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE int jacobian_block(const EventStream& s, const 
   JacobianSink<V, N> sink{out, jac, first, t.n, s.n_samples, n_dirs, m0_dir, slot, m0};
   play<T, Complex>(s, t, lt, st, sink);
   return ok;
+}
+
+// The Jacobian of blocks [b0, b1) of lane vectors V (problems b W to
+// (b + 1) W - 1) with a workspace of (1 + dual_width(dual_directions(fields,
+// n_dirs))) PlaneStore workspaces of V: the dual width and the path picked
+// at run time.  In the ISA namespace, so that each instruction-set build of
+// the host kernels keeps its own instantiations.
+template <class V>
+inline int jacobian_range(const EventStream& s, const Tissue& t, const int* fields, int n_dirs, int64_t b0,
+                          int64_t b1, void* work, float* out, float* jac) {
+  auto blocks = [&](auto width, auto complex) {
+    constexpr int N = decltype(width)::value;
+    constexpr bool C = decltype(complex)::value;
+    for (int64_t b = b0; b < b1; ++b) {
+      const int st = jacobian_block<V, N, C>(s, t, fields, n_dirs, b * Lanes<V>::width,
+                                             static_cast<Dual<V, N>*>(work), out, jac);
+      if (st != ok) return st;
+    }
+    return static_cast<int>(ok);
+  };
+  auto on_path = [&](auto width) {
+    return s.real_path ? blocks(width, std::false_type{}) : blocks(width, std::true_type{});
+  };
+  switch (dual_width(dual_directions(fields, n_dirs))) {
+    case 1: return on_path(std::integral_constant<int, 1>{});
+    case 2: return on_path(std::integral_constant<int, 2>{});
+    case 4: return on_path(std::integral_constant<int, 4>{});
+    default: return on_path(std::integral_constant<int, tissue_fields>{});
+  }
 }
 
 // The tissue of problem p with directions fields[0 .. n_dirs) seeded (with
