@@ -12,8 +12,8 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 
 from blochsim._events cimport EventStream, Property, Tissue, cuda_error_base, status_message
-from blochsim._host cimport (host_forward_dispatch, host_forward_registers, host_isa, host_jacobian_dispatch,
-                             host_jacobian_registers)
+from blochsim._host cimport (host_adjoint_dispatch, host_forward_dispatch, host_forward_registers, host_isa,
+                             host_jacobian_dispatch, host_jacobian_registers)
 cimport blochsim._launcher as L
 
 # Order of the tissue entries handed to the forward functions.
@@ -191,6 +191,40 @@ def jacobian_host(PackedStream ps, tuple tissue, int64_t n, fields, float comple
             st = host_jacobian_dispatch(ps.s, t, cf, nd, outp, jacp, threads)
         else:
             st = host_jacobian_registers(ps.s, t, cf, nd, outp, jacp)
+    _raise(st, err)
+
+
+def adjoint_host(PackedStream ps, tuple tissue, int64_t n, fields, const float complex[:, ::1] cot,
+                 double[:, ::1] ev_grad, float[:, ::1] tgrad, int threads):
+    """Reverse mode of a packed stream for n problems on the host.
+
+    ``cot`` (n, n_samples) complex64 is the cotangent dL/dRe s + i dL/dIm s;
+    ``ev_grad`` (n_events, 4) float64 receives dL / d(duration_s, flip_rad,
+    phase_rad, rx_phase_rad) of each event summed over the problems;
+    ``tgrad`` (n, len(fields)) float32 receives dL / d field per problem
+    (``fields`` indices into TISSUE_FIELDS, distinct, possibly none).
+    """
+    cdef Tissue t
+    cdef int st
+    cdef int nd = len(fields)
+    cdef int cf[9]
+    cdef char err[ERRLEN]
+    err[0] = 0
+    if nd > 9:
+        raise ValueError("blochsim internal error: 0 to 9 adjoint tissue directions")
+    for i in range(nd):
+        cf[i] = int(fields[i])
+    if cot.shape[0] != n or cot.shape[1] != ps.s.n_samples or ev_grad.shape[0] != ps.s.n_events \
+            or ev_grad.shape[1] != 4 or tgrad.shape[0] != n or tgrad.shape[1] != nd:
+        raise ValueError("blochsim internal error: adjoint shapes")
+    keep = _host_tissue(&t, tissue, n)
+    if ps.s.n_events == 0:
+        return
+    cdef const float* cotp = <const float*> &cot[0, 0] if n > 0 and ps.s.n_samples > 0 else NULL
+    cdef double* evp = &ev_grad[0, 0]
+    cdef float* tgp = &tgrad[0, 0] if n > 0 and nd > 0 else NULL
+    with nogil:
+        st = host_adjoint_dispatch(ps.s, t, cf, nd, cotp, evp, tgp, threads)
     _raise(st, err)
 
 

@@ -6,6 +6,8 @@ cdef extern from "dispatch.hpp" namespace "blochsim" nogil:
     int host_forward_dispatch(const EventStream& s, const Tissue& t, float* out, int threads)
     int host_jacobian_dispatch(const EventStream& s, const Tissue& t, const int* fields, int n_dirs,
                                float* out, float* jac, int threads)
+    int host_adjoint_dispatch(const EventStream& s, const Tissue& t, const int* fields, int n_tdirs,
+                              const float* cot, double* ev_grad, float* tgrad, int threads)
     int host_jacobian_registers(const EventStream& s, const Tissue& t, const int* fields, int n_dirs,
                                 float* out, float* jac)
     int host_forward_registers(const EventStream& s, const Tissue& t, float* out, int team)

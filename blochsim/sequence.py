@@ -23,6 +23,105 @@ GAMMA_RAD_PER_S_PER_T = 2.0 * np.pi * 42.57747892e6
 EV_RF, EV_INVERSION, EV_READOUT, EV_SPOIL = 1, 2, 4, 8
 
 
+class Traced:
+    """A protocol value with its first-order dependence on protocol entries.
+
+    ``value`` is the number; ``terms`` maps ``(name, index)`` (a protocol
+    parameter and an index into it, ``()`` for a scalar) to d value / d
+    entry.  Arithmetic carries the terms (sums, products, quotients), so the
+    operators a simulator builds from a traced protocol record where each
+    flip, phase and duration came from, and :meth:`Simulator.vjp` maps the
+    kernels' per-event gradients back to the protocol arrays.
+    """
+
+    __slots__ = ("value", "terms")
+    __array_ufunc__ = None  # NumPy scalars defer to the reflected operators
+
+    def __init__(self, value, terms=None):
+        self.value = float(value)
+        self.terms = dict(terms) if terms else {}
+
+    @staticmethod
+    def _lift(x):
+        return x if isinstance(x, Traced) else Traced(float(x))
+
+    @staticmethod
+    def _combine(a, ca, b, cb):
+        terms = {k: ca * c for k, c in a.terms.items()} if ca != 0.0 else {}
+        if cb != 0.0:
+            for k, c in b.terms.items():
+                terms[k] = terms.get(k, 0.0) + cb * c
+        return terms
+
+    def __float__(self):
+        return self.value
+
+    def __add__(self, o):
+        o = Traced._lift(o)
+        return Traced(self.value + o.value, Traced._combine(self, 1.0, o, 1.0))
+
+    __radd__ = __add__
+
+    def __sub__(self, o):
+        o = Traced._lift(o)
+        return Traced(self.value - o.value, Traced._combine(self, 1.0, o, -1.0))
+
+    def __rsub__(self, o):
+        return Traced._lift(o) - self
+
+    def __mul__(self, o):
+        o = Traced._lift(o)
+        return Traced(self.value * o.value, Traced._combine(self, o.value, o, self.value))
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, o):
+        o = Traced._lift(o)
+        q = self.value / o.value
+        return Traced(q, Traced._combine(self, 1.0 / o.value, o, -q / o.value))
+
+    def __rtruediv__(self, o):
+        return Traced._lift(o) / self
+
+    def __neg__(self):
+        return Traced(-self.value, {k: -c for k, c in self.terms.items()})
+
+    def __pos__(self):
+        return self
+
+    def __lt__(self, o):
+        return self.value < float(o)
+
+    def __le__(self, o):
+        return self.value <= float(o)
+
+    def __gt__(self, o):
+        return self.value > float(o)
+
+    def __ge__(self, o):
+        return self.value >= float(o)
+
+    def __repr__(self):
+        return f"Traced({self.value!r}, {self.terms!r})"
+
+
+def trace(name, value):
+    """``value`` (a float or float array) as :class:`Traced` entries of the
+    protocol parameter ``name``: a Traced scalar, or an object array of them."""
+    a = np.asarray(value, dtype=np.float64)
+    if a.ndim == 0:
+        return Traced(float(a), {(name, ()): 1.0})
+    out = np.empty(a.shape, dtype=object)
+    for i in np.ndindex(a.shape):
+        out[i] = Traced(a[i], {(name, i): 1.0})
+    return out
+
+
+def _value(x):
+    """The number of a possibly traced operator value."""
+    return x.value if isinstance(x, Traced) else x
+
+
 class Operator:
     """Base of all sequence operators.  ``a @ b`` plays ``b`` then ``a``."""
 
@@ -94,7 +193,7 @@ class Pulse(Operator):
 
     def __post_init__(self):
         for name in ("flip", "phase"):
-            v = V.as_float_array(name, getattr(self, name))
+            v = V.as_float_array(name, _value(getattr(self, name)))
             V.check_finite(name, v)
             if v.ndim != 0:
                 raise ValueError(f"{name} of a Pulse must be a scalar, got shape {v.shape}")
@@ -125,10 +224,10 @@ class Delay(Operator):
     duration: float
 
     def __post_init__(self):
-        v = V.as_float_array("duration", self.duration)
+        v = V.as_float_array("duration", _value(self.duration))
         V.check_finite("duration", v)
         if v.ndim != 0 or float(v) < 0:
-            raise ValueError(f"Delay duration must be a scalar >= 0 ms, got {self.duration!r}")
+            raise ValueError(f"Delay duration must be a scalar >= 0 ms, got {_value(self.duration)!r}")
 
 
 @dataclass(frozen=True)
@@ -159,6 +258,12 @@ class Readout(Operator):
     """
 
     phase: float = 0.0
+
+    def __post_init__(self):
+        v = V.as_float_array("phase", _value(self.phase))
+        V.check_finite("phase", v)
+        if v.ndim != 0:
+            raise ValueError(f"phase of a Readout must be a scalar, got shape {v.shape}")
 
 
 class SampledPulse(Sequence):
@@ -336,6 +441,59 @@ def pack(preparation, repetition, repetitions: int = 1) -> EventStream:
     repetitions : int
         Number of playings of ``repetition``.
     """
+    return _pack(preparation, repetition, repetitions, False)[0]
+
+
+# Event-gradient columns of the adjoint kernel (adjoint.hpp EventGradient)
+# and the factor from their SI unit to the operators' unit.
+_GRAD_DURATION, _GRAD_FLIP, _GRAD_PHASE, _GRAD_RX = 0, 1, 2, 3
+_MS_TO_S = 1e-3
+_DEG_TO_RAD = np.pi / 180.0
+
+
+def pack_with_provenance(preparation, repetition, repetitions: int = 1):
+    """Pack a playing whose operators carry :class:`Traced` values, and
+    record where each traced value went.
+
+    Every event that a Delay opens keeps an interval, even of zero length,
+    so that its duration has a gradient.
+
+    Returns
+    -------
+    stream : EventStream
+    provenance : dict
+        For each protocol parameter named in the traced values, a tuple of
+        arrays ``(event, column, index, coef)``: the parameter's entry
+        ``index`` moves column ``column`` (duration_s, flip_rad, phase_rad,
+        rx_phase_rad) of event ``event`` by ``coef`` per public unit.
+    """
+    s, ops, lay = _pack(preparation, repetition, repetitions, True)
+    rows = {}
+
+    def record(event, column, value, factor):
+        if isinstance(value, Traced):
+            for (name, index), c in value.terms.items():
+                rows.setdefault(name, []).append((event, column, index, c * factor))
+
+    for e, j in enumerate(lay.rf_op):
+        if j >= 0:
+            record(e, _GRAD_FLIP, ops[j].flip, _DEG_TO_RAD)
+            record(e, _GRAD_PHASE, ops[j].phase, _DEG_TO_RAD)
+    for e, j in enumerate(lay.rx_op):
+        if j >= 0 and lay.flags[e] & EV_READOUT:
+            record(e, _GRAD_RX, ops[j].phase, _DEG_TO_RAD)
+    for j, e in zip(lay.delay_op, lay.delay_event):
+        record(int(e), _GRAD_DURATION, ops[j].duration, _MS_TO_S)
+    provenance = {}
+    for name, r in rows.items():
+        ev, col, idx, coef = zip(*r)
+        provenance[name] = (np.array(ev, np.int64), np.array(col, np.int64), list(idx), np.array(coef))
+    return s, provenance
+
+
+def _pack(preparation, repetition, repetitions, keep_zero):
+    """pack(), also returning the operators and their layout; with
+    keep_zero every event with a Delay keeps an interval of its length."""
     prep = preparation.ops() if preparation is not None else []
     rep = repetition.ops()
     ops = prep + rep * repetitions
@@ -379,7 +537,11 @@ def pack(preparation, repetition, repetitions: int = 1) -> EventStream:
         np.cos(flip_rad / 2) ** 2, np.sin(flip_rad / 2) ** 2, np.sin(flip_rad), np.cos(flip_rad),
         np.cos(phase_rad), np.sin(phase_rad), np.cos(rx_rad), np.sin(rx_rad)], axis=1), dtype=np.float32)
     dur = np.bincount(lay.delay_event, weights=durs[lay.delay_op], minlength=n)[:n] * 1e-3
-    has_iv = dur > 0
+    if keep_zero:
+        has_iv = np.zeros(n, dtype=bool)
+        has_iv[lay.delay_event[lay.delay_event < n]] = True
+    else:
+        has_iv = dur > 0
     uniq, inv = np.unique(dur[has_iv], return_inverse=True)
     interval = np.full(n, -1, dtype=np.int32)
     interval[has_iv] = inv.astype(np.int32)
@@ -387,4 +549,4 @@ def pack(preparation, repetition, repetitions: int = 1) -> EventStream:
     s.duration_s = np.ascontiguousarray(uniq, dtype=np.float64)
     one = len(prep) + len(rep)
     s.total_shifts = int(sum(abs(int(o.orders)) for o in ops[:one] if isinstance(o, Dephase)))
-    return s
+    return s, ops, lay

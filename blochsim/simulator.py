@@ -27,7 +27,7 @@ import numpy as np
 
 from blochsim import _core, _dispatch
 from blochsim import _validate as V
-from blochsim.sequence import pack
+from blochsim.sequence import pack, pack_with_provenance, trace
 
 # Protocol keywords every played simulator takes.
 PLAYED_COMMON = {"states": None, "crusher_dephasing_rad": None, "voxel_size_m": None,
@@ -177,17 +177,17 @@ class Simulator(_Base):
         self._stream_cache = (key, s)
         return s
 
-    def _stream_for(self, p, present):
-        """The event stream of protocol p, its packed form for the kernels,
-        the states and whether it plays on the real path, given the tissue
-        properties present."""
+    def _stream_for(self, p, present, stream=None):
+        """The event stream of protocol p (or ``stream``, packed from it),
+        its packed form for the kernels, the states and whether it plays on
+        the real path, given the tissue properties present."""
         if ("D" in present or "v" in present) and (p["crusher_dephasing_rad"] is None or p["voxel_size_m"] is None):
             which = "D" if "D" in present else "v"
             raise ValueError(
                 f"{which} needs the crusher geometry: pass crusher_dephasing_rad and voxel_size_m "
                 f"to {type(self).__name__} (got crusher_dephasing_rad={p['crusher_dephasing_rad']!r}, "
                 f"voxel_size_m={p['voxel_size_m']!r})")
-        s = self._packed(p)
+        s = self._packed(p) if stream is None else stream
         states = p["states"] if p["states"] is not None else max(8, 1 + s.total_shifts)
         real, phi0 = s.real_subspace(any(k in present for k in ("B0", "B1phase", "v")))
         dk = voxel = 0.0
@@ -268,6 +268,109 @@ class Simulator(_Base):
         if host_only:
             result, J = result.get(), J.get()
         return result, (J[..., 0, :] if one else J)
+
+    def vjp(self, wrt, **values):
+        """Signal and its pullback: reverse-mode gradients of a real loss of
+        the signal with respect to protocol parameters and tissue properties
+        (an adjoint sweep through the events with checkpointing, SPEC §4).
+
+        Parameters
+        ----------
+        wrt : str or sequence of str
+            Float protocol parameters (e.g. ``flip``, ``phases``, ``TR``,
+            ``ESP``, ``TE``, ``TI``) and tissue properties (passed in
+            ``values``) to differentiate with respect to.
+        **values
+            Tissue properties and protocol overrides, as for :meth:`simulate`
+            (NumPy arrays: the host backend).
+
+        Returns
+        -------
+        signal : numpy.ndarray, complex64, shape (*voxels, samples)
+        pullback : callable
+            ``pullback(cotangent)`` with ``cotangent`` shaped like the signal,
+            ``dL/dRe s + i dL/dIm s`` of a real loss L (so L = sum |s|^2 has
+            cotangent ``2 * s``), returns a dict mapping each name of ``wrt``
+            to dL/d name, float64, shaped like the parameter (a protocol
+            parameter as given; a tissue property as passed, summed over the
+            voxels it broadcasts to), per public unit (per degree of flip and
+            phase, per ms of TR, ESP, TE, TI, T1, T2).  A protocol parameter
+            is shared by every voxel, so its gradient sums over them.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from blochsim.simulators import FSESimulator
+        >>> fse = FSESimulator(ESP=5.0, flip=np.full(16, 150.0))
+        >>> s, pullback = fse.vjp(("flip", "ESP", "T2"), T1=1000.0, T2=np.array([60.0, 90.0]))
+        >>> g = pullback(2 * s)          # gradient of sum |s|^2
+        >>> g["flip"].shape, g["ESP"].shape, g["T2"].shape
+        ((16,), (), (2,))
+        """
+        names = (wrt,) if isinstance(wrt, str) else tuple(wrt)
+        proto, tissue = self._split(values)
+        p = self._protocol_values(proto)
+        protocol_names, tissue_names = self._vjp_names(names, p)
+        _check_diff_values(tissue_names, tissue, "vjp")
+        on_device = [k for k, v in tissue.items() if V.is_device_array(v)]
+        device = _dispatch.resolve_device(self.device, on_device[0] if on_device else None)
+        if device == "cpu" and on_device:
+            raise ValueError(f"device='cpu' was asked for, but {on_device[0]} is a device array")
+        if device == "cuda":
+            raise NotImplementedError("vjp on the device is not built yet")
+        raw = {**self._defaults, **self._given, **proto}
+        traced = dict(p)
+        for k in protocol_names:
+            traced[k] = trace(k, p[k])
+        stream, prov = pack_with_provenance(self.preparation(traced), self.repetition(traced), p["repetitions"])
+        arrays, shape = self._tissue(tissue)
+        s, ps, _, _ = self._stream_for(p, set(arrays), stream)
+        n = int(np.prod(shape, dtype=np.int64))
+        si = _host_si(arrays, shape)
+        threads = self.threads if self.threads is not None else _dispatch.default_threads()
+        signal = np.empty(shape + (s.n_samples,), dtype=np.complex64)
+        _core.forward_host(ps, si, n, signal.reshape(n, s.n_samples), threads, self._host_variant)
+        fields = [_core.TISSUE_FIELDS.index(V.TISSUE_UNITS[k][1]) for k in tissue_names]
+        scale = np.array([V.TISSUE_UNITS[k][0] for k in tissue_names])
+        tshapes = {k: np.shape(arrays[k]) for k in tissue_names}
+        pshapes = {k: (np.shape(p[k]) if np.ndim(raw[k]) > 0 else ()) for k in protocol_names}
+
+        def pullback(cotangent):
+            cot = _cotangent(cotangent, signal.shape)
+            ev = np.zeros((s.n_events, 4), dtype=np.float64)
+            tg = np.zeros((n, len(fields)), dtype=np.float32)
+            _core.adjoint_host(ps, si, n, fields, cot.reshape(n, s.n_samples), ev, tg, threads)
+            return _assemble(names, p, prov, pshapes, ev, tg, scale, tissue_names, shape, tshapes)
+
+        return signal, pullback
+
+    def _vjp_names(self, names, p):
+        """The protocol and tissue names of a vjp request, checked."""
+        if not names:
+            raise ValueError("vjp needs at least one name in wrt")
+        protocol_names, tissue_names = [], []
+        for k in names:
+            if not isinstance(k, str):
+                raise TypeError(f"wrt names parameters by str, got {k!r}")
+            if k in self.tissue_properties:
+                tissue_names.append(k)
+            elif k in self._defaults:
+                v = p[k]
+                if k in PLAYED_COMMON:
+                    raise TypeError(f"{type(self).__name__} cannot differentiate with respect to {k!r}: it is "
+                                    f"a setting of the engine, not a sequence value")
+                if not (isinstance(v, (float, np.floating)) or
+                        (isinstance(v, np.ndarray) and v.dtype.kind == "f")):
+                    raise TypeError(f"{type(self).__name__} cannot differentiate with respect to {k!r}: "
+                                    f"it is not a float protocol parameter (got {v!r})")
+                protocol_names.append(k)
+            else:
+                raise TypeError(f"{type(self).__name__} cannot differentiate with respect to {k!r}: its "
+                                f"protocol is {sorted(set(self._defaults) - set(PLAYED_COMMON))} and it "
+                                f"models {list(self.tissue_properties)}")
+        if len(set(names)) != len(names):
+            raise ValueError(f"wrt names a parameter twice: {list(names)}")
+        return protocol_names, tissue_names
 
     def stream(self, **protocol):
         """The packed event stream of one call with these protocol overrides."""
@@ -444,17 +547,66 @@ def _diff_names(diff, modelled, owner, what):
     return names
 
 
+def _cotangent(cotangent, shape):
+    """A pullback's cotangent as a C-contiguous complex64 array of the
+    signal's shape."""
+    c = np.asarray(cotangent)
+    if c.dtype.kind not in "fc":
+        raise TypeError(f"cotangent must be a float or complex array, got dtype {c.dtype}")
+    if c.shape != tuple(shape):
+        raise ValueError(f"cotangent must have the signal's shape {tuple(shape)}, got {c.shape}")
+    if not np.all(np.isfinite(c)):
+        raise ValueError("cotangent must be finite")
+    return np.ascontiguousarray(c, dtype=np.complex64)
+
+
+def _reduce_to(g, shape):
+    """Sum g over the axes it was broadcast along from ``shape``."""
+    lead = g.ndim - len(shape)
+    if lead:
+        g = g.sum(axis=tuple(range(lead)))
+    axes = tuple(i for i, (a, b) in enumerate(zip(shape, g.shape)) if a == 1 and b != 1)
+    if axes:
+        g = g.sum(axis=axes, keepdims=True)
+    return g.reshape(shape)
+
+
+def _assemble(names, p, prov, pshapes, ev, tg, scale, tissue_names, shape, tshapes):
+    """The pullback's dict from the adjoint's per-event and per-voxel
+    gradients: protocol entries through their provenance, tissue per public
+    unit reduced to each property's shape."""
+    out = {}
+    for k in names:
+        if k in tshapes:
+            j = tissue_names.index(k)
+            g = (tg[:, j].astype(np.float64) * scale[j]).reshape(shape)
+            out[k] = _reduce_to(g, tshapes[k])
+            continue
+        full = np.shape(p[k])
+        g = np.zeros(full, dtype=np.float64)
+        if k in prov:
+            event, column, index, coef = prov[k]
+            contrib = coef * ev[event, column]
+            if full == ():
+                g = np.asarray(contrib.sum())
+            else:
+                flat = np.ravel_multi_index(tuple(np.array(index).T), full)
+                g = np.bincount(flat, weights=contrib, minlength=int(np.prod(full))).reshape(full)
+        out[k] = g.sum().reshape(()) if pshapes[k] == () and g.shape != () else g
+    return out
+
+
 def _check_order(order):
     """jacobian computes first derivatives only."""
     if isinstance(order, bool) or not isinstance(order, (int, np.integer)) or order != 1:
         raise ValueError(f"jacobian computes first derivatives (order=1), got order={order!r}")
 
 
-def _check_diff_values(names, tissue):
+def _check_diff_values(names, tissue, what="jacobian"):
     """Each property differentiated must be passed, as a float."""
     for name in names:
         if name not in tissue:
-            raise ValueError(f"jacobian with respect to {name!r} needs {name} passed as a tissue value")
+            raise ValueError(f"{what} with respect to {name!r} needs {name} passed as a tissue value")
         v = tissue[name]
         if isinstance(v, (int, float)) or V.is_device_array(v):
             continue

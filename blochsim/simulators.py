@@ -91,7 +91,7 @@ class FSESimulator(Simulator):
         half = Delay(p["ESP"] / 2.0)
         ops = [Excitation(p["exc_flip"], p["exc_phase"])]
         for f, ph in zip(p["flip"], p["phases"]):
-            ops += [half, Dephase(), Refocusing(float(f), float(ph)), Dephase(), half, Readout()]
+            ops += [half, Dephase(), Refocusing(f, ph), Dephase(), half, Readout()]
         ops += [Delay(p["TR"] - len(p["flip"]) * p["ESP"]), Spoil()]
         return Sequence(ops)
 
@@ -139,7 +139,7 @@ class MRFSimulator(Simulator):
                 raise TypeError(f"MRFSimulator needs protocol parameter {k!r}")
         ops = [Inversion(), Delay(p["TI"])]
         for f, tr, ph in zip(p["flip"], p["TR"], p["phases"]):
-            ops += [Pulse(float(f), float(ph)), Readout(-90.0), Dephase(), Delay(float(tr))]
+            ops += [Pulse(f, ph), Readout(-90.0), Dephase(), Delay(tr)]
         return Sequence(ops)
 
 
@@ -225,7 +225,7 @@ class StimulatedEchoSimulator(Simulator):
         for k in ("TE", "TM"):
             if p[k] is None:
                 raise TypeError(f"StimulatedEchoSimulator needs protocol parameter {k!r}")
-        a1, a2, a3 = (float(x) for x in p["flip"])
+        a1, a2, a3 = p["flip"]
         h = Delay(p["TE"] / 2.0)
         return Sequence([Pulse(a1, 90.0), Dephase(), h, Pulse(a2, 90.0), Dephase(), h, Readout(),
                          Delay(p["TM"] - p["TE"] / 2.0), Spoil(), Pulse(a3, 90.0), Dephase(), h,

@@ -11,6 +11,7 @@ struct Kernels {
   host::RangeFn real;
   host::RangeFn complex;
   host::JacobianRangeFn jacobian;
+  host::AdjointRangeFn adjoint;
   const char* isa;
 };
 
@@ -19,14 +20,16 @@ Kernels pick() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
-    return {&kernels::range_real_v4, &kernels::range_complex_v4, &kernels::jacobian_range_v4, "x86-64-v4"};
+    return {&kernels::range_real_v4, &kernels::range_complex_v4, &kernels::jacobian_range_v4, &kernels::adjoint_range_v4,
+            "x86-64-v4"};
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-    return {&kernels::range_real_v3, &kernels::range_complex_v3, &kernels::jacobian_range_v3, "x86-64-v3"};
+    return {&kernels::range_real_v3, &kernels::range_complex_v3, &kernels::jacobian_range_v3, &kernels::adjoint_range_v3,
+            "x86-64-v3"};
   return {&kernels::range_real_default, &kernels::range_complex_default, &kernels::jacobian_range_default,
-          "x86-64"};
+          &kernels::adjoint_range_default, "x86-64"};
 #else
   return {&kernels::range_real_default, &kernels::range_complex_default, &kernels::jacobian_range_default,
-          "generic"};
+          &kernels::adjoint_range_default, "generic"};
 #endif
 }
 
@@ -45,6 +48,11 @@ int host_forward_dispatch(const EventStream& s, const Tissue& t, float* out, int
 int host_jacobian_dispatch(const EventStream& s, const Tissue& t, const int* fields, int n_dirs, float* out,
                            float* jac, int threads) {
   return host::jacobian_status(s, t, fields, n_dirs, out, jac, threads, chosen().jacobian);
+}
+
+int host_adjoint_dispatch(const EventStream& s, const Tissue& t, const int* fields, int n_tdirs, const float* cot,
+                          double* ev_grad, float* tgrad, int threads) {
+  return host::adjoint_status(s, t, fields, n_tdirs, cot, ev_grad, tgrad, threads, chosen().adjoint);
 }
 
 const char* host_isa() { return chosen().isa; }

@@ -15,6 +15,13 @@ int host_forward_dispatch(const EventStream& s, const Tissue& t, float* out, int
 int host_jacobian_dispatch(const EventStream& s, const Tissue& t, const int* fields, int n_dirs, float* out,
                            float* jac, int threads);
 
+// Reverse mode of every problem of t (host::adjoint_status): the gradient
+// of a real loss with cotangent cot with respect to each event's duration,
+// flip, phase and receiver phase (ev_grad, summed over problems) and to the
+// tissue fields fields[0 .. n_tdirs) per problem (tgrad); returns a Status.
+int host_adjoint_dispatch(const EventStream& s, const Tissue& t, const int* fields, int n_tdirs, const float* cot,
+                          double* ev_grad, float* tgrad, int threads);
+
 // The device's register path run on the host for testing: a team of one
 // member with 32 orders (real path) or 16 (complex), or of 4 members with
 // 16 or 8 orders each; returns states_exceed_team when K does not fit.
@@ -34,7 +41,9 @@ namespace kernels {
   int range_real_##suffix(const EventStream&, const Tissue&, int64_t, int64_t, void*, float*);        \
   int range_complex_##suffix(const EventStream&, const Tissue&, int64_t, int64_t, void*, float*);        \
   int jacobian_range_##suffix(const EventStream&, const Tissue&, const int*, int, int64_t, int64_t, void*, \
-                              float*, float*);
+                              float*, float*);                                                        \
+  int adjoint_range_##suffix(const EventStream&, const Tissue&, const int*, int, int64_t, int64_t, void*,  \
+                             const float*, const int32_t*, double*, float*);
 BLOCHSIM_DECLARE_KERNELS(default)
 BLOCHSIM_DECLARE_KERNELS(v3)
 BLOCHSIM_DECLARE_KERNELS(v4)

@@ -3,6 +3,7 @@
 // -DBLOCHSIM_ISA_SUFFIX=<suffix>: the lane vectors of tile.hpp are lowered
 // to that level's registers, and the inline namespace keeps each build's
 // inline functions apart at link time.
+#include <blochsim/adjoint.hpp>
 #include <blochsim/epg.hpp>
 #include <blochsim/jacobian.hpp>
 
@@ -34,6 +35,13 @@ int BLOCHSIM_CAT(jacobian_range_, BLOCHSIM_ISA_SUFFIX)(const EventStream& s, con
                                                        int n_dirs, int64_t b0, int64_t b1, void* work, float* out,
                                                        float* jac) {
   return epg::jacobian_range<vfloat16>(s, t, fields, n_dirs, b0, b1, work, out, jac);
+}
+
+int BLOCHSIM_CAT(adjoint_range_, BLOCHSIM_ISA_SUFFIX)(const EventStream& s, const Tissue& t, const int* fields,
+                                                      int n_tdirs, int64_t b0, int64_t b1, void* work,
+                                                      const float* cot, const int32_t* band, double* rows,
+                                                      float* tgrad) {
+  return epg::adjoint_range<vfloat16>(s, t, fields, n_tdirs, b0, b1, work, cot, band, rows, tgrad);
 }
 
 int BLOCHSIM_CAT(range_real_, BLOCHSIM_ISA_SUFFIX)(const EventStream& s, const Tissue& t, int64_t b0,

@@ -74,10 +74,11 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE IvCoef<V> identity_interval() {
 }
 
 // M is the precision of the exponentials (double on the host, float on the
-// device, where they are evaluated per event).
-template <class V, class M>
-BLOCHSIM_HD BLOCHSIM_FORCEINLINE IvCoef<V> interval_coef(const EventStream& s, const LaneTissue<V>& lt,
-                                                          int64_t iv) {
+// device, where they are evaluated per event).  Tau is M, or a dual of M
+// when the duration itself is differentiated (adjoint.hpp).
+template <class V, class M, class Tau>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE IvCoef<V> interval_coef_at(const EventStream& s, const LaneTissue<V>& lt,
+                                                             const Tau& tau) {
   using LT = Lanes<V>;
   using S = typename LT::Scalar;
   using W = typename LT::template Wide<M>;  // M, or its dual on a dual lane type
@@ -88,7 +89,6 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE IvCoef<V> interval_coef(const EventStream& s, c
   using std::sin;
   // the protocol's constants, then the tissue's values (which may carry
   // derivatives)
-  const M tau = static_cast<M>(s.duration_s[iv]);
   const M dk = static_cast<M>(s.dk_rad_per_m);
   const M voxel = static_cast<M>(s.voxel_size_m);
   IvCoef<V> c;
@@ -108,6 +108,13 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE IvCoef<V> interval_coef(const EventStream& s, c
     LT::set(c.flow, l, static_cast<S>(dk * v * tau));
   }
   return c;
+}
+
+// The coefficients of interval iv of the stream's duration table.
+template <class V, class M>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE IvCoef<V> interval_coef(const EventStream& s, const LaneTissue<V>& lt,
+                                                          int64_t iv) {
+  return interval_coef_at<V, M>(s, lt, static_cast<M>(s.duration_s[iv]));
 }
 
 // A linear event operator at every order k, plus a source at order 0:
@@ -341,9 +348,10 @@ struct PlaneStore {
     return (Complex ? 6 : 3) * static_cast<int64_t>(s.states) + 6 * s.n_intervals;
   }
 
-  template <class M>
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void init(const EventStream& s, const LaneTissue<V>& lt, V* work) {
-    K = s.states;
+  // Points the planes at work: (Complex ? 6 : 3) K lane vectors, in the
+  // order Re F+, Re F-, Re Z, Im F+, Im F-, Im Z.
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void bind(V* work, int K_) {
+    K = K_;
     fpr.p = work;
     fmr.p = work + K;
     zr.p = work + 2 * K;
@@ -351,6 +359,12 @@ struct PlaneStore {
     fpi.p = Complex ? work + 3 * K : work;
     fmi.p = Complex ? work + 4 * K : work;
     zi.p = Complex ? work + 5 * K : work;
+    ivt = nullptr;
+  }
+
+  template <class M>
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void init(const EventStream& s, const LaneTissue<V>& lt, V* work) {
+    bind(work, s.states);
     ivt = work + (Complex ? 6 : 3) * K;
     for (int64_t i = 0; i < (Complex ? 6 : 3) * static_cast<int64_t>(K); ++i) work[i] = V{};
     zr[0] = splat<V>(1.0f);

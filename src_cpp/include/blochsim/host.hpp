@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "adjoint.hpp"
 #include "epg.hpp"
 #include "events.hpp"
 #include "jacobian.hpp"
@@ -121,6 +122,86 @@ inline int jacobian_status(const EventStream& s, const Tissue& t, const int* fie
   return run_blocks_with(t, threads, jacobian_workspace(s, fields, n_dirs), [&](int64_t b0, int64_t b1, float* work) {
     return fn(s, t, fields, n_dirs, b0, b1, work, out, jac);
   });
+}
+
+// Signature of a function that runs the adjoint of blocks [b0, b1)
+// (epg::adjoint_range) with a workspace of adjoint_workspace(s, fields,
+// n_tdirs) floats.
+using AdjointRangeFn = int (*)(const EventStream& s, const Tissue& t, const int* fields, int n_tdirs, int64_t b0,
+                               int64_t b1, void* work, const float* cot, const int32_t* band, double* rows,
+                               float* tgrad);
+
+inline std::size_t adjoint_workspace(const EventStream& s, const int* fields, int n_tdirs) {
+  return static_cast<std::size_t>(epg::adjoint_workspace(s, adjoint_width(dual_directions(fields, n_tdirs)))) *
+         lanes;
+}
+
+inline int adjoint_range_any(const EventStream& s, const Tissue& t, const int* fields, int n_tdirs, int64_t b0,
+                             int64_t b1, void* work, const float* cot, const int32_t* band, double* rows,
+                             float* tgrad) {
+  return epg::adjoint_range<Vec>(s, t, fields, n_tdirs, b0, b1, work, cot, band, rows, tgrad);
+}
+
+// Checks adjoint tissue directions: 0 to tissue_fields distinct fields.
+inline int validate_adjoint_directions(const int* fields, int n_tdirs) {
+  return n_tdirs == 0 ? ok : validate_directions(fields, n_tdirs);
+}
+
+// Partitions of the blocks whose event gradients are summed separately and
+// then added in order: fixed, so that the sums do not depend on the thread
+// count.
+constexpr int64_t adjoint_partitions = 64;
+
+// Reverse mode on the host (adjoint.hpp): given the cotangent cot (t.n,
+// s.n_samples) complex64 interleaved of a real loss L, writes ev_grad
+// (s.n_events, event_gradients) = dL / d(duration_s, flip_rad, phase_rad,
+// rx_phase_rad) of each event, summed over the problems, and tgrad (t.n,
+// n_tdirs) = dL / d tissue field fields[j] (SI units) per problem.
+inline int adjoint_status(const EventStream& s, const Tissue& t, const int* fields, int n_tdirs, const float* cot,
+                          double* ev_grad, float* tgrad, int threads, AdjointRangeFn fn = &adjoint_range_any) {
+  const int v = validate(s, t);
+  if (v != ok) return v;
+  const int d = validate_adjoint_directions(fields, n_tdirs);
+  if (d != ok) return d;
+  if (threads < 1) return bad_threads;
+  const int64_t nev = s.n_events;
+  for (int64_t i = 0; i < nev * event_gradients; ++i) ev_grad[i] = 0.0;
+  std::vector<int32_t> band(static_cast<std::size_t>(nev + 1));
+  band_starts(s, band.data());
+  const int64_t nblocks = (t.n + lanes - 1) / lanes;
+  if (nblocks == 0 || nev == 0) {
+    for (int64_t i = 0; i < t.n * n_tdirs; ++i) tgrad[i] = 0.0f;
+    return ok;
+  }
+  const int64_t parts = std::min(adjoint_partitions, nblocks);
+  std::vector<double> rows(static_cast<std::size_t>(parts * nev * event_gradients), 0.0);
+  const std::size_t work_floats = adjoint_workspace(s, fields, n_tdirs);
+  const int64_t nthreads = std::min<int64_t>(threads, parts);
+  std::vector<int> status(static_cast<std::size_t>(nthreads), ok);
+  auto body = [&](int64_t i) {
+    std::vector<float> buf(work_floats + 16);
+    float* work = buf.data();
+    while (reinterpret_cast<std::uintptr_t>(work) % 64 != 0) ++work;
+    for (int64_t p = parts * i / nthreads; p < parts * (i + 1) / nthreads; ++p) {
+      const int64_t b0 = nblocks * p / parts, b1 = nblocks * (p + 1) / parts;
+      const int st = fn(s, t, fields, n_tdirs, b0, b1, work, cot, band.data(),
+                        rows.data() + p * nev * event_gradients, tgrad);
+      if (st != ok) {
+        status[static_cast<std::size_t>(i)] = st;
+        return;
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  pool.reserve(static_cast<std::size_t>(nthreads - 1));
+  for (int64_t i = 1; i < nthreads; ++i) pool.emplace_back(body, i);
+  body(0);
+  for (auto& th : pool) th.join();
+  for (int st : status)
+    if (st != ok) return st;
+  for (int64_t p = 0; p < parts; ++p)
+    for (int64_t i = 0; i < nev * event_gradients; ++i) ev_grad[i] += rows[p * nev * event_gradients + i];
+  return ok;
 }
 
 // As forward_status, throwing std::invalid_argument on a bad stream.
