@@ -170,6 +170,7 @@ class TrueFISPSimulator(Simulator):
         p["flip"] = float(V.protocol_array("flip", p["flip"], ndim_max=0))
         p["TR"] = float(V.protocol_array("TR", p["TR"], low=0.0, strict=True, unit="ms", ndim_max=0))
         p["nshots"] = V.positive_int("nshots", p["nshots"])
+        p["_TE_is_half_TR"] = p["TE"] is None
         te = p["TR"] / 2.0 if p["TE"] is None else p["TE"]
         p["TE"] = float(V.protocol_array("TE", te, low=0.0, unit="ms", ndim_max=0))
         if p["TE"] > p["TR"]:
@@ -183,10 +184,15 @@ class TrueFISPSimulator(Simulator):
         for k in ("flip", "TR", "nshots"):
             if p[k] is None:
                 raise TypeError(f"TrueFISPSimulator needs protocol parameter {k!r}")
+        te = p["TE"]
+        if p.get("_TE_is_half_TR"):
+            # the default TE follows TR: TR's gradient (vjp) includes TE's
+            # share; the value is unchanged
+            te = te + 0.5 * (p["TR"] - float(p["TR"]))
         ops = []
         for n in range(p["nshots"]):
             ph = 180.0 * (n % 2)
-            ops += [Pulse(p["flip"], ph), Delay(p["TE"]), Readout(ph - 90.0), Delay(p["TR"] - p["TE"])]
+            ops += [Pulse(p["flip"], ph), Delay(te), Readout(ph - 90.0), Delay(p["TR"] - te)]
         return Sequence(ops)
 
 
