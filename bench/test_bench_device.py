@@ -63,3 +63,19 @@ def test_device_mrf_jacobian_T1_T2(benchmark, n):
                        warmup_rounds=1)
     benchmark.extra_info["atoms"] = n
     benchmark.extra_info["atoms_per_s_median"] = n / benchmark.stats.stats.median
+
+
+@pytest.mark.parametrize("n", [100_000, 1_000_000])
+def test_device_mrf_flip_train_gradient(benchmark, n):
+    """The pullback of L = sum |s|^2 to the 500 flips on the device, CuPy
+    cotangent."""
+    cp = pytest.importorskip("cupy")
+    T1, T2 = reference_tissues(n)
+    T1, T2 = cp.asarray(T1, cp.float32), cp.asarray(T2, cp.float32)
+    sim = MRFSimulator(flip=reference_flips(500), TR=10.0, states=32)
+    s, pullback = sim.vjp("flip", T1=T1, T2=T2)
+    cot = 2 * s
+    pullback(cot)
+    benchmark.pedantic(pullback, args=(cot,), rounds=3, warmup_rounds=1)
+    benchmark.extra_info["atoms"] = n
+    benchmark.extra_info["atoms_per_s_median"] = n / benchmark.stats.stats.median

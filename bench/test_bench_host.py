@@ -59,3 +59,17 @@ def _run_jacobian(benchmark, n, threads=None):
 def test_mrf_jacobian_T1_T2(benchmark, n):
     """Signal and its (T1, T2) Jacobian in one pass (real path)."""
     _run_jacobian(benchmark, n)
+
+
+@pytest.mark.parametrize("n", [1_000, 10_000])
+def test_mrf_flip_train_gradient(benchmark, n):
+    """The pullback of L = sum |s|^2 to the 500 flips (adjoint sweep with
+    checkpointing), given the signal from vjp."""
+    T1, T2 = reference_tissues(n)
+    sim = MRFSimulator(flip=reference_flips(500), TR=10.0, states=32)
+    s, pullback = sim.vjp("flip", T1=T1, T2=T2)
+    cot = 2 * s
+    g = benchmark.pedantic(pullback, args=(cot,), rounds=3, warmup_rounds=1)
+    assert g["flip"].shape == (500,)
+    benchmark.extra_info["atoms"] = n
+    benchmark.extra_info["atoms_per_s_median"] = n / benchmark.stats.stats.median

@@ -254,6 +254,31 @@ def jacobian_cuda(PackedStream ps, tuple tissue, int64_t n, fields, seeds, uintp
     _raise(st, err)
 
 
+def adjoint_cuda(PackedStream ps, tuple tissue, int64_t n, fields, uintptr_t cot_ptr, double[:, ::1] ev_grad,
+                 uintptr_t tgrad_ptr, uintptr_t stream):
+    """Reverse mode on the device: device tissue (as :func:`forward_cuda`),
+    a device (n, n_samples) complex64 cotangent and a device (n,
+    len(fields)) float32 tissue gradient; ``ev_grad`` (n_events, 4) float64
+    on the host, as :func:`adjoint_host`.  Synchronises ``stream``."""
+    cdef Tissue t
+    cdef int st
+    cdef int nd = len(fields)
+    cdef int cf[9]
+    cdef char err[ERRLEN]
+    err[0] = 0
+    if nd > 9 or ev_grad.shape[0] != ps.s.n_events or ev_grad.shape[1] != 4:
+        raise ValueError("blochsim internal error: adjoint shapes")
+    for i in range(nd):
+        cf[i] = int(fields[i])
+    _device_tissue(&t, tissue, n)
+    if ps.s.n_events == 0:
+        return
+    with nogil:
+        st = L.adjoint(ps.s, t, cf, nd, <const float*> cot_ptr, &ev_grad[0, 0], <float*> tgrad_ptr, <void*> stream,
+                       err, ERRLEN)
+    _raise(st, err)
+
+
 def cuda_jacobian_max_states(bint real_path):
     """The most states a device Jacobian holds on that path (0 without CUDA)."""
     return L.jacobian_max_states(1 if real_path else 0)

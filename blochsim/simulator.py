@@ -316,13 +316,16 @@ class Simulator(_Base):
         device = _dispatch.resolve_device(self.device, on_device[0] if on_device else None)
         if device == "cpu" and on_device:
             raise ValueError(f"device='cpu' was asked for, but {on_device[0]} is a device array")
-        if device == "cuda":
-            raise NotImplementedError("vjp on the device is not built yet")
         raw = {**self._defaults, **self._given, **proto}
         traced = dict(p)
         for k in protocol_names:
             traced[k] = trace(k, p[k])
         stream, prov = pack_with_provenance(self.preparation(traced), self.repetition(traced), p["repetitions"])
+        fields = [_core.TISSUE_FIELDS.index(V.TISSUE_UNITS[k][1]) for k in tissue_names]
+        scale = np.array([V.TISSUE_UNITS[k][0] for k in tissue_names])
+        pshapes = {k: (np.shape(p[k]) if np.ndim(raw[k]) > 0 else ()) for k in protocol_names}
+        if device == "cuda":
+            return self._vjp_device(p, tissue, on_device, stream, names, tissue_names, fields, scale, prov, pshapes)
         arrays, shape = self._tissue(tissue)
         s, ps, _, _ = self._stream_for(p, set(arrays), stream)
         n = int(np.prod(shape, dtype=np.int64))
@@ -330,10 +333,7 @@ class Simulator(_Base):
         threads = self.threads if self.threads is not None else _dispatch.default_threads()
         signal = np.empty(shape + (s.n_samples,), dtype=np.complex64)
         _core.forward_host(ps, si, n, signal.reshape(n, s.n_samples), threads, self._host_variant)
-        fields = [_core.TISSUE_FIELDS.index(V.TISSUE_UNITS[k][1]) for k in tissue_names]
-        scale = np.array([V.TISSUE_UNITS[k][0] for k in tissue_names])
         tshapes = {k: np.shape(arrays[k]) for k in tissue_names}
-        pshapes = {k: (np.shape(p[k]) if np.ndim(raw[k]) > 0 else ()) for k in protocol_names}
 
         def pullback(cotangent):
             cot = _cotangent(cotangent, signal.shape)
@@ -343,6 +343,58 @@ class Simulator(_Base):
             return _assemble(names, p, prov, pshapes, ev, tg, scale, tissue_names, shape, tshapes)
 
         return signal, pullback
+
+    def _vjp_device(self, p, tissue, on_device, stream, names, tissue_names, fields, scale, prov, pshapes):
+        """vjp() on the GPU: device tissue arrays (or NumPy ones with
+        device='cuda', moved to the device).  The signal comes back in the
+        inputs' library (NumPy for NumPy inputs); the pullback takes a
+        device or NumPy cotangent and returns NumPy gradients."""
+        from blochsim._device import DeviceArray, Interface, new_output
+
+        host_only = not on_device
+        if host_only:
+            tissue = {k: DeviceArray.from_numpy(np.ascontiguousarray(V.tissue_array(k, v), np.float32))
+                      for k, v in tissue.items()}
+        ifaces = {k: Interface(k, v) for k, v in tissue.items() if V.is_device_array(v)}
+        arrays = {k: V.tissue_array(k, v) for k, v in tissue.items() if k not in ifaces}
+        shape = V.broadcast_voxels({**arrays, **{k: _Shaped(i.shape) for k, i in ifaces.items()}}) \
+            if (arrays or ifaces) else ()
+        tshapes = {k: (ifaces[k].shape if k in ifaces else np.shape(arrays[k])) for k in tissue_names}
+        s, ps, _, _ = self._stream_for(p, set(arrays) | set(ifaces), stream)
+        n = int(np.prod(shape, dtype=np.int64))
+        want = shape + (s.n_samples,)
+        own, cuda_stream = _work_stream([i.stream for i in ifaces.values() if i.stream is not None])
+        dev, keep = _resident_tissue(arrays, ifaces, shape, n, own, cuda_stream)
+        library = next(iter(ifaces.values())).library if ifaces else "blochsim"
+        signal, out_ptr = new_output(want, library)
+        _core.forward_cuda(ps, dev, n, out_ptr, cuda_stream)
+        _core.stream_synchronize(cuda_stream)
+
+        def pullback(cotangent):
+            order = own if own is not None else cuda_stream
+            if V.is_device_array(cotangent):
+                c = Interface("cotangent", cotangent, allow_complex64=True)
+                if c.dtype != np.complex64 or c.shape != want:
+                    raise ValueError(f"cotangent must be a C-contiguous complex64 device array of the signal's "
+                                     f"shape {want}, got {c.dtype} {c.shape}")
+                cot_ptr, cot_keep = c.ptr, c
+            else:
+                host = _cotangent(cotangent, want)
+                cot_keep = _core.DeviceBuffer(max(host.nbytes, 8), order)
+                _core.copy_to_device(cot_keep.ptr, host.reshape(-1).view(np.uint8), cuda_stream)
+                cot_ptr = cot_keep.ptr
+            ev = np.zeros((s.n_events, 4), dtype=np.float64)
+            tg = np.zeros((n, len(fields)), dtype=np.float32)
+            tbuf = _core.DeviceBuffer(max(tg.nbytes, 8), order)
+            _core.adjoint_cuda(ps, dev, n, fields, cot_ptr, ev, tbuf.ptr, cuda_stream)
+            if tg.size:
+                _core.copy_to_host(tg.reshape(-1).view(np.uint8), tbuf.ptr, cuda_stream)
+            _core.stream_synchronize(cuda_stream)
+            del cot_keep, tbuf
+            return _assemble(names, p, prov, pshapes, ev, tg, scale, tissue_names, shape, tshapes)
+
+        pullback._keep = (keep, own, dev)
+        return (signal.get() if host_only else signal), pullback
 
     def _vjp_names(self, names, p):
         """The protocol and tissue names of a vjp request, checked."""
@@ -473,44 +525,8 @@ class Simulator(_Base):
                 f"{total / 2**30:.2f} GiB are free; simulate at most about {max(free // per, 1):,} voxels "
                 f"per call (chunk the first axis), or pass NumPy arrays with device='cuda', which stream "
                 f"through the device in chunks of budget_bytes")
-        own = None
-        if streams:
-            stream = int(streams[0])
-        else:
-            own = _core.CudaStream()
-            stream = own.handle
-        # temporaries are allocated and freed in the stream's order; each
-        # holds the stream blochsim made, so it outlives them
-        order = own if own is not None else stream
-        keep = []
-        dev = []
-        for field in _core.TISSUE_FIELDS:
-            name = _SI_TO_PUBLIC.get(field)
-            factor = V.TISSUE_UNITS[name][0] if name else 1.0
-            if name in ifaces:
-                it = ifaces[name]
-                size = int(np.prod(it.shape, dtype=np.int64))
-                count = 1 if size == 1 else n
-                buf = _core.DeviceBuffer(4 * count, order)
-                if count == 1:
-                    _core.expand_to_float(it.ptr, it.is_f64, (1,), (0,), factor, buf.ptr, 1, stream)
-                else:
-                    _core.expand_to_float(it.ptr, it.is_f64, tuple(shape), _broadcast_strides(it.shape, shape),
-                                          factor, buf.ptr, n, stream)
-                _check_device_values(name, buf.ptr, count, shape if count > 1 else (), factor, stream)
-                keep.append(buf)
-                dev.append((buf.ptr, 0 if count == 1 else 1))
-            elif name in arrays:
-                a = arrays[name]
-                host = (np.asarray(a, np.float64).reshape(1) if a.size == 1 else
-                        np.broadcast_to(a, shape).reshape(-1)) * factor
-                host = np.ascontiguousarray(host, dtype=np.float32)
-                buf = _core.DeviceBuffer(host.nbytes, order)
-                _core.copy_to_device(buf.ptr, host.view(np.uint8), stream)
-                keep.append((buf, host))
-                dev.append((buf.ptr, 0 if host.size == 1 else 1))
-            else:
-                dev.append(None)
+        own, stream = _work_stream(streams)
+        dev, keep = _resident_tissue(arrays, ifaces, shape, n, own, stream)
         library = next(iter(ifaces.values())).library if ifaces else "blochsim"
         if out_iface is not None:
             result, out_ptr = out, out_iface.ptr
@@ -529,6 +545,53 @@ class Simulator(_Base):
         # one); waiting for it hands back a result any stream may read.
         _core.stream_synchronize(stream)
         return result
+
+
+def _work_stream(streams):
+    """The stream a device call runs on: the first producer's, else a new
+    blochsim stream (returned as its owner, to be kept alive)."""
+    if streams:
+        return None, int(streams[0])
+    own = _core.CudaStream()
+    return own, own.handle
+
+
+def _resident_tissue(arrays, ifaces, shape, n, own, stream):
+    """Device float32 SI planes of the tissue in TISSUE_FIELDS order, as
+    (pointer, stride) or None, and the buffers that hold them."""
+    # temporaries are allocated and freed in the stream's order; each holds
+    # the stream blochsim made, so it outlives them
+    order = own if own is not None else stream
+    keep = []
+    dev = []
+    for field in _core.TISSUE_FIELDS:
+        name = _SI_TO_PUBLIC.get(field)
+        factor = V.TISSUE_UNITS[name][0] if name else 1.0
+        if name in ifaces:
+            it = ifaces[name]
+            size = int(np.prod(it.shape, dtype=np.int64))
+            count = 1 if size == 1 else n
+            buf = _core.DeviceBuffer(4 * count, order)
+            if count == 1:
+                _core.expand_to_float(it.ptr, it.is_f64, (1,), (0,), factor, buf.ptr, 1, stream)
+            else:
+                _core.expand_to_float(it.ptr, it.is_f64, tuple(shape), _broadcast_strides(it.shape, shape),
+                                      factor, buf.ptr, n, stream)
+            _check_device_values(name, buf.ptr, count, shape if count > 1 else (), factor, stream)
+            keep.append(buf)
+            dev.append((buf.ptr, 0 if count == 1 else 1))
+        elif name in arrays:
+            a = arrays[name]
+            host = (np.asarray(a, np.float64).reshape(1) if a.size == 1 else
+                    np.broadcast_to(a, shape).reshape(-1)) * factor
+            host = np.ascontiguousarray(host, dtype=np.float32)
+            buf = _core.DeviceBuffer(host.nbytes, order)
+            _core.copy_to_device(buf.ptr, host.view(np.uint8), stream)
+            keep.append((buf, host))
+            dev.append((buf.ptr, 0 if host.size == 1 else 1))
+        else:
+            dev.append(None)
+    return tuple(dev), keep
 
 
 def _diff_names(diff, modelled, owner, what):

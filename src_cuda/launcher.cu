@@ -194,6 +194,11 @@ int jacobian(const EventStream& s, const Tissue& t, const int* fields, const flo
 
 int jacobian_max_states(int real_path) { return cuda::jacobian_max_states(real_path != 0); }
 
+int adjoint(const EventStream& s, const Tissue& t, const int* fields, int n_tdirs, const float* cot, double* ev_grad,
+            float* tgrad, void* stream, char* err, int n) {
+  return adjoint_device(s, t, fields, n_tdirs, cot, ev_grad, tgrad, as_stream(stream), err, n);
+}
+
 int forward_streamed(const EventStream& s, const Tissue& t, float* out, std::size_t budget_bytes, char* err,
                      int n) {
   const int v = validate(s, t);

@@ -65,6 +65,13 @@ int jacobian(const EventStream& s, const Tissue& t, const int* fields, const flo
 // complex path (0 when built without CUDA).
 int jacobian_max_states(int real_path);
 
+// Reverse mode on the device (cuda.cuh adjoint_device): cot (t.n,
+// s.n_samples) complex64 and tgrad (t.n, n_tdirs) float32 are device
+// pointers, ev_grad (s.n_events, 4) float64 a host array written before the
+// call returns (it synchronises `stream`); fields as host_adjoint_dispatch.
+int adjoint(const EventStream& s, const Tissue& t, const int* fields, int n_tdirs, const float* cot, double* ev_grad,
+            float* tgrad, void* stream, char* err, int n);
+
 // Forward EPG of host tissue arrays into a host output, streamed through the
 // device in chunks that fit `budget_bytes` of device memory (0: most of the
 // free memory), two streams overlapping copies and compute.  Synchronous.

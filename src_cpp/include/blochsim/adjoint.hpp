@@ -58,7 +58,7 @@ inline int adjoint_width(int tissue_duals) {
 }
 
 // Events per checkpoint segment: ceil(sqrt(n_events)), at least 1.
-inline int64_t checkpoint_stride(int64_t n_events) {
+BLOCHSIM_HD inline int64_t checkpoint_stride(int64_t n_events) {
   int64_t c = static_cast<int64_t>(std::sqrt(static_cast<double>(n_events)));
   while (c * c < n_events) ++c;
   return c > 0 ? c : 1;

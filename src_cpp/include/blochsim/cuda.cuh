@@ -32,6 +32,7 @@
 #include <mutex>
 #include <vector>
 
+#include "adjoint.hpp"
 #include "epg.hpp"
 #include "epg_registers.hpp"
 #include "jacobian.hpp"
@@ -514,6 +515,61 @@ __global__ void __launch_bounds__(warp_block) jacobian_kernel(EventStream s, Tis
   epg::play<D, Complex>(s, t, lt, st, sink);
 }
 
+// ---------------------------------------------------------------------------
+// Reverse mode: the adjoint sweep of adjoint.hpp, one thread per problem
+// with its planes, checkpoints and segment in global memory.
+
+constexpr int adjoint_threads = 128;
+
+struct AdjointFields {
+  int n;
+  int field[tissue_fields];
+};
+
+// Sums each event's gradients over the threads of a block in thread order
+// (in double, by one thread per column) into the block's row of partials:
+// a fixed order, so that the gradient is the same on every run.
+struct BlockAccumulator {
+  double* rows;  // this block's (n_events, event_gradients)
+  float* sh;     // shared (event_gradients, blockDim.x)
+  BLOCHSIM_HD void operator()(int64_t e, const float* g) {
+#if defined(__CUDA_ARCH__)
+    const int tid = threadIdx.x, T = blockDim.x;
+    for (int q = 0; q < event_gradients; ++q) sh[q * T + tid] = g[q];
+    __syncthreads();
+    if (tid < event_gradients) {
+      double sum = 0.0;
+      for (int i = 0; i < T; ++i) sum += sh[tid * T + i];
+      rows[e * event_gradients + tid] = sum;
+    }
+    __syncthreads();
+#else
+    (void)e;
+    (void)g;
+#endif
+  }
+};
+
+template <int N>
+__global__ void __launch_bounds__(adjoint_threads)
+    adjoint_kernel(EventStream s, Tissue t, AdjointFields f, const float* cot, const int32_t* band, float* work,
+                   int64_t ws, int64_t first, double* partial, float* tgrad, int* status) {
+  __shared__ float sh[event_gradients * adjoint_threads];
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  BlockAccumulator acc{partial + ((first / adjoint_threads) + blockIdx.x) * s.n_events * event_gradients, sh};
+  const int st = epg::adjoint_block<float, N>(s, t, f.field, f.n, first + i, work + i * ws, cot, band, acc, tgrad);
+  if (st != ok) *status = st;
+}
+
+// partial (blocks, m) summed over the blocks in order into out (m,).
+__global__ void sum_partials_kernel(const double* partial, int64_t blocks, int64_t m, double* out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= m) return;
+  double sum = 0.0;
+  for (int64_t b = 0; b < blocks; ++b) sum += partial[b * m + i];
+  out[i] = sum;
+}
+
 enum Kind { warp_kind, block_kind, tail_kind };
 
 // The launch shape for K orders: T threads per problem, `per` problems per
@@ -760,6 +816,88 @@ inline int jacobian_device(const EventStream& s, const Tissue& t, const int* fie
   const cudaError_t e = cudaFreeAsync(d.buf, stream);
   if (r != ok) return r;
   if (e != cudaSuccess) return detail::fail(e, "cudaFreeAsync", err, n);
+  return ok;
+}
+
+// Reverse mode on the device (adjoint.hpp): the tissue's Property pointers,
+// cot (t.n, s.n_samples) complex64 and tgrad (t.n, n_tdirs) float32 are
+// device pointers; ev_grad (s.n_events, event_gradients) float64 is a host
+// array, written when the call returns (it synchronises `stream`).  The
+// problems run in launches of as many as fit in half the free memory.
+inline int adjoint_device(const EventStream& s, const Tissue& t, const int* fields, int n_tdirs, const float* cot,
+                          double* ev_grad, float* tgrad, cudaStream_t stream, char* err = nullptr, int n = 0) {
+  using namespace detail;
+  const int v = validate(s, t);
+  if (v != ok) return say(v, err, n);
+  const int dv = n_tdirs == 0 ? static_cast<int>(ok) : validate_directions(fields, n_tdirs);
+  if (dv != ok) return say(dv, err, n);
+  const int64_t nev = s.n_events, m = nev * event_gradients;
+  for (int64_t i = 0; i < m; ++i) ev_grad[i] = 0.0;
+  if (t.n == 0 || nev == 0) return ok;
+  no_stale_error();
+  AdjointFields f{};
+  f.n = n_tdirs;
+  for (int j = 0; j < n_tdirs; ++j) f.field[j] = fields[j];
+  const int N = adjoint_width(dual_directions(fields, n_tdirs));
+  const int64_t ws = epg::adjoint_workspace(s, N);
+  size_t free_b = 0, total_b = 0;
+  BLOCHSIM_CUDA(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+  const int64_t blocks_total = (t.n + adjoint_threads - 1) / adjoint_threads;
+  const int64_t per_block = ws * 4 * adjoint_threads;
+  int64_t chunk_blocks = std::max<int64_t>(1, static_cast<int64_t>(free_b / 2) / per_block);
+  chunk_blocks = std::min(chunk_blocks, blocks_total);
+  DeviceStream d;
+  int r = upload_stream(s, d, stream, err, n);
+  if (r != ok) return r;
+  std::vector<int32_t> band(static_cast<size_t>(nev + 1));
+  band_starts(s, band.data());
+  unsigned char* buf = nullptr;
+  const size_t o_band = 0;
+  const size_t o_part = (sizeof(int32_t) * (nev + 1) + 15) / 16 * 16;
+  const size_t o_sum = o_part + sizeof(double) * static_cast<size_t>(blocks_total * m);
+  const size_t o_status = o_sum + sizeof(double) * static_cast<size_t>(m);
+  const size_t o_work = (o_status + sizeof(int) + 255) / 256 * 256;
+  const size_t bytes = o_work + static_cast<size_t>(chunk_blocks * per_block);
+  BLOCHSIM_CUDA(pool_malloc(reinterpret_cast<void**>(&buf), bytes, stream), "cudaMallocFromPoolAsync (adjoint)");
+  int32_t* dband = reinterpret_cast<int32_t*>(buf + o_band);
+  double* partial = reinterpret_cast<double*>(buf + o_part);
+  double* dsum = reinterpret_cast<double*>(buf + o_sum);
+  int* dstatus = reinterpret_cast<int*>(buf + o_status);
+  float* work = reinterpret_cast<float*>(buf + o_work);
+  cudaError_t e = cudaMemcpyAsync(dband, band.data(), sizeof(int32_t) * (nev + 1), cudaMemcpyHostToDevice, stream);
+  if (e == cudaSuccess) e = cudaMemsetAsync(dstatus, 0, sizeof(int), stream);
+  for (int64_t b0 = 0; b0 < blocks_total && e == cudaSuccess; b0 += chunk_blocks) {
+    const unsigned nb = static_cast<unsigned>(std::min(chunk_blocks, blocks_total - b0));
+    const int64_t first = b0 * adjoint_threads;
+    switch (N) {
+      case adjoint_event_dirs:
+        adjoint_kernel<adjoint_event_dirs><<<nb, adjoint_threads, 0, stream>>>(
+            d.ds, t, f, cot, dband, work, ws, first, partial, tgrad, dstatus);
+        break;
+      case adjoint_event_dirs + 2:
+        adjoint_kernel<adjoint_event_dirs + 2><<<nb, adjoint_threads, 0, stream>>>(
+            d.ds, t, f, cot, dband, work, ws, first, partial, tgrad, dstatus);
+        break;
+      default:
+        adjoint_kernel<adjoint_event_dirs + tissue_fields - 1><<<nb, adjoint_threads, 0, stream>>>(
+            d.ds, t, f, cot, dband, work, ws, first, partial, tgrad, dstatus);
+    }
+    e = cudaGetLastError();
+  }
+  if (e == cudaSuccess) {
+    sum_partials_kernel<<<static_cast<unsigned>((m + 255) / 256), 256, 0, stream>>>(partial, blocks_total, m, dsum);
+    e = cudaGetLastError();
+  }
+  int status = ok;
+  if (e == cudaSuccess) e = cudaMemcpyAsync(ev_grad, dsum, sizeof(double) * m, cudaMemcpyDeviceToHost, stream);
+  if (e == cudaSuccess) e = cudaMemcpyAsync(&status, dstatus, sizeof(int), cudaMemcpyDeviceToHost, stream);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+  const cudaError_t e1 = cudaFreeAsync(buf, stream);
+  const cudaError_t e2 = cudaFreeAsync(d.buf, stream);
+  if (e != cudaSuccess) return fail(e, "adjoint_kernel", err, n);
+  if (e1 != cudaSuccess) return fail(e1, "cudaFreeAsync", err, n);
+  if (e2 != cudaSuccess) return fail(e2, "cudaFreeAsync", err, n);
+  if (status != ok) return say(status, err, n);
   return ok;
 }
 
