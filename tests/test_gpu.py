@@ -340,8 +340,10 @@ def test_device_jacobian_refuses_more_states_than_it_holds():
 @pytest.mark.parametrize("states,names,extra", [
     (32, ("flip", "TR", "T1", "T2"), {}),
     (200, ("flip", "TI", "B1", "M0", "T2"), {}),
-    (64, ("flip", "phases", "T1", "B0"), {"B0": np.array([3.0, -5.0, 0.0, 8.0, 1.0])}),
-], ids=["real, flips and TR", "200 states, 3 tissue", "complex, phases and B0"])
+    # B0 puts the train on the complex path; the signal of a train dephased
+    # by one whole shift every TR does not depend on it, so it is not in wrt
+    (64, ("flip", "phases", "T1", "T2"), {"B0": np.array([3.0, -5.0, 0.0, 8.0, 1.0])}),
+], ids=["real, flips and TR", "200 states, 3 tissue", "complex, phases"])
 def test_device_pullback_against_the_host(states, names, extra):
     cp = pytest.importorskip("cupy")
     tissue = {"T1": np.array([300.0, 900.0, 2000.0, 1200.0, 700.0]),

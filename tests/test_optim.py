@@ -41,3 +41,65 @@ def test_crlb_refusals():
         optim.crlb(J, 0)
     with pytest.raises(ValueError, match=r"J must have shape \(\*voxels, n, samples\), got shape \(10,\)"):
         optim.crlb(np.ones(10), 1.0)
+
+
+# ---------------------------------------------------------------------------
+# SequenceDesign
+
+def _bright(s):
+    """L = -sum |s|^2 and its cotangent."""
+    return -float(np.sum(np.abs(s) ** 2)), -2 * s
+
+
+def test_design_gradient_against_finite_differences_of_the_cost():
+    # the perfect-CPMG echo train e^{-n ESP/T2} gives the cost in closed form:
+    # L(ESP) = -sum_n e^{-2 n ESP/T2} - lam ESP^2 with a penalty lam ESP^2
+    T2, n = 80.0, np.arange(1, 13)
+    fse = FSESimulator(ESP=6.0, flip=np.full(12, 180.0))
+    lam = 1e-3
+    pen = lambda p: (lam * float(p["ESP"]) ** 2, {"ESP": 2 * lam * p["ESP"]})
+    d = optim.SequenceDesign(fse, {"ESP": (2.0, 20.0)}, _bright, {"T1": 1000.0, "T2": T2}, penalty=pen)
+    value, g = d.value_and_gradient(np.array([6.0]))
+    assert abs(value - (-np.sum(np.exp(-2 * n * 6.0 / T2)) + lam * 36.0)) < 1e-5
+    exact = np.sum(2 * n / T2 * np.exp(-2 * n * 6.0 / T2)) + 2 * lam * 6.0
+    assert g.shape == (1,) and abs(g[0] - exact) < 1e-5 * abs(exact)
+
+
+def test_design_drives_a_brightness_cost_to_the_flip_bound():
+    # the echo energy of a CPMG train grows with the refocusing flip: the
+    # optimum of -sum |s|^2 is the upper bound (180 degrees) everywhere
+    fse = FSESimulator(ESP=8.0, flip=np.full(8, 120.0))
+    d = optim.SequenceDesign(fse, {"flip": (60.0, 180.0)}, _bright, {"T1": 1000.0, "T2": 80.0})
+    r = d.run(maxiter=30)
+    assert r["protocol"]["flip"].shape == (8,)
+    np.testing.assert_allclose(r["protocol"]["flip"], 180.0, atol=0.5)
+    assert r["cost"] < d.history[0]
+
+
+def test_the_fse_design_example_improves_the_t2_bound(capsys):
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "examples" / "fse_t2_design.py"
+    spec = importlib.util.spec_from_file_location("fse_t2_design", path)
+    ex = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ex)
+    start = np.full(ex.N_ECHOES, 110.0)
+    fse = FSESimulator(ESP=ex.ESP, flip=start)
+    tissue = {"T1": 1000.0, "T2": np.concatenate([ex.T2 + ex.DELTA, ex.T2 - ex.DELTA])}
+    r = optim.SequenceDesign(fse, {"flip": (30.0, 180.0)}, ex.sensitivity_cost, tissue,
+                             penalty=ex.power_penalty).run(maxiter=60)
+    flip = r["protocol"]["flip"]
+    assert np.all(ex.t2_bound(flip) < 0.95 * ex.t2_bound(start))
+    assert np.sum((flip / 180) ** 2) < ex.BUDGET * 1.01
+
+
+def test_design_refusals():
+    fse = FSESimulator(ESP=8.0, flip=np.full(8, 120.0))
+    tissue = {"T1": 1000.0, "T2": 80.0}
+    with pytest.raises(ValueError, match="at least one"):
+        optim.SequenceDesign(fse, {}, _bright, tissue)
+    with pytest.raises(ValueError, match=r"bounds of 'flip' need low < high, got \(180.0, 60.0\)"):
+        optim.SequenceDesign(fse, {"flip": (180.0, 60.0)}, _bright, tissue)
+    with pytest.raises(TypeError, match="no protocol parameter 'bogus'"):
+        optim.SequenceDesign(fse, {"bogus": (0.0, 1.0)}, _bright, tissue)
