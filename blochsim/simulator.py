@@ -246,16 +246,7 @@ class Simulator(_Base):
     def _jacobian_device(self, p, tissue, on_device, names, fields, scale, one):
         """jacobian() on the GPU: device arrays in and out, or NumPy in and out
         (moved through the device whole) with device='cuda'."""
-        from blochsim._device import DeviceArray, Interface
-
-        host_only = not on_device
-        if host_only:
-            tissue = {k: DeviceArray.from_numpy(np.ascontiguousarray(V.tissue_array(k, v), np.float32))
-                      for k, v in tissue.items()}
-        ifaces = {k: Interface(k, v) for k, v in tissue.items() if V.is_device_array(v)}
-        arrays = {k: V.tissue_array(k, v) for k, v in tissue.items() if k not in ifaces}
-        shapes = {**arrays, **{k: _Shaped(i.shape) for k, i in ifaces.items()}}
-        shape = V.broadcast_voxels(shapes) if shapes else ()
+        host_only, ifaces, arrays, shape = _device_inputs(tissue, on_device)
         s, ps, states, real = self._stream_for(p, set(arrays) | set(ifaces))
         limit = _core.cuda_jacobian_max_states(real)
         if states > limit:
@@ -349,16 +340,9 @@ class Simulator(_Base):
         device='cuda', moved to the device).  The signal comes back in the
         inputs' library (NumPy for NumPy inputs); the pullback takes a
         device or NumPy cotangent and returns NumPy gradients."""
-        from blochsim._device import DeviceArray, Interface, new_output
+        from blochsim._device import Interface, new_output
 
-        host_only = not on_device
-        if host_only:
-            tissue = {k: DeviceArray.from_numpy(np.ascontiguousarray(V.tissue_array(k, v), np.float32))
-                      for k, v in tissue.items()}
-        ifaces = {k: Interface(k, v) for k, v in tissue.items() if V.is_device_array(v)}
-        arrays = {k: V.tissue_array(k, v) for k, v in tissue.items() if k not in ifaces}
-        shape = V.broadcast_voxels({**arrays, **{k: _Shaped(i.shape) for k, i in ifaces.items()}}) \
-            if (arrays or ifaces) else ()
+        host_only, ifaces, arrays, shape = _device_inputs(tissue, on_device)
         tshapes = {k: (ifaces[k].shape if k in ifaces else np.shape(arrays[k])) for k in tissue_names}
         s, ps, _, _ = self._stream_for(p, set(arrays) | set(ifaces), stream)
         n = int(np.prod(shape, dtype=np.int64))
@@ -545,6 +529,22 @@ class Simulator(_Base):
         # one); waiting for it hands back a result any stream may read.
         _core.stream_synchronize(stream)
         return result
+
+
+def _device_inputs(tissue, on_device):
+    """Tissue for a device call: (host_only, device-array interfaces, host
+    arrays, voxel shape); with no device array (device='cuda' on NumPy
+    inputs) every property is copied to the device first."""
+    from blochsim._device import DeviceArray, Interface
+
+    host_only = not on_device
+    if host_only:
+        tissue = {k: DeviceArray.from_numpy(np.ascontiguousarray(V.tissue_array(k, v), np.float32))
+                  for k, v in tissue.items()}
+    ifaces = {k: Interface(k, v) for k, v in tissue.items() if V.is_device_array(v)}
+    arrays = {k: V.tissue_array(k, v) for k, v in tissue.items() if k not in ifaces}
+    shapes = {**arrays, **{k: _Shaped(i.shape) for k, i in ifaces.items()}}
+    return host_only, ifaces, arrays, (V.broadcast_voxels(shapes) if shapes else ())
 
 
 def _work_stream(streams):

@@ -45,24 +45,22 @@ inline int forward_range(const EventStream& s, const Tissue& t, int64_t b0, int6
   return ok;
 }
 
-// Run body(b0, b1, work) over the blocks of t on `threads` threads (the
-// calling thread is one of them), each thread with a workspace of
-// `work_floats` floats and its own contiguous range of blocks.  Returns the
-// first non-zero status of any range.
+// Run fn(i0, i1, work) over [0, count) on `threads` threads (the calling
+// thread is one of them), each thread with a workspace of `work_floats`
+// floats and its own contiguous range.  Returns the first non-zero status
+// of any range.
 template <class Body>
-inline int run_blocks_with(const Tissue& t, int threads, std::size_t work_floats, Body&& fn) {
+inline int run_ranges(int64_t count, int threads, std::size_t work_floats, Body&& fn) {
   if (threads < 1) return bad_threads;
-  const int64_t nblocks = (t.n + lanes - 1) / lanes;
-  if (nblocks == 0) return ok;
-  const int64_t nthreads = std::min<int64_t>(threads, nblocks);
+  if (count == 0) return ok;
+  const int64_t nthreads = std::min<int64_t>(threads, count);
   std::vector<int> status(static_cast<std::size_t>(nthreads), ok);
   auto body = [&](int64_t i) {
     // 64-byte aligned, so that each plane row is one aligned register load
     std::vector<float> buf(work_floats + 16);
     float* work = buf.data();
     while (reinterpret_cast<std::uintptr_t>(work) % 64 != 0) ++work;
-    const int64_t b0 = nblocks * i / nthreads, b1 = nblocks * (i + 1) / nthreads;
-    status[static_cast<std::size_t>(i)] = fn(b0, b1, work);
+    status[static_cast<std::size_t>(i)] = fn(count * i / nthreads, count * (i + 1) / nthreads, work);
   };
   std::vector<std::thread> pool;
   pool.reserve(static_cast<std::size_t>(nthreads - 1));
@@ -72,6 +70,13 @@ inline int run_blocks_with(const Tissue& t, int threads, std::size_t work_floats
   for (int st : status)
     if (st != ok) return st;
   return ok;
+}
+
+// Run body(b0, b1, work) over the blocks of t on `threads` threads, each
+// thread with its own contiguous range of blocks (run_ranges).
+template <class Body>
+inline int run_blocks_with(const Tissue& t, int threads, std::size_t work_floats, Body&& fn) {
+  return run_ranges((t.n + lanes - 1) / lanes, threads, work_floats, fn);
 }
 
 // Run fn over the blocks of t on `threads` threads.
@@ -175,30 +180,17 @@ inline int adjoint_status(const EventStream& s, const Tissue& t, const int* fiel
   }
   const int64_t parts = std::min(adjoint_partitions, nblocks);
   std::vector<double> rows(static_cast<std::size_t>(parts * nev * event_gradients), 0.0);
-  const std::size_t work_floats = adjoint_workspace(s, fields, n_tdirs);
-  const int64_t nthreads = std::min<int64_t>(threads, parts);
-  std::vector<int> status(static_cast<std::size_t>(nthreads), ok);
-  auto body = [&](int64_t i) {
-    std::vector<float> buf(work_floats + 16);
-    float* work = buf.data();
-    while (reinterpret_cast<std::uintptr_t>(work) % 64 != 0) ++work;
-    for (int64_t p = parts * i / nthreads; p < parts * (i + 1) / nthreads; ++p) {
-      const int64_t b0 = nblocks * p / parts, b1 = nblocks * (p + 1) / parts;
-      const int st = fn(s, t, fields, n_tdirs, b0, b1, work, cot, band.data(),
-                        rows.data() + p * nev * event_gradients, tgrad);
-      if (st != ok) {
-        status[static_cast<std::size_t>(i)] = st;
-        return;
-      }
-    }
-  };
-  std::vector<std::thread> pool;
-  pool.reserve(static_cast<std::size_t>(nthreads - 1));
-  for (int64_t i = 1; i < nthreads; ++i) pool.emplace_back(body, i);
-  body(0);
-  for (auto& th : pool) th.join();
-  for (int st : status)
-    if (st != ok) return st;
+  const int st = run_ranges(parts, threads, adjoint_workspace(s, fields, n_tdirs),
+                            [&](int64_t p0, int64_t p1, float* work) {
+                              for (int64_t p = p0; p < p1; ++p) {
+                                const int r = fn(s, t, fields, n_tdirs, nblocks * p / parts,
+                                                 nblocks * (p + 1) / parts, work, cot, band.data(),
+                                                 rows.data() + p * nev * event_gradients, tgrad);
+                                if (r != ok) return r;
+                              }
+                              return static_cast<int>(ok);
+                            });
+  if (st != ok) return st;
   for (int64_t p = 0; p < parts; ++p)
     for (int64_t i = 0; i < nev * event_gradients; ++i) ev_grad[i] += rows[p * nev * event_gradients + i];
   return ok;
