@@ -12,7 +12,7 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 
 from blochsim._events cimport EventStream, Property, Tissue, cuda_error_base, status_message
-from blochsim._host cimport (host_adjoint_dispatch, host_forward_dispatch, host_forward_registers, host_isa,
+from blochsim._host cimport (host_adjoint2_dispatch, host_adjoint_dispatch, host_forward_dispatch, host_forward_registers, host_isa,
                              host_jacobian_dispatch, host_jacobian_registers)
 cimport blochsim._launcher as L
 
@@ -225,6 +225,27 @@ def adjoint_host(PackedStream ps, tuple tissue, int64_t n, fields, const float c
     cdef float* tgp = &tgrad[0, 0] if n > 0 and nd > 0 else NULL
     with nogil:
         st = host_adjoint_dispatch(ps.s, t, cf, nd, cotp, evp, tgp, threads)
+    _raise(st, err)
+
+
+def adjoint2_host(PackedStream ps, tuple tissue, int64_t n, int outer_field, const float complex[:, ::1] cot,
+                  double[:, ::1] ev_grad, int threads):
+    """Second order on the host: ``ev_grad`` (n_events, 4) float64 receives
+    d/d TISSUE_FIELDS[outer_field] (SI unit) of the event gradients of the
+    cotangent ``cot`` (n, n_samples) complex64, summed over the problems."""
+    cdef Tissue t
+    cdef int st
+    cdef char err[ERRLEN]
+    err[0] = 0
+    if cot.shape[0] != n or cot.shape[1] != ps.s.n_samples or ev_grad.shape[0] != ps.s.n_events \
+            or ev_grad.shape[1] != 4:
+        raise ValueError("blochsim internal error: adjoint shapes")
+    keep = _host_tissue(&t, tissue, n)
+    if ps.s.n_events == 0:
+        return
+    cdef const float* cotp = <const float*> &cot[0, 0] if n > 0 and ps.s.n_samples > 0 else NULL
+    with nogil:
+        st = host_adjoint2_dispatch(ps.s, t, outer_field, cotp, &ev_grad[0, 0], threads)
     _raise(st, err)
 
 

@@ -8,6 +8,8 @@ cdef extern from "dispatch.hpp" namespace "blochsim" nogil:
                                float* out, float* jac, int threads)
     int host_adjoint_dispatch(const EventStream& s, const Tissue& t, const int* fields, int n_tdirs,
                               const float* cot, double* ev_grad, float* tgrad, int threads)
+    int host_adjoint2_dispatch(const EventStream& s, const Tissue& t, int outer_field, const float* cot,
+                               double* ev_grad, int threads)
     int host_jacobian_registers(const EventStream& s, const Tissue& t, const int* fields, int n_dirs,
                                 float* out, float* jac)
     int host_forward_registers(const EventStream& s, const Tissue& t, float* out, int team)

@@ -1,5 +1,6 @@
-"""Protocol design helpers: precision bounds from tissue Jacobians, and
-SequenceDesign, which optimises protocol parameters through the pullback.
+"""Protocol design helpers: precision bounds from tissue Jacobians, a
+Cramér–Rao design cost, and SequenceDesign, which optimises protocol
+parameters through the pullback.
 
 A fit of tissue properties θ to a complex signal s(θ) measured with
 independent Gaussian noise of variance σ² in each real and imaginary part
@@ -71,6 +72,57 @@ def crlb(J, noise_variance: float = 1.0, full: bool = False):
     return inv if full else np.diagonal(inv, axis1=-2, axis2=-1).copy()
 
 
+class CRLBCost:
+    """A design cost of the Jacobian: the weighted sum, over the voxels, of
+    the Cramér–Rao variance bounds of chosen tissue properties,
+    C = Σ_voxels Σ_k w_k [F⁻¹]_kk with F = Re(Jᴴ J) / σ².
+
+    Parameters
+    ----------
+    diff : sequence of str
+        The properties of the Jacobian (estimated jointly: all of them enter
+        F), in the order of ``Simulator.jacobian``.
+    noise_variance : float
+        σ² of each real and imaginary part of a sample.
+    weights : dict, optional
+        ``{name: w}``: each bound's weight (default: 1 for every property);
+        a property absent from the dict gets 0 (a nuisance parameter).
+
+    Calling it on a Jacobian J ``(*voxels, n, samples)`` returns ``(C, W)``
+    with W = dC/dRe J + i dC/dIm J = (2/σ²) G J, G = -F⁻¹ diag(w) F⁻¹ (the
+    cotangent for ``Simulator.jacobian_vjp``'s pullback).
+    """
+
+    def __init__(self, diff, noise_variance: float = 1.0, weights=None):
+        self.diff = (diff,) if isinstance(diff, str) else tuple(diff)
+        if not self.diff:
+            raise ValueError("CRLBCost needs at least one property in diff")
+        var = float(noise_variance)
+        if not np.isfinite(var) or var <= 0:
+            raise ValueError(f"noise_variance must be a finite number > 0, got {noise_variance!r}")
+        self.noise_variance = var
+        if weights is None:
+            weights = {k: 1.0 for k in self.diff}
+        for k in weights:
+            if k not in self.diff:
+                raise ValueError(f"weights name {k!r}, which is not in diff {list(self.diff)}")
+        self.weights = np.array([float(weights.get(k, 0.0)) for k in self.diff])
+
+    def __call__(self, J):
+        J = np.asarray(J).astype(np.complex128)
+        one = len(self.diff) == 1 and (J.ndim < 2 or J.shape[-2] != 1)
+        if one:
+            J = J[..., None, :]
+        if J.shape[-2] != len(self.diff):
+            raise ValueError(f"J has {J.shape[-2]} properties, CRLBCost was given {len(self.diff)}")
+        F = fisher_information(J, self.noise_variance)
+        Finv = np.linalg.inv(F)
+        value = float(np.sum(np.diagonal(Finv, axis1=-2, axis2=-1) * self.weights))
+        G = -Finv @ (self.weights[:, None] * Finv)
+        W = (2.0 / self.noise_variance) * np.einsum("...ab,...bs->...as", G, J)
+        return value, (W[..., 0, :] if one else W)
+
+
 class SequenceDesign:
     """Optimise bounded protocol parameters of a played simulator with SciPy's
     L-BFGS-B, the cost's gradient coming from the simulator's pullback.
@@ -83,10 +135,12 @@ class SequenceDesign:
         ``{name: (low, high)}`` for each float protocol parameter to
         optimise, in its public unit; low and high are scalars or arrays
         shaped like the parameter.
-    cost : callable
+    cost : callable or CRLBCost
         ``cost(signal) -> (value, cotangent)``: a real loss of the signal
         (complex64, ``(*voxels, samples)``) and its cotangent dL/dRe s +
-        i dL/dIm s, shaped like the signal.
+        i dL/dIm s, shaped like the signal.  A :class:`CRLBCost` is a cost
+        of the tissue Jacobian instead, differentiated through
+        ``Simulator.jacobian_vjp`` (second order).
     tissue : dict
         Tissue properties to simulate (NumPy arrays, or device arrays to run
         on the GPU).
@@ -145,8 +199,12 @@ class SequenceDesign:
     def value_and_gradient(self, x):
         """Cost and its gradient with respect to the flat vector x."""
         proto = self.protocol(x)
-        signal, pullback = self.simulator.vjp(self.names, **proto, **self.tissue)
-        value, cot = self.cost(signal)
+        if isinstance(self.cost, CRLBCost):
+            _, J, pullback = self.simulator.jacobian_vjp(self.cost.diff, self.names, **proto, **self.tissue)
+            value, cot = self.cost(J)
+        else:
+            signal, pullback = self.simulator.vjp(self.names, **proto, **self.tissue)
+            value, cot = self.cost(signal)
         grads = pullback(cot)
         value = float(value)
         if self.penalty is not None:

@@ -335,6 +335,92 @@ class Simulator(_Base):
 
         return signal, pullback
 
+    def jacobian_vjp(self, diff, wrt, **values):
+        """Signal, tissue Jacobian, and the pullback of a cost of the Jacobian
+        to protocol parameters: second order, forward over reverse (the
+        adjoint sweep run on dual numbers along each tissue direction), for
+        design costs such as Cramér–Rao bounds.
+
+        Parameters
+        ----------
+        diff : str or sequence of str
+            Tissue properties of the Jacobian, as for :meth:`jacobian`.
+        wrt : str or sequence of str
+            Float protocol parameters to differentiate the cost with respect
+            to, as for :meth:`vjp`.
+        **values
+            Tissue properties and protocol overrides (NumPy: the host).
+
+        Returns
+        -------
+        signal : numpy.ndarray, complex64, shape (*voxels, samples)
+        J : numpy.ndarray, complex64
+            As :meth:`jacobian` returns it.
+        pullback : callable
+            ``pullback(J_cotangent, signal_cotangent=None)``: with the
+            cotangent dC/dRe J + i dC/dIm J of a real cost C (shaped like J)
+            and optionally a cotangent of the signal for a part of the cost
+            that depends on the signal itself, returns a dict of dC/d name
+            for the names of ``wrt`` (float64, shaped like the parameter, per
+            public unit, summed over the voxels).
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from blochsim.optim import CRLBCost
+        >>> from blochsim.simulators import FSESimulator
+        >>> fse = FSESimulator(ESP=10.0, flip=np.full(8, 150.0))
+        >>> s, J, pullback = fse.jacobian_vjp(("M0", "T2"), "flip", T2=80.0, M0=1.0)
+        >>> value, WJ = CRLBCost(("M0", "T2"), noise_variance=1e-4, weights={"T2": 1.0})(J)
+        >>> pullback(WJ)["flip"].shape
+        (8,)
+        """
+        names, proto, tissue = self._jacobian_request(diff, 1, values)
+        wrt_names = (wrt,) if isinstance(wrt, str) else tuple(wrt)
+        p = self._protocol_values(proto)
+        protocol_names, tissue_wrt = self._vjp_names(wrt_names, p)
+        if tissue_wrt:
+            raise TypeError(f"jacobian_vjp differentiates with respect to protocol parameters; "
+                            f"{tissue_wrt[0]!r} is a tissue property")
+        if any(V.is_device_array(v) for v in tissue.values()) or self.device == "cuda":
+            raise ValueError("jacobian_vjp runs on the host: pass NumPy tissue arrays (and no device='cuda')")
+        raw = {**self._defaults, **self._given, **proto}
+        traced = dict(p)
+        for k in protocol_names:
+            traced[k] = trace(k, p[k])
+        stream, prov = pack_with_provenance(self.preparation(traced), self.repetition(traced), p["repetitions"])
+        arrays, shape = self._tissue(tissue)
+        s, ps, _, _ = self._stream_for(p, set(arrays), stream)
+        n = int(np.prod(shape, dtype=np.int64))
+        si = _host_si(arrays, shape)
+        threads = self.threads if self.threads is not None else _dispatch.default_threads()
+        fields = [_core.TISSUE_FIELDS.index(V.TISSUE_UNITS[k][1]) for k in names]
+        scale = np.array([V.TISSUE_UNITS[k][0] for k in names])
+        signal = np.empty(shape + (s.n_samples,), dtype=np.complex64)
+        jac = np.empty((n, len(names), s.n_samples), dtype=np.complex64)
+        _core.jacobian_host(ps, si, n, fields, signal.reshape(n, s.n_samples), jac, threads)
+        jac *= scale.astype(np.float32)[:, None]
+        J = jac.reshape(shape + (len(names), s.n_samples))
+        one = isinstance(diff, str)
+        J_out = J[..., 0, :] if one else J
+        pshapes = {k: (np.shape(p[k]) if np.ndim(raw[k]) > 0 else ()) for k in protocol_names}
+
+        def pullback(J_cotangent, signal_cotangent=None):
+            W = _cotangent(J_cotangent, J_out.shape, "the Jacobian's").reshape(n, len(names), s.n_samples)
+            ev = np.zeros((s.n_events, 4), dtype=np.float64)
+            for j, field in enumerate(fields):
+                part = np.zeros_like(ev)
+                _core.adjoint2_host(ps, si, n, field, np.ascontiguousarray(W[:, j]), part, threads)
+                ev += scale[j] * part  # J is per public unit of property j
+            if signal_cotangent is not None:
+                cot = _cotangent(signal_cotangent, signal.shape).reshape(n, s.n_samples)
+                part = np.zeros_like(ev)
+                _core.adjoint_host(ps, si, n, [], cot, part, np.zeros((n, 0), np.float32), threads)
+                ev += part
+            return _assemble(wrt_names, p, prov, pshapes, ev, None, None, (), shape, {})
+
+        return signal, J_out, pullback
+
     def _vjp_device(self, p, tissue, on_device, stream, names, tissue_names, fields, scale, prov, pshapes):
         """vjp() on the GPU: device tissue arrays (or NumPy ones with
         device='cuda', moved to the device).  The signal comes back in the
@@ -610,14 +696,14 @@ def _diff_names(diff, modelled, owner, what):
     return names
 
 
-def _cotangent(cotangent, shape):
+def _cotangent(cotangent, shape, of="the signal's"):
     """A pullback's cotangent as a C-contiguous complex64 array of the
-    signal's shape."""
+    signal's shape (or the Jacobian's: ``of``)."""
     c = np.asarray(cotangent)
     if c.dtype.kind not in "fc":
         raise TypeError(f"cotangent must be a float or complex array, got dtype {c.dtype}")
     if c.shape != tuple(shape):
-        raise ValueError(f"cotangent must have the signal's shape {tuple(shape)}, got {c.shape}")
+        raise ValueError(f"cotangent must have {of} shape {tuple(shape)}, got {c.shape}")
     if not np.all(np.isfinite(c)):
         raise ValueError("cotangent must be finite")
     return np.ascontiguousarray(c, dtype=np.complex64)

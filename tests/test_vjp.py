@@ -359,3 +359,95 @@ def test_refuses_a_bad_cotangent():
         pullback(np.full(s.shape, np.nan))
     with pytest.raises(TypeError, match="cotangent must be a float or complex array"):
         pullback(np.ones(s.shape, dtype=np.int64))
+
+
+# ---------------------------------------------------------------------------
+# Second order: the pullback of a cost of the Jacobian (forward over reverse)
+
+def oracle_jacobian(sim, tissue, names, raw=None, steps=None):
+    """d signal / d property of the float64 oracle by central differences."""
+    steps = steps or {"T1": 1e-2, "T2": 1e-3, "M0": 1e-5, "B1": 1e-6}
+    cols = []
+    for k in names:
+        up, dn = dict(tissue), dict(tissue)
+        up[k] = np.asarray(tissue[k], float) + steps[k]
+        dn[k] = np.asarray(tissue[k], float) - steps[k]
+        cols.append((oracle_signal(sim, up, raw) - oracle_signal(sim, dn, raw)) / (2 * steps[k]))
+    return np.stack(cols, axis=-2)
+
+
+def test_second_order_against_nested_differences_of_the_oracle():
+    # <W, J(p)> for fixed W: its gradient in the flips and TR, against
+    # central differences in the protocol of the oracle's Jacobian
+    sim = Train(flip=FLIP, phases=np.zeros(N_TR), TR=TRS, states=32)
+    tissue = {"T1": np.array([700.0, 1400.0]), "T2": np.array([50.0, 110.0]), "M0": 1.0, "B1": 0.95}
+    names = ("T1", "T2", "M0", "B1")
+    s, J, pullback = sim.jacobian_vjp(names, ("flip", "TR", "TE"), **tissue)
+    assert J.shape == (2, 4, N_TR) and rel(J, oracle_jacobian(sim, tissue, names)) < 1e-4
+    W = RNG.standard_normal(J.shape) + 1j * RNG.standard_normal(J.shape)
+    g = pullback(W)
+    p = sim._protocol_values({})
+
+    def h(**raw):
+        return float(np.sum(np.real(np.conj(W) * oracle_jacobian(sim, tissue, names, raw))))
+
+    d = 1e-3
+    for i in (0, 7, N_TR - 1):
+        e = np.zeros(N_TR)
+        e[i] = d
+        assert abs(g["flip"][i] - (h(flip=p["flip"] + e) - h(flip=p["flip"] - e)) / (2 * d)) \
+            < 1e-3 * np.max(np.abs(g["flip"])), i
+        assert abs(g["TR"][i] - (h(TR=p["TR"] + e) - h(TR=p["TR"] - e)) / (2 * d)) \
+            < 1e-3 * np.max(np.abs(g["TR"])), i
+    assert rel(g["TE"], (h(TE=p["TE"] + d) - h(TE=p["TE"] - d)) / (2 * d)) < 1e-3
+
+
+def test_second_order_against_differences_of_the_first_order_gradient():
+    # d/dT2 of the flip gradient of <w, s> is the second-order pullback of
+    # w placed on the T2 column
+    fse = FSESimulator(ESP=8.0, flip=np.linspace(180.0, 100.0, 10))
+    T2 = np.array([50.0, 90.0])
+    _, J, pullback = fse.jacobian_vjp(("T2",), ("flip", "ESP"), T1=1000.0, T2=T2)
+    w = RNG.standard_normal(J.shape[::2]) + 1j * RNG.standard_normal(J.shape[::2])
+    g = pullback(w[:, None, :])
+    h = 0.5
+
+    def first(t2):
+        s, pb = fse.vjp(("flip", "ESP"), T1=1000.0, T2=t2)
+        return pb(w)
+
+    up, dn = first(T2 + h), first(T2 - h)
+    for k in ("flip", "ESP"):
+        assert rel(g[k], (up[k] - dn[k]) / (2 * h)) < 2e-3, k
+
+
+def test_crlb_cost_and_its_gradient():
+    from blochsim.optim import CRLBCost, crlb
+
+    flips = np.linspace(180.0, 100.0, 10)
+    tissue = {"T1": 1000.0, "T2": np.array([50.0, 90.0]), "M0": 1.0}
+    names = ("M0", "T2")
+    cost = CRLBCost(names, noise_variance=1e-4, weights={"T2": 1.0})
+    fse = FSESimulator(ESP=8.0, flip=flips)
+    s, J, pullback = fse.jacobian_vjp(names, "flip", **tissue)
+    value, W = cost(J)
+    assert abs(value - np.sum(crlb(J, 1e-4)[:, 1])) < 1e-9 * value
+    g = pullback(W)["flip"]
+
+    def C(f):
+        return cost(oracle_jacobian(FSESimulator(ESP=8.0, flip=f), tissue, names))[0]
+
+    d = 1e-3
+    fd = np.array([(C(flips + d * e) - C(flips - d * e)) / (2 * d) for e in np.eye(10)])
+    assert rel(g, fd) < 1e-3
+
+
+def test_second_order_refusals():
+    fse = _fse()
+    with pytest.raises(TypeError, match="'T1' is a tissue property"):
+        fse.jacobian_vjp("T2", ("flip", "T1"), T1=1000.0, T2=80.0)
+    with pytest.raises(ValueError, match="jacobian with respect to 'B1' needs B1"):
+        fse.jacobian_vjp("B1", "flip", T1=1000.0, T2=80.0)
+    _, J, pullback = fse.jacobian_vjp(("M0", "T2"), "flip", T1=1000.0, T2=np.array([80.0, 90.0]), M0=1.0)
+    with pytest.raises(ValueError, match=r"cotangent must have the Jacobian's shape \(2, 2, 8\)"):
+        pullback(np.ones((2, 8)))

@@ -12,6 +12,7 @@ struct Kernels {
   host::RangeFn complex;
   host::JacobianRangeFn jacobian;
   host::AdjointRangeFn adjoint;
+  host::Adjoint2RangeFn adjoint2;
   const char* isa;
 };
 
@@ -20,16 +21,18 @@ Kernels pick() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
-    return {&kernels::range_real_v4, &kernels::range_complex_v4, &kernels::jacobian_range_v4, &kernels::adjoint_range_v4,
+    return {&kernels::range_real_v4, &kernels::range_complex_v4, &kernels::jacobian_range_v4,
+            &kernels::adjoint_range_v4, &kernels::adjoint2_range_v4,
             "x86-64-v4"};
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-    return {&kernels::range_real_v3, &kernels::range_complex_v3, &kernels::jacobian_range_v3, &kernels::adjoint_range_v3,
+    return {&kernels::range_real_v3, &kernels::range_complex_v3, &kernels::jacobian_range_v3,
+            &kernels::adjoint_range_v3, &kernels::adjoint2_range_v3,
             "x86-64-v3"};
   return {&kernels::range_real_default, &kernels::range_complex_default, &kernels::jacobian_range_default,
-          &kernels::adjoint_range_default, "x86-64"};
+          &kernels::adjoint_range_default, &kernels::adjoint2_range_default, "x86-64"};
 #else
   return {&kernels::range_real_default, &kernels::range_complex_default, &kernels::jacobian_range_default,
-          &kernels::adjoint_range_default, "generic"};
+          &kernels::adjoint_range_default, &kernels::adjoint2_range_default, "generic"};
 #endif
 }
 
@@ -53,6 +56,11 @@ int host_jacobian_dispatch(const EventStream& s, const Tissue& t, const int* fie
 int host_adjoint_dispatch(const EventStream& s, const Tissue& t, const int* fields, int n_tdirs, const float* cot,
                           double* ev_grad, float* tgrad, int threads) {
   return host::adjoint_status(s, t, fields, n_tdirs, cot, ev_grad, tgrad, threads, chosen().adjoint);
+}
+
+int host_adjoint2_dispatch(const EventStream& s, const Tissue& t, int outer_field, const float* cot,
+                           double* ev_grad, int threads) {
+  return host::adjoint2_status(s, t, outer_field, cot, ev_grad, threads, chosen().adjoint2);
 }
 
 const char* host_isa() { return chosen().isa; }

@@ -22,6 +22,11 @@ int host_jacobian_dispatch(const EventStream& s, const Tissue& t, const int* fie
 int host_adjoint_dispatch(const EventStream& s, const Tissue& t, const int* fields, int n_tdirs, const float* cot,
                           double* ev_grad, float* tgrad, int threads);
 
+// Second order of every problem of t (host::adjoint2_status): d/d field
+// outer_field of the event gradients of the cotangent cot; returns a Status.
+int host_adjoint2_dispatch(const EventStream& s, const Tissue& t, int outer_field, const float* cot,
+                           double* ev_grad, int threads);
+
 // The device's register path run on the host for testing: a team of one
 // member with 32 orders (real path) or 16 (complex), or of 4 members with
 // 16 or 8 orders each; returns states_exceed_team when K does not fit.
@@ -43,7 +48,9 @@ namespace kernels {
   int jacobian_range_##suffix(const EventStream&, const Tissue&, const int*, int, int64_t, int64_t, void*, \
                               float*, float*);                                                        \
   int adjoint_range_##suffix(const EventStream&, const Tissue&, const int*, int, int64_t, int64_t, void*,  \
-                             const float*, const int32_t*, double*, float*);
+                             const float*, const int32_t*, double*, float*);                       \
+  int adjoint2_range_##suffix(const EventStream&, const Tissue&, int, int64_t, int64_t, void*, const float*, \
+                              const int32_t*, double*);
 BLOCHSIM_DECLARE_KERNELS(default)
 BLOCHSIM_DECLARE_KERNELS(v3)
 BLOCHSIM_DECLARE_KERNELS(v4)

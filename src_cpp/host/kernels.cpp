@@ -44,6 +44,12 @@ int BLOCHSIM_CAT(adjoint_range_, BLOCHSIM_ISA_SUFFIX)(const EventStream& s, cons
   return epg::adjoint_range<vfloat16>(s, t, fields, n_tdirs, b0, b1, work, cot, band, rows, tgrad);
 }
 
+int BLOCHSIM_CAT(adjoint2_range_, BLOCHSIM_ISA_SUFFIX)(const EventStream& s, const Tissue& t, int outer_field,
+                                                       int64_t b0, int64_t b1, void* work, const float* cot,
+                                                       const int32_t* band, double* rows) {
+  return epg::adjoint2_range<vfloat16>(s, t, outer_field, b0, b1, work, cot, band, rows);
+}
+
 int BLOCHSIM_CAT(range_real_, BLOCHSIM_ISA_SUFFIX)(const EventStream& s, const Tissue& t, int64_t b0,
                                                    int64_t b1, void* work, float* out) {
   return range<false>(s, t, b0, b1, work, out);

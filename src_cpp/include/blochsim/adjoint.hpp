@@ -30,6 +30,13 @@
 //
 // The sweep runs on the complex planes whatever the stream's real-subspace
 // verdict (the results agree to float32 round-off).
+//
+// Second order (forward over reverse): on lanes V = Dual<vector, 1> seeded
+// in one tissue field theta, every quantity of the sweep carries its
+// derivative along theta, so the event gradients of a cotangent W come out
+// with d/dtheta <W, d s/d p> as their tangent: with W = dC/dJ_theta for a
+// cost C of the Jacobian column J_theta = d s / d theta, that is the
+// gradient of C through J_theta (adjoint2_range).
 #pragma once
 
 #include <cmath>
@@ -171,6 +178,16 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void rx_phase(const EventStream& s, int64_t e, 
   }
 }
 
+// Seeds direction 0 of the value part of every dual of a lane tissue of
+// duals of duals with the field f (the outer direction of second order).
+template <class V, int N>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE void seed_outer(LaneTissue<Dual<V, N>>& lt, int f) {
+  Dual<V, N>* fields[tissue_fields] = {&lt.T1, &lt.T2, &lt.M0, &lt.B1, &lt.B1phase,
+                                       &lt.B0, &lt.D,  &lt.v,  &lt.eta};
+  using E = std::remove_reference_t<decltype(fields[f]->v.d[0])>;
+  fields[f]->v.d[0] = splat<E>(1.0f);
+}
+
 // Adjoint sweep of problems [first, first + width) of t.
 //   fields[0 .. n_tdirs): tissue fields whose gradient is wanted, written to
 //     tgrad[p * n_tdirs + j] (per SI unit); at most N - 3 of them other
@@ -181,10 +198,12 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void rx_phase(const EventStream& s, int64_t e, 
 //     lane vectors g[EventGradient] of this block's contributions (lanes
 //     past t.n are zero).
 // work: adjoint_workspace(s, N) lane vectors.
+// outer_field >= 0 (V a Dual<vector, 1>): the tissue is seeded in that field
+// at the lanes' level (second order, see the top of this file).
 template <class V, int N, class Acc>
 BLOCHSIM_HD inline int adjoint_block(const EventStream& s, const Tissue& t, const int* fields, int n_tdirs,
                                      int64_t first, V* work, const float* cot, const int32_t* band, Acc& acc,
-                                     float* tgrad) {
+                                     float* tgrad, int outer_field = -1) {
   using LT = Lanes<V>;
   using T = Dual<V, N>;
   constexpr int W = LT::width;
@@ -196,10 +215,16 @@ BLOCHSIM_HD inline int adjoint_block(const EventStream& s, const Tissue& t, cons
   V valid{};
   for (int l = 0; l < W; ++l) LT::set(valid, l, first + l < t.n ? 1.0f : 0.0f);
 
-  const LaneTissue<V> lt = gather<V>(t, idx);
+  LaneTissue<V> lt = gather<V>(t, idx);
   // the tissue with its dual directions seeded (3 + j for the j-th field
   // other than M0)
   LaneTissue<T> ltd = gather<T>(t, idx);
+  if constexpr (IsDual<V>::value) {
+    if (outer_field >= 0) {
+      seed(lt, outer_field, 0);
+      seed_outer(ltd, outer_field);
+    }
+  }
   int dual_of[tissue_fields];
   int m0_dir = -1, nd = 0;
   for (int j = 0; j < n_tdirs; ++j) {
@@ -287,7 +312,7 @@ BLOCHSIM_HD inline int adjoint_block(const EventStream& s, const Tissue& t, cons
       const IvCoef<T>* cdp = nullptr;
       const Op<T>* odp = nullptr;
       if (ev.interval >= 0) {
-        Dual<double, N> tau(s.duration_s[ev.interval]);
+        typename Lanes<T>::template Wide<double> tau(s.duration_s[ev.interval]);
         tau.d[grad_duration] = 1.0;
         cd = interval_coef_at<T, double>(s, ltd, tau);
         cdp = &cd;
@@ -388,7 +413,7 @@ BLOCHSIM_HD inline int adjoint_block(const EventStream& s, const Tissue& t, cons
   }
   for (int l = 0; l < W; ++l) {
     if (first + l >= t.n) break;
-    for (int j = 0; j < n_tdirs; ++j) tgrad[(first + l) * n_tdirs + j] = LT::get(tacc[j], l);
+    for (int j = 0; j < n_tdirs; ++j) tgrad[(first + l) * n_tdirs + j] = value_of(LT::get(tacc[j], l));
   }
   return ok;
 }
@@ -408,6 +433,37 @@ struct LaneSumAccumulator {
     }
   }
 };
+
+// As LaneSumAccumulator for the duals of second order: sums the tangents
+// (d/dtheta of each event's gradients).
+template <class V>
+struct TangentSumAccumulator {
+  double* rows;
+  BLOCHSIM_FORCEINLINE void operator()(int64_t e, const Dual<V, 1>* g) {
+    using LT = Lanes<V>;
+    for (int q = 0; q < event_gradients; ++q) {
+      double sum = 0.0;
+      for (int l = 0; l < LT::width; ++l) sum += LT::get(g[q].d[0], l);
+      rows[e * event_gradients + q] += sum;
+    }
+  }
+};
+
+// Second order for blocks [b0, b1) of lane vectors V: d/d field_outer of the
+// event gradients of the cotangent cot (rows as adjoint_range), with a
+// workspace of 2 adjoint_workspace(s, adjoint_event_dirs) lane vectors.
+template <class V>
+inline int adjoint2_range(const EventStream& s, const Tissue& t, int outer_field, int64_t b0, int64_t b1,
+                          void* work, const float* cot, const int32_t* band, double* rows) {
+  using D = Dual<V, 1>;
+  TangentSumAccumulator<V> acc{rows};
+  for (int64_t b = b0; b < b1; ++b) {
+    const int st = adjoint_block<D, adjoint_event_dirs>(s, t, nullptr, 0, b * Lanes<V>::width, static_cast<D*>(work),
+                                                        cot, band, acc, nullptr, outer_field);
+    if (st != ok) return st;
+  }
+  return ok;
+}
 
 // The adjoint of blocks [b0, b1) of lane vectors V, their event gradients
 // added to rows (n_events, event_gradients), with a workspace of

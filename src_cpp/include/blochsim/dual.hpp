@@ -6,8 +6,10 @@
 // Derivatives, 2nd ed., SIAM 2008, ch. 3).
 //
 // V is a lane type of tile.hpp (a float on the device, a vector of 16 floats
-// on the host) or a per-lane scalar (float, double); Lanes<Dual<V, N>>
-// gives per-lane access as Dual<scalar, N>.
+// on the host), a per-lane scalar (float, double), or itself a dual: a dual
+// of duals carries mixed second derivatives (the adjoint's second order,
+// adjoint.hpp).  Lanes<Dual<V, N>> gives per-lane access as a dual of V's
+// per-lane scalar.
 #pragma once
 
 #include <cmath>
@@ -16,6 +18,15 @@
 
 namespace blochsim {
 inline namespace BLOCHSIM_ISA {
+
+template <class V, int N>
+struct Dual;
+
+// A dual's element type is its lanes' (so a constant converts through it).
+template <class V, int N>
+struct ElementOf<Dual<V, N>> {
+  using type = typename ElementOf<V>::type;
+};
 
 template <class V, int N>
 struct Dual {
@@ -136,10 +147,10 @@ BLOCHSIM_DUAL_SCALAR_OPS(double)
 #undef BLOCHSIM_DUAL_SCALAR_OPS
 
 // Comparisons look at the value only (branches of the kernels do not depend
-// on the derivatives).
+// on the derivatives); through every level of a dual of duals.
 template <class V, int N>
-BLOCHSIM_HD BLOCHSIM_FORCEINLINE V value_of(const Dual<V, N>& x) {
-  return x.v;
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE auto value_of(const Dual<V, N>& x) -> decltype(value_of(x.v)) {
+  return value_of(x.v);
 }
 
 // Elementary functions of per-lane dual scalars: f(v) + f'(v) d.
@@ -150,38 +161,58 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE Dual<S, N> chain(const Dual<S, N>& x, S f, S df
   for (int j = 0; j < N; ++j) r.d[j] = df * x.d[j];
   return r;
 }
+// (The calls are unqualified, so that S may itself be a dual.)
 template <class S, int N>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE Dual<S, N> exp(const Dual<S, N>& x) {
-  const S e = std::exp(x.v);
+  using std::exp;
+  const S e = exp(x.v);
   return chain(x, e, e);
 }
 template <class S, int N>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE Dual<S, N> expm1(const Dual<S, N>& x) {
-  return chain(x, static_cast<S>(std::expm1(x.v)), static_cast<S>(std::exp(x.v)));
+  using std::exp;
+  using std::expm1;
+  return chain(x, static_cast<S>(expm1(x.v)), static_cast<S>(exp(x.v)));
 }
 template <class S, int N>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE Dual<S, N> cos(const Dual<S, N>& x) {
-  return chain(x, static_cast<S>(std::cos(x.v)), static_cast<S>(-std::sin(x.v)));
+  using std::cos;
+  using std::sin;
+  return chain(x, static_cast<S>(cos(x.v)), static_cast<S>(-sin(x.v)));
 }
 template <class S, int N>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE Dual<S, N> sin(const Dual<S, N>& x) {
-  return chain(x, static_cast<S>(std::sin(x.v)), static_cast<S>(std::cos(x.v)));
+  using std::cos;
+  using std::sin;
+  return chain(x, static_cast<S>(sin(x.v)), static_cast<S>(cos(x.v)));
 }
 // |x| with the derivative of x's sign (+1 at 0: flow at rest washes out
 // forward)
 template <class S, int N>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE Dual<S, N> fabs(const Dual<S, N>& x) {
-  return chain(x, static_cast<S>(std::fabs(x.v)), static_cast<S>(x.v < S(0) ? -1 : 1));
+  using std::fabs;
+  return chain(x, static_cast<S>(fabs(x.v)), static_cast<S>(value_of(x.v) < 0 ? -1.0f : 1.0f));
 }
+
+// Whether V is a dual (of any level).
+template <class V>
+struct IsDual {
+  static constexpr bool value = false;
+};
+template <class V, int N>
+struct IsDual<Dual<V, N>> {
+  static constexpr bool value = true;
+};
 
 template <class V, int N>
 struct Lanes<Dual<V, N>> {
   using B = Lanes<V>;
   static constexpr int width = B::width;
-  using Scalar = Dual<float, N>;
+  using Scalar = Dual<typename B::Scalar, N>;
   using Double = Dual<typename B::Double, N>;
   template <class M>
-  using Wide = Dual<M, N>;
+  using Wide = Dual<typename B::template Wide<M>, N>;
+  using ScalarD = Wide<double>;  // one lane of Double
   BLOCHSIM_HD static Scalar get(const Dual<V, N>& x, int l) {
     Scalar s;
     s.v = B::get(x.v, l);
@@ -192,13 +223,13 @@ struct Lanes<Dual<V, N>> {
     B::set(x.v, l, s.v);
     for (int j = 0; j < N; ++j) B::set(x.d[j], l, s.d[j]);
   }
-  BLOCHSIM_HD static Dual<double, N> getd(const Double& x, int l) {
-    Dual<double, N> s;
+  BLOCHSIM_HD static ScalarD getd(const Double& x, int l) {
+    ScalarD s;
     s.v = B::getd(x.v, l);
     for (int j = 0; j < N; ++j) s.d[j] = B::getd(x.d[j], l);
     return s;
   }
-  BLOCHSIM_HD static void setd(Double& x, int l, const Dual<double, N>& s) {
+  BLOCHSIM_HD static void setd(Double& x, int l, const ScalarD& s) {
     B::setd(x.v, l, s.v);
     for (int j = 0; j < N; ++j) B::setd(x.d[j], l, s.d[j]);
   }
@@ -217,8 +248,8 @@ struct Lanes<Dual<V, N>> {
   // every lane equal to the per-lane scalar s
   BLOCHSIM_HD static Dual<V, N> splat(const Scalar& s) {
     Dual<V, N> r;
-    r.v = V{} + s.v;
-    for (int j = 0; j < N; ++j) r.d[j] = V{} + s.d[j];
+    r.v = B::splat(s.v);
+    for (int j = 0; j < N; ++j) r.d[j] = B::splat(s.d[j]);
     return r;
   }
 };

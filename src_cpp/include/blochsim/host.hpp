@@ -157,6 +157,32 @@ inline int validate_adjoint_directions(const int* fields, int n_tdirs) {
 // count.
 constexpr int64_t adjoint_partitions = 64;
 
+// The event gradients of every block of t: range(b0, b1, work, rows) adds
+// blocks [b0, b1) into rows (n_events, event_gradients); the partitions'
+// rows are summed in order into ev_grad.
+template <class Range>
+inline int adjoint_partitioned(const EventStream& s, const Tissue& t, int threads, std::size_t work_floats,
+                               double* ev_grad, Range&& range) {
+  if (threads < 1) return bad_threads;
+  const int64_t nev = s.n_events, m = nev * event_gradients;
+  for (int64_t i = 0; i < m; ++i) ev_grad[i] = 0.0;
+  const int64_t nblocks = (t.n + lanes - 1) / lanes;
+  if (nblocks == 0 || nev == 0) return ok;
+  const int64_t parts = std::min(adjoint_partitions, nblocks);
+  std::vector<double> rows(static_cast<std::size_t>(parts * m), 0.0);
+  const int st = run_ranges(parts, threads, work_floats, [&](int64_t p0, int64_t p1, float* work) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const int r = range(nblocks * p / parts, nblocks * (p + 1) / parts, work, rows.data() + p * m);
+      if (r != ok) return r;
+    }
+    return static_cast<int>(ok);
+  });
+  if (st != ok) return st;
+  for (int64_t p = 0; p < parts; ++p)
+    for (int64_t i = 0; i < m; ++i) ev_grad[i] += rows[p * m + i];
+  return ok;
+}
+
 // Reverse mode on the host (adjoint.hpp): given the cotangent cot (t.n,
 // s.n_samples) complex64 interleaved of a real loss L, writes ev_grad
 // (s.n_events, event_gradients) = dL / d(duration_s, flip_rad, phase_rad,
@@ -168,32 +194,47 @@ inline int adjoint_status(const EventStream& s, const Tissue& t, const int* fiel
   if (v != ok) return v;
   const int d = validate_adjoint_directions(fields, n_tdirs);
   if (d != ok) return d;
-  if (threads < 1) return bad_threads;
-  const int64_t nev = s.n_events;
-  for (int64_t i = 0; i < nev * event_gradients; ++i) ev_grad[i] = 0.0;
-  std::vector<int32_t> band(static_cast<std::size_t>(nev + 1));
-  band_starts(s, band.data());
-  const int64_t nblocks = (t.n + lanes - 1) / lanes;
-  if (nblocks == 0 || nev == 0) {
+  if (s.n_events == 0)
     for (int64_t i = 0; i < t.n * n_tdirs; ++i) tgrad[i] = 0.0f;
-    return ok;
-  }
-  const int64_t parts = std::min(adjoint_partitions, nblocks);
-  std::vector<double> rows(static_cast<std::size_t>(parts * nev * event_gradients), 0.0);
-  const int st = run_ranges(parts, threads, adjoint_workspace(s, fields, n_tdirs),
-                            [&](int64_t p0, int64_t p1, float* work) {
-                              for (int64_t p = p0; p < p1; ++p) {
-                                const int r = fn(s, t, fields, n_tdirs, nblocks * p / parts,
-                                                 nblocks * (p + 1) / parts, work, cot, band.data(),
-                                                 rows.data() + p * nev * event_gradients, tgrad);
-                                if (r != ok) return r;
-                              }
-                              return static_cast<int>(ok);
-                            });
-  if (st != ok) return st;
-  for (int64_t p = 0; p < parts; ++p)
-    for (int64_t i = 0; i < nev * event_gradients; ++i) ev_grad[i] += rows[p * nev * event_gradients + i];
-  return ok;
+  std::vector<int32_t> band(static_cast<std::size_t>(s.n_events + 1));
+  band_starts(s, band.data());
+  return adjoint_partitioned(s, t, threads, adjoint_workspace(s, fields, n_tdirs), ev_grad,
+                             [&](int64_t b0, int64_t b1, float* work, double* rows) {
+                               return fn(s, t, fields, n_tdirs, b0, b1, work, cot, band.data(), rows, tgrad);
+                             });
+}
+
+// Signature of a function that runs second order for blocks [b0, b1)
+// (epg::adjoint2_range) with a workspace of adjoint2_workspace(s) floats.
+using Adjoint2RangeFn = int (*)(const EventStream& s, const Tissue& t, int outer_field, int64_t b0, int64_t b1,
+                                void* work, const float* cot, const int32_t* band, double* rows);
+
+inline std::size_t adjoint2_workspace(const EventStream& s) {
+  return static_cast<std::size_t>(epg::adjoint_workspace(s, adjoint_event_dirs)) * 2 * lanes;
+}
+
+inline int adjoint2_range_any(const EventStream& s, const Tissue& t, int outer_field, int64_t b0, int64_t b1,
+                              void* work, const float* cot, const int32_t* band, double* rows) {
+  return epg::adjoint2_range<Vec>(s, t, outer_field, b0, b1, work, cot, band, rows);
+}
+
+// Second order on the host (forward over reverse, adjoint.hpp): writes
+// ev_grad (s.n_events, event_gradients) = d/d field_outer (SI unit) of the
+// event gradients of the cotangent cot, summed over the problems.  With
+// cot = dC/dJ for a cost C of the Jacobian column J = d s / d field_outer,
+// that is dC / d(duration_s, flip_rad, phase_rad, rx_phase_rad) of each
+// event.
+inline int adjoint2_status(const EventStream& s, const Tissue& t, int outer_field, const float* cot,
+                           double* ev_grad, int threads, Adjoint2RangeFn fn = &adjoint2_range_any) {
+  const int v = validate(s, t);
+  if (v != ok) return v;
+  if (outer_field < 0 || outer_field >= tissue_fields) return bad_shape;
+  std::vector<int32_t> band(static_cast<std::size_t>(s.n_events + 1));
+  band_starts(s, band.data());
+  return adjoint_partitioned(s, t, threads, adjoint2_workspace(s), ev_grad,
+                             [&](int64_t b0, int64_t b1, float* work, double* rows) {
+                               return fn(s, t, outer_field, b0, b1, work, cot, band.data(), rows);
+                             });
 }
 
 // As forward_status, throwing std::invalid_argument on a bad stream.

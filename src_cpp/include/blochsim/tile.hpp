@@ -105,9 +105,16 @@ struct ElementOf<vdouble4> {
 };
 #endif
 
-// The value of a per-lane scalar (dual.hpp adds its duals' values).
+// The value of a per-lane scalar or lane vector (dual.hpp adds its duals'
+// values).
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE float value_of(float x) { return x; }
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE double value_of(double x) { return x; }
+#if defined(BLOCHSIM_HAVE_VECTOR_LANES)
+BLOCHSIM_FORCEINLINE vfloat16 value_of(vfloat16 x) { return x; }
+BLOCHSIM_FORCEINLINE vfloat4 value_of(vfloat4 x) { return x; }
+BLOCHSIM_FORCEINLINE vdouble16 value_of(vdouble16 x) { return x; }
+BLOCHSIM_FORCEINLINE vdouble4 value_of(vdouble4 x) { return x; }
+#endif
 
 // A lane vector with every lane equal to x.
 template <class V>
