@@ -748,7 +748,8 @@ def _assemble(names, p, prov, pshapes, ev, tg, scale, tissue_names, shape, tshap
 def _check_order(order):
     """jacobian computes first derivatives only."""
     if isinstance(order, bool) or not isinstance(order, (int, np.integer)) or order != 1:
-        raise ValueError(f"jacobian computes first derivatives (order=1), got order={order!r}")
+        raise ValueError(f"jacobian computes first derivatives (order=1), got order={order!r}; the "
+                         f"derivative of a cost of the Jacobian is jacobian_vjp")
 
 
 def _check_diff_values(names, tissue, what="jacobian"):
