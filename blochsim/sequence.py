@@ -26,8 +26,9 @@ EV_RF, EV_INVERSION, EV_READOUT, EV_SPOIL = 1, 2, 4, 8
 class Traced:
     """A protocol value with its first-order dependence on protocol entries.
 
-    ``value`` is the number; ``terms`` maps ``(name, index)`` (a protocol
-    parameter and an index into it, ``()`` for a scalar) to d value / d
+    ``value`` is the number; ``terms`` maps ``(name, index, part)`` (a
+    protocol parameter, an index into it, ``()`` for a scalar, and 0 for
+    the real part of the entry or 1 for its imaginary part) to d value / d
     entry.  Arithmetic carries the terms (sums, products, quotients), so the
     operators a simulator builds from a traced protocol record where each
     flip, phase and duration came from, and :meth:`Simulator.vjp` maps the
@@ -105,16 +106,59 @@ class Traced:
         return f"Traced({self.value!r}, {self.terms!r})"
 
 
+class TracedComplex:
+    """A complex protocol entry as its traced real and imaginary parts
+    (``re``, ``im``: :class:`Traced`), for the operators that take complex
+    values (:class:`SampledPulse` waveforms)."""
+
+    __slots__ = ("re", "im")
+
+    def __init__(self, re, im):
+        self.re, self.im = re, im
+
+    def __complex__(self):
+        return complex(self.re.value, self.im.value)
+
+
 def trace(name, value):
-    """``value`` (a float or float array) as :class:`Traced` entries of the
-    protocol parameter ``name``: a Traced scalar, or an object array of them."""
-    a = np.asarray(value, dtype=np.float64)
+    """``value`` (a float or complex scalar or array) as traced entries of
+    the protocol parameter ``name``: a :class:`Traced` (or
+    :class:`TracedComplex`) scalar, or an object array of them."""
+    a = np.asarray(value)
+    cplx = a.dtype.kind == "c"
+    a = a.astype(np.complex128 if cplx else np.float64)
+
+    def entry(x, i):
+        if cplx:
+            return TracedComplex(Traced(x.real, {(name, i, 0): 1.0}), Traced(x.imag, {(name, i, 1): 1.0}))
+        return Traced(x, {(name, i, 0): 1.0})
+
     if a.ndim == 0:
-        return Traced(float(a), {(name, ()): 1.0})
+        return entry(a[()], ())
     out = np.empty(a.shape, dtype=object)
     for i in np.ndindex(a.shape):
-        out[i] = Traced(a[i], {(name, i): 1.0})
+        out[i] = entry(a[i], i)
     return out
+
+
+def _modulus_and_angle(x):
+    """|x| and arg x of a traced or plain waveform sample, with the
+    derivatives of both (d|x| = (re dre + im dim)/|x|, d arg = (re dim -
+    im dre)/|x|^2; both 0 at x = 0)."""
+    if isinstance(x, TracedComplex):
+        re, im = x.re, x.im
+    elif isinstance(x, Traced):
+        re, im = x, Traced(0.0)
+    else:
+        z = complex(x)
+        return abs(z), float(np.angle(z))
+    r = float(np.hypot(re.value, im.value))
+    if r == 0.0:
+        return Traced(0.0), Traced(0.0)
+    modulus = Traced(r, Traced._combine(re, re.value / r, im, im.value / r))
+    angle = Traced(float(np.arctan2(im.value, re.value)),
+                   Traced._combine(re, -im.value / r ** 2, im, re.value / r ** 2))
+    return modulus, angle
 
 
 def _value(x):
@@ -282,21 +326,25 @@ class SampledPulse(Sequence):
 
     def __init__(self, waveform, dwell: float, phase: float = 0.0):
         w = np.asarray(waveform)
+        traced = w.dtype == object  # a traced protocol waveform (Simulator.vjp)
+        values = np.array([complex(x) if isinstance(x, TracedComplex) else _value(x) for x in w.reshape(-1)]
+                          ).reshape(w.shape) if traced else w
         if w.ndim != 1 or w.size == 0:
             raise ValueError(f"waveform must be a non-empty 1-D array, got shape {w.shape}")
-        if not (np.issubdtype(w.dtype, np.floating) or np.issubdtype(w.dtype, np.complexfloating)):
-            raise TypeError(f"waveform must be float or complex, got dtype {w.dtype}")
-        if not np.all(np.isfinite(w)):
+        if not (np.issubdtype(values.dtype, np.floating) or np.issubdtype(values.dtype, np.complexfloating)):
+            raise TypeError(f"waveform must be float or complex, got dtype {values.dtype}")
+        if not np.all(np.isfinite(values)):
             raise ValueError("waveform must be finite")
         d = float(V.protocol_array("dwell", dwell, low=0.0, strict=True, unit="us", ndim_max=0))
-        flips = np.degrees(GAMMA_RAD_PER_S_PER_T * np.abs(w) * 1e-6 * d * 1e-6)
-        phases = np.degrees(np.angle(w)) + phase
+        # flip = gamma |B1| dwell, in degrees per uT
+        deg_per_uT = np.degrees(GAMMA_RAD_PER_S_PER_T * 1e-6 * d * 1e-6)
         half = Delay(0.5 * d * 1e-3)
         ops = []
-        for f, p in zip(flips, phases):
-            ops += [half, Pulse(float(f), float(p)), half]
+        for x in (w if traced else values):
+            modulus, angle = _modulus_and_angle(x)
+            ops += [half, Pulse(deg_per_uT * modulus, np.degrees(1.0) * angle + phase), half]
         super().__init__(ops)
-        self.waveform = w
+        self.waveform = values
         self.dwell = d
 
 
@@ -462,18 +510,19 @@ def pack_with_provenance(preparation, repetition, repetitions: int = 1):
     -------
     stream : EventStream
     provenance : dict
-        For each protocol parameter named in the traced values, a tuple of
-        arrays ``(event, column, index, coef)``: the parameter's entry
-        ``index`` moves column ``column`` (duration_s, flip_rad, phase_rad,
-        rx_phase_rad) of event ``event`` by ``coef`` per public unit.
+        For each protocol parameter named in the traced values, a tuple
+        ``(event, column, index, part, coef)``: the real (part 0) or
+        imaginary (part 1) part of the parameter's entry ``index`` moves
+        column ``column`` (duration_s, flip_rad, phase_rad, rx_phase_rad) of
+        event ``event`` by ``coef`` per public unit.
     """
     s, ops, lay = _pack(preparation, repetition, repetitions, True)
     rows = {}
 
     def record(event, column, value, factor):
         if isinstance(value, Traced):
-            for (name, index), c in value.terms.items():
-                rows.setdefault(name, []).append((event, column, index, c * factor))
+            for (name, index, part), c in value.terms.items():
+                rows.setdefault(name, []).append((event, column, index, part, c * factor))
 
     for e, j in enumerate(lay.rf_op):
         if j >= 0:
@@ -486,8 +535,9 @@ def pack_with_provenance(preparation, repetition, repetitions: int = 1):
         record(int(e), _GRAD_DURATION, ops[j].duration, _MS_TO_S)
     provenance = {}
     for name, r in rows.items():
-        ev, col, idx, coef = zip(*r)
-        provenance[name] = (np.array(ev, np.int64), np.array(col, np.int64), list(idx), np.array(coef))
+        ev, col, idx, part, coef = zip(*r)
+        provenance[name] = (np.array(ev, np.int64), np.array(col, np.int64), list(idx), np.array(part, np.int64),
+                            np.array(coef))
     return s, provenance
 
 

@@ -285,7 +285,9 @@ class Simulator(_Base):
             to dL/d name, float64, shaped like the parameter (a protocol
             parameter as given; a tissue property as passed, summed over the
             voxels it broadcasts to), per public unit (per degree of flip and
-            phase, per ms of TR, ESP, TE, TI, T1, T2).  A protocol parameter
+            phase, per ms of TR, ESP, TE, TI, T1, T2, per µT of a waveform);
+            complex128 dL/dRe + i dL/dIm for a complex protocol parameter
+            (a complex RF waveform).  A protocol parameter
             is shared by every voxel, so its gradient sums over them.
 
         Examples
@@ -481,8 +483,8 @@ class Simulator(_Base):
                 if k in PLAYED_COMMON:
                     raise TypeError(f"{type(self).__name__} cannot differentiate with respect to {k!r}: it is "
                                     f"a setting of the engine, not a sequence value")
-                if not (isinstance(v, (float, np.floating)) or
-                        (isinstance(v, np.ndarray) and v.dtype.kind == "f")):
+                if not (isinstance(v, (float, complex, np.floating, np.complexfloating)) or
+                        (isinstance(v, np.ndarray) and v.dtype.kind in "fc")):
                     raise TypeError(f"{type(self).__name__} cannot differentiate with respect to {k!r}: "
                                     f"it is not a float protocol parameter (got {v!r})")
                 protocol_names.append(k)
@@ -732,15 +734,19 @@ def _assemble(names, p, prov, pshapes, ev, tg, scale, tissue_names, shape, tshap
             out[k] = _reduce_to(g, tshapes[k])
             continue
         full = np.shape(p[k])
-        g = np.zeros(full, dtype=np.float64)
+        cplx = np.iscomplexobj(p[k])
+        g = np.zeros(full, dtype=np.complex128 if cplx else np.float64)
         if k in prov:
-            event, column, index, coef = prov[k]
+            event, column, index, part, coef = prov[k]
             contrib = coef * ev[event, column]
-            if full == ():
-                g = np.asarray(contrib.sum())
-            else:
-                flat = np.ravel_multi_index(tuple(np.array(index).T), full)
-                g = np.bincount(flat, weights=contrib, minlength=int(np.prod(full))).reshape(full)
+            flat = np.zeros(len(contrib), np.int64) if full == () else \
+                np.ravel_multi_index(tuple(np.array(index).T), full)
+            size = max(int(np.prod(full)), 1)
+            # a complex entry's gradient is dL/dRe + i dL/dIm (SPEC §4)
+            g = np.bincount(flat, weights=np.where(part == 0, contrib, 0.0), minlength=size)
+            if cplx:
+                g = g + 1j * np.bincount(flat, weights=np.where(part == 1, contrib, 0.0), minlength=size)
+            g = g.reshape(full)
         out[k] = g.sum().reshape(()) if pshapes[k] == () and g.shape != () else g
     return out
 
