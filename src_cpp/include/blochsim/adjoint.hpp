@@ -89,14 +89,23 @@ inline void band_starts(const EventStream& s, int32_t* band) {
 inline namespace BLOCHSIM_ISA {
 namespace epg {
 
-// Lane vectors of workspace one problem block of the adjoint needs, on
-// duals of N directions.
-BLOCHSIM_HD inline int64_t adjoint_workspace(const EventStream& s, int N) {
+// The adjoint's workspace per problem block, in lane vectors, in two
+// parts: the hot one, touched at every step of every event (the state, the
+// adjoint and the dual state, 6 K (N + 3)), which the device may hold in
+// local memory, and the cold one (the interval table, the checkpoints and
+// the segment being walked back).
+BLOCHSIM_HD inline int64_t adjoint_hot(int states, int N) { return 6 * static_cast<int64_t>(states) * (N + 3); }
+
+BLOCHSIM_HD inline int64_t adjoint_cold(const EventStream& s) {
   const int64_t plane = 6 * static_cast<int64_t>(s.states);
   const int64_t c = checkpoint_stride(s.n_events);
   const int64_t n_ckpt = (s.n_events + c - 1) / c;
-  // state + interval table, adjoint, checkpoints, segment, dual state
-  return PlaneStore<float, true>::workspace(s) + plane * (1 + n_ckpt + c) + plane * (N + 1);
+  return 6 * s.n_intervals + plane * (n_ckpt + c);
+}
+
+// Both parts, on duals of N directions (the hot part first).
+BLOCHSIM_HD inline int64_t adjoint_workspace(const EventStream& s, int N) {
+  return adjoint_hot(s.states, N) + adjoint_cold(s);
 }
 
 // One event on complex planes, without fusing: its interval (c, or none),
@@ -197,13 +206,13 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void seed_outer(LaneTissue<Dual<V, N>>& lt, int
 //   acc(e, g): receives, for each event from the last to the first, the
 //     lane vectors g[EventGradient] of this block's contributions (lanes
 //     past t.n are zero).
-// work: adjoint_workspace(s, N) lane vectors.
+// hot, cold: adjoint_hot(s.states, N) and adjoint_cold(s) lane vectors.
 // outer_field >= 0 (V a Dual<vector, 1>): the tissue is seeded in that field
 // at the lanes' level (second order, see the top of this file).
 template <class V, int N, class Acc>
 BLOCHSIM_HD inline int adjoint_block(const EventStream& s, const Tissue& t, const int* fields, int n_tdirs,
-                                     int64_t first, V* work, const float* cot, const int32_t* band, Acc& acc,
-                                     float* tgrad, int outer_field = -1) {
+                                     int64_t first, V* hot, V* cold, const float* cot, const int32_t* band,
+                                     Acc& acc, float* tgrad, int outer_field = -1) {
   using LT = Lanes<V>;
   using T = Dual<V, N>;
   constexpr int W = LT::width;
@@ -244,14 +253,14 @@ BLOCHSIM_HD inline int adjoint_block(const EventStream& s, const Tissue& t, cons
   cx.s0 = 0.0f;
   cx.m0 = lt.M0;
 
-  PlaneStore<V, true> st;  // the state, with the interval table
-  st.template init<double>(s, lt, work);
-  V* const x = work;
-  V* const lam = work + PlaneStore<V, true>::workspace(s);
-  V* const ckpt = lam + plane;
+  V* const x = hot;
+  V* const lam = hot + plane;
+  T* const dual = reinterpret_cast<T*>(hot + 2 * plane);
+  V* const ckpt = cold + 6 * s.n_intervals;
   const int64_t C = checkpoint_stride(n);
   V* const seg = ckpt + plane * ((n + C - 1) / C);
-  T* const dual = reinterpret_cast<T*>(seg + plane * C);
+  PlaneStore<V, true> st;  // the state, with the interval table
+  st.template init_at<double>(s, lt, x, cold);
   PlaneStore<V, true> a;
   a.bind(lam, K);
   PlaneStore<T, true> sd;
@@ -458,8 +467,10 @@ inline int adjoint2_range(const EventStream& s, const Tissue& t, int outer_field
   using D = Dual<V, 1>;
   TangentSumAccumulator<V> acc{rows};
   for (int64_t b = b0; b < b1; ++b) {
-    const int st = adjoint_block<D, adjoint_event_dirs>(s, t, nullptr, 0, b * Lanes<V>::width, static_cast<D*>(work),
-                                                        cot, band, acc, nullptr, outer_field);
+    D* const hot = static_cast<D*>(work);
+    const int st = adjoint_block<D, adjoint_event_dirs>(s, t, nullptr, 0, b * Lanes<V>::width, hot,
+                                                        hot + adjoint_hot(s.states, adjoint_event_dirs), cot, band,
+                                                        acc, nullptr, outer_field);
     if (st != ok) return st;
   }
   return ok;
@@ -477,8 +488,9 @@ inline int adjoint_range(const EventStream& s, const Tissue& t, const int* field
   auto blocks = [&](auto width) {
     constexpr int N = decltype(width)::value;
     for (int64_t b = b0; b < b1; ++b) {
-      const int st = adjoint_block<V, N>(s, t, fields, n_tdirs, b * Lanes<V>::width, static_cast<V*>(work), cot,
-                                         band, acc, tgrad);
+      V* const hot = static_cast<V*>(work);
+      const int st = adjoint_block<V, N>(s, t, fields, n_tdirs, b * Lanes<V>::width, hot,
+                                         hot + adjoint_hot(s.states, N), cot, band, acc, tgrad);
       if (st != ok) return st;
     }
     return static_cast<int>(ok);

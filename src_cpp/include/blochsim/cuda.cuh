@@ -516,10 +516,15 @@ __global__ void __launch_bounds__(warp_block) jacobian_kernel(EventStream s, Tis
 }
 
 // ---------------------------------------------------------------------------
-// Reverse mode: the adjoint sweep of adjoint.hpp, one thread per problem
-// with its planes, checkpoints and segment in global memory.
+// Reverse mode: the adjoint sweep of adjoint.hpp, one thread per problem.
+// The checkpoints and the segment are in global memory; the hot part of the
+// workspace (state, adjoint, dual state) is a local array when K is at most
+// adjoint_local_states: local memory is laid out so that the threads of a
+// warp reading the same element touch adjacent words, where a per-thread
+// block of global memory puts them 32 sectors apart.
 
 constexpr int adjoint_threads = 128;
+constexpr int adjoint_local_states = 32;
 
 struct AdjointFields {
   int n;
@@ -550,14 +555,24 @@ struct BlockAccumulator {
   }
 };
 
-template <int N>
+// Local = true: the hot workspace in a local array (K <= adjoint_local_states),
+// ws the cold part per thread; else both parts in global memory.
+template <int N, bool Local>
 __global__ void __launch_bounds__(adjoint_threads)
     adjoint_kernel(EventStream s, Tissue t, AdjointFields f, const float* cot, const int32_t* band, float* work,
                    int64_t ws, int64_t first, double* partial, float* tgrad, int* status) {
   __shared__ float sh[event_gradients * adjoint_threads];
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   BlockAccumulator acc{partial + ((first / adjoint_threads) + blockIdx.x) * s.n_events * event_gradients, sh};
-  const int st = epg::adjoint_block<float, N>(s, t, f.field, f.n, first + i, work + i * ws, cot, band, acc, tgrad);
+  float* const mine = work + i * ws;
+  int st;
+  if constexpr (Local) {
+    float hot[6 * adjoint_local_states * (N + 3)];
+    st = epg::adjoint_block<float, N>(s, t, f.field, f.n, first + i, hot, mine, cot, band, acc, tgrad);
+  } else {
+    st = epg::adjoint_block<float, N>(s, t, f.field, f.n, first + i, mine, mine + epg::adjoint_hot(s.states, N), cot,
+                                      band, acc, tgrad);
+  }
   if (st != ok) *status = st;
 }
 
@@ -839,7 +854,9 @@ inline int adjoint_device(const EventStream& s, const Tissue& t, const int* fiel
   f.n = n_tdirs;
   for (int j = 0; j < n_tdirs; ++j) f.field[j] = fields[j];
   const int N = adjoint_width(dual_directions(fields, n_tdirs));
-  const int64_t ws = epg::adjoint_workspace(s, N);
+  // the hot part in local memory for the narrow duals at up to 32 states
+  const bool local = s.states <= adjoint_local_states && N <= adjoint_event_dirs + 2;
+  const int64_t ws = local ? epg::adjoint_cold(s) : epg::adjoint_workspace(s, N);
   size_t free_b = 0, total_b = 0;
   BLOCHSIM_CUDA(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
   const int64_t blocks_total = (t.n + adjoint_threads - 1) / adjoint_threads;
@@ -869,19 +886,19 @@ inline int adjoint_device(const EventStream& s, const Tissue& t, const int* fiel
   for (int64_t b0 = 0; b0 < blocks_total && e == cudaSuccess; b0 += chunk_blocks) {
     const unsigned nb = static_cast<unsigned>(std::min(chunk_blocks, blocks_total - b0));
     const int64_t first = b0 * adjoint_threads;
-    switch (N) {
-      case adjoint_event_dirs:
-        adjoint_kernel<adjoint_event_dirs><<<nb, adjoint_threads, 0, stream>>>(
-            d.ds, t, f, cot, dband, work, ws, first, partial, tgrad, dstatus);
-        break;
-      case adjoint_event_dirs + 2:
-        adjoint_kernel<adjoint_event_dirs + 2><<<nb, adjoint_threads, 0, stream>>>(
-            d.ds, t, f, cot, dband, work, ws, first, partial, tgrad, dstatus);
-        break;
-      default:
-        adjoint_kernel<adjoint_event_dirs + tissue_fields - 1><<<nb, adjoint_threads, 0, stream>>>(
-            d.ds, t, f, cot, dband, work, ws, first, partial, tgrad, dstatus);
-    }
+    auto go = [&](auto kernel) {
+      kernel<<<nb, adjoint_threads, 0, stream>>>(d.ds, t, f, cot, dband, work, ws, first, partial, tgrad, dstatus);
+    };
+    if (N == adjoint_event_dirs && local)
+      go(adjoint_kernel<adjoint_event_dirs, true>);
+    else if (N == adjoint_event_dirs)
+      go(adjoint_kernel<adjoint_event_dirs, false>);
+    else if (N == adjoint_event_dirs + 2 && local)
+      go(adjoint_kernel<adjoint_event_dirs + 2, true>);
+    else if (N == adjoint_event_dirs + 2)
+      go(adjoint_kernel<adjoint_event_dirs + 2, false>);
+    else
+      go(adjoint_kernel<adjoint_event_dirs + tissue_fields - 1, false>);
     e = cudaGetLastError();
   }
   if (e == cudaSuccess) {

@@ -364,8 +364,17 @@ struct PlaneStore {
 
   template <class M>
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void init(const EventStream& s, const LaneTissue<V>& lt, V* work) {
-    bind(work, s.states);
-    ivt = work + (Complex ? 6 : 3) * K;
+    init_at<M>(s, lt, work, work + (Complex ? 6 : 3) * s.states);
+  }
+
+  // As init, with the planes at `planes` and the interval table (6
+  // n_intervals lane vectors) at `table`.
+  template <class M>
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void init_at(const EventStream& s, const LaneTissue<V>& lt, V* planes,
+                                                V* table) {
+    bind(planes, s.states);
+    V* const work = planes;
+    ivt = table;
     for (int64_t i = 0; i < (Complex ? 6 : 3) * static_cast<int64_t>(K); ++i) work[i] = V{};
     zr[0] = splat<V>(1.0f);
     for (int64_t i = 0; i < s.n_intervals; ++i) {
