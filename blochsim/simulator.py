@@ -698,9 +698,9 @@ def _diff_names(diff, modelled, owner, what):
     return names
 
 
-def _cotangent(cotangent, shape, of="the signal's"):
-    """A pullback's cotangent as a C-contiguous complex64 array of the
-    signal's shape (or the Jacobian's: ``of``)."""
+def _cotangent(cotangent, shape, of="the signal's", dtype=np.complex64):
+    """A pullback's cotangent as a C-contiguous complex array (complex64 by
+    default) of the signal's shape (or the Jacobian's: ``of``)."""
     c = np.asarray(cotangent)
     if c.dtype.kind not in "fc":
         raise TypeError(f"cotangent must be a float or complex array, got dtype {c.dtype}")
@@ -708,7 +708,7 @@ def _cotangent(cotangent, shape, of="the signal's"):
         raise ValueError(f"cotangent must have {of} shape {tuple(shape)}, got {c.shape}")
     if not np.all(np.isfinite(c)):
         raise ValueError("cotangent must be finite")
-    return np.ascontiguousarray(c, dtype=np.complex64)
+    return np.ascontiguousarray(c, dtype=dtype)
 
 
 def _reduce_to(g, shape):
@@ -874,6 +874,78 @@ class ClosedFormSimulator(_Base):
         ctype = np.complex128 if dtype == np.float64 else np.complex64
         t = {k: np.asarray(a, dtype=np.float64)[..., None] for k, a in arrays.items()}
         return p, t, shape, ctype
+
+    def protocol_derivatives(self, p: dict, t: dict, names: tuple, s) -> dict:
+        """Analytic derivatives of :meth:`signal` at M0 = 1 with respect to
+        the protocol parameters ``names`` (per public unit), each broadcast
+        like the signal: sample c's derivative with respect to contrast c's
+        value of the parameter."""
+        raise NotImplementedError(f"{type(self).__name__} defines no protocol derivatives")
+
+    def vjp(self, wrt, **values):
+        """Signal and its pullback, from the analytic derivatives (see
+        :meth:`blochsim.Simulator.vjp` for the conventions).
+
+        Parameters
+        ----------
+        wrt : str or sequence of str
+            Protocol parameters and tissue properties (passed in
+            ``values``) to differentiate with respect to.
+        **values
+            Tissue properties and protocol overrides, as for :meth:`simulate`.
+
+        Returns
+        -------
+        signal : numpy.ndarray, complex, shape (*voxels, samples)
+        pullback : callable
+            ``pullback(cotangent)`` -> dict of dL/d name, float64, shaped
+            like each parameter (a protocol parameter as given, summed over
+            the voxels and, for a scalar, over the contrasts; a tissue
+            property as passed), per public unit.
+        """
+        names = (wrt,) if isinstance(wrt, str) else tuple(wrt)
+        if not names:
+            raise ValueError("vjp needs at least one name in wrt")
+        proto, tissue = self._split(values)
+        p, t, shape, ctype = self._evaluation(proto, tissue)
+        tissue_names, proto_names = [], []
+        for k in names:
+            if not isinstance(k, str):
+                raise TypeError(f"wrt names parameters by str, got {k!r}")
+            if k in self.tissue_properties:
+                tissue_names.append(k)
+            elif k in self._defaults and isinstance(p.get(k), (float, np.floating, np.ndarray)) \
+                    and np.asarray(p[k]).dtype.kind == "f":
+                proto_names.append(k)
+            else:
+                raise TypeError(f"{type(self).__name__} cannot differentiate with respect to {k!r}: its float "
+                                f"protocol is {sorted(self._defaults)} and it models {list(self.tissue_properties)}")
+        if len(set(names)) != len(names):
+            raise ValueError(f"wrt names a parameter twice: {list(names)}")
+        _check_diff_values(tissue_names, tissue, "vjp")
+        tshapes = {k: np.shape(V.tissue_array(k, tissue[k])) for k in tissue_names}
+        m0 = t.pop("M0", 1.0)
+        unit = self.signal(p, t)
+        samples = np.shape(unit)[-1]
+        dt = self.derivatives(p, t, tuple(k for k in tissue_names if k != "M0"), unit)
+        dt["M0"] = unit
+        dp = self.protocol_derivatives(p, t, tuple(proto_names), unit) if proto_names else {}
+        signal = np.ascontiguousarray(np.broadcast_to(m0 * unit, shape + (samples,)), dtype=ctype)
+
+        def pullback(cotangent):
+            g = _cotangent(cotangent, signal.shape, dtype=np.complex128)
+            out = {}
+            for k in names:
+                d = dt[k] if k == "M0" else m0 * (dt[k] if k in dt else dp[k])
+                prod = np.real(np.conj(g) * np.broadcast_to(d, signal.shape))
+                if k in tshapes:
+                    out[k] = _reduce_to(prod.sum(axis=-1), tshapes[k])
+                else:
+                    per_contrast = prod.reshape(-1, samples).sum(axis=0)
+                    out[k] = _reduce_to(per_contrast, np.shape(p[k]))
+            return out
+
+        return signal, pullback
 
     def derivatives(self, p: dict, t: dict, names: tuple, s) -> dict:
         """Analytic derivatives of :meth:`signal` with respect to the tissue

@@ -309,6 +309,34 @@ class SPGRSimulator(ClosedFormSimulator):
             d["B0"] = s * (-2j * np.pi * TE * 1e-3)
         return {k: d[k] for k in names}
 
+    def protocol_derivatives(self, p, t, names, s):
+        flip, TR, TE = _contrasts(p, ("flip", "TR", "TE"))
+        a = np.radians(flip)
+        T1 = t["T1"]
+        E1 = np.exp(-TR / T1)
+        q = 1 - np.cos(a) * E1
+        decay = self._decay(t, TE)
+        d = {}
+        if "flip" in names:
+            # d/da sin a (1 - E1)/(1 - cos a E1) = (1 - E1)(cos a - E1)/(1 - cos a E1)^2
+            d["flip"] = (1 - E1) * (np.cos(a) - E1) / q ** 2 * decay * (np.pi / 180)
+        if "TR" in names:
+            # d/dE1 of the same = sin a (cos a - 1)/(1 - cos a E1)^2, dE1/dTR = -E1/T1
+            d["TR"] = np.sin(a) * (np.cos(a) - 1) / q ** 2 * (-E1 / T1) * decay
+        if "TE" in names:
+            rate = (1 / t["T2star"] if "T2star" in t else 0.0) + (2j * np.pi * t["B0"] * 1e-3 if "B0" in t else 0.0)
+            d["TE"] = -s * rate
+        return d
+
+    @staticmethod
+    def _decay(t, TE):
+        """e^{-TE/T2*} e^{-2 pi i B0 TE}, the factors after the steady state."""
+        out = np.exp(-TE / t["T2star"]) if "T2star" in t else np.ones_like(TE, dtype=float)
+        out = out.astype(np.complex128)
+        if "B0" in t:
+            out = out * np.exp(-2j * np.pi * t["B0"] * TE * 1e-3)
+        return out
+
 
 class bSSFPSimulator(ClosedFormSimulator):
     """Balanced SSFP steady state, exact.
@@ -340,6 +368,7 @@ class bSSFPSimulator(ClosedFormSimulator):
             return p
         p["flip"] = V.protocol_array("flip", p["flip"])
         p["TR"] = V.protocol_array("TR", p["TR"], low=0.0, strict=True, unit="ms")
+        p["_TE_is_half_TR"] = p["TE"] is None
         p["TE"] = p["TR"] / 2.0 if p["TE"] is None else V.protocol_array("TE", p["TE"], low=0.0, unit="ms")
         p["phase_inc"] = V.protocol_array("phase_inc", p["phase_inc"])
         flip, TR, TE, _ = _contrasts(p, ("flip", "TR", "TE", "phase_inc"))
@@ -409,6 +438,48 @@ class bSSFPSimulator(ClosedFormSimulator):
                        + s * (-2j * np.pi * TE * 1e-3))
         return d
 
+    def protocol_derivatives(self, p, t, names, s):
+        q = self._steady(p, t)
+        R, E1, E2, cb, sb, TR, TE, A, M, echo, z = (q[k] for k in (
+            "R", "E1", "E2", "cb", "sb", "TR", "TE", "A", "M", "echo", "z"))
+        E = np.stack([np.stack([E2 * cb, E2 * sb, z], -1), np.stack([-E2 * sb, E2 * cb, z], -1),
+                      np.stack([z, z, E1], -1)], -2)
+        b = np.stack([z, z, 1 - E1], -1)
+        T1, T2 = t["T1"], t["T2"]
+        B0 = t.get("B0", 0.0)
+        echo_rate = -1 / T2 - 2j * np.pi * B0 * 1e-3  # d ln(echo) / dTE
+
+        def through(dR, dE, db):
+            # M = R (E M + b): (I - R E) dM = dR (E M + b) + R (dE M + db)
+            rhs = dR @ (E @ M[..., None] + b[..., None]) + R @ (dE @ M[..., None] + db[..., None])
+            dM = np.linalg.solve(A, rhs)[..., 0]
+            return 1j * (dM[..., 0] + 1j * dM[..., 1]) * echo
+
+        def rot(e2c, e2s, e1):
+            return np.stack([np.stack([e2c, e2s, z], -1), np.stack([-e2s, e2c, z], -1),
+                             np.stack([z, z, e1], -1)], -2)
+
+        zero3 = np.zeros(R.shape)
+        d = {}
+        if "flip" in names:
+            # R = [[1, 0, 0], [0, ca, -sa], [0, sa, ca]]
+            ca, sa = R[..., 1, 1], R[..., 2, 1]
+            dR = np.stack([np.stack([z, z, z], -1), np.stack([z, -sa, -ca], -1), np.stack([z, ca, -sa], -1)], -2)
+            d["flip"] = through(dR, zero3, np.stack([z, z, z], -1)) * (np.pi / 180)
+        if "phase_inc" in names:
+            dbeta = np.pi / 180
+            d["phase_inc"] = through(zero3, rot(-E2 * sb * dbeta, E2 * cb * dbeta, z), np.stack([z, z, z], -1))
+        if "TR" in names:
+            dE1, dE2 = -E1 / T1, -E2 / T2
+            dbeta = 2 * np.pi * B0 * 1e-3
+            dE = rot(dE2 * cb - E2 * sb * dbeta, dE2 * sb + E2 * cb * dbeta, dE1)
+            d["TR"] = through(zero3, dE, np.stack([z, z, -dE1], -1))
+            if p.get("_TE_is_half_TR"):
+                d["TR"] = d["TR"] + 0.5 * s * echo_rate  # the default TE = TR/2 follows TR
+        if "TE" in names:
+            d["TE"] = s * echo_rate
+        return d
+
 
 class InversionRecoverySimulator(ClosedFormSimulator):
     """Inversion recovery: S = M0 (1 - (1 + η) e^{-TI/T1} + η e^{-TR/T1}),
@@ -454,6 +525,15 @@ class InversionRecoverySimulator(ClosedFormSimulator):
         d = {"T1": (-(1 + eta) * eI * TI + eta * eR * TR) / T1 ** 2, "inv_efficiency": eR - eI}
         return {k: d[k] for k in names}
 
+    def protocol_derivatives(self, p, t, names, s):
+        eta, T1, TI = t.get("inv_efficiency", 1.0), t["T1"], p["TI"]
+        d = {}
+        if "TI" in names:
+            d["TI"] = (1 + eta) / T1 * np.exp(-TI / T1)
+        if "TR" in names:
+            d["TR"] = -eta / T1 * np.exp(-p["TR"] / T1) * np.ones_like(TI)
+        return d
+
 
 class SpinEchoSimulator(ClosedFormSimulator):
     """Spin echo with repetition: S = M0 (1 - 2e^{-(TR-TE/2)/T1} + e^{-TR/T1}) e^{-TE/T2}.
@@ -493,6 +573,17 @@ class SpinEchoSimulator(ClosedFormSimulator):
         d = {"T1": (-2 * np.exp(-a / T1) * a + np.exp(-TR / T1) * TR) / T1 ** 2 * np.exp(-TE / T2),
              "T2": s * TE / T2 ** 2}
         return {k: d[k] for k in names}
+
+    def protocol_derivatives(self, p, t, names, s):
+        TE, TR, T1, T2 = p["TE"], p["TR"], t["T1"], t["T2"]
+        ea, eR, e2 = np.exp(-(TR - TE / 2) / T1), np.exp(-TR / T1), np.exp(-TE / T2)
+        d = {}
+        if "TE" in names:
+            # A = 1 - 2 e^{-(TR - TE/2)/T1} + e^{-TR/T1}: dA/dTE = -e^{-(TR - TE/2)/T1}/T1
+            d["TE"] = -ea / T1 * e2 - s / T2
+        if "TR" in names:
+            d["TR"] = (2 * ea - eR) / T1 * e2
+        return d
 
 
 # --------------------------------------------------------------------------
