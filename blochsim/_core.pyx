@@ -228,24 +228,26 @@ def adjoint_host(PackedStream ps, tuple tissue, int64_t n, fields, const float c
     _raise(st, err)
 
 
-def adjoint2_host(PackedStream ps, tuple tissue, int64_t n, int outer_field, const float complex[:, ::1] cot,
-                  double[:, ::1] ev_grad, int threads):
+def adjoint2_host(PackedStream ps, tuple tissue, int64_t n, int outer_field, const float complex[:, :, ::1] cot,
+                  int j, double[:, ::1] ev_grad, int threads):
     """Second order on the host: ``ev_grad`` (n_events, 4) float64 receives
     d/d TISSUE_FIELDS[outer_field] (SI unit) of the event gradients of the
-    cotangent ``cot`` (n, n_samples) complex64, summed over the problems."""
+    cotangent ``cot[:, j]``, ``cot`` a (n, n_dirs, n_samples) complex64
+    Jacobian cotangent, summed over the problems."""
     cdef Tissue t
     cdef int st
     cdef char err[ERRLEN]
     err[0] = 0
-    if cot.shape[0] != n or cot.shape[1] != ps.s.n_samples or ev_grad.shape[0] != ps.s.n_events \
-            or ev_grad.shape[1] != 4:
+    if cot.shape[0] != n or cot.shape[2] != ps.s.n_samples or not 0 <= j < cot.shape[1] \
+            or ev_grad.shape[0] != ps.s.n_events or ev_grad.shape[1] != 4:
         raise ValueError("blochsim internal error: adjoint shapes")
     keep = _host_tissue(&t, tissue, n)
     if ps.s.n_events == 0:
         return
-    cdef const float* cotp = <const float*> &cot[0, 0] if n > 0 and ps.s.n_samples > 0 else NULL
+    cdef const float* cotp = <const float*> &cot[0, j, 0] if n > 0 and ps.s.n_samples > 0 else NULL
+    cdef int64_t stride = cot.shape[1] * cot.shape[2]
     with nogil:
-        st = host_adjoint2_dispatch(ps.s, t, outer_field, cotp, &ev_grad[0, 0], threads)
+        st = host_adjoint2_dispatch(ps.s, t, outer_field, cotp, stride, &ev_grad[0, 0], threads)
     _raise(st, err)
 
 
@@ -297,6 +299,26 @@ def adjoint_cuda(PackedStream ps, tuple tissue, int64_t n, fields, uintptr_t cot
     with nogil:
         st = L.adjoint(ps.s, t, cf, nd, <const float*> cot_ptr, &ev_grad[0, 0], <float*> tgrad_ptr, <void*> stream,
                        err, ERRLEN)
+    _raise(st, err)
+
+
+def adjoint2_cuda(PackedStream ps, tuple tissue, int64_t n, int outer_field, uintptr_t cot_ptr, int64_t cot_stride,
+                  double[:, ::1] ev_grad, uintptr_t stream):
+    """Second order on the device: device tissue (as :func:`forward_cuda`), a
+    device cotangent (row stride ``cot_stride`` complex values), ``ev_grad``
+    as :func:`adjoint2_host`.  Synchronises ``stream``."""
+    cdef Tissue t
+    cdef int st
+    cdef char err[ERRLEN]
+    err[0] = 0
+    if ev_grad.shape[0] != ps.s.n_events or ev_grad.shape[1] != 4:
+        raise ValueError("blochsim internal error: adjoint shapes")
+    _device_tissue(&t, tissue, n)
+    if ps.s.n_events == 0:
+        return
+    with nogil:
+        st = L.adjoint2(ps.s, t, outer_field, <const float*> cot_ptr, cot_stride, &ev_grad[0, 0], <void*> stream,
+                        err, ERRLEN)
     _raise(st, err)
 
 

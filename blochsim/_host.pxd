@@ -1,4 +1,6 @@
 # Declarations of src_cpp/host/dispatch.hpp (the host backend entry points).
+from libc.stdint cimport int64_t
+
 from blochsim._events cimport EventStream, Tissue
 
 
@@ -9,7 +11,7 @@ cdef extern from "dispatch.hpp" namespace "blochsim" nogil:
     int host_adjoint_dispatch(const EventStream& s, const Tissue& t, const int* fields, int n_tdirs,
                               const float* cot, double* ev_grad, float* tgrad, int threads)
     int host_adjoint2_dispatch(const EventStream& s, const Tissue& t, int outer_field, const float* cot,
-                               double* ev_grad, int threads)
+                               int64_t cot_stride, double* ev_grad, int threads)
     int host_jacobian_registers(const EventStream& s, const Tissue& t, const int* fields, int n_dirs,
                                 float* out, float* jac)
     int host_forward_registers(const EventStream& s, const Tissue& t, float* out, int team)

@@ -29,6 +29,8 @@ cdef extern from "launcher.hpp" namespace "blochsim::cuda" nogil:
     int jacobian_max_states(int real_path)
     int adjoint(const EventStream& s, const Tissue& t, const int* fields, int n_tdirs, const float* cot,
                 double* ev_grad, float* tgrad, void* stream, char* err, int n)
+    int adjoint2(const EventStream& s, const Tissue& t, int outer_field, const float* cot, int64_t cot_stride,
+                 double* ev_grad, void* stream, char* err, int n)
     int forward_streamed(const EventStream& s, const Tissue& t, float* out, size_t budget_bytes,
                          char* err, int n)
     size_t bytes_per_problem(const EventStream& s, const Tissue& t)

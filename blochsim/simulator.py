@@ -351,7 +351,9 @@ class Simulator(_Base):
             Float protocol parameters to differentiate the cost with respect
             to, as for :meth:`vjp`.
         **values
-            Tissue properties and protocol overrides (NumPy: the host).
+            Tissue properties and protocol overrides: NumPy arrays run on
+            the host; device arrays (or ``device="cuda"``) on the GPU, whose
+            Jacobian holds up to 256 states (128 on the complex path).
 
         Returns
         -------
@@ -384,13 +386,19 @@ class Simulator(_Base):
         if tissue_wrt:
             raise TypeError(f"jacobian_vjp differentiates with respect to protocol parameters; "
                             f"{tissue_wrt[0]!r} is a tissue property")
-        if any(V.is_device_array(v) for v in tissue.values()) or self.device == "cuda":
-            raise ValueError("jacobian_vjp runs on the host: pass NumPy tissue arrays (and no device='cuda')")
+        on_device = [k for k, v in tissue.items() if V.is_device_array(v)]
+        device = _dispatch.resolve_device(self.device, on_device[0] if on_device else None)
+        if device == "cpu" and on_device:
+            raise ValueError(f"device='cpu' was asked for, but {on_device[0]} is a device array")
         raw = {**self._defaults, **self._given, **proto}
         traced = dict(p)
         for k in protocol_names:
             traced[k] = trace(k, p[k])
         stream, prov = pack_with_provenance(self.preparation(traced), self.repetition(traced), p["repetitions"])
+        pshapes = {k: (np.shape(p[k]) if np.ndim(raw[k]) > 0 else ()) for k in protocol_names}
+        if device == "cuda":
+            return self._jacobian_vjp_device(p, tissue, on_device, stream, names, isinstance(diff, str), wrt_names,
+                                             prov, pshapes)
         arrays, shape = self._tissue(tissue)
         s, ps, _, _ = self._stream_for(p, set(arrays), stream)
         n = int(np.prod(shape, dtype=np.int64))
@@ -405,14 +413,13 @@ class Simulator(_Base):
         J = jac.reshape(shape + (len(names), s.n_samples))
         one = isinstance(diff, str)
         J_out = J[..., 0, :] if one else J
-        pshapes = {k: (np.shape(p[k]) if np.ndim(raw[k]) > 0 else ()) for k in protocol_names}
 
         def pullback(J_cotangent, signal_cotangent=None):
             W = _cotangent(J_cotangent, J_out.shape, "the Jacobian's").reshape(n, len(names), s.n_samples)
             ev = np.zeros((s.n_events, 4), dtype=np.float64)
             for j, field in enumerate(fields):
                 part = np.zeros_like(ev)
-                _core.adjoint2_host(ps, si, n, field, np.ascontiguousarray(W[:, j]), part, threads)
+                _core.adjoint2_host(ps, si, n, field, W, j, part, threads)
                 ev += scale[j] * part  # J is per public unit of property j
             if signal_cotangent is not None:
                 cot = _cotangent(signal_cotangent, signal.shape).reshape(n, s.n_samples)
@@ -421,6 +428,70 @@ class Simulator(_Base):
                 ev += part
             return _assemble(wrt_names, p, prov, pshapes, ev, None, None, (), shape, {})
 
+        return signal, J_out, pullback
+
+    def _jacobian_vjp_device(self, p, tissue, on_device, stream, names, one, wrt_names, prov, pshapes):
+        """jacobian_vjp() on the GPU: the Jacobian in the inputs' library
+        (NumPy for NumPy inputs), the pullback taking a device or NumPy
+        Jacobian cotangent and returning NumPy gradients."""
+        from blochsim._device import Interface, new_output
+
+        host_only, ifaces, arrays, shape = _device_inputs(tissue, on_device)
+        s, ps, states, real = self._stream_for(p, set(arrays) | set(ifaces), stream)
+        limit = _core.cuda_jacobian_max_states(real)
+        if states > limit:
+            raise ValueError(
+                f"states={states} is more than a device Jacobian holds on the {'real' if real else 'complex'} "
+                f"path ({limit}); run jacobian_vjp on the host (NumPy inputs, device='cpu') or lower states")
+        n = int(np.prod(shape, dtype=np.int64))
+        nd = len(names)
+        fields = [_core.TISSUE_FIELDS.index(V.TISSUE_UNITS[k][1]) for k in names]
+        scale = [V.TISSUE_UNITS[k][0] for k in names]
+        own, cuda_stream = _work_stream([i.stream for i in ifaces.values() if i.stream is not None])
+        dev, keep = _resident_tissue(arrays, ifaces, shape, n, own, cuda_stream)
+        library = next(iter(ifaces.values())).library if ifaces else "blochsim"
+        signal, out_ptr = new_output(shape + (s.n_samples,), library)
+        J, jac_ptr = new_output(shape + (nd, s.n_samples), library)
+        _core.jacobian_cuda(ps, dev, n, fields, scale, out_ptr, jac_ptr, cuda_stream)
+        _core.stream_synchronize(cuda_stream)
+        J_shape = shape + ((s.n_samples,) if one else (nd, s.n_samples))
+
+        def upload(c, want, what):
+            order = own if own is not None else cuda_stream
+            if V.is_device_array(c):
+                it = Interface("cotangent", c, allow_complex64=True)
+                if it.dtype != np.complex64 or it.shape != want:
+                    raise ValueError(f"cotangent must be a C-contiguous complex64 device array of {what} shape "
+                                     f"{want}, got {it.dtype} {it.shape}")
+                return it.ptr, it
+            host = _cotangent(c, want, what)
+            buf = _core.DeviceBuffer(max(host.nbytes, 8), order)
+            _core.copy_to_device(buf.ptr, host.reshape(-1).view(np.uint8), cuda_stream)
+            return buf.ptr, buf
+
+        def pullback(J_cotangent, signal_cotangent=None):
+            ptr, held = upload(J_cotangent, J_shape, "the Jacobian's")
+            ev = np.zeros((s.n_events, 4), dtype=np.float64)
+            for j, field in enumerate(fields):
+                part = np.zeros_like(ev)
+                # direction j's cotangent: row stride nd samples, offset j rows
+                _core.adjoint2_cuda(ps, dev, n, field, ptr + 8 * j * s.n_samples, nd * s.n_samples, part,
+                                    cuda_stream)
+                ev += scale[j] * part
+            if signal_cotangent is not None:
+                sptr, sheld = upload(signal_cotangent, shape + (s.n_samples,), "the signal's")
+                part = np.zeros_like(ev)
+                tbuf = _core.DeviceBuffer(8, own if own is not None else cuda_stream)
+                _core.adjoint_cuda(ps, dev, n, [], sptr, part, tbuf.ptr, cuda_stream)
+                ev += part
+                del sheld, tbuf
+            del held
+            return _assemble(wrt_names, p, prov, pshapes, ev, None, None, (), shape, {})
+
+        pullback._keep = (keep, own, dev)
+        J_out = J[..., 0, :] if one else J
+        if host_only:
+            return signal.get(), (J.get()[..., 0, :] if one else J.get()), pullback
         return signal, J_out, pullback
 
     def _vjp_device(self, p, tissue, on_device, stream, names, tissue_names, fields, scale, prov, pshapes):

@@ -199,6 +199,11 @@ int adjoint(const EventStream& s, const Tissue& t, const int* fields, int n_tdir
   return adjoint_device(s, t, fields, n_tdirs, cot, ev_grad, tgrad, as_stream(stream), err, n);
 }
 
+int adjoint2(const EventStream& s, const Tissue& t, int outer_field, const float* cot, int64_t cot_stride,
+             double* ev_grad, void* stream, char* err, int n) {
+  return adjoint2_device(s, t, outer_field, cot, cot_stride, ev_grad, as_stream(stream), err, n);
+}
+
 int forward_streamed(const EventStream& s, const Tissue& t, float* out, std::size_t budget_bytes, char* err,
                      int n) {
   const int v = validate(s, t);

@@ -72,6 +72,12 @@ int jacobian_max_states(int real_path);
 int adjoint(const EventStream& s, const Tissue& t, const int* fields, int n_tdirs, const float* cot, double* ev_grad,
             float* tgrad, void* stream, char* err, int n);
 
+// Second order on the device (cuda.cuh adjoint2_device): cot a device
+// pointer with row stride cot_stride complex values, ev_grad (s.n_events, 4)
+// float64 a host array written before the call returns.
+int adjoint2(const EventStream& s, const Tissue& t, int outer_field, const float* cot, int64_t cot_stride,
+             double* ev_grad, void* stream, char* err, int n);
+
 // Forward EPG of host tissue arrays into a host output, streamed through the
 // device in chunks that fit `budget_bytes` of device memory (0: most of the
 // free memory), two streams overlapping copies and compute.  Synchronous.

@@ -59,8 +59,8 @@ int host_adjoint_dispatch(const EventStream& s, const Tissue& t, const int* fiel
 }
 
 int host_adjoint2_dispatch(const EventStream& s, const Tissue& t, int outer_field, const float* cot,
-                           double* ev_grad, int threads) {
-  return host::adjoint2_status(s, t, outer_field, cot, ev_grad, threads, chosen().adjoint2);
+                           int64_t cot_stride, double* ev_grad, int threads) {
+  return host::adjoint2_status(s, t, outer_field, cot, cot_stride, ev_grad, threads, chosen().adjoint2);
 }
 
 const char* host_isa() { return chosen().isa; }

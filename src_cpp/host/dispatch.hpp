@@ -25,7 +25,7 @@ int host_adjoint_dispatch(const EventStream& s, const Tissue& t, const int* fiel
 // Second order of every problem of t (host::adjoint2_status): d/d field
 // outer_field of the event gradients of the cotangent cot; returns a Status.
 int host_adjoint2_dispatch(const EventStream& s, const Tissue& t, int outer_field, const float* cot,
-                           double* ev_grad, int threads);
+                           int64_t cot_stride, double* ev_grad, int threads);
 
 // The device's register path run on the host for testing: a team of one
 // member with 32 orders (real path) or 16 (complex), or of 4 members with
@@ -50,7 +50,7 @@ namespace kernels {
   int adjoint_range_##suffix(const EventStream&, const Tissue&, const int*, int, int64_t, int64_t, void*,  \
                              const float*, const int32_t*, double*, float*);                       \
   int adjoint2_range_##suffix(const EventStream&, const Tissue&, int, int64_t, int64_t, void*, const float*, \
-                              const int32_t*, double*);
+                              int64_t, const int32_t*, double*);
 BLOCHSIM_DECLARE_KERNELS(default)
 BLOCHSIM_DECLARE_KERNELS(v3)
 BLOCHSIM_DECLARE_KERNELS(v4)

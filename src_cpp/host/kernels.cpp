@@ -46,8 +46,8 @@ int BLOCHSIM_CAT(adjoint_range_, BLOCHSIM_ISA_SUFFIX)(const EventStream& s, cons
 
 int BLOCHSIM_CAT(adjoint2_range_, BLOCHSIM_ISA_SUFFIX)(const EventStream& s, const Tissue& t, int outer_field,
                                                        int64_t b0, int64_t b1, void* work, const float* cot,
-                                                       const int32_t* band, double* rows) {
-  return epg::adjoint2_range<vfloat16>(s, t, outer_field, b0, b1, work, cot, band, rows);
+                                                       int64_t cot_stride, const int32_t* band, double* rows) {
+  return epg::adjoint2_range<vfloat16>(s, t, outer_field, b0, b1, work, cot, cot_stride, band, rows);
 }
 
 int BLOCHSIM_CAT(range_real_, BLOCHSIM_ISA_SUFFIX)(const EventStream& s, const Tissue& t, int64_t b0,

@@ -201,7 +201,9 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void seed_outer(LaneTissue<Dual<V, N>>& lt, int
 //   fields[0 .. n_tdirs): tissue fields whose gradient is wanted, written to
 //     tgrad[p * n_tdirs + j] (per SI unit); at most N - 3 of them other
 //     than M0.
-//   cot: (t.n, n_samples) complex64 interleaved cotangent.
+//   cot: the complex64 interleaved cotangent, sample `slot` of problem p at
+//     cot[(p * cot_stride + slot) * 2] (cot_stride = n_samples: a (t.n,
+//     n_samples) array; n_dirs * n_samples: one direction of a Jacobian's).
 //   band: band_starts() of the stream.
 //   acc(e, g): receives, for each event from the last to the first, the
 //     lane vectors g[EventGradient] of this block's contributions (lanes
@@ -211,8 +213,8 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void seed_outer(LaneTissue<Dual<V, N>>& lt, int
 // at the lanes' level (second order, see the top of this file).
 template <class V, int N, class Acc>
 BLOCHSIM_HD inline int adjoint_block(const EventStream& s, const Tissue& t, const int* fields, int n_tdirs,
-                                     int64_t first, V* hot, V* cold, const float* cot, const int32_t* band,
-                                     Acc& acc, float* tgrad, int outer_field = -1) {
+                                     int64_t first, V* hot, V* cold, const float* cot, int64_t cot_stride,
+                                     const int32_t* band, Acc& acc, float* tgrad, int outer_field = -1) {
   using LT = Lanes<V>;
   using T = Dual<V, N>;
   constexpr int W = LT::width;
@@ -367,7 +369,7 @@ BLOCHSIM_HD inline int adjoint_block(const EventStream& s, const Tissue& t, cons
         rx_phase(s, e, ev, cr, sr);
         V gr{}, gi{};
         for (int l = 0; l < W; ++l) {
-          const float* gp = cot + (idx[l] * s.n_samples + ev.slot) * 2;
+          const float* gp = cot + (idx[l] * cot_stride + ev.slot) * 2;
           LT::set(gr, l, gp[0]);
           LT::set(gi, l, gp[1]);
         }
@@ -459,18 +461,19 @@ struct TangentSumAccumulator {
 };
 
 // Second order for blocks [b0, b1) of lane vectors V: d/d field_outer of the
-// event gradients of the cotangent cot (rows as adjoint_range), with a
-// workspace of 2 adjoint_workspace(s, adjoint_event_dirs) lane vectors.
+// event gradients of the cotangent cot (row stride cot_stride, as
+// adjoint_block; rows as adjoint_range), with a workspace of 2
+// adjoint_workspace(s, adjoint_event_dirs) lane vectors.
 template <class V>
 inline int adjoint2_range(const EventStream& s, const Tissue& t, int outer_field, int64_t b0, int64_t b1,
-                          void* work, const float* cot, const int32_t* band, double* rows) {
+                          void* work, const float* cot, int64_t cot_stride, const int32_t* band, double* rows) {
   using D = Dual<V, 1>;
   TangentSumAccumulator<V> acc{rows};
   for (int64_t b = b0; b < b1; ++b) {
     D* const hot = static_cast<D*>(work);
     const int st = adjoint_block<D, adjoint_event_dirs>(s, t, nullptr, 0, b * Lanes<V>::width, hot,
-                                                        hot + adjoint_hot(s.states, adjoint_event_dirs), cot, band,
-                                                        acc, nullptr, outer_field);
+                                                        hot + adjoint_hot(s.states, adjoint_event_dirs), cot,
+                                                        cot_stride, band, acc, nullptr, outer_field);
     if (st != ok) return st;
   }
   return ok;
@@ -490,7 +493,7 @@ inline int adjoint_range(const EventStream& s, const Tissue& t, const int* field
     for (int64_t b = b0; b < b1; ++b) {
       V* const hot = static_cast<V*>(work);
       const int st = adjoint_block<V, N>(s, t, fields, n_tdirs, b * Lanes<V>::width, hot,
-                                         hot + adjoint_hot(s.states, N), cot, band, acc, tgrad);
+                                         hot + adjoint_hot(s.states, N), cot, s.n_samples, band, acc, tgrad);
       if (st != ok) return st;
     }
     return static_cast<int>(ok);

@@ -207,33 +207,36 @@ inline int adjoint_status(const EventStream& s, const Tissue& t, const int* fiel
 // Signature of a function that runs second order for blocks [b0, b1)
 // (epg::adjoint2_range) with a workspace of adjoint2_workspace(s) floats.
 using Adjoint2RangeFn = int (*)(const EventStream& s, const Tissue& t, int outer_field, int64_t b0, int64_t b1,
-                                void* work, const float* cot, const int32_t* band, double* rows);
+                                void* work, const float* cot, int64_t cot_stride, const int32_t* band,
+                                double* rows);
 
 inline std::size_t adjoint2_workspace(const EventStream& s) {
   return static_cast<std::size_t>(epg::adjoint_workspace(s, adjoint_event_dirs)) * 2 * lanes;
 }
 
 inline int adjoint2_range_any(const EventStream& s, const Tissue& t, int outer_field, int64_t b0, int64_t b1,
-                              void* work, const float* cot, const int32_t* band, double* rows) {
-  return epg::adjoint2_range<Vec>(s, t, outer_field, b0, b1, work, cot, band, rows);
+                              void* work, const float* cot, int64_t cot_stride, const int32_t* band,
+                              double* rows) {
+  return epg::adjoint2_range<Vec>(s, t, outer_field, b0, b1, work, cot, cot_stride, band, rows);
 }
 
 // Second order on the host (forward over reverse, adjoint.hpp): writes
 // ev_grad (s.n_events, event_gradients) = d/d field_outer (SI unit) of the
-// event gradients of the cotangent cot, summed over the problems.  With
-// cot = dC/dJ for a cost C of the Jacobian column J = d s / d field_outer,
-// that is dC / d(duration_s, flip_rad, phase_rad, rx_phase_rad) of each
-// event.
+// event gradients of the cotangent cot (sample `slot` of problem p at
+// cot[(p * cot_stride + slot) * 2]), summed over the problems.  With cot =
+// dC/dJ for a cost C of the Jacobian column J = d s / d field_outer, that
+// is dC / d(duration_s, flip_rad, phase_rad, rx_phase_rad) of each event.
 inline int adjoint2_status(const EventStream& s, const Tissue& t, int outer_field, const float* cot,
-                           double* ev_grad, int threads, Adjoint2RangeFn fn = &adjoint2_range_any) {
+                           int64_t cot_stride, double* ev_grad, int threads,
+                           Adjoint2RangeFn fn = &adjoint2_range_any) {
   const int v = validate(s, t);
   if (v != ok) return v;
-  if (outer_field < 0 || outer_field >= tissue_fields) return bad_shape;
+  if (outer_field < 0 || outer_field >= tissue_fields || cot_stride < s.n_samples) return bad_shape;
   std::vector<int32_t> band(static_cast<std::size_t>(s.n_events + 1));
   band_starts(s, band.data());
   return adjoint_partitioned(s, t, threads, adjoint2_workspace(s), ev_grad,
                              [&](int64_t b0, int64_t b1, float* work, double* rows) {
-                               return fn(s, t, outer_field, b0, b1, work, cot, band.data(), rows);
+                               return fn(s, t, outer_field, b0, b1, work, cot, cot_stride, band.data(), rows);
                              });
 }
 
