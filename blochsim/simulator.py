@@ -225,23 +225,27 @@ class Simulator(_Base):
         device = _dispatch.resolve_device(self.device, on_device[0] if on_device else None)
         if device == "cpu" and on_device:
             raise ValueError(f"device='cpu' was asked for, but {on_device[0]} is a device array")
-        fields = [_core.TISSUE_FIELDS.index(V.TISSUE_UNITS[k][1]) for k in names]
-        scale = [V.TISSUE_UNITS[k][0] for k in names]  # SI value of one public unit
+        fields, scale = _fields_and_scale(names)
         if device == "cuda":
             return self._jacobian_device(p, tissue, on_device, names, fields, scale, isinstance(diff, str))
         arrays, shape = self._tissue(tissue)
         s, ps, _, _ = self._stream_for(p, set(arrays))
         n = int(np.prod(shape, dtype=np.int64))
         si = _host_si(arrays, shape)
-        out = np.empty(shape + (s.n_samples,), dtype=np.complex64)
-        jac = np.empty((n, len(names), s.n_samples), dtype=np.complex64)
         threads = self.threads if self.threads is not None else _dispatch.default_threads()
-        _core.jacobian_host(ps, si, n, fields, out.reshape(n, s.n_samples), jac, threads, self._host_variant)
+        out, J = self._host_jacobian(ps, si, n, shape, fields, scale, threads)
+        return out, (J[..., 0, :] if isinstance(diff, str) else J)
+
+    def _host_jacobian(self, ps, si, n, shape, fields, scale, threads):
+        """Signal (*shape, samples) and Jacobian (*shape, len(fields),
+        samples) per public unit on the host."""
+        out = np.empty(shape + (ps.n_samples,), dtype=np.complex64)
+        jac = np.empty((n, len(fields), ps.n_samples), dtype=np.complex64)
+        _core.jacobian_host(ps, si, n, fields, out.reshape(n, ps.n_samples), jac, threads, self._host_variant)
         # the kernel's derivatives are per SI unit: per public unit they scale
         # by the public-to-SI factor
-        jac *= np.array(scale, np.float32)[:, None]
-        J = jac.reshape(shape + (len(names), s.n_samples))
-        return out, (J[..., 0, :] if isinstance(diff, str) else J)
+        jac *= np.asarray(scale, np.float32)[:, None]
+        return out, jac.reshape(shape + (len(fields), ps.n_samples))
 
     def _jacobian_device(self, p, tissue, on_device, names, fields, scale, one):
         """jacobian() on the GPU: device arrays in and out, or NumPy in and out
@@ -305,18 +309,8 @@ class Simulator(_Base):
         p = self._protocol_values(proto)
         protocol_names, tissue_names = self._vjp_names(names, p)
         _check_diff_values(tissue_names, tissue, "vjp")
-        on_device = [k for k, v in tissue.items() if V.is_device_array(v)]
-        device = _dispatch.resolve_device(self.device, on_device[0] if on_device else None)
-        if device == "cpu" and on_device:
-            raise ValueError(f"device='cpu' was asked for, but {on_device[0]} is a device array")
-        raw = {**self._defaults, **self._given, **proto}
-        traced = dict(p)
-        for k in protocol_names:
-            traced[k] = trace(k, p[k])
-        stream, prov = pack_with_provenance(self.preparation(traced), self.repetition(traced), p["repetitions"])
-        fields = [_core.TISSUE_FIELDS.index(V.TISSUE_UNITS[k][1]) for k in tissue_names]
-        scale = np.array([V.TISSUE_UNITS[k][0] for k in tissue_names])
-        pshapes = {k: (np.shape(p[k]) if np.ndim(raw[k]) > 0 else ()) for k in protocol_names}
+        device, on_device, stream, prov, pshapes = self._traced_call(p, proto, protocol_names, tissue)
+        fields, scale = _fields_and_scale(tissue_names)
         if device == "cuda":
             return self._vjp_device(p, tissue, on_device, stream, names, tissue_names, fields, scale, prov, pshapes)
         arrays, shape = self._tissue(tissue)
@@ -386,16 +380,7 @@ class Simulator(_Base):
         if tissue_wrt:
             raise TypeError(f"jacobian_vjp differentiates with respect to protocol parameters; "
                             f"{tissue_wrt[0]!r} is a tissue property")
-        on_device = [k for k, v in tissue.items() if V.is_device_array(v)]
-        device = _dispatch.resolve_device(self.device, on_device[0] if on_device else None)
-        if device == "cpu" and on_device:
-            raise ValueError(f"device='cpu' was asked for, but {on_device[0]} is a device array")
-        raw = {**self._defaults, **self._given, **proto}
-        traced = dict(p)
-        for k in protocol_names:
-            traced[k] = trace(k, p[k])
-        stream, prov = pack_with_provenance(self.preparation(traced), self.repetition(traced), p["repetitions"])
-        pshapes = {k: (np.shape(p[k]) if np.ndim(raw[k]) > 0 else ()) for k in protocol_names}
+        device, on_device, stream, prov, pshapes = self._traced_call(p, proto, protocol_names, tissue)
         if device == "cuda":
             return self._jacobian_vjp_device(p, tissue, on_device, stream, names, isinstance(diff, str), wrt_names,
                                              prov, pshapes)
@@ -404,13 +389,8 @@ class Simulator(_Base):
         n = int(np.prod(shape, dtype=np.int64))
         si = _host_si(arrays, shape)
         threads = self.threads if self.threads is not None else _dispatch.default_threads()
-        fields = [_core.TISSUE_FIELDS.index(V.TISSUE_UNITS[k][1]) for k in names]
-        scale = np.array([V.TISSUE_UNITS[k][0] for k in names])
-        signal = np.empty(shape + (s.n_samples,), dtype=np.complex64)
-        jac = np.empty((n, len(names), s.n_samples), dtype=np.complex64)
-        _core.jacobian_host(ps, si, n, fields, signal.reshape(n, s.n_samples), jac, threads)
-        jac *= scale.astype(np.float32)[:, None]
-        J = jac.reshape(shape + (len(names), s.n_samples))
+        fields, scale = _fields_and_scale(names)
+        signal, J = self._host_jacobian(ps, si, n, shape, fields, scale, threads)
         one = isinstance(diff, str)
         J_out = J[..., 0, :] if one else J
 
@@ -445,8 +425,7 @@ class Simulator(_Base):
                 f"path ({limit}); run jacobian_vjp on the host (NumPy inputs, device='cpu') or lower states")
         n = int(np.prod(shape, dtype=np.int64))
         nd = len(names)
-        fields = [_core.TISSUE_FIELDS.index(V.TISSUE_UNITS[k][1]) for k in names]
-        scale = [V.TISSUE_UNITS[k][0] for k in names]
+        fields, scale = _fields_and_scale(names)
         own, cuda_stream = _work_stream([i.stream for i in ifaces.values() if i.stream is not None])
         dev, keep = _resident_tissue(arrays, ifaces, shape, n, own, cuda_stream)
         library = next(iter(ifaces.values())).library if ifaces else "blochsim"
@@ -538,6 +517,23 @@ class Simulator(_Base):
 
         pullback._keep = (keep, own, dev)
         return (signal.get() if host_only else signal), pullback
+
+    def _traced_call(self, p, proto, protocol_names, tissue):
+        """What vjp and jacobian_vjp share: the backend, the device arrays
+        among the tissue, the stream packed from a protocol traced in
+        protocol_names with its provenance, and each protocol gradient's
+        shape (a scalar as given stays a scalar)."""
+        on_device = [k for k, v in tissue.items() if V.is_device_array(v)]
+        device = _dispatch.resolve_device(self.device, on_device[0] if on_device else None)
+        if device == "cpu" and on_device:
+            raise ValueError(f"device='cpu' was asked for, but {on_device[0]} is a device array")
+        raw = {**self._defaults, **self._given, **proto}
+        traced = dict(p)
+        for k in protocol_names:
+            traced[k] = trace(k, p[k])
+        stream, prov = pack_with_provenance(self.preparation(traced), self.repetition(traced), p["repetitions"])
+        pshapes = {k: (np.shape(p[k]) if np.ndim(raw[k]) > 0 else ()) for k in protocol_names}
+        return device, on_device, stream, prov, pshapes
 
     def _vjp_names(self, names, p):
         """The protocol and tissue names of a vjp request, checked."""
@@ -767,6 +763,13 @@ def _diff_names(diff, modelled, owner, what):
     if len(set(names)) != len(names):
         raise ValueError(f"diff names a property twice: {list(names)}")
     return names
+
+
+def _fields_and_scale(names):
+    """The kernels' tissue field of each name and the SI value of one of its
+    public units (a derivative per SI unit times it is per public unit)."""
+    return ([_core.TISSUE_FIELDS.index(V.TISSUE_UNITS[k][1]) for k in names],
+            np.array([V.TISSUE_UNITS[k][0] for k in names]))
 
 
 def _cotangent(cotangent, shape, of="the signal's", dtype=np.complex64):

@@ -96,16 +96,17 @@ namespace epg {
 // the segment being walked back).
 BLOCHSIM_HD inline int64_t adjoint_hot(int states, int N) { return 6 * static_cast<int64_t>(states) * (N + 3); }
 
-BLOCHSIM_HD inline int64_t adjoint_cold(const EventStream& s) {
+BLOCHSIM_HD inline int64_t adjoint_cold(const EventStream& s, int N) {
   const int64_t plane = 6 * static_cast<int64_t>(s.states);
   const int64_t c = checkpoint_stride(s.n_events);
   const int64_t n_ckpt = (s.n_events + c - 1) / c;
-  return 6 * s.n_intervals + plane * (n_ckpt + c);
+  // the interval table in values and in duals, checkpoints, segment
+  return 6 * s.n_intervals * (N + 2) + plane * (n_ckpt + c);
 }
 
 // Both parts, on duals of N directions (the hot part first).
 BLOCHSIM_HD inline int64_t adjoint_workspace(const EventStream& s, int N) {
-  return adjoint_hot(s.states, N) + adjoint_cold(s);
+  return adjoint_hot(s.states, N) + adjoint_cold(s, N);
 }
 
 // One event on complex planes, without fusing: its interval (c, or none),
@@ -208,7 +209,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void seed_outer(LaneTissue<Dual<V, N>>& lt, int
 //   acc(e, g): receives, for each event from the last to the first, the
 //     lane vectors g[EventGradient] of this block's contributions (lanes
 //     past t.n are zero).
-// hot, cold: adjoint_hot(s.states, N) and adjoint_cold(s) lane vectors.
+// hot, cold: adjoint_hot(s.states, N) and adjoint_cold(s, N) lane vectors.
 // outer_field >= 0 (V a Dual<vector, 1>): the tissue is seeded in that field
 // at the lanes' level (second order, see the top of this file).
 template <class V, int N, class Acc>
@@ -258,11 +259,20 @@ BLOCHSIM_HD inline int adjoint_block(const EventStream& s, const Tissue& t, cons
   V* const x = hot;
   V* const lam = hot + plane;
   T* const dual = reinterpret_cast<T*>(hot + 2 * plane);
-  V* const ckpt = cold + 6 * s.n_intervals;
+  // each interval's coefficients on duals (the duration seeded: every event
+  // of an interval has the same derivative with respect to its own
+  // duration), computed once, not at every event
+  T* const ivd = reinterpret_cast<T*>(cold + 6 * s.n_intervals);
+  V* const ckpt = cold + 6 * s.n_intervals * (N + 2);
   const int64_t C = checkpoint_stride(n);
   V* const seg = ckpt + plane * ((n + C - 1) / C);
   PlaneStore<V, true> st;  // the state, with the interval table
   st.template init_at<double>(s, lt, x, cold);
+  for (int64_t iv = 0; iv < s.n_intervals; ++iv) {
+    typename Lanes<T>::template Wide<double> tau(s.duration_s[iv]);
+    tau.d[grad_duration] = 1.0;
+    store_coef(ivd + 6 * iv, interval_coef_at<T, double>(s, ltd, tau));
+  }
   PlaneStore<V, true> a;
   a.bind(lam, K);
   PlaneStore<T, true> sd;
@@ -323,9 +333,7 @@ BLOCHSIM_HD inline int adjoint_block(const EventStream& s, const Tissue& t, cons
       const IvCoef<T>* cdp = nullptr;
       const Op<T>* odp = nullptr;
       if (ev.interval >= 0) {
-        typename Lanes<T>::template Wide<double> tau(s.duration_s[ev.interval]);
-        tau.d[grad_duration] = 1.0;
-        cd = interval_coef_at<T, double>(s, ltd, tau);
+        cd = load_coef(ivd + 6 * ev.interval);
         cdp = &cd;
       }
       if (ev.flags & event_rf) {

@@ -953,7 +953,7 @@ inline int adjoint_device(const EventStream& s, const Tissue& t, const int* fiel
   const int N = adjoint_width(dual_directions(fields, n_tdirs));
   // the hot part in local memory for the narrow duals at up to 32 states
   const bool local = s.states <= adjoint_local_states && N <= adjoint_event_dirs + 2;
-  const int64_t ws = local ? epg::adjoint_cold(s) : epg::adjoint_workspace(s, N);
+  const int64_t ws = local ? epg::adjoint_cold(s, N) : epg::adjoint_workspace(s, N);
   return adjoint_sweeps(s, t, ws * 4, ev_grad, stream, err, n,
                         [&](unsigned nb, int64_t first, const EventStream& ds, const int32_t* band, void* work,
                             double* partial, int* status) {
@@ -986,7 +986,7 @@ inline int adjoint2_device(const EventStream& s, const Tissue& t, int outer_fiel
   if (v != ok) return say(v, err, n);
   if (outer_field < 0 || outer_field >= tissue_fields || cot_stride < s.n_samples) return say(bad_shape, err, n);
   const bool local = s.states <= adjoint_local_states;
-  const int64_t ws = local ? epg::adjoint_cold(s) : epg::adjoint_workspace(s, adjoint_event_dirs);
+  const int64_t ws = local ? epg::adjoint_cold(s, adjoint_event_dirs) : epg::adjoint_workspace(s, adjoint_event_dirs);
   return adjoint_sweeps(s, t, ws * static_cast<int64_t>(sizeof(Dual<float, 1>)), ev_grad, stream, err, n,
                         [&](unsigned nb, int64_t first, const EventStream& ds, const int32_t* band, void* work,
                             double* partial, int* status) {

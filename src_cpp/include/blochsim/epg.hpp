@@ -68,6 +68,22 @@ struct IvCoef {
   V qr, qi, e1, rec, dlog, flow;
 };
 
+// An IvCoef as 6 consecutive lane vectors of a table, in the order of its
+// fields, and back.
+template <class V>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE void store_coef(V* r, const IvCoef<V>& c) {
+  r[0] = c.qr;
+  r[1] = c.qi;
+  r[2] = c.e1;
+  r[3] = c.rec;
+  r[4] = c.dlog;
+  r[5] = c.flow;
+}
+template <class V>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE IvCoef<V> load_coef(const V* r) {
+  return {r[0], r[1], r[2], r[3], r[4], r[5]};
+}
+
 template <class V>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE IvCoef<V> identity_interval() {
   return {splat<V>(1.0f), V{}, splat<V>(1.0f), V{}, V{}, V{}};
@@ -377,22 +393,10 @@ struct PlaneStore {
     ivt = table;
     for (int64_t i = 0; i < (Complex ? 6 : 3) * static_cast<int64_t>(K); ++i) work[i] = V{};
     zr[0] = splat<V>(1.0f);
-    for (int64_t i = 0; i < s.n_intervals; ++i) {
-      const IvCoef<V> c = interval_coef<V, M>(s, lt, i);
-      V* r = ivt + 6 * i;
-      r[0] = c.qr;
-      r[1] = c.qi;
-      r[2] = c.e1;
-      r[3] = c.rec;
-      r[4] = c.dlog;
-      r[5] = c.flow;
-    }
+    for (int64_t i = 0; i < s.n_intervals; ++i) store_coef(ivt + 6 * i, interval_coef<V, M>(s, lt, i));
   }
 
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE IvCoef<V> interval(int64_t iv) const {
-    const V* r = ivt + 6 * iv;
-    return {r[0], r[1], r[2], r[3], r[4], r[5]};
-  }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE IvCoef<V> interval(int64_t iv) const { return load_coef(ivt + 6 * iv); }
 
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void apply(const Op<V>& o, int band) {
     for (int k = 0; k < band; ++k) {
