@@ -414,7 +414,7 @@ class Simulator(_Base):
         """jacobian_vjp() on the GPU: the Jacobian in the inputs' library
         (NumPy for NumPy inputs), the pullback taking a device or NumPy
         Jacobian cotangent and returning NumPy gradients."""
-        from blochsim._device import Interface, new_output
+        from blochsim._device import new_output
 
         host_only, ifaces, arrays, shape = _device_inputs(tissue, on_device)
         s, ps, states, real = self._stream_for(p, set(arrays) | set(ifaces), stream)
@@ -436,17 +436,7 @@ class Simulator(_Base):
         J_shape = shape + ((s.n_samples,) if one else (nd, s.n_samples))
 
         def upload(c, want, what):
-            order = own if own is not None else cuda_stream
-            if V.is_device_array(c):
-                it = Interface("cotangent", c, allow_complex64=True)
-                if it.dtype != np.complex64 or it.shape != want:
-                    raise ValueError(f"cotangent must be a C-contiguous complex64 device array of {what} shape "
-                                     f"{want}, got {it.dtype} {it.shape}")
-                return it.ptr, it
-            host = _cotangent(c, want, what)
-            buf = _core.DeviceBuffer(max(host.nbytes, 8), order)
-            _core.copy_to_device(buf.ptr, host.reshape(-1).view(np.uint8), cuda_stream)
-            return buf.ptr, buf
+            return _device_cotangent(c, want, what, own if own is not None else cuda_stream, cuda_stream)
 
         def pullback(J_cotangent, signal_cotangent=None):
             ptr, held = upload(J_cotangent, J_shape, "the Jacobian's")
@@ -478,7 +468,7 @@ class Simulator(_Base):
         device='cuda', moved to the device).  The signal comes back in the
         inputs' library (NumPy for NumPy inputs); the pullback takes a
         device or NumPy cotangent and returns NumPy gradients."""
-        from blochsim._device import Interface, new_output
+        from blochsim._device import new_output
 
         host_only, ifaces, arrays, shape = _device_inputs(tissue, on_device)
         tshapes = {k: (ifaces[k].shape if k in ifaces else np.shape(arrays[k])) for k in tissue_names}
@@ -494,17 +484,7 @@ class Simulator(_Base):
 
         def pullback(cotangent):
             order = own if own is not None else cuda_stream
-            if V.is_device_array(cotangent):
-                c = Interface("cotangent", cotangent, allow_complex64=True)
-                if c.dtype != np.complex64 or c.shape != want:
-                    raise ValueError(f"cotangent must be a C-contiguous complex64 device array of the signal's "
-                                     f"shape {want}, got {c.dtype} {c.shape}")
-                cot_ptr, cot_keep = c.ptr, c
-            else:
-                host = _cotangent(cotangent, want)
-                cot_keep = _core.DeviceBuffer(max(host.nbytes, 8), order)
-                _core.copy_to_device(cot_keep.ptr, host.reshape(-1).view(np.uint8), cuda_stream)
-                cot_ptr = cot_keep.ptr
+            cot_ptr, cot_keep = _device_cotangent(cotangent, want, "the signal's", order, cuda_stream)
             ev = np.zeros((s.n_events, 4), dtype=np.float64)
             tg = np.zeros((n, len(fields)), dtype=np.float32)
             tbuf = _core.DeviceBuffer(max(tg.nbytes, 8), order)
@@ -763,6 +743,24 @@ def _diff_names(diff, modelled, owner, what):
     if len(set(names)) != len(names):
         raise ValueError(f"diff names a property twice: {list(names)}")
     return names
+
+
+def _device_cotangent(c, want, what, order, stream):
+    """A pullback's cotangent on the device: a complex64 device array of
+    shape ``want`` as it is, or a NumPy one copied to a new buffer (ordered
+    on ``order``); returns (pointer, the object that holds the memory)."""
+    from blochsim._device import Interface
+
+    if V.is_device_array(c):
+        it = Interface("cotangent", c, allow_complex64=True)
+        if it.dtype != np.complex64 or it.shape != want:
+            raise ValueError(f"cotangent must be a C-contiguous complex64 device array of {what} shape {want}, "
+                             f"got {it.dtype} {it.shape}")
+        return it.ptr, it
+    host = _cotangent(c, want, what)
+    buf = _core.DeviceBuffer(max(host.nbytes, 8), order)
+    _core.copy_to_device(buf.ptr, host.reshape(-1).view(np.uint8), stream)
+    return buf.ptr, buf
 
 
 def _fields_and_scale(names):
