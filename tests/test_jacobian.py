@@ -285,8 +285,17 @@ def test_function_forms_take_diff():
     (32, ("T1", "T2"), {}),
     (30, ("T2", "B1", "M0"), {}),
     (16, ("T1", "B0", "T2"), {"B0": np.array([3.0, -5.0])}),
-], ids=["real, 2 directions", "real, truncated, 3 directions", "complex, 3 directions"])
+    (8, ("T1", "M0", "T2", "B1", "inv_efficiency"), {"inv_efficiency": 0.95}),
+    (3, ("B1phase", "T2", "B0", "T1", "B1"), {"B0": np.array([3.0, -5.0]), "B1phase": 2.0}),
+    (24, ("T1", "M0", "T2", "B1", "inv_efficiency"), {"inv_efficiency": 0.95}),
+    (13, ("B0", "T2", "T1", "M0", "B1"), {"B0": np.array([3.0, -5.0])}),
+], ids=["real, 2 directions", "real, truncated, 3 directions", "complex, 3 directions two a pass",
+        "real, 4 directions in one pass", "complex, truncated, 5 directions in one pass",
+        "real, 4 directions two a pass", "complex, truncated, 4 directions two a pass"])
 def test_device_jacobian_templates_on_the_host(states, names, extra):
+    # up to two directions besides M0: teams with 8 orders a member (4
+    # complex); more: 2 orders (1) a member in one pass where the state fits
+    # the team, else two directions a pass (here teams of four)
     kw = {"T1": np.array([700.0, 1600.0]), "T2": np.array([50.0, 140.0]), "B1": np.array([0.9, 1.05]),
           "M0": 0.8, **extra}
     sim = Train(states=states)
@@ -296,6 +305,30 @@ def test_device_jacobian_templates_on_the_host(states, names, extra):
     assert rel(s, s_ref) < 1e-6
     assert rel(J, J_ref) < 1e-5
     sim._host_variant = 0
+
+
+class LongRecovery(Simulator):
+    """Inversion, a recovery long enough that e^{-TI/T2} underflows to 0
+    even in float64, a 90-degree pulse and a readout after TE."""
+
+    protocol = {"TI": 3000.0, "TE": 5.0}
+    tissue_properties = ("T1", "T2", "M0")
+
+    def repetition(self, p):
+        return Sequence([Inversion(), Delay(p["TI"]), Pulse(90.0, 0.0), Delay(p["TE"]), Readout()])
+
+
+def test_relaxation_factor_underflowing_to_zero_carries_no_nan():
+    # s = -i (1 - 2 e^{-TI/T1}) e^{-TE/T2}; the TI interval's e^{-TI/T2} is
+    # 0, so its log-derivative is taken as 0 (its derivative is 0 too)
+    T1, T2, TI, TE = 900.0, 5.0, 3000.0, 5.0
+    s, J = LongRecovery(states=4).jacobian(("T1", "T2"), T1=T1, T2=T2)
+    E1, E2 = np.exp(-TI / T1), np.exp(-TE / T2)
+    ref = -1j * (1 - 2 * E1) * E2
+    assert np.all(np.isfinite(J))
+    assert rel(s, [ref]) < 1e-6
+    assert rel(J[0], [-1j * (-2 * E1 * TI / T1 ** 2) * E2]) < 1e-5
+    assert rel(J[1], [ref * TE / T2 ** 2]) < 1e-5
 
 
 def test_M0_derivative_is_the_unscaled_signal_even_at_zero():

@@ -464,54 +464,71 @@ __global__ void __launch_bounds__(block_threads(R)) tail_kernel(EventStream s, T
 }
 
 // ---------------------------------------------------------------------------
-// Tissue Jacobians: the warp kernel on duals of two directions
-// (jacobian.hpp), teams of up to 32 lanes with 8 orders a lane on the real
-// path and 4 on the complex path.
+// Tissue Jacobians: the warp kernel on duals (jacobian.hpp), tangents in
+// split form, every requested direction in one launch.  The loop plays with
+// M0 = 1 and the sink scales by M0, so M0 is no dual direction (d S / d M0
+// is the unscaled sample).  Two widths: 2 directions (8 orders a lane on the
+// real path, 4 on the complex path) and tissue_fields - 1 = 8, every field
+// but M0 (2 orders a lane, 1 on the complex path).  Past the wide kernel's
+// states, directions go two a launch.
 
-template <bool Complex>
+template <bool Complex, int ND>
 BLOCHSIM_HD constexpr int jacobian_orders() {
-  return Complex ? 4 : 8;
+  return ND <= 2 ? (Complex ? 4 : 8) : (Complex ? 1 : 2);
 }
-// Directions one launch carries; more are played in further launches.
-constexpr int jacobian_dirs = 2;
+constexpr int jacobian_wide = tissue_fields - 1;
 
 struct Directions {
-  int n;      // this launch's
-  int total;  // of the call: the stride of jac's rows
-  int field[jacobian_dirs];
-  float seed[jacobian_dirs];  // d field / d direction
+  int n;       // dual directions of this launch
+  int total;   // output columns of the call: the stride of jac's rows
+  int m0_col;  // the output column of M0, or -1 (in every launch's first)
+  int field[jacobian_wide];
+  int col[jacobian_wide];     // the output column of dual direction j
+  float seed[jacobian_wide];  // d field / d direction
+  float m0_seed;              // d M0 / d its column
 };
 
 // Member 0 of a team writes its problem's samples and their derivatives.
+template <int ND>
 struct JacobianDeviceSink {
   float2* row;   // the problem's samples
-  float2* jrow;  // its (n_dirs, n_samples) derivatives
+  float2* jrow;  // its (total, n_samples) derivatives
   int64_t n_samples;
-  int n_dirs;
+  const Directions* dirs;
+  float m0;
   bool writer;
-  BLOCHSIM_HD void write(int64_t slot, const Dual<float, jacobian_dirs>& re, const Dual<float, jacobian_dirs>& im) {
+  BLOCHSIM_HD void write(int64_t slot, const Dual<float, ND>& re, const Dual<float, ND>& im) {
     if (!writer) return;
-    row[slot] = make_float2(re.v, im.v);
-    for (int j = 0; j < jacobian_dirs; ++j)
-      if (j < n_dirs) jrow[j * n_samples + slot] = make_float2(re.d[j], im.d[j]);
+    row[slot] = make_float2(m0 * re.v, m0 * im.v);
+    if (dirs->m0_col >= 0)
+      jrow[dirs->m0_col * n_samples + slot] = make_float2(dirs->m0_seed * re.v, dirs->m0_seed * im.v);
+BLOCHSIM_UNROLL
+    for (int j = 0; j < ND; ++j)
+      if (j < dirs->n) jrow[dirs->col[j] * n_samples + slot] = make_float2(m0 * re.d[j], m0 * im.d[j]);
   }
 };
 
-template <bool Complex>
-__global__ void __launch_bounds__(warp_block) jacobian_kernel(EventStream s, Tissue t, Directions dirs,
-                                                             float* out, float* jac, int T, int32_t window) {
-  using D = Dual<float, jacobian_dirs>;
-  constexpr int R = jacobian_orders<Complex>();
+template <bool Complex, int ND>
+__global__ void __launch_bounds__(warp_block) jacobian_kernel(EventStream s, Tissue t,
+                                                             const __grid_constant__ Directions dirs, float* out,
+                                                             float* jac, int T, int32_t window) {
+  // (the sink reads dirs in place: __grid_constant__ lets it take the
+  // parameter's address without a copy to local memory)
+  using D = Dual<float, ND>;
+  constexpr int R = jacobian_orders<Complex, ND>();
   extern __shared__ __align__(16) unsigned char shared[];
   const BlockShared sm{shared, window, static_cast<int>(blockDim.x)};
   const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const Seat at = seat(g / 32, static_cast<int>(g % 32), 32, T, 32 / T, t.n);
-  const epg::LaneTissue<D> lt = epg::seeded_tissue<jacobian_dirs>(t, at.problem, dirs.field, dirs.n, dirs.seed);
-  epg::RegisterStore<D, R, Complex, WarpTeam<false>> st;
+  epg::LaneTissue<D> lt = epg::seeded_tissue<ND>(t, at.problem, dirs.field, dirs.n, dirs.seed);
+  const float m0 = lt.M0.v;
+  lt.M0 = D(1.0f);
+  epg::SplitStore<epg::RegisterStore<D, R, Complex, WarpTeam<false>>, float, ND, Complex> st;
+  st.directions(dirs.field, dirs.n);
   st.init(s, lt, WarpTeam<false>{at.rank, T, at.rank * R, at.last, sm.records()});
-  JacobianDeviceSink sink{reinterpret_cast<float2*>(out) + at.problem * s.n_samples,
-                          reinterpret_cast<float2*>(jac) + at.problem * dirs.total * s.n_samples, s.n_samples,
-                          dirs.n, at.writer};
+  JacobianDeviceSink<ND> sink{reinterpret_cast<float2*>(out) + at.problem * s.n_samples,
+                              reinterpret_cast<float2*>(jac) + at.problem * dirs.total * s.n_samples, s.n_samples,
+                              &dirs, m0, at.writer};
   epg::play<D, Complex>(s, t, lt, st, sink);
 }
 
@@ -740,21 +757,34 @@ inline int launch(const EventStream& ds, const Tissue& t, float* out, cudaStream
   return ok;
 }
 
-inline int launch_jacobian(const EventStream& ds, const Tissue& t, const Directions& dirs, float* out,
-                           float* jac, cudaStream_t st, char* err, int n) {
-  no_stale_error();
-  const bool cplx = !ds.real_path;
-  const int R = cplx ? jacobian_orders<true>() : jacobian_orders<false>();
+template <bool Complex, int ND>
+inline void launch_jacobian_kernel(const EventStream& ds, const Tissue& t, const Directions& dirs, float* out,
+                                   float* jac, cudaStream_t st) {
+  constexpr int R = jacobian_orders<Complex, ND>();
   const int T = (ds.states + R - 1) / R;
   const int32_t w = window_records(ds);
   const int per = 32 / T;
   const int64_t warps = (t.n + per - 1) / per;
   const unsigned blocks = static_cast<unsigned>((warps * 32 + warp_block - 1) / warp_block);
   const size_t smem = BlockShared::bytes(w, warp_block);
-  if (cplx)
-    jacobian_kernel<true><<<blocks, warp_block, smem, st>>>(ds, t, dirs, out, jac, T, w);
-  else
-    jacobian_kernel<false><<<blocks, warp_block, smem, st>>>(ds, t, dirs, out, jac, T, w);
+  jacobian_kernel<Complex, ND><<<blocks, warp_block, smem, st>>>(ds, t, dirs, out, jac, T, w);
+}
+
+inline int launch_jacobian(const EventStream& ds, const Tissue& t, const Directions& dirs, float* out,
+                           float* jac, cudaStream_t st, char* err, int n) {
+  no_stale_error();
+  const bool cplx = !ds.real_path;
+  if (dirs.n <= 2) {
+    if (cplx)
+      launch_jacobian_kernel<true, 2>(ds, t, dirs, out, jac, st);
+    else
+      launch_jacobian_kernel<false, 2>(ds, t, dirs, out, jac, st);
+  } else {
+    if (cplx)
+      launch_jacobian_kernel<true, jacobian_wide>(ds, t, dirs, out, jac, st);
+    else
+      launch_jacobian_kernel<false, jacobian_wide>(ds, t, dirs, out, jac, st);
+  }
   BLOCHSIM_CUDA(cudaGetLastError(), "jacobian_kernel launch");
   return ok;
 }
@@ -826,20 +856,30 @@ inline int forward_device(const EventStream& s, const Tissue& t, float* out, cud
   return ok;
 }
 
-// The most states a device Jacobian holds: a warp team's registers.
+// The most states a device Jacobian holds: a warp team's registers at two
+// directions a launch.
 inline int jacobian_max_states(bool real_path) {
-  return 32 * (real_path ? detail::jacobian_orders<false>() : detail::jacobian_orders<true>());
+  return 32 * (real_path ? detail::jacobian_orders<false, 2>() : detail::jacobian_orders<true, 2>());
+}
+
+// The most states for which the device Jacobian carries every direction in
+// one launch.
+inline int jacobian_one_pass_states(bool real_path) {
+  return 32 * (real_path ? detail::jacobian_orders<false, detail::jacobian_wide>()
+                         : detail::jacobian_orders<true, detail::jacobian_wide>());
 }
 
 // Signal and tissue Jacobian on the device: out as forward_device, jac
 // (t.n, n_dirs, s.n_samples) complex64 interleaved (device pointers), the
 // derivative of each sample with respect to tissue field fields[j]
 // (TissueField) in its SI unit, for 1 <= n_dirs <= tissue_fields distinct
-// fields: up to two directions a launch, in one pass over the events each.
-// With seeds, direction j is seeded d field / d direction = seeds[j] (the SI
-// value of one public unit gives derivatives per public unit).  At most
-// jacobian_max_states(s.real_path) states (states_exceed_team past them).
-// Ordered on `stream`, not synchronised.
+// fields.  M0 comes with the signal; the other directions go in one launch
+// (one pass over the events) when they are at most two or when the state
+// has at most jacobian_one_pass_states(s.real_path) orders, else two a
+// launch.  With seeds, direction j is seeded d field / d direction =
+// seeds[j] (the SI value of one public unit gives derivatives per public
+// unit).  At most jacobian_max_states(s.real_path) states
+// (states_exceed_team past them).  Ordered on `stream`, not synchronised.
 inline int jacobian_device(const EventStream& s, const Tissue& t, const int* fields, int n_dirs, float* out,
                            float* jac, cudaStream_t stream, char* err = nullptr, int n = 0,
                            const float* seeds = nullptr) {
@@ -852,18 +892,30 @@ inline int jacobian_device(const EventStream& s, const Tissue& t, const int* fie
   detail::DeviceStream d;
   int r = detail::upload_stream(s, d, stream, err, n);
   if (r != ok) return r;
-  // each launch writes directions j0, j0 + 1 of every problem: rows
-  // i * n_dirs + j0 + j of jac
-  for (int j0 = 0; j0 < n_dirs && r == ok; j0 += detail::jacobian_dirs) {
+  int m0_col = -1;
+  int cols[tissue_fields];
+  int nd = 0;
+  for (int j = 0; j < n_dirs; ++j) {
+    if (fields[j] == field_M0)
+      m0_col = j;
+    else
+      cols[nd++] = j;
+  }
+  const int per_launch =
+      s.states <= jacobian_one_pass_states(s.real_path != 0) ? detail::jacobian_wide : 2;
+  // every launch writes the signal; the first also M0's column
+  for (int j0 = 0; r == ok && (j0 < nd || j0 == 0); j0 += per_launch) {
     detail::Directions dirs{};
-    dirs.n = std::min(detail::jacobian_dirs, n_dirs - j0);
+    dirs.n = std::min(per_launch, nd - j0);
     dirs.total = n_dirs;
+    dirs.m0_col = j0 == 0 ? m0_col : -1;
+    dirs.m0_seed = m0_col >= 0 && seeds ? seeds[m0_col] : 1.0f;
     for (int j = 0; j < dirs.n; ++j) {
-      dirs.field[j] = fields[j0 + j];
-      dirs.seed[j] = seeds ? seeds[j0 + j] : 1.0f;
+      dirs.col[j] = cols[j0 + j];
+      dirs.field[j] = fields[cols[j0 + j]];
+      dirs.seed[j] = seeds ? seeds[cols[j0 + j]] : 1.0f;
     }
-    r = detail::launch_jacobian(d.ds, t, dirs, out, jac + static_cast<int64_t>(j0) * s.n_samples * 2, stream,
-                                err, n);
+    r = detail::launch_jacobian(d.ds, t, dirs, out, jac, stream, err, n);
   }
   const cudaError_t e = cudaFreeAsync(d.buf, stream);
   if (r != ok) return r;

@@ -325,6 +325,28 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void apply_order(const Op<V>& o, V& fpr, V& fpi
   }
 }
 
+// The event loop's view of an operator (apply_order and the order-0 source
+// for Op; jacobian.hpp overloads both for its split duals).
+template <bool Complex, class V>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE void order_update(const Op<V>& o, V& fpr, V& fpi, V& fmr, V& fmi, V& zr,
+                                                   V& zi) {
+  apply_order<V, Complex>(o, fpr, fpi, fmr, fmi, zr, zi);
+}
+
+// The order-0 source of o, times f (1, or on a register team 1 in the
+// member that holds order 0 and 0 elsewhere).
+template <bool Complex, class V, class F>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE void add_source(const Op<V>& o, const F& f, V& fpr, V& fpi, V& fmr, V& fmi,
+                                                 V& zr) {
+  fpr += f * o.jr;
+  fmr += f * o.jr;
+  zr += f * o.jz;
+  if (Complex) {
+    fpi += f * o.ji;
+    fmi -= f * o.ji;
+  }
+}
+
 // One order under free evolution with order-dependent factors: multiplier
 // g e^{-i k flow} (g = e^{dlog k^2}) on top of q and e1, given (gc, gs) =
 // g (cos k flow, sin k flow).
@@ -398,19 +420,23 @@ struct PlaneStore {
 
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE IvCoef<V> interval(int64_t iv) const { return load_coef(ivt + 6 * iv); }
 
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void apply(const Op<V>& o, int band) {
+  // The operator an event applies: a pulse (or inversion) o alone, or after
+  // the interval c.
+  using OpT = Op<V>;
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE OpT as_op(const Op<V>& o) const { return o; }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE OpT fused(const Op<V>& o, const IvCoef<V>& c) const {
+    return fuse<V, Complex>(o, c);
+  }
+
+  template <class O>
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void apply(const O& o, int band) {
+    V dummy{};
     for (int k = 0; k < band; ++k) {
-      V dummy{};
-      apply_order<V, Complex>(o, fpr[k], Complex ? fpi[k] : dummy, fmr[k], Complex ? fmi[k] : dummy, zr[k],
-                              Complex ? zi[k] : dummy);
+      order_update<Complex>(o, fpr[k], Complex ? fpi[k] : dummy, fmr[k], Complex ? fmi[k] : dummy, zr[k],
+                            Complex ? zi[k] : dummy);
     }
-    fpr[0] += o.jr;
-    fmr[0] += o.jr;
-    zr[0] += o.jz;
-    if (Complex) {
-      fpi[0] += o.ji;
-      fmi[0] -= o.ji;
-    }
+    add_source<Complex>(o, splat<V>(1.0f), fpr[0], Complex ? fpi[0] : dummy, fmr[0], Complex ? fmi[0] : dummy,
+                        zr[0]);
   }
 
   // Free evolution with diffusion and flow.  The factors e^{dlog k^2} and
@@ -506,25 +532,26 @@ struct PlayContext {
 template <class V, bool Complex, class Store>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE bool event_op(const EventStream& s, const EventRecord& ev,
                                                const LaneTissue<V>& lt, const PlayContext<V>& cx, Store& st,
-                                               int band, Op<V>& o) {
+                                               int band, typename Store::OpT& o) {
   const uint32_t f = ev.flags;
-  o = identity_op<V>();
+  Op<V> p = identity_op<V>();
   bool apply = (f & (event_rf | event_inversion)) != 0;
   if (f & event_rf)
-    o = pulse_op<V, Complex>(s, ev, cx.rf_uniform, lt, cx.c0, cx.s0);
+    p = pulse_op<V, Complex>(s, ev, cx.rf_uniform, lt, cx.c0, cx.s0);
   else if (f & event_inversion)
-    o = inversion_op<V>(lt);
+    p = inversion_op<V>(lt);
+  if (ev.interval >= 0 && !cx.per_order && ev.shift_before == 0) {
+    o = st.fused(p, st.interval(ev.interval));  // relaxation and the pulse in one pass
+    return true;
+  }
   if (ev.interval >= 0) {
     const IvCoef<V> c = st.interval(ev.interval);
-    if (cx.per_order) {
+    if (cx.per_order)
       st.relax_per_order(c, band);
-    } else if (ev.shift_before == 0) {
-      o = fuse<V, Complex>(o, c);  // relaxation and the pulse in one pass
-      apply = true;
-    } else {
-      st.apply(fuse<V, Complex>(identity_op<V>(), c), band);
-    }
+    else
+      st.apply(st.fused(identity_op<V>(), c), band);
   }
+  o = st.as_op(p);
   return apply;
 }
 
@@ -571,7 +598,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void fast_run(const EventStream& s, const LaneT
   EventRecord next;
   auto op = [&](int u) {
     next = st.record(s, e + u + 1);  // fast runs come from records, which end with a sentinel
-    return fuse<V, Complex>(pulse_op<V, Complex, From>(s, ev, cx.rf_uniform, lt, cx.c0, cx.s0), c);
+    return st.fused(pulse_op<V, Complex, From>(s, ev, cx.rf_uniform, lt, cx.c0, cx.s0), c);
   };
   auto take = [&](int u, const V& r, const V& i) {
     if (readout) take_readout<V, Complex, true>(s, e + u, ev, cx, r, i, sink);
@@ -622,7 +649,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void play(const EventStream& s, const Tissue& t
     // the next event's fields are in flight while this one computes
     const EventRecord next = st.record(s, e + 1 < n ? e + 1 : e);
     const uint32_t f = ev.flags;
-    Op<V> o;
+    typename Store::OpT o;
     const bool apply = event_op<V, Complex>(s, ev, lt, cx, st, band, o);
     const int32_t sb = ev.shift_before, sa = ev.shift_after;
     for (int i = 0; i < (sb > 0 ? sb : -sb); ++i) {

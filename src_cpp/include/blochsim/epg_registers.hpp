@@ -133,23 +133,25 @@ BLOCHSIM_UNROLL
     return cached;
   }
 
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void apply(const Op<V>& o, int band) {
+  // The operator an event applies: a pulse (or inversion) o alone, or after
+  // the interval c.
+  using OpT = Op<V>;
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE OpT as_op(const Op<V>& o) const { return o; }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE OpT fused(const Op<V>& o, const IvCoef<V>& c) const {
+    return fuse<V, Complex>(o, c);
+  }
+
+  template <class O>
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void apply(const O& o, int band) {
+    V d0{}, d1{}, d2{};
     if (team.active(band)) {
 BLOCHSIM_UNROLL
       for (int r = 0; r < R; ++r) {
-        V d0{}, d1{}, d2{};
-        apply_order<V, Complex>(o, pr[r], Complex ? pi[r < RI ? r : 0] : d0, mr[r],
-                                Complex ? mi[r < RI ? r : 0] : d1, zr[r], Complex ? zi[r < RI ? r : 0] : d2);
+        order_update<Complex>(o, pr[r], Complex ? pi[r < RI ? r : 0] : d0, mr[r], Complex ? mi[r < RI ? r : 0] : d1,
+                              zr[r], Complex ? zi[r < RI ? r : 0] : d2);
       }
     }
-    const V f = team.first();
-    pr[0] += f * o.jr;
-    mr[0] += f * o.jr;
-    zr[0] += f * o.jz;
-    if (Complex) {
-      pi[0] += f * o.ji;
-      mi[0] -= f * o.ji;
-    }
+    add_source<Complex>(o, team.first(), pr[0], Complex ? pi[0] : d0, mr[0], Complex ? mi[0] : d1, zr[0]);
   }
 
   // Events per call of apply_shift_run on the device's fast path (play()
@@ -176,7 +178,7 @@ BLOCHSIM_UNROLL
     const V f = team.first();
 BLOCHSIM_UNROLL
     for (int u = 0; u < U; ++u) {
-      const Op<V> o = op(u);
+      const auto o = op(u);
       // the registers of logical order l in this step (C: the imaginary
       // planes, which the real path does not have)
 #define BLOCHSIM_P(l) (((l) - u + R) % R)
@@ -186,17 +188,15 @@ BLOCHSIM_UNROLL
 BLOCHSIM_UNROLL
         for (int l = 0; l < R; ++l) {
           V d0{}, d1{}, d2{};
-          apply_order<V, Complex>(o, pr[BLOCHSIM_P(l)], Complex ? pi[BLOCHSIM_C(BLOCHSIM_P(l))] : d0,
-                                  mr[BLOCHSIM_M(l)], Complex ? mi[BLOCHSIM_C(BLOCHSIM_M(l))] : d1, zr[l],
-                                  Complex ? zi[BLOCHSIM_C(l)] : d2);
+          order_update<Complex>(o, pr[BLOCHSIM_P(l)], Complex ? pi[BLOCHSIM_C(BLOCHSIM_P(l))] : d0,
+                                mr[BLOCHSIM_M(l)], Complex ? mi[BLOCHSIM_C(BLOCHSIM_M(l))] : d1, zr[l],
+                                Complex ? zi[BLOCHSIM_C(l)] : d2);
         }
       }
-      pr[BLOCHSIM_P(0)] += f * o.jr;
-      mr[BLOCHSIM_M(0)] += f * o.jr;
-      zr[0] += f * o.jz;
-      if (Complex) {
-        pi[BLOCHSIM_C(BLOCHSIM_P(0))] += f * o.ji;
-        mi[BLOCHSIM_C(BLOCHSIM_M(0))] -= f * o.ji;
+      {
+        V d0{}, d1{};
+        add_source<Complex>(o, f, pr[BLOCHSIM_P(0)], Complex ? pi[BLOCHSIM_C(BLOCHSIM_P(0))] : d0,
+                            mr[BLOCHSIM_M(0)], Complex ? mi[BLOCHSIM_C(BLOCHSIM_M(0))] : d1, zr[0]);
       }
       take(u, pr[BLOCHSIM_P(0)], Complex ? pi[BLOCHSIM_C(BLOCHSIM_P(0))] : V{});
       // the shift: the top order of F+ leaves for the member above, whose

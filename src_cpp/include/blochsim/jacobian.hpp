@@ -60,6 +60,225 @@ inline int validate_directions(const int* fields, int n_dirs) {
 inline namespace BLOCHSIM_ISA {
 namespace epg {
 
+// Tangents in split form.  An event's fused operator is O = O_p E: the
+// pulse O_p after the interval's free evolution E = diag(q, conj q, e1)
+// (plus the recovery at Z_0).  Tissue enters E through q and e1 only, and
+// dE = E diag(g, conj g, g_z) with g = dq / q, g_z = de1 / e1, so the
+// tangent of direction j is carried as
+//     t' = O (t + diag(g_j, conj g_j, g_z,j) x) + dO_p,j E x  (+ source'),
+// one application of the value's operator to a pre-scaled tangent instead
+// of the dual product of every coefficient with every state component (7
+// multiply-adds a direction per order on the real path, plus two or three
+// for the scaling, where the dual product costs 13).  The pulse term is
+// there only when a direction moves the pulses (B1, B1phase, inversion
+// efficiency).  Directions that act through per-order factors (D, v) go
+// through relax_per_order on the duals as before.
+template <class B, int N>
+struct SplitOp {
+  Op<B> v;                  // the operator's values, with its source
+  Op<B> d[N];               // per direction: dO_p E, and the source's derivative (jr, ji, jz)
+  B gfr[N], gfi[N], gz[N];  // per direction: Re, Im d log q and d log e1 of the interval
+  bool pulse;               // whether the d[j] have non-zero coefficients
+  unsigned q_dirs, e1_dirs;  // bit j: whether q (e1) may depend on direction j
+};
+
+// Whether any of fields[0 .. n) moves a pulse or an inversion.
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE bool moves_pulses(const int* fields, int n) {
+  for (int j = 0; j < n; ++j)
+    if (fields[j] == field_B1 || fields[j] == field_B1phase || fields[j] == field_eta) return true;
+  return false;
+}
+
+// The directions among fields[0 .. n) that q = e^{-tau/T2 - 2 pi i B0 tau}
+// (times the washout's keep) can depend on (bit j for fields[j]), and
+// those that e1 can depend on.
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE unsigned q_directions(const int* fields, int n) {
+  unsigned b = 0;
+  for (int j = 0; j < n; ++j)
+    if (fields[j] == field_T2 || fields[j] == field_B0 || fields[j] == field_v) b |= 1u << j;
+  return b;
+}
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE unsigned e1_directions(const int* fields, int n) {
+  unsigned b = 0;
+  for (int j = 0; j < n; ++j)
+    if (fields[j] == field_T1 || fields[j] == field_v) b |= 1u << j;
+  return b;
+}
+
+template <class B, int N>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE Op<B> op_part(const Op<Dual<B, N>>& o, int j) {
+  auto at = [j](const Dual<B, N>& x) { return j < 0 ? x.v : x.d[j]; };
+  return {at(o.pr), at(o.pi), at(o.ar), at(o.ai), at(o.br), at(o.bi),
+          at(o.cr), at(o.ci), at(o.ca), at(o.jr), at(o.ji), at(o.jz)};
+}
+
+// num / den, and 0 where den is 0 (a factor that underflowed carries no
+// derivative either).
+template <class B>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE B ratio_or_zero(const B& num, const B& den) {
+  return den != B{} ? num / den : B{};  // lane by lane on vector lanes
+}
+
+// A pulse or inversion (its derivatives those of O_p) with no interval.
+template <class B, int N>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE SplitOp<B, N> split_op(const Op<Dual<B, N>>& o, bool pulse) {
+  SplitOp<B, N> r;
+  r.v = op_part(o, -1);
+  for (int j = 0; j < N; ++j) {
+    r.d[j] = op_part(o, j);
+    r.gfr[j] = r.gfi[j] = r.gz[j] = B{};
+  }
+  r.pulse = pulse;
+  r.q_dirs = r.e1_dirs = 0;
+  return r;
+}
+
+// The pulse o after the interval c, in split form.
+template <bool Complex, class B, int N>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE SplitOp<B, N> split_fuse(const Op<Dual<B, N>>& o, const IvCoef<Dual<B, N>>& c,
+                                                          bool pulse, unsigned q_dirs, unsigned e1_dirs) {
+  const IvCoef<B> cv{c.qr.v, c.qi.v, c.e1.v, c.rec.v, c.dlog.v, c.flow.v};
+  SplitOp<B, N> r;
+  r.v = fuse<B, Complex>(op_part(o, -1), cv);
+  r.pulse = pulse;
+  r.q_dirs = q_dirs;
+  r.e1_dirs = e1_dirs;
+  const B q2 = cv.qr * cv.qr + cv.qi * cv.qi;
+  for (int j = 0; j < N; ++j) {
+    r.d[j] = pulse ? fuse<B, Complex>(op_part(o, j), cv) : Op<B>{};
+    // the source O_p (rec e_Z0) differentiated whole: rec is not e1-proportional
+    r.d[j].jr = o.br.d[j] * cv.rec + o.br.v * c.rec.d[j];
+    r.d[j].ji = o.bi.d[j] * cv.rec + o.bi.v * c.rec.d[j];
+    r.d[j].jz = o.ca.d[j] * cv.rec + o.ca.v * c.rec.d[j];
+    if (Complex) {
+      // dq / q = dq conj(q) / |q|^2
+      r.gfr[j] = ratio_or_zero(c.qr.d[j] * cv.qr + c.qi.d[j] * cv.qi, q2);
+      r.gfi[j] = ratio_or_zero(c.qi.d[j] * cv.qr - c.qr.d[j] * cv.qi, q2);
+    } else {
+      r.gfr[j] = ratio_or_zero(c.qr.d[j], cv.qr);
+      r.gfi[j] = B{};
+    }
+    r.gz[j] = ratio_or_zero(c.e1.d[j], cv.e1);
+  }
+  return r;
+}
+
+// One order under a split operator (see SplitOp).
+template <bool Complex, class B, int N>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE void order_update(const SplitOp<B, N>& o, Dual<B, N>& fpr, Dual<B, N>& fpi,
+                                                   Dual<B, N>& fmr, Dual<B, N>& fmi, Dual<B, N>& zr,
+                                                   Dual<B, N>& zi) {
+  const B xpr = fpr.v, xpi = fpi.v, xmr = fmr.v, xmi = fmi.v, xzr = zr.v, xzi = zi.v;
+BLOCHSIM_UNROLL
+  for (int j = 0; j < N; ++j) {
+    // F+ by g, F- by conj(g), Z by g_z, skipping the factors that do not
+    // depend on direction j (a multiply-add each per order)
+    B tpr = fpr.d[j], tmr = fmr.d[j], tzr = zr.d[j], tpi{}, tmi{}, tzi{};
+    if (Complex) {
+      tpi = fpi.d[j];
+      tmi = fmi.d[j];
+      tzi = zi.d[j];
+    }
+    if (o.q_dirs >> j & 1u) {
+      const B gr = o.gfr[j];
+      tpr += gr * xpr;
+      tmr += gr * xmr;
+      if (Complex) {
+        const B gi = o.gfi[j];
+        tpr -= gi * xpi;
+        tpi += gr * xpi + gi * xpr;
+        tmr += gi * xmi;
+        tmi += gr * xmi - gi * xmr;
+      }
+    }
+    if (o.e1_dirs >> j & 1u) {
+      tzr += o.gz[j] * xzr;
+      if (Complex) tzi += o.gz[j] * xzi;
+    }
+    apply_order<B, Complex>(o.v, tpr, tpi, tmr, tmi, tzr, tzi);
+    if (o.pulse) {
+      B ypr = xpr, ypi = xpi, ymr = xmr, ymi = xmi, yzr = xzr, yzi = xzi;
+      apply_order<B, Complex>(o.d[j], ypr, ypi, ymr, ymi, yzr, yzi);
+      tpr += ypr;
+      tmr += ymr;
+      tzr += yzr;
+      if (Complex) {
+        tpi += ypi;
+        tmi += ymi;
+        tzi += yzi;
+      }
+    }
+    fpr.d[j] = tpr;
+    fmr.d[j] = tmr;
+    zr.d[j] = tzr;
+    if (Complex) {
+      fpi.d[j] = tpi;
+      fmi.d[j] = tmi;
+      zi.d[j] = tzi;
+    }
+  }
+  B vpr = xpr, vpi = xpi, vmr = xmr, vmi = xmi, vzr = xzr, vzi = xzi;
+  apply_order<B, Complex>(o.v, vpr, vpi, vmr, vmi, vzr, vzi);
+  fpr.v = vpr;
+  fmr.v = vmr;
+  zr.v = vzr;
+  if (Complex) {
+    fpi.v = vpi;
+    fmi.v = vmi;
+    zi.v = vzi;
+  }
+}
+
+// The value of a team's member flag (a lane type, or a dual of one with
+// no derivative).
+template <class B>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE B flag_value(const B& f) {
+  return f;
+}
+template <class B, int N>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE B flag_value(const Dual<B, N>& f) {
+  return f.v;
+}
+
+template <bool Complex, class B, int N, class F>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE void add_source(const SplitOp<B, N>& o, const F& flag, Dual<B, N>& fpr,
+                                                 Dual<B, N>& fpi, Dual<B, N>& fmr, Dual<B, N>& fmi,
+                                                 Dual<B, N>& zr) {
+  const B f = flag_value(flag);  // 0 or 1
+  auto add = [&](const Op<B>& s, B& pr, B& pi, B& mr, B& mi, B& z) {
+    pr += f * s.jr;
+    mr += f * s.jr;
+    z += f * s.jz;
+    if (Complex) {
+      pi += f * s.ji;
+      mi -= f * s.ji;
+    }
+  };
+  add(o.v, fpr.v, fpi.v, fmr.v, fmi.v, zr.v);
+  for (int j = 0; j < N; ++j) add(o.d[j], fpr.d[j], fpi.d[j], fmr.d[j], fmi.d[j], zr.d[j]);
+}
+
+// A store on duals (PlaneStore or RegisterStore of Dual<B, N>) that plays
+// its tangents in split form.  pulse_dirs: whether a seeded direction moves
+// the pulses or the inversion (B1, B1phase, inv_efficiency).
+template <class Store, class B, int N, bool Complex>
+struct SplitStore : Store {
+  using OpT = SplitOp<B, N>;
+  bool pulse_dirs = true;
+  unsigned q_dirs = ~0u, e1_dirs = ~0u;
+  // the seeded fields[0 .. n) of the dual directions
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void directions(const int* fields, int n) {
+    pulse_dirs = moves_pulses(fields, n);
+    q_dirs = q_directions(fields, n);
+    e1_dirs = e1_directions(fields, n);
+  }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE OpT as_op(const Op<Dual<B, N>>& o) const { return split_op(o, pulse_dirs); }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE OpT fused(const Op<Dual<B, N>>& o, const IvCoef<Dual<B, N>>& c) const {
+    return split_fuse<Complex>(o, c, pulse_dirs, q_dirs, e1_dirs);
+  }
+};
+
+
 // Seeds direction j with the field f of every lane: d field_f / d dir_j =
 // value (1: derivatives per the field's SI unit; the SI value of one public
 // unit: derivatives per public unit).
@@ -120,7 +339,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE int jacobian_block(const EventStream& s, const 
   int64_t idx[W];
   lane_indices<W>(first, t.n, idx);
   LaneTissue<T> lt = gather<T>(t, idx);
-  int slot[tissue_fields];
+  int slot[tissue_fields], duals[tissue_fields];
   int m0_dir = -1, k = 0;
   for (int j = 0; j < n_dirs; ++j) {
     if (fields[j] == field_M0) {
@@ -128,12 +347,14 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE int jacobian_block(const EventStream& s, const 
       slot[j] = 0;
     } else {
       seed(lt, fields[j], k);
+      duals[k] = fields[j];
       slot[j] = k++;
     }
   }
   const V m0 = lt.M0.v;
   lt.M0 = T(1.0f);
-  PlaneStore<T, Complex> st;
+  SplitStore<PlaneStore<T, Complex>, V, N, Complex> st;
+  st.directions(duals, k);
   st.template init<double>(s, lt, work);
   JacobianSink<V, N> sink{out, jac, first, t.n, s.n_samples, n_dirs, m0_dir, slot, m0};
   play<T, Complex>(s, t, lt, st, sink);
@@ -180,31 +401,37 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE LaneTissue<Dual<float, N>> seeded_tissue(const 
   return lt;
 }
 
-// Writes the samples of member 0 of a team (lane 0 of V) and its first
-// n_dirs derivatives, for problem `problem`.
+// Writes the samples of member 0 of a team (lane 0 of V) and their
+// derivatives for problem `problem`, as JacobianSink: played with M0 = 1,
+// scaled by m0, direction m0_dir the unscaled sample, the others dual
+// direction slot[j].
 template <class V, int N>
 struct TeamJacobianSink {
   float* out;
   float* jac;
   int64_t problem, n_samples;
-  int n_dirs;
-  void write(int64_t slot, const Dual<V, N>& re, const Dual<V, N>& im) {
+  int n_dirs, m0_dir;
+  const int* slot;
+  float m0;
+  void write(int64_t s, const Dual<V, N>& re, const Dual<V, N>& im) {
     using LT = Lanes<V>;
-    float* o = out + (problem * n_samples + slot) * 2;
-    o[0] = LT::get(re.v, 0);
-    o[1] = LT::get(im.v, 0);
+    const float vr = LT::get(re.v, 0), vi = LT::get(im.v, 0);
+    float* o = out + (problem * n_samples + s) * 2;
+    o[0] = m0 * vr;
+    o[1] = m0 * vi;
     for (int j = 0; j < n_dirs; ++j) {
-      float* d = jac + ((problem * n_dirs + j) * n_samples + slot) * 2;
-      d[0] = LT::get(re.d[j], 0);
-      d[1] = LT::get(im.d[j], 0);
+      float* d = jac + ((problem * n_dirs + j) * n_samples + s) * 2;
+      d[0] = j == m0_dir ? vr : m0 * LT::get(re.d[slot[j]], 0);
+      d[1] = j == m0_dir ? vi : m0 * LT::get(im.d[slot[j]], 0);
     }
   }
 };
 
 // Host instantiation of the device's Jacobian register path (a team of
-// Lanes<V>::width members holding R orders each, on duals of N
-// directions), one problem at a time: the tests' view of the device
-// Jacobian kernels.  K must be at most width * R.
+// Lanes<V>::width members holding R orders each, on duals of N directions
+// in split form, M0 from the unscaled signal), one problem at a time: the
+// tests' view of the device Jacobian kernels.  K must be at most width * R
+// and the directions other than M0 at most N.
 template <class V, int N, int R, bool Complex>
 inline int jacobian_registers_host(const EventStream& s, const Tissue& t, const int* fields, int n_dirs,
                                    float* out, float* jac) {
@@ -212,20 +439,34 @@ inline int jacobian_registers_host(const EventStream& s, const Tissue& t, const 
   using Team = LaneTeam<T, R>;
   constexpr int W = Lanes<V>::width;
   if (s.states > W * R) return states_exceed_team;
-  if (n_dirs < 1 || n_dirs > N) return bad_shape;
+  if (n_dirs < 1 || dual_directions(fields, n_dirs) > N) return bad_shape;
   std::vector<EventRecord> records(static_cast<size_t>(s.n_events + 1));
   pack_events(s, records.data());
   EventStream sr = s;
   sr.records = records.data();
+  int slot[tissue_fields], duals[tissue_fields];
+  int m0_dir = -1, k = 0;
+  for (int j = 0; j < n_dirs; ++j) {
+    if (fields[j] == field_M0) {
+      m0_dir = j;
+      slot[j] = 0;
+    } else {
+      duals[k] = fields[j];
+      slot[j] = k++;
+    }
+  }
   using LT = Lanes<T>;
   for (int64_t p = 0; p < t.n; ++p) {
-    const LaneTissue<Dual<float, N>> one = seeded_tissue<N>(t, p, fields, n_dirs);
+    LaneTissue<Dual<float, N>> one = seeded_tissue<N>(t, p, duals, k);
+    const float m0 = one.M0.v;
+    one.M0 = Dual<float, N>(1.0f);
     const LaneTissue<T> lt = {LT::splat(one.T1), LT::splat(one.T2),      LT::splat(one.M0),
                               LT::splat(one.B1), LT::splat(one.B1phase), LT::splat(one.B0),
                               LT::splat(one.D),  LT::splat(one.v),       LT::splat(one.eta)};
-    RegisterStore<T, R, Complex, Team> st;
+    SplitStore<RegisterStore<T, R, Complex, Team>, V, N, Complex> st;
+    st.directions(duals, k);
     st.init(sr, lt, Team{});
-    TeamJacobianSink<V, N> sink{out, jac, p, s.n_samples, n_dirs};
+    TeamJacobianSink<V, N> sink{out, jac, p, s.n_samples, n_dirs, m0_dir, slot, m0};
     play<T, Complex>(sr, t, lt, st, sink);
   }
   return ok;
