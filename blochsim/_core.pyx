@@ -157,14 +157,16 @@ def forward_host(PackedStream ps, tuple tissue, int64_t n, float complex[:, ::1]
     _raise(st, err)
 
 
-def jacobian_host(PackedStream ps, tuple tissue, int64_t n, fields, float complex[:, ::1] out,
+def jacobian_host(PackedStream ps, tuple tissue, int64_t n, fields, seeds, float complex[:, ::1] out,
                   float complex[:, :, ::1] jac, int threads, int variant=0):
     """Signal and tissue Jacobian of a packed stream for n problems on the
     host, in one pass.
 
     ``fields`` are indices into TISSUE_FIELDS (distinct, at least one);
     ``jac`` is complex64 of shape (n, len(fields), n_samples): the derivative
-    of each sample with respect to each field in its SI unit.  ``tissue`` and
+    of each sample with respect to each field, direction j seeded with
+    ``seeds[j]`` (d SI value / d direction: the SI value of one public unit
+    gives derivatives per public unit).  ``tissue`` and
     ``out`` as in :func:`forward_host`; ``variant`` 4 runs the device's
     Jacobian register path on the host (a team of four, for tests).
     """
@@ -172,12 +174,14 @@ def jacobian_host(PackedStream ps, tuple tissue, int64_t n, fields, float comple
     cdef int st
     cdef int nd = len(fields)
     cdef int cf[9]
+    cdef float cs[9]
     cdef char err[ERRLEN]
     err[0] = 0
-    if nd < 1 or nd > 9:
-        raise ValueError("blochsim internal error: 1 to 9 Jacobian directions")
+    if nd < 1 or nd > 9 or len(seeds) != nd:
+        raise ValueError("blochsim internal error: 1 to 9 Jacobian directions, one seed each")
     for i in range(nd):
         cf[i] = int(fields[i])
+        cs[i] = float(seeds[i])
     if out.shape[0] != n or out.shape[1] != ps.s.n_samples or jac.shape[0] != n or jac.shape[1] != nd \
             or jac.shape[2] != ps.s.n_samples:
         raise ValueError("blochsim internal error: output shapes")
@@ -188,9 +192,9 @@ def jacobian_host(PackedStream ps, tuple tissue, int64_t n, fields, float comple
     cdef float* jacp = <float*> &jac[0, 0, 0]
     with nogil:
         if variant == 0:
-            st = host_jacobian_dispatch(ps.s, t, cf, nd, outp, jacp, threads)
+            st = host_jacobian_dispatch(ps.s, t, cf, nd, outp, jacp, threads, cs)
         else:
-            st = host_jacobian_registers(ps.s, t, cf, nd, outp, jacp)
+            st = host_jacobian_registers(ps.s, t, cf, nd, outp, jacp, cs)
     _raise(st, err)
 
 

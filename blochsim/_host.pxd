@@ -7,12 +7,12 @@ from blochsim._events cimport EventStream, Tissue
 cdef extern from "dispatch.hpp" namespace "blochsim" nogil:
     int host_forward_dispatch(const EventStream& s, const Tissue& t, float* out, int threads)
     int host_jacobian_dispatch(const EventStream& s, const Tissue& t, const int* fields, int n_dirs,
-                               float* out, float* jac, int threads)
+                               float* out, float* jac, int threads, const float* seeds)
     int host_adjoint_dispatch(const EventStream& s, const Tissue& t, const int* fields, int n_tdirs,
                               const float* cot, double* ev_grad, float* tgrad, int threads)
     int host_adjoint2_dispatch(const EventStream& s, const Tissue& t, int outer_field, const float* cot,
                                int64_t cot_stride, double* ev_grad, int threads)
     int host_jacobian_registers(const EventStream& s, const Tissue& t, const int* fields, int n_dirs,
-                                float* out, float* jac)
+                                float* out, float* jac, const float* seeds)
     int host_forward_registers(const EventStream& s, const Tissue& t, float* out, int team)
     const char* host_isa()

@@ -241,10 +241,9 @@ class Simulator(_Base):
         samples) per public unit on the host."""
         out = np.empty(shape + (ps.n_samples,), dtype=np.complex64)
         jac = np.empty((n, len(fields), ps.n_samples), dtype=np.complex64)
-        _core.jacobian_host(ps, si, n, fields, out.reshape(n, ps.n_samples), jac, threads, self._host_variant)
-        # the kernel's derivatives are per SI unit: per public unit they scale
-        # by the public-to-SI factor
-        jac *= np.asarray(scale, np.float32)[:, None]
+        # seeded with the SI value of one public unit: derivatives per public unit
+        _core.jacobian_host(ps, si, n, fields, scale, out.reshape(n, ps.n_samples), jac, threads,
+                            self._host_variant)
         return out, jac.reshape(shape + (len(fields), ps.n_samples))
 
     def _jacobian_device(self, p, tissue, on_device, names, fields, scale, one):

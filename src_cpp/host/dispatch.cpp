@@ -49,8 +49,8 @@ int host_forward_dispatch(const EventStream& s, const Tissue& t, float* out, int
 }
 
 int host_jacobian_dispatch(const EventStream& s, const Tissue& t, const int* fields, int n_dirs, float* out,
-                           float* jac, int threads) {
-  return host::jacobian_status(s, t, fields, n_dirs, out, jac, threads, chosen().jacobian);
+                           float* jac, int threads, const float* seeds) {
+  return host::jacobian_status(s, t, fields, n_dirs, out, jac, threads, seeds, chosen().jacobian);
 }
 
 int host_adjoint_dispatch(const EventStream& s, const Tissue& t, const int* fields, int n_tdirs, const float* cot,

@@ -11,9 +11,10 @@ namespace blochsim {
 int host_forward_dispatch(const EventStream& s, const Tissue& t, float* out, int threads);
 
 // Signal and tissue Jacobian of every problem of t along the tissue fields
-// fields[0 .. n_dirs) (host::jacobian_status); returns a Status.
+// fields[0 .. n_dirs), direction j seeded with seeds[j] (host::
+// jacobian_status); returns a Status.
 int host_jacobian_dispatch(const EventStream& s, const Tissue& t, const int* fields, int n_dirs, float* out,
-                           float* jac, int threads);
+                           float* jac, int threads, const float* seeds);
 
 // Reverse mode of every problem of t (host::adjoint_status): the gradient
 // of a real loss with cotangent cot with respect to each event's duration,
@@ -39,7 +40,7 @@ int host_forward_registers(const EventStream& s, const Tissue& t, float* out, in
 // up to 8 states (4), else two a pass; returns states_exceed_team past 32
 // (16) states.
 int host_jacobian_registers(const EventStream& s, const Tissue& t, const int* fields, int n_dirs, float* out,
-                            float* jac);
+                            float* jac, const float* seeds);
 
 // Name of the instruction set the block kernels run with ("x86-64-v4", ...).
 const char* host_isa();
@@ -49,7 +50,7 @@ namespace kernels {
   int range_real_##suffix(const EventStream&, const Tissue&, int64_t, int64_t, void*, float*);        \
   int range_complex_##suffix(const EventStream&, const Tissue&, int64_t, int64_t, void*, float*);        \
   int jacobian_range_##suffix(const EventStream&, const Tissue&, const int*, int, int64_t, int64_t, void*, \
-                              float*, float*);                                                        \
+                              float*, float*, const float*);                                                        \
   int adjoint_range_##suffix(const EventStream&, const Tissue&, const int*, int, int64_t, int64_t, void*,  \
                              const float*, const int32_t*, double*, float*);                       \
   int adjoint2_range_##suffix(const EventStream&, const Tissue&, int, int64_t, int64_t, void*, const float*, \

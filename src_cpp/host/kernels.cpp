@@ -33,8 +33,8 @@ BLOCHSIM_FORCEINLINE int range(const EventStream& s, const Tissue& t, int64_t b0
 
 int BLOCHSIM_CAT(jacobian_range_, BLOCHSIM_ISA_SUFFIX)(const EventStream& s, const Tissue& t, const int* fields,
                                                        int n_dirs, int64_t b0, int64_t b1, void* work, float* out,
-                                                       float* jac) {
-  return epg::jacobian_range<vfloat16>(s, t, fields, n_dirs, b0, b1, work, out, jac);
+                                                       float* jac, const float* seeds) {
+  return epg::jacobian_range<vfloat16>(s, t, fields, n_dirs, b0, b1, work, out, jac, seeds);
 }
 
 int BLOCHSIM_CAT(adjoint_range_, BLOCHSIM_ISA_SUFFIX)(const EventStream& s, const Tissue& t, const int* fields,

@@ -34,7 +34,7 @@ int host_forward_registers(const EventStream& s, const Tissue& t, float* out, in
 }
 
 int host_jacobian_registers(const EventStream& s, const Tissue& t, const int* fields, int n_dirs, float* out,
-                            float* jac) {
+                            float* jac, const float* seeds) {
   const int v = validate(s, t);
   if (v != ok) return v;
   const int d = validate_directions(fields, n_dirs);
@@ -46,18 +46,18 @@ int host_jacobian_registers(const EventStream& s, const Tissue& t, const int* fi
   // tested at small K), else two a pass
   const int64_t ns = s.n_samples;
   if (dual_directions(fields, n_dirs) <= 2)
-    return s.real_path ? epg::jacobian_registers_host<vfloat4, 2, 8, false>(s, t, fields, n_dirs, out, jac)
-                       : epg::jacobian_registers_host<vfloat4, 2, 4, true>(s, t, fields, n_dirs, out, jac);
+    return s.real_path ? epg::jacobian_registers_host<vfloat4, 2, 8, false>(s, t, fields, n_dirs, out, jac, seeds)
+                       : epg::jacobian_registers_host<vfloat4, 2, 4, true>(s, t, fields, n_dirs, out, jac, seeds);
   if (s.states <= (s.real_path ? 8 : 4))
-    return s.real_path ? epg::jacobian_registers_host<vfloat4, 8, 2, false>(s, t, fields, n_dirs, out, jac)
-                       : epg::jacobian_registers_host<vfloat4, 8, 1, true>(s, t, fields, n_dirs, out, jac);
+    return s.real_path ? epg::jacobian_registers_host<vfloat4, 8, 2, false>(s, t, fields, n_dirs, out, jac, seeds)
+                       : epg::jacobian_registers_host<vfloat4, 8, 1, true>(s, t, fields, n_dirs, out, jac, seeds);
   for (int j0 = 0; j0 < n_dirs; j0 += 2) {
     const int m = n_dirs - j0 < 2 ? n_dirs - j0 : 2;
     std::vector<float> part(static_cast<size_t>(t.n * m * ns * 2));
     const int st = s.real_path ? epg::jacobian_registers_host<vfloat4, 2, 8, false>(s, t, fields + j0, m, out,
-                                                                                      part.data())
+                                                                                      part.data(), seeds ? seeds + j0 : nullptr)
                                : epg::jacobian_registers_host<vfloat4, 2, 4, true>(s, t, fields + j0, m, out,
-                                                                                     part.data());
+                                                                                     part.data(), seeds ? seeds + j0 : nullptr);
     if (st != ok) return st;
     for (int64_t i = 0; i < t.n; ++i)
       for (int j = 0; j < m; ++j)

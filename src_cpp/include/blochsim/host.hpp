@@ -102,7 +102,8 @@ inline int forward_status(const EventStream& s, const Tissue& t, float* out, int
 // Signature of a function that plays the Jacobian of blocks [b0, b1) with a
 // workspace of jacobian_workspace(s, fields, n_dirs) floats.
 using JacobianRangeFn = int (*)(const EventStream& s, const Tissue& t, const int* fields, int n_dirs,
-                                int64_t b0, int64_t b1, void* work, float* out, float* jac);
+                                int64_t b0, int64_t b1, void* work, float* out, float* jac,
+                                const float* seeds);
 
 inline std::size_t jacobian_workspace(const EventStream& s, const int* fields, int n_dirs) {
   return static_cast<std::size_t>(epg::PlaneStore<Vec, true>::workspace(s)) * lanes *
@@ -110,22 +111,25 @@ inline std::size_t jacobian_workspace(const EventStream& s, const int* fields, i
 }
 
 inline int jacobian_range_any(const EventStream& s, const Tissue& t, const int* fields, int n_dirs, int64_t b0,
-                              int64_t b1, void* work, float* out, float* jac) {
-  return epg::jacobian_range<Vec>(s, t, fields, n_dirs, b0, b1, work, out, jac);
+                              int64_t b1, void* work, float* out, float* jac, const float* seeds) {
+  return epg::jacobian_range<Vec>(s, t, fields, n_dirs, b0, b1, work, out, jac, seeds);
 }
 
 // Signal and tissue Jacobian on the host in one pass: out as forward_status,
 // jac (t.n, n_dirs, s.n_samples) complex64 interleaved, the derivative of
 // each sample with respect to tissue field fields[j] (TissueField) in its SI
-// unit.  n_dirs in [1, tissue_fields], the fields distinct.
+// unit.  n_dirs in [1, tissue_fields], the fields distinct.  With seeds,
+// direction j is seeded d field / d direction = seeds[j] (the SI value of
+// one public unit gives derivatives per public unit).
 inline int jacobian_status(const EventStream& s, const Tissue& t, const int* fields, int n_dirs, float* out,
-                           float* jac, int threads, JacobianRangeFn fn = &jacobian_range_any) {
+                           float* jac, int threads, const float* seeds = nullptr,
+                           JacobianRangeFn fn = &jacobian_range_any) {
   const int v = validate(s, t);
   if (v != ok) return v;
   const int d = validate_directions(fields, n_dirs);
   if (d != ok) return d;
   return run_blocks_with(t, threads, jacobian_workspace(s, fields, n_dirs), [&](int64_t b0, int64_t b1, float* work) {
-    return fn(s, t, fields, n_dirs, b0, b1, work, out, jac);
+    return fn(s, t, fields, n_dirs, b0, b1, work, out, jac, seeds);
   });
 }
 

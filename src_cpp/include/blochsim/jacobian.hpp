@@ -133,32 +133,51 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE SplitOp<B, N> split_op(const Op<Dual<B, N>>& o,
   return r;
 }
 
-// The pulse o after the interval c, in split form.
+// The log-derivatives of an interval's factors along each direction.
+template <class B, int N>
+struct LogDerivatives {
+  B gfr[N], gfi[N], gz[N];
+};
+
+template <bool Complex, class B, int N>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE LogDerivatives<B, N> log_derivatives(const IvCoef<Dual<B, N>>& c) {
+  LogDerivatives<B, N> g;
+  const B q2 = c.qr.v * c.qr.v + c.qi.v * c.qi.v;
+  for (int j = 0; j < N; ++j) {
+    if (Complex) {
+      // dq / q = dq conj(q) / |q|^2
+      g.gfr[j] = ratio_or_zero(c.qr.d[j] * c.qr.v + c.qi.d[j] * c.qi.v, q2);
+      g.gfi[j] = ratio_or_zero(c.qi.d[j] * c.qr.v - c.qr.d[j] * c.qi.v, q2);
+    } else {
+      g.gfr[j] = ratio_or_zero(c.qr.d[j], c.qr.v);
+      g.gfi[j] = B{};
+    }
+    g.gz[j] = ratio_or_zero(c.e1.d[j], c.e1.v);
+  }
+  return g;
+}
+
+// The pulse o after the interval c (whose log-derivatives are g), in split
+// form.
 template <bool Complex, class B, int N>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE SplitOp<B, N> split_fuse(const Op<Dual<B, N>>& o, const IvCoef<Dual<B, N>>& c,
-                                                          bool pulse, unsigned q_dirs, unsigned e1_dirs) {
+                                                          const LogDerivatives<B, N>& g, bool pulse,
+                                                          unsigned q_dirs, unsigned e1_dirs) {
   const IvCoef<B> cv{c.qr.v, c.qi.v, c.e1.v, c.rec.v, c.dlog.v, c.flow.v};
   SplitOp<B, N> r;
   r.v = fuse<B, Complex>(op_part(o, -1), cv);
   r.pulse = pulse;
   r.q_dirs = q_dirs;
   r.e1_dirs = e1_dirs;
-  const B q2 = cv.qr * cv.qr + cv.qi * cv.qi;
   for (int j = 0; j < N; ++j) {
     r.d[j] = pulse ? fuse<B, Complex>(op_part(o, j), cv) : Op<B>{};
     // the source O_p (rec e_Z0) differentiated whole: rec is not e1-proportional
     r.d[j].jr = o.br.d[j] * cv.rec + o.br.v * c.rec.d[j];
     r.d[j].ji = o.bi.d[j] * cv.rec + o.bi.v * c.rec.d[j];
     r.d[j].jz = o.ca.d[j] * cv.rec + o.ca.v * c.rec.d[j];
-    if (Complex) {
-      // dq / q = dq conj(q) / |q|^2
-      r.gfr[j] = ratio_or_zero(c.qr.d[j] * cv.qr + c.qi.d[j] * cv.qi, q2);
-      r.gfi[j] = ratio_or_zero(c.qi.d[j] * cv.qr - c.qr.d[j] * cv.qi, q2);
-    } else {
-      r.gfr[j] = ratio_or_zero(c.qr.d[j], cv.qr);
-      r.gfi[j] = B{};
-    }
-    r.gz[j] = ratio_or_zero(c.e1.d[j], cv.e1);
+    r.gfr[j] = g.gfr[j];
+    r.gfi[j] = g.gfi[j];
+    r.gz[j] = g.gz[j];
   }
   return r;
 }
@@ -266,6 +285,18 @@ struct SplitStore : Store {
   using OpT = SplitOp<B, N>;
   bool pulse_dirs = true;
   unsigned q_dirs = ~0u, e1_dirs = ~0u;
+  // the log-derivatives of interval g_iv: play() asks for an event's
+  // interval before fusing it, and runs of events share one
+  int64_t g_iv = -1;
+  LogDerivatives<B, N> g;
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE IvCoef<Dual<B, N>> interval(int64_t iv) {
+    const IvCoef<Dual<B, N>> c = Store::interval(iv);
+    if (iv != g_iv) {
+      g = log_derivatives<Complex>(c);
+      g_iv = iv;
+    }
+    return c;
+  }
   // the seeded fields[0 .. n) of the dual directions
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void directions(const int* fields, int n) {
     pulse_dirs = moves_pulses(fields, n);
@@ -274,7 +305,7 @@ struct SplitStore : Store {
   }
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE OpT as_op(const Op<Dual<B, N>>& o) const { return split_op(o, pulse_dirs); }
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE OpT fused(const Op<Dual<B, N>>& o, const IvCoef<Dual<B, N>>& c) const {
-    return split_fuse<Complex>(o, c, pulse_dirs, q_dirs, e1_dirs);
+    return split_fuse<Complex>(o, c, g, pulse_dirs, q_dirs, e1_dirs);
   }
 };
 
@@ -302,6 +333,7 @@ struct JacobianSink {
   int n_dirs, m0_dir;
   const int* slot;
   V m0;
+  float m0_seed;  // d M0 / d direction m0_dir
 
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void write(int64_t s, const Dual<V, N>& re, const Dual<V, N>& im) {
     using LT = Lanes<V>;
@@ -315,8 +347,8 @@ struct JacobianSink {
       for (int j = 0; j < n_dirs; ++j) {
         float* d = jac + ((p * n_dirs + j) * n_samples + s) * 2;
         if (j == m0_dir) {
-          d[0] = vr;
-          d[1] = vi;
+          d[0] = m0_seed * vr;
+          d[1] = m0_seed * vi;
         } else {
           d[0] = m * LT::get(re.d[slot[j]], l);
           d[1] = m * LT::get(im.d[slot[j]], l);
@@ -333,7 +365,7 @@ struct JacobianSink {
 template <class V, int N, bool Complex>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE int jacobian_block(const EventStream& s, const Tissue& t, const int* fields,
                                                     int n_dirs, int64_t first, Dual<V, N>* work, float* out,
-                                                    float* jac) {
+                                                    float* jac, const float* seeds = nullptr) {
   using T = Dual<V, N>;
   constexpr int W = Lanes<V>::width;
   int64_t idx[W];
@@ -346,7 +378,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE int jacobian_block(const EventStream& s, const 
       m0_dir = j;
       slot[j] = 0;
     } else {
-      seed(lt, fields[j], k);
+      seed(lt, fields[j], k, seeds ? seeds[j] : 1.0f);
       duals[k] = fields[j];
       slot[j] = k++;
     }
@@ -356,7 +388,8 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE int jacobian_block(const EventStream& s, const 
   SplitStore<PlaneStore<T, Complex>, V, N, Complex> st;
   st.directions(duals, k);
   st.template init<double>(s, lt, work);
-  JacobianSink<V, N> sink{out, jac, first, t.n, s.n_samples, n_dirs, m0_dir, slot, m0};
+  JacobianSink<V, N> sink{out, jac, first, t.n, s.n_samples, n_dirs, m0_dir, slot, m0,
+                          m0_dir >= 0 && seeds ? seeds[m0_dir] : 1.0f};
   play<T, Complex>(s, t, lt, st, sink);
   return ok;
 }
@@ -368,13 +401,13 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE int jacobian_block(const EventStream& s, const 
 // the host kernels keeps its own instantiations.
 template <class V>
 inline int jacobian_range(const EventStream& s, const Tissue& t, const int* fields, int n_dirs, int64_t b0,
-                          int64_t b1, void* work, float* out, float* jac) {
+                          int64_t b1, void* work, float* out, float* jac, const float* seeds = nullptr) {
   auto blocks = [&](auto width, auto complex) {
     constexpr int N = decltype(width)::value;
     constexpr bool C = decltype(complex)::value;
     for (int64_t b = b0; b < b1; ++b) {
       const int st = jacobian_block<V, N, C>(s, t, fields, n_dirs, b * Lanes<V>::width,
-                                             static_cast<Dual<V, N>*>(work), out, jac);
+                                             static_cast<Dual<V, N>*>(work), out, jac, seeds);
       if (st != ok) return st;
     }
     return static_cast<int>(ok);
@@ -412,7 +445,7 @@ struct TeamJacobianSink {
   int64_t problem, n_samples;
   int n_dirs, m0_dir;
   const int* slot;
-  float m0;
+  float m0, m0_seed;
   void write(int64_t s, const Dual<V, N>& re, const Dual<V, N>& im) {
     using LT = Lanes<V>;
     const float vr = LT::get(re.v, 0), vi = LT::get(im.v, 0);
@@ -421,8 +454,8 @@ struct TeamJacobianSink {
     o[1] = m0 * vi;
     for (int j = 0; j < n_dirs; ++j) {
       float* d = jac + ((problem * n_dirs + j) * n_samples + s) * 2;
-      d[0] = j == m0_dir ? vr : m0 * LT::get(re.d[slot[j]], 0);
-      d[1] = j == m0_dir ? vi : m0 * LT::get(im.d[slot[j]], 0);
+      d[0] = j == m0_dir ? m0_seed * vr : m0 * LT::get(re.d[slot[j]], 0);
+      d[1] = j == m0_dir ? m0_seed * vi : m0 * LT::get(im.d[slot[j]], 0);
     }
   }
 };
@@ -434,7 +467,7 @@ struct TeamJacobianSink {
 // and the directions other than M0 at most N.
 template <class V, int N, int R, bool Complex>
 inline int jacobian_registers_host(const EventStream& s, const Tissue& t, const int* fields, int n_dirs,
-                                   float* out, float* jac) {
+                                   float* out, float* jac, const float* seeds = nullptr) {
   using T = Dual<V, N>;
   using Team = LaneTeam<T, R>;
   constexpr int W = Lanes<V>::width;
@@ -445,6 +478,7 @@ inline int jacobian_registers_host(const EventStream& s, const Tissue& t, const 
   EventStream sr = s;
   sr.records = records.data();
   int slot[tissue_fields], duals[tissue_fields];
+  float dseeds[tissue_fields];
   int m0_dir = -1, k = 0;
   for (int j = 0; j < n_dirs; ++j) {
     if (fields[j] == field_M0) {
@@ -452,12 +486,14 @@ inline int jacobian_registers_host(const EventStream& s, const Tissue& t, const 
       slot[j] = 0;
     } else {
       duals[k] = fields[j];
+      dseeds[k] = seeds ? seeds[j] : 1.0f;
       slot[j] = k++;
     }
   }
+  const float m0_seed = m0_dir >= 0 && seeds ? seeds[m0_dir] : 1.0f;
   using LT = Lanes<T>;
   for (int64_t p = 0; p < t.n; ++p) {
-    LaneTissue<Dual<float, N>> one = seeded_tissue<N>(t, p, duals, k);
+    LaneTissue<Dual<float, N>> one = seeded_tissue<N>(t, p, duals, k, dseeds);
     const float m0 = one.M0.v;
     one.M0 = Dual<float, N>(1.0f);
     const LaneTissue<T> lt = {LT::splat(one.T1), LT::splat(one.T2),      LT::splat(one.M0),
@@ -466,7 +502,7 @@ inline int jacobian_registers_host(const EventStream& s, const Tissue& t, const 
     SplitStore<RegisterStore<T, R, Complex, Team>, V, N, Complex> st;
     st.directions(duals, k);
     st.init(sr, lt, Team{});
-    TeamJacobianSink<V, N> sink{out, jac, p, s.n_samples, n_dirs, m0_dir, slot, m0};
+    TeamJacobianSink<V, N> sink{out, jac, p, s.n_samples, n_dirs, m0_dir, slot, m0, m0_seed};
     play<T, Complex>(sr, t, lt, st, sink);
   }
   return ok;
