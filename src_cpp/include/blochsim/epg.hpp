@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 
 #include "events.hpp"
 #include "tile.hpp"
@@ -326,11 +327,28 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void apply_order(const Op<V>& o, V& fpr, V& fpi
 }
 
 // The event loop's view of an operator (apply_order and the order-0 source
-// for Op; jacobian.hpp overloads both for its split duals).
-template <bool Complex, class V>
+// for Op; jacobian.hpp overloads both for its split duals, whose order
+// update has a variant for operators with pulse derivatives, Pulse, that
+// the stores pick once per event: a branch inside the order loop would cut
+// the device's straight-line schedule into pieces).
+template <bool Complex, bool Pulse = false, class V>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE void order_update(const Op<V>& o, V& fpr, V& fpi, V& fmr, V& fmi, V& zr,
                                                    V& zi) {
   apply_order<V, Complex>(o, fpr, fpi, fmr, fmi, zr, zi);
+}
+template <class V>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE constexpr bool has_pulse(const Op<V>&) {
+  return false;
+}
+
+// f(std::true_type) where operator o carries pulse derivatives, else
+// f(std::false_type).
+template <class O, class F>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE void with_pulse(const O& o, F&& f) {
+  if (has_pulse(o))
+    f(std::true_type{});
+  else
+    f(std::false_type{});
 }
 
 // The order-0 source of o, times f (1, or on a register team 1 in the
@@ -431,10 +449,12 @@ struct PlaneStore {
   template <class O>
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void apply(const O& o, int band) {
     V dummy{};
-    for (int k = 0; k < band; ++k) {
-      order_update<Complex>(o, fpr[k], Complex ? fpi[k] : dummy, fmr[k], Complex ? fmi[k] : dummy, zr[k],
-                            Complex ? zi[k] : dummy);
-    }
+    with_pulse(o, [&](auto pulse) {
+      for (int k = 0; k < band; ++k) {
+        order_update<Complex, decltype(pulse)::value>(o, fpr[k], Complex ? fpi[k] : dummy, fmr[k],
+                                                      Complex ? fmi[k] : dummy, zr[k], Complex ? zi[k] : dummy);
+      }
+    });
     add_source<Complex>(o, splat<V>(1.0f), fpr[0], Complex ? fpi[0] : dummy, fmr[0], Complex ? fmi[0] : dummy,
                         zr[0]);
   }

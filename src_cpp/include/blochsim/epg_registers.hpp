@@ -145,11 +145,14 @@ BLOCHSIM_UNROLL
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void apply(const O& o, int band) {
     V d0{}, d1{}, d2{};
     if (team.active(band)) {
+      with_pulse(o, [&](auto pulse) {
 BLOCHSIM_UNROLL
-      for (int r = 0; r < R; ++r) {
-        order_update<Complex>(o, pr[r], Complex ? pi[r < RI ? r : 0] : d0, mr[r], Complex ? mi[r < RI ? r : 0] : d1,
-                              zr[r], Complex ? zi[r < RI ? r : 0] : d2);
-      }
+        for (int r = 0; r < R; ++r) {
+          order_update<Complex, decltype(pulse)::value>(o, pr[r], Complex ? pi[r < RI ? r : 0] : d0, mr[r],
+                                                        Complex ? mi[r < RI ? r : 0] : d1, zr[r],
+                                                        Complex ? zi[r < RI ? r : 0] : d2);
+        }
+      });
     }
     add_source<Complex>(o, team.first(), pr[0], Complex ? pi[0] : d0, mr[0], Complex ? mi[0] : d1, zr[0]);
   }
@@ -185,13 +188,15 @@ BLOCHSIM_UNROLL
 #define BLOCHSIM_M(l) (((l) + u) % R)
 #define BLOCHSIM_C(l) ((l) < RI ? (l) : 0)
       if (!Team::band_skips || team.active(band)) {
+        with_pulse(o, [&](auto pulse) {
 BLOCHSIM_UNROLL
-        for (int l = 0; l < R; ++l) {
-          V d0{}, d1{}, d2{};
-          order_update<Complex>(o, pr[BLOCHSIM_P(l)], Complex ? pi[BLOCHSIM_C(BLOCHSIM_P(l))] : d0,
-                                mr[BLOCHSIM_M(l)], Complex ? mi[BLOCHSIM_C(BLOCHSIM_M(l))] : d1, zr[l],
-                                Complex ? zi[BLOCHSIM_C(l)] : d2);
-        }
+          for (int l = 0; l < R; ++l) {
+            V d0{}, d1{}, d2{};
+            order_update<Complex, decltype(pulse)::value>(
+                o, pr[BLOCHSIM_P(l)], Complex ? pi[BLOCHSIM_C(BLOCHSIM_P(l))] : d0, mr[BLOCHSIM_M(l)],
+                Complex ? mi[BLOCHSIM_C(BLOCHSIM_M(l))] : d1, zr[l], Complex ? zi[BLOCHSIM_C(l)] : d2);
+          }
+        });
       }
       {
         V d0{}, d1{};

@@ -182,8 +182,23 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE SplitOp<B, N> split_fuse(const Op<Dual<B, N>>& 
   return r;
 }
 
-// One order under a split operator (see SplitOp).
-template <bool Complex, class B, int N>
+template <class B, int N>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE bool has_pulse(const SplitOp<B, N>& o) {
+  return o.pulse;
+}
+
+// Whether the order update skips the log-derivative factors of directions
+// they do not depend on: a multiply-add each on the host; on the device the
+// branch would cost more than the multiply-add (see order_update in epg.hpp).
+#if defined(__CUDA_ARCH__)
+constexpr bool skip_zero_factors = false;
+#else
+constexpr bool skip_zero_factors = true;
+#endif
+
+// One order under a split operator (see SplitOp); Pulse: whether o carries
+// pulse derivatives (has_pulse).
+template <bool Complex, bool Pulse, class B, int N>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE void order_update(const SplitOp<B, N>& o, Dual<B, N>& fpr, Dual<B, N>& fpi,
                                                    Dual<B, N>& fmr, Dual<B, N>& fmi, Dual<B, N>& zr,
                                                    Dual<B, N>& zi) {
@@ -198,7 +213,7 @@ BLOCHSIM_UNROLL
       tmi = fmi.d[j];
       tzi = zi.d[j];
     }
-    if (o.q_dirs >> j & 1u) {
+    if (!skip_zero_factors || (o.q_dirs >> j & 1u)) {
       const B gr = o.gfr[j];
       tpr += gr * xpr;
       tmr += gr * xmr;
@@ -210,12 +225,12 @@ BLOCHSIM_UNROLL
         tmi += gr * xmi - gi * xmr;
       }
     }
-    if (o.e1_dirs >> j & 1u) {
+    if (!skip_zero_factors || (o.e1_dirs >> j & 1u)) {
       tzr += o.gz[j] * xzr;
       if (Complex) tzi += o.gz[j] * xzi;
     }
     apply_order<B, Complex>(o.v, tpr, tpi, tmr, tmi, tzr, tzi);
-    if (o.pulse) {
+    if (Pulse) {
       B ypr = xpr, ypi = xpi, ymr = xmr, ymi = xmi, yzr = xzr, yzi = xzi;
       apply_order<B, Complex>(o.d[j], ypr, ypi, ymr, ymi, yzr, yzi);
       tpr += ypr;
