@@ -66,6 +66,21 @@ def test_device_mrf_jacobian_T1_T2(benchmark, n):
 
 
 @pytest.mark.parametrize("n", [100_000, 1_000_000])
+def test_device_mrf_jacobian_four_directions(benchmark, n):
+    """(T1, T2, B1, inv_efficiency) in one launch (duals of 8 directions)."""
+    cp = pytest.importorskip("cupy")
+    T1, T2 = reference_tissues(n)
+    tissue = {"T1": cp.asarray(T1, cp.float32), "T2": cp.asarray(T2, cp.float32),
+              "B1": cp.full(n, 0.95, cp.float32), "inv_efficiency": cp.full(n, 0.97, cp.float32)}
+    names = ("T1", "T2", "B1", "inv_efficiency")
+    sim = MRFSimulator(flip=reference_flips(500), TR=10.0, states=32)
+    sim.jacobian(names, **{k: v[:1000] for k, v in tissue.items()})
+    benchmark.pedantic(sim.jacobian, args=(names,), kwargs=tissue, rounds=3, warmup_rounds=1)
+    benchmark.extra_info["atoms"] = n
+    benchmark.extra_info["atoms_per_s_median"] = n / benchmark.stats.stats.median
+
+
+@pytest.mark.parametrize("n", [100_000, 1_000_000])
 def test_device_mrf_flip_train_gradient(benchmark, n):
     """The pullback of L = sum |s|^2 to the 500 flips on the device, CuPy
     cotangent."""

@@ -300,8 +300,13 @@ def test_cuda_error_is_a_python_exception():
     (32, ("T1", "T2"), {}),
     (200, ("T2", "B1", "M0"), {}),
     (64, ("T1", "B0", "T2"), {"B0": np.array([3.0, -5.0, 0.0, 8.0, 1.0])}),
-], ids=["real, 2 directions", "real, 200 states, 3 directions", "complex, 3 directions"])
+    (48, ("T1", "T2", "B1", "M0"), {}),
+    (24, ("T1", "B0", "T2", "B1"), {"B0": np.array([3.0, -5.0, 0.0, 8.0, 1.0])}),
+], ids=["real, 2 directions", "real, 200 states, 3 directions", "complex, 3 directions two a launch",
+        "real, 3 directions in one launch", "complex, 4 directions in one launch"])
 def test_device_jacobian_against_the_host(states, names, extra):
+    # besides M0, up to two directions a launch; more in one launch up to 64
+    # states (real path) or 32 (complex)
     cp = pytest.importorskip("cupy")
     tissue = {"T1": np.array([300.0, 900.0, 2000.0, 1200.0, 700.0]),
               "T2": np.array([30.0, 80.0, 150.0, 40.0, 300.0]),
