@@ -302,11 +302,10 @@ def test_cuda_error_is_a_python_exception():
     (64, ("T1", "B0", "T2"), {"B0": np.array([3.0, -5.0, 0.0, 8.0, 1.0])}),
     (48, ("T1", "T2", "B1", "M0"), {}),
     (24, ("T1", "B0", "T2", "B1"), {"B0": np.array([3.0, -5.0, 0.0, 8.0, 1.0])}),
-], ids=["real, 2 directions", "real, 200 states, 3 directions", "complex, 3 directions two a launch",
-        "real, 3 directions in one launch", "complex, 4 directions in one launch"])
+], ids=["real, 2 directions", "real, 200 states, 2 directions and M0", "complex, 3 directions",
+        "real, 3 directions and M0", "complex, 4 directions"])
 def test_device_jacobian_against_the_host(states, names, extra):
-    # besides M0, up to two directions a launch; more in one launch up to 64
-    # states (real path) or 32 (complex)
+    # M0 from the unscaled signal, the other directions two a launch
     cp = pytest.importorskip("cupy")
     tissue = {"T1": np.array([300.0, 900.0, 2000.0, 1200.0, 700.0]),
               "T2": np.array([30.0, 80.0, 150.0, 40.0, 300.0]),

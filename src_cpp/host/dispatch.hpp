@@ -33,12 +33,10 @@ int host_adjoint2_dispatch(const EventStream& s, const Tissue& t, int outer_fiel
 // 16 or 8 orders each; returns states_exceed_team when K does not fit.
 int host_forward_registers(const EventStream& s, const Tissue& t, float* out, int team);
 
-// The device's Jacobian register path run on the host for testing, with
-// the device's choice of kernel: M0 from the unscaled signal, up to two
-// further directions on a team of 4 members with 8 orders each (4 on the
-// complex path), more in one pass on a team of 4 with 2 orders each (1)
-// up to 8 states (4), else two a pass; returns states_exceed_team past 32
-// (16) states.
+// The device's Jacobian register path run on the host for testing, as the
+// device plays it: M0 from the unscaled signal, the other directions two a
+// pass on a team of 4 members with 8 orders each (4 on the complex path);
+// returns states_exceed_team past 32 (16) states.
 int host_jacobian_registers(const EventStream& s, const Tissue& t, const int* fields, int n_dirs, float* out,
                             float* jac, const float* seeds);
 

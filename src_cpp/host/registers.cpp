@@ -6,8 +6,8 @@
 // member over four members (the block kernel's templates with few enough
 // orders that the test cases cross members and, with team 5, run into the
 // tail in memory that the tail kernel keeps for any K).  The Jacobian's
-// teams of four hold the device's Jacobian kernels' orders per member on
-// duals of two directions or of eight.
+// teams of four hold 8 orders each (4 on the complex path) on duals of two
+// directions, as the device's Jacobian kernel does.
 #include <blochsim/epg_registers.hpp>
 #include <blochsim/jacobian.hpp>
 
@@ -40,17 +40,12 @@ int host_jacobian_registers(const EventStream& s, const Tissue& t, const int* fi
   const int d = validate_directions(fields, n_dirs);
   if (d != ok) return d;
   // as the device's Jacobian warp teams (cuda.cuh jacobian_device): M0
-  // from the unscaled signal; up to two further directions with 8 orders a
-  // member (4 on the complex path); more in one pass with 2 orders a member
-  // (1) where the state fits the team (here of 4, so that both choices are
-  // tested at small K), else two a pass
+  // from the unscaled signal, up to two further directions a pass with 8
+  // orders a member (4 on the complex path)
   const int64_t ns = s.n_samples;
   if (dual_directions(fields, n_dirs) <= 2)
     return s.real_path ? epg::jacobian_registers_host<vfloat4, 2, 8, false>(s, t, fields, n_dirs, out, jac, seeds)
                        : epg::jacobian_registers_host<vfloat4, 2, 4, true>(s, t, fields, n_dirs, out, jac, seeds);
-  if (s.states <= (s.real_path ? 8 : 4))
-    return s.real_path ? epg::jacobian_registers_host<vfloat4, 8, 2, false>(s, t, fields, n_dirs, out, jac, seeds)
-                       : epg::jacobian_registers_host<vfloat4, 8, 1, true>(s, t, fields, n_dirs, out, jac, seeds);
   for (int j0 = 0; j0 < n_dirs; j0 += 2) {
     const int m = n_dirs - j0 < 2 ? n_dirs - j0 : 2;
     std::vector<float> part(static_cast<size_t>(t.n * m * ns * 2));

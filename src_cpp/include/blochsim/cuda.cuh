@@ -464,33 +464,33 @@ __global__ void __launch_bounds__(block_threads(R)) tail_kernel(EventStream s, T
 }
 
 // ---------------------------------------------------------------------------
-// Tissue Jacobians: the warp kernel on duals (jacobian.hpp), tangents in
-// split form, every requested direction in one launch.  The loop plays with
-// M0 = 1 and the sink scales by M0, so M0 is no dual direction (d S / d M0
-// is the unscaled sample).  Two widths: 2 directions (8 orders a lane on the
-// real path, 4 on the complex path) and tissue_fields - 1 = 8, every field
-// but M0 (2 orders a lane, 1 on the complex path).  Past the wide kernel's
-// states, directions go two a launch.
+// Tissue Jacobians: the warp kernel on duals of two directions
+// (jacobian.hpp), tangents in split form, teams of up to 32 lanes with 8
+// orders a lane on the real path and 4 on the complex path.  The loop plays
+// with M0 = 1 and the sink scales by M0, so M0 is no dual direction (d S /
+// d M0 is the unscaled sample); further directions go two a launch.  (Duals
+// of eight directions in one launch, 2 orders a lane, spilled and ran 7x
+// slower than pairs: bench/NOTES.md v0.7.)
 
-template <bool Complex, int ND>
+template <bool Complex>
 BLOCHSIM_HD constexpr int jacobian_orders() {
-  return ND <= 2 ? (Complex ? 4 : 8) : (Complex ? 1 : 2);
+  return Complex ? 4 : 8;
 }
-constexpr int jacobian_wide = tissue_fields - 1;
+constexpr int jacobian_dirs = 2;
 
 struct Directions {
   int n;       // dual directions of this launch
   int total;   // output columns of the call: the stride of jac's rows
-  int m0_col;  // the output column of M0, or -1 (in every launch's first)
-  int field[jacobian_wide];
-  int col[jacobian_wide];     // the output column of dual direction j
-  float seed[jacobian_wide];  // d field / d direction
+  int m0_col;  // the output column of M0, or -1 (in the first launch only)
+  int field[jacobian_dirs];
+  int col[jacobian_dirs];     // the output column of dual direction j
+  float seed[jacobian_dirs];  // d field / d direction
   float m0_seed;              // d M0 / d its column
 };
 
 // Member 0 of a team writes its problem's samples and their derivatives.
-template <int ND>
 struct JacobianDeviceSink {
+  static constexpr int ND = jacobian_dirs;
   float2* row;   // the problem's samples
   float2* jrow;  // its (total, n_samples) derivatives
   int64_t n_samples;
@@ -508,14 +508,15 @@ BLOCHSIM_UNROLL
   }
 };
 
-template <bool Complex, int ND>
+template <bool Complex>
 __global__ void __launch_bounds__(warp_block) jacobian_kernel(EventStream s, Tissue t,
                                                              const __grid_constant__ Directions dirs, float* out,
                                                              float* jac, int T, int32_t window) {
   // (the sink reads dirs in place: __grid_constant__ lets it take the
   // parameter's address without a copy to local memory)
+  constexpr int ND = jacobian_dirs;
   using D = Dual<float, ND>;
-  constexpr int R = jacobian_orders<Complex, ND>();
+  constexpr int R = jacobian_orders<Complex>();
   extern __shared__ __align__(16) unsigned char shared[];
   const BlockShared sm{shared, window, static_cast<int>(blockDim.x)};
   const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -526,7 +527,7 @@ __global__ void __launch_bounds__(warp_block) jacobian_kernel(EventStream s, Tis
   epg::SplitStore<epg::RegisterStore<D, R, Complex, WarpTeam<false>>, float, ND, Complex> st;
   st.directions(dirs.field, dirs.n);
   st.init(s, lt, WarpTeam<false>{at.rank, T, at.rank * R, at.last, sm.records()});
-  JacobianDeviceSink<ND> sink{reinterpret_cast<float2*>(out) + at.problem * s.n_samples,
+  JacobianDeviceSink sink{reinterpret_cast<float2*>(out) + at.problem * s.n_samples,
                               reinterpret_cast<float2*>(jac) + at.problem * dirs.total * s.n_samples, s.n_samples,
                               &dirs, m0, at.writer};
   epg::play<D, Complex>(s, t, lt, st, sink);
@@ -757,34 +758,21 @@ inline int launch(const EventStream& ds, const Tissue& t, float* out, cudaStream
   return ok;
 }
 
-template <bool Complex, int ND>
-inline void launch_jacobian_kernel(const EventStream& ds, const Tissue& t, const Directions& dirs, float* out,
-                                   float* jac, cudaStream_t st) {
-  constexpr int R = jacobian_orders<Complex, ND>();
+inline int launch_jacobian(const EventStream& ds, const Tissue& t, const Directions& dirs, float* out,
+                           float* jac, cudaStream_t st, char* err, int n) {
+  no_stale_error();
+  const bool cplx = !ds.real_path;
+  const int R = cplx ? jacobian_orders<true>() : jacobian_orders<false>();
   const int T = (ds.states + R - 1) / R;
   const int32_t w = window_records(ds);
   const int per = 32 / T;
   const int64_t warps = (t.n + per - 1) / per;
   const unsigned blocks = static_cast<unsigned>((warps * 32 + warp_block - 1) / warp_block);
   const size_t smem = BlockShared::bytes(w, warp_block);
-  jacobian_kernel<Complex, ND><<<blocks, warp_block, smem, st>>>(ds, t, dirs, out, jac, T, w);
-}
-
-inline int launch_jacobian(const EventStream& ds, const Tissue& t, const Directions& dirs, float* out,
-                           float* jac, cudaStream_t st, char* err, int n) {
-  no_stale_error();
-  const bool cplx = !ds.real_path;
-  if (dirs.n <= 2) {
-    if (cplx)
-      launch_jacobian_kernel<true, 2>(ds, t, dirs, out, jac, st);
-    else
-      launch_jacobian_kernel<false, 2>(ds, t, dirs, out, jac, st);
-  } else {
-    if (cplx)
-      launch_jacobian_kernel<true, jacobian_wide>(ds, t, dirs, out, jac, st);
-    else
-      launch_jacobian_kernel<false, jacobian_wide>(ds, t, dirs, out, jac, st);
-  }
+  if (cplx)
+    jacobian_kernel<true><<<blocks, warp_block, smem, st>>>(ds, t, dirs, out, jac, T, w);
+  else
+    jacobian_kernel<false><<<blocks, warp_block, smem, st>>>(ds, t, dirs, out, jac, T, w);
   BLOCHSIM_CUDA(cudaGetLastError(), "jacobian_kernel launch");
   return ok;
 }
@@ -856,30 +844,21 @@ inline int forward_device(const EventStream& s, const Tissue& t, float* out, cud
   return ok;
 }
 
-// The most states a device Jacobian holds: a warp team's registers at two
-// directions a launch.
+// The most states a device Jacobian holds: a warp team's registers.
 inline int jacobian_max_states(bool real_path) {
-  return 32 * (real_path ? detail::jacobian_orders<false, 2>() : detail::jacobian_orders<true, 2>());
-}
-
-// The most states for which the device Jacobian carries every direction in
-// one launch.
-inline int jacobian_one_pass_states(bool real_path) {
-  return 32 * (real_path ? detail::jacobian_orders<false, detail::jacobian_wide>()
-                         : detail::jacobian_orders<true, detail::jacobian_wide>());
+  return 32 * (real_path ? detail::jacobian_orders<false>() : detail::jacobian_orders<true>());
 }
 
 // Signal and tissue Jacobian on the device: out as forward_device, jac
 // (t.n, n_dirs, s.n_samples) complex64 interleaved (device pointers), the
 // derivative of each sample with respect to tissue field fields[j]
 // (TissueField) in its SI unit, for 1 <= n_dirs <= tissue_fields distinct
-// fields.  M0 comes with the signal; the other directions go in one launch
-// (one pass over the events) when they are at most two or when the state
-// has at most jacobian_one_pass_states(s.real_path) orders, else two a
-// launch.  With seeds, direction j is seeded d field / d direction =
-// seeds[j] (the SI value of one public unit gives derivatives per public
-// unit).  At most jacobian_max_states(s.real_path) states
-// (states_exceed_team past them).  Ordered on `stream`, not synchronised.
+// fields.  M0 comes with the signal; the other directions go two a launch,
+// in one pass over the events each.  With seeds, direction j is seeded
+// d field / d direction = seeds[j] (the SI value of one public unit gives
+// derivatives per public unit).  At most jacobian_max_states(s.real_path)
+// states (states_exceed_team past them).  Ordered on `stream`, not
+// synchronised.
 inline int jacobian_device(const EventStream& s, const Tissue& t, const int* fields, int n_dirs, float* out,
                            float* jac, cudaStream_t stream, char* err = nullptr, int n = 0,
                            const float* seeds = nullptr) {
@@ -901,12 +880,10 @@ inline int jacobian_device(const EventStream& s, const Tissue& t, const int* fie
     else
       cols[nd++] = j;
   }
-  const int per_launch =
-      s.states <= jacobian_one_pass_states(s.real_path != 0) ? detail::jacobian_wide : 2;
   // every launch writes the signal; the first also M0's column
-  for (int j0 = 0; r == ok && (j0 < nd || j0 == 0); j0 += per_launch) {
+  for (int j0 = 0; r == ok && (j0 < nd || j0 == 0); j0 += detail::jacobian_dirs) {
     detail::Directions dirs{};
-    dirs.n = std::min(per_launch, nd - j0);
+    dirs.n = std::min(detail::jacobian_dirs, nd - j0);
     dirs.total = n_dirs;
     dirs.m0_col = j0 == 0 ? m0_col : -1;
     dirs.m0_seed = m0_col >= 0 && seeds ? seeds[m0_col] : 1.0f;
