@@ -871,26 +871,18 @@ inline int jacobian_device(const EventStream& s, const Tissue& t, const int* fie
   detail::DeviceStream d;
   int r = detail::upload_stream(s, d, stream, err, n);
   if (r != ok) return r;
-  int m0_col = -1;
-  int cols[tissue_fields];
-  int nd = 0;
-  for (int j = 0; j < n_dirs; ++j) {
-    if (fields[j] == field_M0)
-      m0_col = j;
-    else
-      cols[nd++] = j;
-  }
+  const epg::DirectionSlots ds(fields, n_dirs, seeds);
   // every launch writes the signal; the first also M0's column
-  for (int j0 = 0; r == ok && (j0 < nd || j0 == 0); j0 += detail::jacobian_dirs) {
+  for (int j0 = 0; r == ok && (j0 < ds.n_duals || j0 == 0); j0 += detail::jacobian_dirs) {
     detail::Directions dirs{};
-    dirs.n = std::min(detail::jacobian_dirs, nd - j0);
+    dirs.n = std::min(detail::jacobian_dirs, ds.n_duals - j0);
     dirs.total = n_dirs;
-    dirs.m0_col = j0 == 0 ? m0_col : -1;
-    dirs.m0_seed = m0_col >= 0 && seeds ? seeds[m0_col] : 1.0f;
+    dirs.m0_col = j0 == 0 ? ds.m0_col : -1;
+    dirs.m0_seed = ds.m0_seed;
     for (int j = 0; j < dirs.n; ++j) {
-      dirs.col[j] = cols[j0 + j];
-      dirs.field[j] = fields[cols[j0 + j]];
-      dirs.seed[j] = seeds ? seeds[cols[j0 + j]] : 1.0f;
+      dirs.col[j] = ds.col[j0 + j];
+      dirs.field[j] = ds.duals[j0 + j];
+      dirs.seed[j] = ds.dseeds[j0 + j];
     }
     r = detail::launch_jacobian(d.ds, t, dirs, out, jac, stream, err, n);
   }

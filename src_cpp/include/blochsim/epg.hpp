@@ -390,11 +390,23 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void relax_order(const IvCoef<V>& c, const V& g
   }
 }
 
+// The operator an event applies, as a store hands it to play(): a pulse (or
+// inversion) o alone, or after the interval c.  jacobian.hpp's SplitStore
+// replaces these for its duals.
+template <class V, bool Complex>
+struct FusedOps {
+  using OpT = Op<V>;
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE OpT as_op(const Op<V>& o) const { return o; }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE OpT fused(const Op<V>& o, const IvCoef<V>& c) const {
+    return fuse<V, Complex>(o, c);
+  }
+};
+
 // --------------------------------------------------------------------------
 // PlaneStore: every order in memory, (orders,) of V per real component.
 
 template <class V, bool Complex>
-struct PlaneStore {
+struct PlaneStore : FusedOps<V, Complex> {
   Plane<V> fpr, fmr, zr, fpi, fmi, zi;
   V* ivt;  // (n_intervals, 6) tabulated IvCoef, in the order of its fields
   int K;
@@ -437,14 +449,6 @@ struct PlaneStore {
   }
 
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE IvCoef<V> interval(int64_t iv) const { return load_coef(ivt + 6 * iv); }
-
-  // The operator an event applies: a pulse (or inversion) o alone, or after
-  // the interval c.
-  using OpT = Op<V>;
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE OpT as_op(const Op<V>& o) const { return o; }
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE OpT fused(const Op<V>& o, const IvCoef<V>& c) const {
-    return fuse<V, Complex>(o, c);
-  }
 
   template <class O>
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void apply(const O& o, int band) {

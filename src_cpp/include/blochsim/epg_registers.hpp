@@ -95,7 +95,7 @@ struct LaneTeam {
 };
 
 template <class V, int R, bool Complex, class Team>
-struct RegisterStore {
+struct RegisterStore : FusedOps<V, Complex> {
   static constexpr int RI = Complex ? R : 1;
   V pr[R], mr[R], zr[R];
   V pi[RI], mi[RI], zi[RI];
@@ -131,14 +131,6 @@ BLOCHSIM_UNROLL
       cached_iv = iv;
     }
     return cached;
-  }
-
-  // The operator an event applies: a pulse (or inversion) o alone, or after
-  // the interval c.
-  using OpT = Op<V>;
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE OpT as_op(const Op<V>& o) const { return o; }
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE OpT fused(const Op<V>& o, const IvCoef<V>& c) const {
-    return fuse<V, Complex>(o, c);
   }
 
   template <class O>

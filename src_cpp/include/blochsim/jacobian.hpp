@@ -279,17 +279,8 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void add_source(const SplitOp<B, N>& o, const F
                                                  Dual<B, N>& fpi, Dual<B, N>& fmr, Dual<B, N>& fmi,
                                                  Dual<B, N>& zr) {
   const B f = flag_value(flag);  // 0 or 1
-  auto add = [&](const Op<B>& s, B& pr, B& pi, B& mr, B& mi, B& z) {
-    pr += f * s.jr;
-    mr += f * s.jr;
-    z += f * s.jz;
-    if (Complex) {
-      pi += f * s.ji;
-      mi -= f * s.ji;
-    }
-  };
-  add(o.v, fpr.v, fpi.v, fmr.v, fmi.v, zr.v);
-  for (int j = 0; j < N; ++j) add(o.d[j], fpr.d[j], fpi.d[j], fmr.d[j], fmi.d[j], zr.d[j]);
+  add_source<Complex>(o.v, f, fpr.v, fpi.v, fmr.v, fmi.v, zr.v);
+  for (int j = 0; j < N; ++j) add_source<Complex>(o.d[j], f, fpr.d[j], fpi.d[j], fmr.d[j], fmi.d[j], zr.d[j]);
 }
 
 // A store on duals (PlaneStore or RegisterStore of Dual<B, N>) that plays
@@ -334,6 +325,33 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void seed(LaneTissue<Dual<V, N>>& lt, int f, in
                                        &lt.B0, &lt.D,  &lt.v,  &lt.eta};
   fields[f]->d[j] = splat<V>(value);
 }
+
+// The requested directions fields[0 .. n_dirs) as the kernels carry them:
+// M0 (column m0_col, or -1) from the unscaled signal, the others as dual
+// directions duals[0 .. n_duals) seeded with dseeds[] (column j is dual
+// direction slot[j], dual direction k column col[k]).
+struct DirectionSlots {
+  int slot[tissue_fields], duals[tissue_fields], col[tissue_fields];
+  float dseeds[tissue_fields];
+  int m0_col = -1, n_duals = 0;
+  float m0_seed = 1.0f;  // d M0 / d column m0_col
+
+  BLOCHSIM_HD DirectionSlots(const int* fields, int n_dirs, const float* seeds) {
+    for (int j = 0; j < n_dirs; ++j) {
+      const float sd = seeds ? seeds[j] : 1.0f;
+      if (fields[j] == field_M0) {
+        m0_col = j;
+        m0_seed = sd;
+        slot[j] = 0;
+      } else {
+        duals[n_duals] = fields[j];
+        dseeds[n_duals] = sd;
+        col[n_duals] = j;
+        slot[j] = n_duals++;
+      }
+    }
+  }
+};
 
 // Writes the samples of a lane vector of problems [first, first + width)
 // and their n_dirs derivatives, skipping lanes past n.  The event loop plays
@@ -386,25 +404,14 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE int jacobian_block(const EventStream& s, const 
   int64_t idx[W];
   lane_indices<W>(first, t.n, idx);
   LaneTissue<T> lt = gather<T>(t, idx);
-  int slot[tissue_fields], duals[tissue_fields];
-  int m0_dir = -1, k = 0;
-  for (int j = 0; j < n_dirs; ++j) {
-    if (fields[j] == field_M0) {
-      m0_dir = j;
-      slot[j] = 0;
-    } else {
-      seed(lt, fields[j], k, seeds ? seeds[j] : 1.0f);
-      duals[k] = fields[j];
-      slot[j] = k++;
-    }
-  }
+  const DirectionSlots ds(fields, n_dirs, seeds);
+  for (int k = 0; k < ds.n_duals; ++k) seed(lt, ds.duals[k], k, ds.dseeds[k]);
   const V m0 = lt.M0.v;
   lt.M0 = T(1.0f);
   SplitStore<PlaneStore<T, Complex>, V, N, Complex> st;
-  st.directions(duals, k);
+  st.directions(ds.duals, ds.n_duals);
   st.template init<double>(s, lt, work);
-  JacobianSink<V, N> sink{out, jac, first, t.n, s.n_samples, n_dirs, m0_dir, slot, m0,
-                          m0_dir >= 0 && seeds ? seeds[m0_dir] : 1.0f};
+  JacobianSink<V, N> sink{out, jac, first, t.n, s.n_samples, n_dirs, ds.m0_col, ds.slot, m0, ds.m0_seed};
   play<T, Complex>(s, t, lt, st, sink);
   return ok;
 }
@@ -492,32 +499,19 @@ inline int jacobian_registers_host(const EventStream& s, const Tissue& t, const 
   pack_events(s, records.data());
   EventStream sr = s;
   sr.records = records.data();
-  int slot[tissue_fields], duals[tissue_fields];
-  float dseeds[tissue_fields];
-  int m0_dir = -1, k = 0;
-  for (int j = 0; j < n_dirs; ++j) {
-    if (fields[j] == field_M0) {
-      m0_dir = j;
-      slot[j] = 0;
-    } else {
-      duals[k] = fields[j];
-      dseeds[k] = seeds ? seeds[j] : 1.0f;
-      slot[j] = k++;
-    }
-  }
-  const float m0_seed = m0_dir >= 0 && seeds ? seeds[m0_dir] : 1.0f;
+  const DirectionSlots ds(fields, n_dirs, seeds);
   using LT = Lanes<T>;
   for (int64_t p = 0; p < t.n; ++p) {
-    LaneTissue<Dual<float, N>> one = seeded_tissue<N>(t, p, duals, k, dseeds);
+    LaneTissue<Dual<float, N>> one = seeded_tissue<N>(t, p, ds.duals, ds.n_duals, ds.dseeds);
     const float m0 = one.M0.v;
     one.M0 = Dual<float, N>(1.0f);
     const LaneTissue<T> lt = {LT::splat(one.T1), LT::splat(one.T2),      LT::splat(one.M0),
                               LT::splat(one.B1), LT::splat(one.B1phase), LT::splat(one.B0),
                               LT::splat(one.D),  LT::splat(one.v),       LT::splat(one.eta)};
     SplitStore<RegisterStore<T, R, Complex, Team>, V, N, Complex> st;
-    st.directions(duals, k);
+    st.directions(ds.duals, ds.n_duals);
     st.init(sr, lt, Team{});
-    TeamJacobianSink<V, N> sink{out, jac, p, s.n_samples, n_dirs, m0_dir, slot, m0, m0_seed};
+    TeamJacobianSink<V, N> sink{out, jac, p, s.n_samples, n_dirs, ds.m0_col, ds.slot, m0, ds.m0_seed};
     play<T, Complex>(sr, t, lt, st, sink);
   }
   return ok;
