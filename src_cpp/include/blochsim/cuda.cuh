@@ -528,8 +528,8 @@ __global__ void __launch_bounds__(warp_block) jacobian_kernel(EventStream s, Tis
   st.directions(dirs.field, dirs.n);
   st.init(s, lt, WarpTeam<false>{at.rank, T, at.rank * R, at.last, sm.records()});
   JacobianDeviceSink sink{reinterpret_cast<float2*>(out) + at.problem * s.n_samples,
-                              reinterpret_cast<float2*>(jac) + at.problem * dirs.total * s.n_samples, s.n_samples,
-                              &dirs, m0, at.writer};
+                          reinterpret_cast<float2*>(jac) + at.problem * dirs.total * s.n_samples, s.n_samples,
+                          &dirs, m0, at.writer};
   epg::play<D, Complex>(s, t, lt, st, sink);
 }
 
