@@ -7,6 +7,8 @@
 //        [-DBLOCHSIM_WARP_ORDERS_REAL=16 ...] bench/device_kernel.cu -o device_kernel
 //   ./device_kernel [atoms ...]      reference workload, real and complex paths
 //   ./device_kernel states           real path at 1e5 atoms over a range of K
+//   ./device_kernel jacobian [atoms ...]   the Jacobian (jacobian_device) in
+//                                    (T1, T2), (T1, T2, M0) and (T1, T2, B1, eta)
 #include <blochsim/cuda.cuh>
 #include <blochsim/host.hpp>
 
@@ -158,6 +160,91 @@ double median_ms(const blochsim::EventStream& s, const DeviceProblem& p, cudaStr
   return ms[ms.size() / 2];
 }
 
+void host_jacobian(const blochsim::EventStream& s, const blochsim::Tissue& t, const int* fields, int n_dirs,
+                   float* out, float* jac) {
+#if !defined(__CUDA_ARCH__)
+  blochsim::host::jacobian_status(s, t, fields, n_dirs, out, jac, 2);
+#endif
+}
+
+// Median milliseconds of jacobian_device along fields[0 .. n_dirs) and the
+// largest difference of the first problems' Jacobians from the host
+// backend's, relative to the largest host value of each column.
+double jacobian_ms(const blochsim::EventStream& s, const DeviceProblem& p, const int* fields, int n_dirs,
+                   cudaStream_t cs, int reps, double* rel) {
+  float* djac = nullptr;
+  CHECK(cudaMalloc(&djac, p.n * n_dirs * n_tr * 2 * sizeof(float)));
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  std::vector<float> ms;
+  char err[256] = {0};
+  for (int rep = 0; rep <= reps; ++rep) {
+    CHECK(cudaEventRecord(a, cs));
+    const int r = blochsim::cuda::jacobian_device(s, p.t, fields, n_dirs, p.dout, djac, cs, err, sizeof err);
+    if (r != 0) {
+      std::fprintf(stderr, "device_kernel: jacobian_device: %d %s\n", r, err);
+      std::exit(1);
+    }
+    CHECK(cudaEventRecord(b, cs));
+    CHECK(cudaEventSynchronize(b));
+    float m = 0;
+    CHECK(cudaEventElapsedTime(&m, a, b));
+    if (rep > 0) ms.push_back(m);
+  }
+  CHECK(cudaEventDestroy(a));
+  CHECK(cudaEventDestroy(b));
+  const int64_t nc = std::min<int64_t>(p.n, 64);
+  const size_t per = static_cast<size_t>(n_dirs) * n_tr * 2;
+  std::vector<float> dev(nc * per), host(nc * per), hout(nc * n_tr * 2);
+  CHECK(cudaMemcpy(dev.data(), djac, dev.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  CHECK(cudaFree(djac));
+  blochsim::Tissue th = p.t;
+  th.n = nc;
+  th.T1_s = {p.T1.data(), 1, 0.0f};
+  th.T2_s = {p.T2.data(), 1, 0.0f};
+  host_jacobian(s, th, fields, n_dirs, hout.data(), host.data());
+  *rel = 0;
+  for (int j = 0; j < n_dirs; ++j) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < nc; ++i)
+      for (int k = 0; k < n_tr * 2; ++k) {
+        const size_t at = (i * n_dirs + j) * n_tr * 2 + k;
+        num = std::max(num, double(std::fabs(dev[at] - host[at])));
+        den = std::max(den, double(std::fabs(host[at])));
+      }
+    *rel = std::max(*rel, den > 0 ? num / den : num);
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+int jacobians(const std::vector<int64_t>& sizes, cudaStream_t cs) {
+  using namespace blochsim;
+  std::printf("jacobian: %d directions a team, orders a lane real %d, complex %d\n", BLOCHSIM_JACOBIAN_DIRS,
+              BLOCHSIM_JACOBIAN_ORDERS_REAL, BLOCHSIM_JACOBIAN_ORDERS_COMPLEX);
+  const int sets[3][4] = {{field_T1, field_T2}, {field_T1, field_T2, field_M0}, {field_T1, field_T2, field_B1, field_eta}};
+  const int counts[3] = {2, 3, 4};
+  const char* names[3] = {"T1,T2", "T1,T2,M0", "T1,T2,B1,eta"};
+  for (int path = 0; path < 2; ++path) {
+    const bool real_path = path == 0;
+    const Mrf mrf(!real_path);
+    const EventStream s = mrf.view(real_path);
+    for (int64_t n : sizes) {
+      const DeviceProblem p(n);
+      const double fwd = median_ms(s, p, cs, 5);
+      for (int k = 0; k < 3; ++k) {
+        double rel = 0;
+        const double med = jacobian_ms(s, p, sets[k], counts[k], cs, 5, &rel);
+        std::printf("%-8s n=%-8lld %-13s median %8.3f ms  %8.2f M atoms/s  %.2fx forward  max|dev-host|/max|host| %.2e\n",
+                    real_path ? "real" : "complex", static_cast<long long>(n), names[k], med, n / med * 1e-3,
+                    med / fwd, rel);
+      }
+    }
+  }
+  return 0;
+}
+
 // Atoms/s of the real path at 1e5 atoms for K on both sides of the kernel
 // boundaries (one thread, warp teams of 2 ... 32 lanes, block teams, then
 // planes), 500 events; atoms x K / s shows the cost per order.
@@ -178,9 +265,12 @@ int states_sweep(cudaStream_t cs) {
 int main(int argc, char** argv) {
   std::vector<int64_t> sizes;
   int sweep = 0;  // "states": the real path at 1e5 atoms over K instead
+  bool jac = false;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "states")
       sweep = 1;
+    else if (std::string(argv[i]) == "jacobian")
+      jac = true;
     else
       sizes.push_back(std::atoll(argv[i]));
   }
@@ -188,6 +278,7 @@ int main(int argc, char** argv) {
   cudaStream_t cs;
   CHECK(cudaStreamCreate(&cs));
   if (sweep) return states_sweep(cs);
+  if (jac) return jacobians(sizes, cs);
   std::printf("warp orders per thread: real %d, complex %d\n", BLOCHSIM_WARP_ORDERS_REAL,
               BLOCHSIM_WARP_ORDERS_COMPLEX);
   for (int path = 0; path < 2; ++path) {

@@ -67,7 +67,7 @@ def test_device_mrf_jacobian_T1_T2(benchmark, n):
 
 @pytest.mark.parametrize("n", [100_000, 1_000_000])
 def test_device_mrf_jacobian_four_directions(benchmark, n):
-    """(T1, T2, B1, inv_efficiency): two launches of two directions."""
+    """(T1, T2, B1, inv_efficiency): one launch, two teams of two directions a voxel."""
     cp = pytest.importorskip("cupy")
     T1, T2 = reference_tissues(n)
     tissue = {"T1": cp.asarray(T1, cp.float32), "T2": cp.asarray(T2, cp.float32),

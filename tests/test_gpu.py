@@ -305,7 +305,7 @@ def test_cuda_error_is_a_python_exception():
 ], ids=["real, 2 directions", "real, 200 states, 2 directions and M0", "complex, 3 directions",
         "real, 3 directions and M0", "complex, 4 directions"])
 def test_device_jacobian_against_the_host(states, names, extra):
-    # M0 from the unscaled signal, the other directions two a launch
+    # M0 from the unscaled signal, the other directions two to a team, one launch
     cp = pytest.importorskip("cupy")
     tissue = {"T1": np.array([300.0, 900.0, 2000.0, 1200.0, 700.0]),
               "T2": np.array([30.0, 80.0, 150.0, 40.0, 300.0]),

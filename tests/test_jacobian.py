@@ -290,7 +290,7 @@ def test_function_forms_take_diff():
 ], ids=["real, 2 directions", "real, truncated, 2 directions and M0", "complex, 3 directions",
         "real, 4 directions and M0", "complex, truncated, 5 directions and M0"])
 def test_device_jacobian_templates_on_the_host(states, names, extra):
-    # M0 from the unscaled signal, the other directions two a pass
+    # M0 from the unscaled signal, the other directions two to a team
     kw = {"T1": np.array([700.0, 1600.0]), "T2": np.array([50.0, 140.0]), "B1": np.array([0.9, 1.05]),
           "M0": 0.8, **extra}
     sim = Train(states=states)

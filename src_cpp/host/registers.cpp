@@ -40,7 +40,8 @@ int host_jacobian_registers(const EventStream& s, const Tissue& t, const int* fi
   const int d = validate_directions(fields, n_dirs);
   if (d != ok) return d;
   // as the device's Jacobian warp teams (cuda.cuh jacobian_device): M0
-  // from the unscaled signal, up to two further directions a pass with 8
+  // from the unscaled signal, the further directions two to a team (the
+  // device's grid of direction groups, here one group after another) with 8
   // orders a member (4 on the complex path)
   const int64_t ns = s.n_samples;
   if (dual_directions(fields, n_dirs) <= 2)

@@ -464,52 +464,76 @@ __global__ void __launch_bounds__(block_threads(R)) tail_kernel(EventStream s, T
 }
 
 // ---------------------------------------------------------------------------
-// Tissue Jacobians: the warp kernel on duals of two directions
-// (jacobian.hpp), tangents in split form, teams of up to 32 lanes with 8
-// orders a lane on the real path and 4 on the complex path.  The loop plays
-// with M0 = 1 and the sink scales by M0, so M0 is no dual direction (d S /
-// d M0 is the unscaled sample); further directions go two a launch.  (Duals
-// of eight directions in one launch, 2 orders a lane, spilled and ran 7x
-// slower than pairs: bench/NOTES.md v0.7.)
+// Tissue Jacobians: the warp kernel on duals (jacobian.hpp), tangents in
+// split form.  One launch covers every direction: the grid's y index is a
+// group of up to jacobian_dirs dual directions, and each team carries its
+// problem's value with its group's tangents, so that no team holds more than
+// jacobian_dirs of them (duals of eight directions in one team, 2 orders a
+// lane, spilled and ran 7x slower than pairs: bench/NOTES.md v0.7).  The
+// loop plays with M0 = 1 and the sink scales by M0, so M0 is no dual
+// direction (d S / d M0 is the unscaled sample, written by group 0 with the
+// signal).
 
+#ifndef BLOCHSIM_JACOBIAN_DIRS
+#define BLOCHSIM_JACOBIAN_DIRS 2
+#endif
+#ifndef BLOCHSIM_JACOBIAN_ORDERS_REAL
+#define BLOCHSIM_JACOBIAN_ORDERS_REAL 8
+#endif
+#ifndef BLOCHSIM_JACOBIAN_ORDERS_COMPLEX
+#define BLOCHSIM_JACOBIAN_ORDERS_COMPLEX 4
+#endif
+#ifndef BLOCHSIM_JACOBIAN_MIN_BLOCKS
+#define BLOCHSIM_JACOBIAN_MIN_BLOCKS 1
+#endif
+// Dual directions a team carries, orders a lane, and the blocks per SM
+// the kernel's register budget is sized for (compile-time: -D to tune with
+// bench/device_tune_jacobian.sh; the layouts measured are in bench/NOTES.md
+// v0.8, none faster than these).
+constexpr int jacobian_dirs = BLOCHSIM_JACOBIAN_DIRS;
+constexpr int jacobian_min_blocks = BLOCHSIM_JACOBIAN_MIN_BLOCKS;
 template <bool Complex>
 BLOCHSIM_HD constexpr int jacobian_orders() {
-  return Complex ? 4 : 8;
+  return Complex ? BLOCHSIM_JACOBIAN_ORDERS_COMPLEX : BLOCHSIM_JACOBIAN_ORDERS_REAL;
 }
-constexpr int jacobian_dirs = 2;
 
 struct Directions {
-  int n;       // dual directions of this launch
+  int n;       // dual directions of the call
   int total;   // output columns of the call: the stride of jac's rows
-  int m0_col;  // the output column of M0, or -1 (in the first launch only)
-  int field[jacobian_dirs];
-  int col[jacobian_dirs];     // the output column of dual direction j
-  float seed[jacobian_dirs];  // d field / d direction
+  int m0_col;  // the output column of M0, or -1
+  int field[tissue_fields];
+  int col[tissue_fields];     // the output column of dual direction j
+  float seed[tissue_fields];  // d field / d direction
   float m0_seed;              // d M0 / d its column
 };
 
-// Member 0 of a team writes its problem's samples and their derivatives.
+// Member 0 of a team writes its group's derivatives of its problem's
+// samples, and group 0 the samples and d / d M0.
 struct JacobianDeviceSink {
   static constexpr int ND = jacobian_dirs;
   float2* row;   // the problem's samples
   float2* jrow;  // its (total, n_samples) derivatives
   int64_t n_samples;
   const Directions* dirs;
+  int first;  // the group's first dual direction
   float m0;
-  bool writer;
+  bool writer, values;
   BLOCHSIM_HD void write(int64_t slot, const Dual<float, ND>& re, const Dual<float, ND>& im) {
     if (!writer) return;
-    row[slot] = make_float2(m0 * re.v, m0 * im.v);
-    if (dirs->m0_col >= 0)
-      jrow[dirs->m0_col * n_samples + slot] = make_float2(dirs->m0_seed * re.v, dirs->m0_seed * im.v);
+    if (values) {
+      row[slot] = make_float2(m0 * re.v, m0 * im.v);
+      if (dirs->m0_col >= 0)
+        jrow[dirs->m0_col * n_samples + slot] = make_float2(dirs->m0_seed * re.v, dirs->m0_seed * im.v);
+    }
 BLOCHSIM_UNROLL
     for (int j = 0; j < ND; ++j)
-      if (j < dirs->n) jrow[dirs->col[j] * n_samples + slot] = make_float2(m0 * re.d[j], m0 * im.d[j]);
+      if (first + j < dirs->n)
+        jrow[dirs->col[first + j] * n_samples + slot] = make_float2(m0 * re.d[j], m0 * im.d[j]);
   }
 };
 
 template <bool Complex>
-__global__ void __launch_bounds__(warp_block) jacobian_kernel(EventStream s, Tissue t,
+__global__ void __launch_bounds__(warp_block, jacobian_min_blocks) jacobian_kernel(EventStream s, Tissue t,
                                                              const __grid_constant__ Directions dirs, float* out,
                                                              float* jac, int T, int32_t window) {
   // (the sink reads dirs in place: __grid_constant__ lets it take the
@@ -521,15 +545,22 @@ __global__ void __launch_bounds__(warp_block) jacobian_kernel(EventStream s, Tis
   const BlockShared sm{shared, window, static_cast<int>(blockDim.x)};
   const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const Seat at = seat(g / 32, static_cast<int>(g % 32), 32, T, 32 / T, t.n);
-  epg::LaneTissue<D> lt = epg::seeded_tissue<ND>(t, at.problem, dirs.field, dirs.n, dirs.seed);
+  const int first = static_cast<int>(blockIdx.y) * ND;
+  const int count = dirs.n - first < ND ? dirs.n - first : ND;
+  epg::LaneTissue<D> lt = epg::seeded_tissue<ND>(t, at.problem, dirs.field + first, count, dirs.seed + first);
   const float m0 = lt.M0.v;
   lt.M0 = D(1.0f);
   epg::SplitStore<epg::RegisterStore<D, R, Complex, WarpTeam<false>>, float, ND, Complex> st;
-  st.directions(dirs.field, dirs.n);
+  st.directions(dirs.field + first, count);
   st.init(s, lt, WarpTeam<false>{at.rank, T, at.rank * R, at.last, sm.records()});
   JacobianDeviceSink sink{reinterpret_cast<float2*>(out) + at.problem * s.n_samples,
-                          reinterpret_cast<float2*>(jac) + at.problem * dirs.total * s.n_samples, s.n_samples,
-                          &dirs, m0, at.writer};
+                          reinterpret_cast<float2*>(jac) + at.problem * dirs.total * s.n_samples,
+                          s.n_samples,
+                          &dirs,
+                          first,
+                          m0,
+                          at.writer,
+                          blockIdx.y == 0};
   epg::play<D, Complex>(s, t, lt, st, sink);
 }
 
@@ -769,10 +800,11 @@ inline int launch_jacobian(const EventStream& ds, const Tissue& t, const Directi
   const int64_t warps = (t.n + per - 1) / per;
   const unsigned blocks = static_cast<unsigned>((warps * 32 + warp_block - 1) / warp_block);
   const size_t smem = BlockShared::bytes(w, warp_block);
+  const dim3 grid(blocks, static_cast<unsigned>(std::max(1, (dirs.n + jacobian_dirs - 1) / jacobian_dirs)));
   if (cplx)
-    jacobian_kernel<true><<<blocks, warp_block, smem, st>>>(ds, t, dirs, out, jac, T, w);
+    jacobian_kernel<true><<<grid, warp_block, smem, st>>>(ds, t, dirs, out, jac, T, w);
   else
-    jacobian_kernel<false><<<blocks, warp_block, smem, st>>>(ds, t, dirs, out, jac, T, w);
+    jacobian_kernel<false><<<grid, warp_block, smem, st>>>(ds, t, dirs, out, jac, T, w);
   BLOCHSIM_CUDA(cudaGetLastError(), "jacobian_kernel launch");
   return ok;
 }
@@ -853,8 +885,9 @@ inline int jacobian_max_states(bool real_path) {
 // (t.n, n_dirs, s.n_samples) complex64 interleaved (device pointers), the
 // derivative of each sample with respect to tissue field fields[j]
 // (TissueField) in its SI unit, for 1 <= n_dirs <= tissue_fields distinct
-// fields.  M0 comes with the signal; the other directions go two a launch,
-// in one pass over the events each.  With seeds, direction j is seeded
+// fields, in one launch: M0 comes with the signal, and the other
+// directions are spread over teams of jacobian_dirs each (each team plays
+// its problem's value with them).  With seeds, direction j is seeded
 // d field / d direction = seeds[j] (the SI value of one public unit gives
 // derivatives per public unit).  At most jacobian_max_states(s.real_path)
 // states (states_exceed_team past them).  Ordered on `stream`, not
@@ -872,20 +905,17 @@ inline int jacobian_device(const EventStream& s, const Tissue& t, const int* fie
   int r = detail::upload_stream(s, d, stream, err, n);
   if (r != ok) return r;
   const epg::DirectionSlots ds(fields, n_dirs, seeds);
-  // every launch writes the signal; the first also M0's column
-  for (int j0 = 0; r == ok && (j0 < ds.n_duals || j0 == 0); j0 += detail::jacobian_dirs) {
-    detail::Directions dirs{};
-    dirs.n = std::min(detail::jacobian_dirs, ds.n_duals - j0);
-    dirs.total = n_dirs;
-    dirs.m0_col = j0 == 0 ? ds.m0_col : -1;
-    dirs.m0_seed = ds.m0_seed;
-    for (int j = 0; j < dirs.n; ++j) {
-      dirs.col[j] = ds.col[j0 + j];
-      dirs.field[j] = ds.duals[j0 + j];
-      dirs.seed[j] = ds.dseeds[j0 + j];
-    }
-    r = detail::launch_jacobian(d.ds, t, dirs, out, jac, stream, err, n);
+  detail::Directions dirs{};
+  dirs.n = ds.n_duals;
+  dirs.total = n_dirs;
+  dirs.m0_col = ds.m0_col;
+  dirs.m0_seed = ds.m0_seed;
+  for (int j = 0; j < ds.n_duals; ++j) {
+    dirs.col[j] = ds.col[j];
+    dirs.field[j] = ds.duals[j];
+    dirs.seed[j] = ds.dseeds[j];
   }
+  r = detail::launch_jacobian(d.ds, t, dirs, out, jac, stream, err, n);
   const cudaError_t e = cudaFreeAsync(d.buf, stream);
   if (r != ok) return r;
   if (e != cudaSuccess) return detail::fail(e, "cudaFreeAsync", err, n);
