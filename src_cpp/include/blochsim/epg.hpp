@@ -4,8 +4,8 @@
 // side by side in a lane type V (tile.hpp), and hands every state update to
 // a Store: the policy that decides where the orders of the state live.
 //   - PlaneStore (this file): all orders in memory as (orders,) of V; the
-//     host runs it with V = 16 problems per SIMD vector, the device runs it
-//     for very wide states with V = float and the planes in global memory.
+//     host runs it (as SlidingPlaneStore) with V = 16 problems per SIMD
+//     vector, and the adjoint with the planes in memory on either side.
 //   - RegisterStore (epg_registers.hpp): the orders spread over a team of
 //     threads, R orders per thread in registers, shifted across the team by
 //     warp shuffles or shared memory.
@@ -533,6 +533,106 @@ struct PlaneStore : FusedOps<V, Complex> {
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE V f0i() const { return Complex ? fpi[0] : V{}; }
 };
 
+// A PlaneStore whose transverse planes shift by moving their windows, not
+// their rows: each of F+ and F- lives in a region of K + 2H rows, and a
+// shift up moves the F+ window down one row (its row k is then the old row
+// k - 1) and the F- window up one row.  The rows move only when a window
+// reaches the end of its region: then the K rows go back to the middle,
+// once per H shifts, where a PlaneStore moves band rows at every shift (a
+// fifth of the host's forward kernel and a third of its Jacobian on dual
+// rows, bench/NOTES.md v0.8).  The host's forward and Jacobian blocks play
+// on it; the adjoint keeps the PlaneStore, whose contiguous planes it
+// checkpoints.
+//
+// Rows that slide into a window at the top must be zero (the orders at and
+// above band are): the regions start zeroed, a row that leaves at the top
+// is non-zero only once band has reached K (and then every down shift
+// zeroes row K - 1), and a recentring zeroes the rows above the window.
+// Rows that slide in at the bottom become row 0 of an up-shifted family,
+// which the shift sets.
+template <class V, bool Complex>
+struct SlidingPlaneStore : PlaneStore<V, Complex> {
+  using Base = PlaneStore<V, Complex>;
+  int H = 0;                   // headroom on each side of a window
+  int off_p = 0, off_m = 0;    // the windows' first rows in their regions (F+, F-)
+  V* region[4] = {};           // Re F+, Re F-, Im F+, Im F- (K + 2H rows each)
+
+  BLOCHSIM_HD static int headroom(int K) { return K / 4 > 32 ? K / 4 : 32; }
+
+  // Workspace of one store, in units of V.
+  BLOCHSIM_HD static int64_t workspace(const EventStream& s) {
+    const int64_t K = s.states, rows = K + 2 * headroom(s.states);
+    return (Complex ? 4 : 2) * rows + (Complex ? 2 : 1) * K + 6 * s.n_intervals;
+  }
+
+  // Work: the regions of Re F+, Re F-, the plane of Re Z, (complex path)
+  // the regions of Im F+, Im F-, the plane of Im Z, then the interval table.
+  template <class M>
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void init(const EventStream& s, const LaneTissue<V>& lt, V* work) {
+    const int K = s.states;
+    H = headroom(K);
+    const int64_t rows = K + 2 * static_cast<int64_t>(H);
+    const int64_t used = workspace(s) - 6 * s.n_intervals;
+    for (int64_t i = 0; i < used; ++i) work[i] = V{};
+    region[0] = work;
+    region[1] = work + rows;
+    V* const z = work + 2 * rows;
+    region[2] = Complex ? z + K : region[0];
+    region[3] = Complex ? z + K + rows : region[1];
+    V* const zim = Complex ? z + K + 2 * rows : z;
+    this->K = K;
+    off_p = off_m = H;
+    this->fpr.p = region[0] + H;
+    this->fmr.p = region[1] + H;
+    this->fpi.p = region[2] + H;
+    this->fmi.p = region[3] + H;
+    this->zr.p = z;
+    this->zi.p = zim;
+    this->ivt = work + used;
+    this->zr[0] = splat<V>(1.0f);
+    for (int64_t i = 0; i < s.n_intervals; ++i) store_coef(this->ivt + 6 * i, interval_coef<V, M>(s, lt, i));
+  }
+
+  // Moves family f's window (0: F+, 1: F-) by step rows (-1 or +1),
+  // recentring it first where it would leave its region.
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void slide(int f, int step) {
+    int& off = f == 0 ? off_p : off_m;
+    if (off + step < 0 || off + step > 2 * H) {
+      const int K = this->K;
+      for (int c = 0; c < (Complex ? 2 : 1); ++c) {
+        V* const r = region[f + 2 * c];
+        if (off > H)
+          for (int k = 0; k < K; ++k) r[H + k] = r[off + k];
+        else
+          for (int k = K - 1; k >= 0; --k) r[H + k] = r[off + k];
+        for (int k = H + K; k < K + 2 * H; ++k) r[k] = V{};
+      }
+      off = H;
+    }
+    off += step;
+    (f == 0 ? this->fpr : this->fmr).p = region[f] + off;
+    (f == 0 ? this->fpi : this->fmi).p = region[f + 2] + off;
+  }
+
+  // One shift of every transverse order (dir = +1: F+ up, F- down), keeping
+  // F-_0 = conj(F+_0); orders pushed past K-1 are dropped.
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void shift_once(int dir, int band) {
+    const int up = dir > 0 ? 0 : 1;
+    slide(up, -1);
+    slide(1 - up, 1);
+    Plane<V>& upr = dir > 0 ? this->fpr : this->fmr;
+    Plane<V>& dnr = dir > 0 ? this->fmr : this->fpr;
+    dnr[band - 1] = V{};  // the old row band: zero, or past K - 1
+    upr[0] = dnr[0];
+    if (Complex) {
+      Plane<V>& upi = dir > 0 ? this->fpi : this->fmi;
+      Plane<V>& dni = dir > 0 ? this->fmi : this->fpi;
+      dni[band - 1] = V{};
+      upi[0] = -dni[0];
+    }
+  }
+};
+
 // --------------------------------------------------------------------------
 // The event loop, shared by every store.  Sink::write(slot, re, im) receives
 // M0 F+_0 e^{-i rx} of each readout.  The store also hands out the event
@@ -722,7 +822,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void lane_indices(int64_t first, int64_t n, int
 }
 
 // Play the stream for problems [first, first + width) of t with all orders
-// in `work` (PlaneStore<V>::workspace(s) lane vectors).
+// in `work` (SlidingPlaneStore<V, Complex>::workspace(s) lane vectors).
 template <class V, bool Complex, class M = double>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE int forward_block(const EventStream& s, const Tissue& t, int64_t first,
                                                    V* work, float* out) {
@@ -730,7 +830,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE int forward_block(const EventStream& s, const T
   int64_t idx[W];
   lane_indices<W>(first, t.n, idx);
   const LaneTissue<V> lt = gather<V>(t, idx);
-  PlaneStore<V, Complex> st;
+  SlidingPlaneStore<V, Complex> st;
   st.template init<M>(s, lt, work);
   LaneSink<V> sink{out, first, t.n, s.n_samples};
   play<V, Complex>(s, t, lt, st, sink);

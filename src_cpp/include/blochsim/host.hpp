@@ -31,7 +31,7 @@ using Vec = vfloat16;
 constexpr int lanes = Lanes<Vec>::width;
 
 // Signature of a function that plays blocks [b0, b1) with a workspace of
-// epg::PlaneStore<Vec, true>::workspace(s) lane vectors.
+// epg::SlidingPlaneStore<Vec, true>::workspace(s) lane vectors.
 using RangeFn = int (*)(const EventStream& s, const Tissue& t, int64_t b0, int64_t b1, void* work,
                         float* out);
 
@@ -81,7 +81,7 @@ inline int run_blocks_with(const Tissue& t, int threads, std::size_t work_floats
 
 // Run fn over the blocks of t on `threads` threads.
 inline int run_blocks(const EventStream& s, const Tissue& t, float* out, int threads, RangeFn fn) {
-  const std::size_t work_size = static_cast<std::size_t>(epg::PlaneStore<Vec, true>::workspace(s));
+  const std::size_t work_size = static_cast<std::size_t>(epg::SlidingPlaneStore<Vec, true>::workspace(s));
   return run_blocks_with(t, threads, work_size * lanes,
                          [&](int64_t b0, int64_t b1, float* work) { return fn(s, t, b0, b1, work, out); });
 }
@@ -106,7 +106,7 @@ using JacobianRangeFn = int (*)(const EventStream& s, const Tissue& t, const int
                                 const float* seeds);
 
 inline std::size_t jacobian_workspace(const EventStream& s, const int* fields, int n_dirs) {
-  return static_cast<std::size_t>(epg::PlaneStore<Vec, true>::workspace(s)) * lanes *
+  return static_cast<std::size_t>(epg::SlidingPlaneStore<Vec, true>::workspace(s)) * lanes *
          static_cast<std::size_t>(1 + dual_width(dual_directions(fields, n_dirs)));
 }
 

@@ -286,7 +286,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void add_source(const SplitOp<B, N>& o, const F
   for (int j = 0; j < N; ++j) add_source<Complex>(o.d[j], f, fpr.d[j], fpi.d[j], fmr.d[j], fmi.d[j], zr.d[j]);
 }
 
-// A store on duals (PlaneStore or RegisterStore of Dual<B, N>) that plays
+// A store on duals (a plane or register store of Dual<B, N>) that plays
 // its tangents in split form.  pulse_dirs: whether a seeded direction moves
 // the pulses or the inversion (B1, B1phase, inv_efficiency).
 template <class Store, class B, int N, bool Complex>
@@ -395,8 +395,8 @@ struct JacobianSink {
 
 // Jacobian of problems [first, first + width) of t along the fields
 // fields[0 .. n_dirs) (dual_directions(fields, n_dirs) <= N), with all
-// orders in `work` (PlaneStore<Dual<V, N>>::workspace(s) dual lane
-// vectors).
+// orders in `work` (SlidingPlaneStore<Dual<V, N>, Complex>::workspace(s)
+// dual lane vectors).
 template <class V, int N, bool Complex>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE int jacobian_block(const EventStream& s, const Tissue& t, const int* fields,
                                                     int n_dirs, int64_t first, Dual<V, N>* work, float* out,
@@ -410,7 +410,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE int jacobian_block(const EventStream& s, const 
   for (int k = 0; k < ds.n_duals; ++k) seed(lt, ds.duals[k], k, ds.dseeds[k]);
   const V m0 = lt.M0.v;
   lt.M0 = T(1.0f);
-  SplitStore<PlaneStore<T, Complex>, V, N, Complex> st;
+  SplitStore<SlidingPlaneStore<T, Complex>, V, N, Complex> st;
   st.directions(ds.duals, ds.n_duals);
   st.template init<double>(s, lt, work);
   JacobianSink<V, N> sink{out, jac, first, t.n, s.n_samples, n_dirs, ds.m0_col, ds.slot, m0, ds.m0_seed};
@@ -420,8 +420,8 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE int jacobian_block(const EventStream& s, const 
 
 // The Jacobian of blocks [b0, b1) of lane vectors V (problems b W to
 // (b + 1) W - 1) with a workspace of (1 + dual_width(dual_directions(fields,
-// n_dirs))) PlaneStore workspaces of V: the dual width and the path picked
-// at run time.  In the ISA namespace, so that each instruction-set build of
+// n_dirs))) SlidingPlaneStore<V, true> workspaces of V: the dual width and
+// the path picked at run time.  In the ISA namespace, so that each instruction-set build of
 // the host kernels keeps its own instantiations.
 template <class V>
 inline int jacobian_range(const EventStream& s, const Tissue& t, const int* fields, int n_dirs, int64_t b0,
