@@ -196,7 +196,7 @@ class Simulator(_Base):
             voxel = p["voxel_size_m"]
         return s, _core.PackedStream(s, states, dk, voxel, real, phi0), states, bool(real)
 
-    def jacobian(self, diff, order=1, **values):
+    def jacobian(self, diff, order=1, out=None, **values):
         """Signal and its derivatives with respect to tissue properties, in one
         pass (forward-mode dual numbers in the kernel, SPEC §4).
 
@@ -207,6 +207,11 @@ class Simulator(_Base):
             one this simulator models and be passed in ``values``.
         order : int
             Derivative order; 1 (first derivatives) is what is supported.
+        out : tuple of two arrays, complex64, optional
+            ``(signal, J)``: C-contiguous arrays shaped as the results, to
+            write into and return (NumPy on the host, device arrays on the
+            device).  Reusing them across calls (a fit's iterations) saves
+            mapping fresh memory at every call.
         **values
             Tissue properties and protocol overrides, as for :meth:`simulate`.
 
@@ -226,27 +231,37 @@ class Simulator(_Base):
         if device == "cpu" and on_device:
             raise ValueError(f"device='cpu' was asked for, but {on_device[0]} is a device array")
         fields, scale = _fields_and_scale(names)
+        one = isinstance(diff, str)
+        if out is not None and (not isinstance(out, tuple) or len(out) != 2):
+            raise TypeError(f"out must be a tuple (signal, J) of two arrays, got {type(out).__name__}")
         if device == "cuda":
-            return self._jacobian_device(p, tissue, on_device, names, fields, scale, isinstance(diff, str))
+            return self._jacobian_device(p, tissue, on_device, names, fields, scale, one, out)
         arrays, shape = self._tissue(tissue)
         s, ps, _, _ = self._stream_for(p, set(arrays))
         n = int(np.prod(shape, dtype=np.int64))
         si = _host_si(arrays, shape)
         threads = self.threads if self.threads is not None else _dispatch.default_threads()
-        out, J = self._host_jacobian(ps, si, n, shape, fields, scale, threads)
-        return out, (J[..., 0, :] if isinstance(diff, str) else J)
+        if out is not None:
+            for name, a, want in _jacobian_out_shapes(out, shape, len(fields), ps.n_samples, one):
+                _check_host_out(name, a, want)
+        signal, J = self._host_jacobian(ps, si, n, shape, fields, scale, threads, out)
+        return out if out is not None else (signal, J[..., 0, :] if one else J)
 
-    def _host_jacobian(self, ps, si, n, shape, fields, scale, threads):
+    def _host_jacobian(self, ps, si, n, shape, fields, scale, threads, out=None):
         """Signal (*shape, samples) and Jacobian (*shape, len(fields),
-        samples) per public unit on the host."""
-        out = np.empty(shape + (ps.n_samples,), dtype=np.complex64)
-        jac = np.empty((n, len(fields), ps.n_samples), dtype=np.complex64)
+        samples) per public unit on the host, into ``out`` (checked) if
+        given."""
+        if out is None:
+            signal = np.empty(shape + (ps.n_samples,), dtype=np.complex64)
+            jac = np.empty((n, len(fields), ps.n_samples), dtype=np.complex64)
+        else:
+            signal, jac = out
         # seeded with the SI value of one public unit: derivatives per public unit
-        _core.jacobian_host(ps, si, n, fields, scale, out.reshape(n, ps.n_samples), jac, threads,
-                            self._host_variant)
-        return out, jac.reshape(shape + (len(fields), ps.n_samples))
+        _core.jacobian_host(ps, si, n, fields, scale, signal.reshape(n, ps.n_samples),
+                            jac.reshape(n, len(fields), ps.n_samples), threads, self._host_variant)
+        return signal, jac.reshape(shape + (len(fields), ps.n_samples))
 
-    def _jacobian_device(self, p, tissue, on_device, names, fields, scale, one):
+    def _jacobian_device(self, p, tissue, on_device, names, fields, scale, one, out=None):
         """jacobian() on the GPU: device arrays in and out, or NumPy in and out
         (moved through the device whole) with device='cuda'."""
         host_only, ifaces, arrays, shape = _device_inputs(tissue, on_device)
@@ -257,10 +272,26 @@ class Simulator(_Base):
                 f"states={states} is more than a device Jacobian holds on the {'real' if real else 'complex'} "
                 f"path ({limit}); run this Jacobian on the host (NumPy inputs, device='cpu') or lower states")
         want = shape + (s.n_samples,)
-        result, J = self._simulate_resident(ps, arrays, ifaces, shape, want, None,
-                                             jacobian=(fields, scale, len(names)))
+        checked = None
+        if out is not None:
+            checked = _jacobian_out_shapes(out, shape, len(fields), s.n_samples, one)
+            for name, a, w in checked:
+                if host_only:
+                    _check_host_out(name, a, w)
+                elif not V.is_device_array(a):
+                    raise TypeError(f"{name} must be a device array when tissue properties are device arrays")
+        result, J = self._simulate_resident(ps, arrays, ifaces, shape, want,
+                                             None if out is None or host_only else out[0],
+                                             jacobian=(fields, scale, len(names)),
+                                             jac_out=None if out is None or host_only else checked[1])
         if host_only:
             result, J = result.get(), J.get()
+            if out is not None:
+                np.copyto(out[0], result)
+                np.copyto(out[1], J[..., 0, :] if one else J)
+                return out
+        if out is not None:
+            return out
         return result, (J[..., 0, :] if one else J)
 
     def vjp(self, wrt, **values):
@@ -601,11 +632,8 @@ class Simulator(_Base):
         si = _host_si(arrays, shape)
         if out is None:
             out = np.empty(want, dtype=np.complex64)
-        elif not isinstance(out, np.ndarray) or out.dtype != np.complex64 or out.shape != want \
-                or not out.flags.c_contiguous or not out.flags.writeable:
-            raise ValueError(
-                f"out must be a writeable C-contiguous complex64 array of shape {want}, got "
-                f"{type(out).__name__} {getattr(out, 'dtype', '')} {getattr(out, 'shape', '')}")
+        else:
+            _check_host_out("out", out, want)
         flat = out.reshape(n, s.n_samples)
         if device == "cuda":
             _core.forward_cuda_streamed(ps, si, n, flat, p["budget_bytes"] or 0)
@@ -614,9 +642,10 @@ class Simulator(_Base):
             _core.forward_host(ps, si, n, flat, threads, self._host_variant)
         return out
 
-    def _simulate_resident(self, ps, arrays, ifaces, shape, want, out, jacobian=None):
+    def _simulate_resident(self, ps, arrays, ifaces, shape, want, out, jacobian=None, jac_out=None):
         """The device path for device-array inputs (results stay on the device).
-        With ``jacobian`` = (fields, scale, count) it returns (signal, J)."""
+        With ``jacobian`` = (fields, scale, count) it returns (signal, J), J
+        into ``jac_out`` = (name, device array, shape) if given."""
         from blochsim._device import Interface, new_output
 
         n = int(np.prod(shape, dtype=np.int64))
@@ -631,9 +660,18 @@ class Simulator(_Base):
                                  f"got shape {out_iface.shape}")
             if out_iface.stream is not None:
                 streams.append(out_iface.stream)
-        # memory: the output plus one float32 plane per property
+        jac_iface = None
+        if jac_out is not None:
+            name, a, w = jac_out
+            jac_iface = Interface(name, a, allow_complex64=True)
+            if jac_iface.dtype != np.complex64 or jac_iface.shape != w:
+                raise ValueError(f"{name} must be a C-contiguous complex64 device array of shape {w}, "
+                                 f"got shape {jac_iface.shape}")
+            if jac_iface.stream is not None:
+                streams.append(jac_iface.stream)
+        # memory: the outputs plus one float32 plane per property
         need = (0 if out is not None else n * ps.n_samples * 8) + 4 * n * (len(arrays) + len(ifaces))
-        if jacobian is not None:
+        if jacobian is not None and jac_out is None:
             need += n * ps.n_samples * 8 * jacobian[2]
         free, total = _core.memory_info()
         if need > free:
@@ -654,7 +692,10 @@ class Simulator(_Base):
             fields, scale, count = jacobian
             # seeded with the SI value of one public unit: derivatives per
             # public unit
-            jac, jac_ptr = new_output(shape + (count, want[-1]), library)
+            if jac_iface is not None:
+                jac, jac_ptr = jac_out[1], jac_iface.ptr
+            else:
+                jac, jac_ptr = new_output(shape + (count, want[-1]), library)
             _core.jacobian_cuda(ps, tuple(dev), n, fields, scale, out_ptr, jac_ptr, stream)
             _core.stream_synchronize(stream)
             return result, jac
@@ -663,6 +704,22 @@ class Simulator(_Base):
         # one); waiting for it hands back a result any stream may read.
         _core.stream_synchronize(stream)
         return result
+
+
+def _jacobian_out_shapes(out, shape, count, samples, one):
+    """(name, array, wanted shape) of a Jacobian's ``out`` pair."""
+    return [("out[0]", out[0], shape + (samples,)),
+            ("out[1]", out[1], shape + ((samples,) if one else (count, samples)))]
+
+
+def _check_host_out(name, a, want):
+    """Refuses a host output that is not a writeable C-contiguous complex64
+    NumPy array of shape ``want``."""
+    if not isinstance(a, np.ndarray) or a.dtype != np.complex64 or a.shape != want \
+            or not a.flags.c_contiguous or not a.flags.writeable:
+        raise ValueError(
+            f"{name} must be a writeable C-contiguous complex64 array of shape {want}, got "
+            f"{type(a).__name__} {getattr(a, 'dtype', '')} {getattr(a, 'shape', '')}")
 
 
 def _device_inputs(tissue, on_device):

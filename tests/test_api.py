@@ -181,3 +181,26 @@ def test_cuda_error_is_exported():
 
     assert blochsim.CudaError is _core.CudaError
     assert issubclass(blochsim.CudaError, RuntimeError)
+
+
+def test_jacobian_out_argument():
+    sim = MRFSimulator(flip=np.linspace(5.0, 60.0, 40), TR=10.0, states=16)
+    T1, T2 = np.array([500.0, 900.0, 1400.0]), np.array([40.0, 80.0, 120.0])
+    s_ref, J_ref = sim.jacobian(("T1", "T2"), T1=T1, T2=T2)
+    s = np.full((3, 40), np.nan, np.complex64)
+    J = np.full((3, 2, 40), np.nan, np.complex64)
+    rs, rJ = sim.jacobian(("T1", "T2"), T1=T1, T2=T2, out=(s, J))
+    assert rs is s and rJ is J
+    np.testing.assert_array_equal(s, s_ref)
+    np.testing.assert_array_equal(J, J_ref)
+    # one name: J shaped like the signal
+    J1 = np.empty((3, 40), np.complex64)
+    _, rJ1 = sim.jacobian("T2", T1=T1, T2=T2, out=(s, J1))
+    assert rJ1 is J1
+    np.testing.assert_array_equal(J1, J_ref[:, 1])
+    with pytest.raises(ValueError, match=r"out\[1\] must be .*shape \(3, 2, 40\)"):
+        sim.jacobian(("T1", "T2"), T1=T1, T2=T2, out=(s, J1))
+    with pytest.raises(ValueError, match=r"out\[0\] must be .*complex64"):
+        sim.jacobian(("T1", "T2"), T1=T1, T2=T2, out=(s.astype(np.complex128), J))
+    with pytest.raises(TypeError, match=r"out must be a tuple \(signal, J\)"):
+        sim.jacobian(("T1", "T2"), T1=T1, T2=T2, out=J)

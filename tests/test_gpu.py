@@ -178,6 +178,18 @@ def test_cupy_inputs_and_outputs():
     buf = cp.empty((1000, 500), cp.complex64)
     r = sim.simulate(T1=cp.asarray(T1), T2=cp.asarray(T2), out=buf)
     assert r is buf and rel(cp.asnumpy(buf), ref) <= RTOL
+    # the Jacobian's out= on the device, and NumPy outputs through device='cuda'
+    s_ref, J_ref = sim.jacobian(("T1", "T2"), T1=T1[:64], T2=T2[:64])
+    sb, Jb = cp.empty((64, 500), cp.complex64), cp.empty((64, 2, 500), cp.complex64)
+    rs, rJ = sim.jacobian(("T1", "T2"), T1=cp.asarray(T1[:64]), T2=cp.asarray(T2[:64]), out=(sb, Jb))
+    assert rs is sb and rJ is Jb
+    assert rel(cp.asnumpy(sb), s_ref) <= RTOL and rel(cp.asnumpy(Jb), J_ref) <= RTOL
+    hs, hJ = np.empty((64, 500), np.complex64), np.empty((64, 500), np.complex64)
+    on = MRFSimulator(flip=FLIPS, TR=10.0, states=32, device="cuda")
+    rs, rJ = on.jacobian("T2", T1=T1[:64], T2=T2[:64], out=(hs, hJ))
+    assert rs is hs and rJ is hJ and rel(hJ, J_ref[:, 1]) <= RTOL
+    with pytest.raises(TypeError, match=r"out\[1\] must be a device array"):
+        sim.jacobian(("T1", "T2"), T1=cp.asarray(T1[:64]), T2=cp.asarray(T2[:64]), out=(sb, J_ref))
 
 
 def test_cupy_non_default_stream():
