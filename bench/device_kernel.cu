@@ -134,8 +134,10 @@ struct DeviceProblem {
   }
 };
 
-// Median milliseconds of forward_device over `reps` runs after one warm-up.
-double median_ms(const blochsim::EventStream& s, const DeviceProblem& p, cudaStream_t cs, int reps) {
+// Median milliseconds of `call` (a device API call on cs returning a
+// status; `what` names it) over `reps` runs after one warm-up.
+template <class Call>
+double median_of(const char* what, cudaStream_t cs, int reps, Call&& call) {
   cudaEvent_t a, b;
   CHECK(cudaEventCreate(&a));
   CHECK(cudaEventCreate(&b));
@@ -143,9 +145,9 @@ double median_ms(const blochsim::EventStream& s, const DeviceProblem& p, cudaStr
   char err[256] = {0};
   for (int rep = 0; rep <= reps; ++rep) {
     CHECK(cudaEventRecord(a, cs));
-    const int r = blochsim::cuda::forward_device(s, p.t, p.dout, cs, err, sizeof err);
+    const int r = call(err, static_cast<int>(sizeof err));
     if (r != 0) {
-      std::fprintf(stderr, "device_kernel: forward_device: %d %s\n", r, err);
+      std::fprintf(stderr, "device_kernel: %s: %d %s\n", what, r, err);
       std::exit(1);
     }
     CHECK(cudaEventRecord(b, cs));
@@ -160,6 +162,14 @@ double median_ms(const blochsim::EventStream& s, const DeviceProblem& p, cudaStr
   return ms[ms.size() / 2];
 }
 
+// Median milliseconds of forward_device over `reps` runs after one warm-up.
+double median_ms(const blochsim::EventStream& s, const DeviceProblem& p, cudaStream_t cs, int reps) {
+  return median_of("forward_device", cs, reps, [&](char* err, int n) {
+    return blochsim::cuda::forward_device(s, p.t, p.dout, cs, err, n);
+  });
+}
+
+// The host backend's signal and Jacobian (host code only, as host_forward).
 void host_jacobian(const blochsim::EventStream& s, const blochsim::Tissue& t, const int* fields, int n_dirs,
                    float* out, float* jac) {
 #if !defined(__CUDA_ARCH__)
@@ -174,26 +184,9 @@ double jacobian_ms(const blochsim::EventStream& s, const DeviceProblem& p, const
                    cudaStream_t cs, int reps, double* rel) {
   float* djac = nullptr;
   CHECK(cudaMalloc(&djac, p.n * n_dirs * n_tr * 2 * sizeof(float)));
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  std::vector<float> ms;
-  char err[256] = {0};
-  for (int rep = 0; rep <= reps; ++rep) {
-    CHECK(cudaEventRecord(a, cs));
-    const int r = blochsim::cuda::jacobian_device(s, p.t, fields, n_dirs, p.dout, djac, cs, err, sizeof err);
-    if (r != 0) {
-      std::fprintf(stderr, "device_kernel: jacobian_device: %d %s\n", r, err);
-      std::exit(1);
-    }
-    CHECK(cudaEventRecord(b, cs));
-    CHECK(cudaEventSynchronize(b));
-    float m = 0;
-    CHECK(cudaEventElapsedTime(&m, a, b));
-    if (rep > 0) ms.push_back(m);
-  }
-  CHECK(cudaEventDestroy(a));
-  CHECK(cudaEventDestroy(b));
+  const double med = median_of("jacobian_device", cs, reps, [&](char* err, int n) {
+    return blochsim::cuda::jacobian_device(s, p.t, fields, n_dirs, p.dout, djac, cs, err, n);
+  });
   const int64_t nc = std::min<int64_t>(p.n, 64);
   const size_t per = static_cast<size_t>(n_dirs) * n_tr * 2;
   std::vector<float> dev(nc * per), host(nc * per), hout(nc * n_tr * 2);
@@ -215,8 +208,7 @@ double jacobian_ms(const blochsim::EventStream& s, const DeviceProblem& p, const
       }
     *rel = std::max(*rel, den > 0 ? num / den : num);
   }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+  return med;
 }
 
 int jacobians(const std::vector<int64_t>& sizes, cudaStream_t cs) {

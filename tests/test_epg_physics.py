@@ -361,6 +361,27 @@ def test_spoil_and_negative_shift():
     np.testing.assert_allclose(s, [0, -1j, 0], atol=1e-7)
 
 
+def test_echo_after_long_excursions_both_ways():
+    # 150 shifts up, 150 back, then 60 below order 0 and back, at 200 states:
+    # the host's sliding planes recentre their windows several times each
+    # way, and the FID comes back as -i e^{-t/T2} each time it refocuses
+    class Excursion(Simulator):
+        tissue_properties = ("T1", "T2")
+
+        def repetition(self, p):
+            ops = [Pulse(90.0), Readout()]
+            ops += [Dephase(), Delay(1.0)] * 150 + [Readout()]
+            ops += [Dephase(-1), Delay(1.0)] * 150 + [Readout()]
+            ops += [Dephase(-1)] * 60 + [Readout()] + [Dephase()] * 60 + [Readout()]
+            return Sequence(ops)
+
+    T2 = np.array([80.0, 200.0])
+    s = Excursion(states=200).simulate(T1=1000.0, T2=T2)
+    e = np.exp(-300.0 / T2)
+    want = np.stack([np.full(2, -1j), np.zeros(2), -1j * e, np.zeros(2), -1j * e], axis=-1)
+    np.testing.assert_allclose(s, want, rtol=1e-5, atol=1e-7)
+
+
 def test_sampled_pulse_rectangle_equals_hard_pulse():
     # 1 ms rectangle of B1 giving 90°: B1 = (pi/2) / (gamma * 1 ms)
     gamma = 2 * np.pi * 42.57747892e6
