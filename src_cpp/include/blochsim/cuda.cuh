@@ -183,18 +183,22 @@ inline int32_t window_records(const EventStream& s) {
 }
 
 // Readouts of one warp, staged in shared memory and written out
-// stage_samples at a time (StagedSink).
+// stage_samples at a time (StagedRows).  Rows: output rows a lane fills at
+// each readout (1 for the signal; the Jacobian's value, d / d M0 and its
+// tangents).  Row c = r * 32 + lane holds lane's r-th row, so that the lanes
+// writing one component hit distinct banks.
 constexpr int stage_samples = 8;
+template <int Rows>
 struct WarpStage {
-  float2 value[32 * (stage_samples + 1)];  // lane-major; the pad spreads a lane's row over the banks
-  float2* row[32];                          // each lane's output row, null where the lane writes nothing
+  float2 value[Rows * 32 * (stage_samples + 1)];  // (rows, stage_samples + 1); the pad spreads a row over the banks
+  float2* row[Rows * 32];                          // each row's output, null where nothing is written
   int32_t slot[stage_samples];
 };
 
 // A block's dynamic shared memory: the records window, then one float per
 // thread for the block team's exchange, then each thread's tissue values
 // (kept there rather than in registers: the event loop reads them only when
-// an interval changes or a pulse depends on B1), then, for the warp
+// an interval changes or a pulse depends on B1), then, for the staged warp
 // kernels, one WarpStage per warp.
 struct BlockShared {
   unsigned char* base;
@@ -206,8 +210,9 @@ struct BlockShared {
                      (sizeof(float) + sizeof(epg::LaneTissue<float>)) * static_cast<size_t>(threads);
     return (b + 15) / 16 * 16;
   }
-  static size_t bytes(int32_t window, int threads, bool staged = false) {
-    return stage_offset(window, threads) + (staged ? sizeof(WarpStage) * static_cast<size_t>(threads / 32) : 0);
+  // stage_bytes: sizeof the WarpStage of each warp, 0 for none
+  static size_t bytes(int32_t window, int threads, size_t stage_bytes = 0) {
+    return stage_offset(window, threads) + stage_bytes * static_cast<size_t>(threads / 32);
   }
   BLOCHSIM_HD SharedRecords records() const {  // empty until the first advance()
     return {reinterpret_cast<EventRecord*>(base), -window, window};
@@ -221,8 +226,9 @@ struct BlockShared {
     all[thread] = epg::gather<float>(t, &problem);
     return all[thread];
   }
-  BLOCHSIM_HD WarpStage* stage(int warp) const {
-    return reinterpret_cast<WarpStage*>(base + stage_offset(window, threads)) + warp;
+  template <int Rows>
+  BLOCHSIM_HD WarpStage<Rows>* stage(int warp) const {
+    return reinterpret_cast<WarpStage<Rows>*>(base + stage_offset(window, threads)) + warp;
   }
 };
 
@@ -346,7 +352,7 @@ struct DeviceSink {
   }
 };
 
-// The sink of the warp kernels: every lane stages its readouts in its
+// The staging of the warp kernels: every lane puts its readouts in its
 // warp's WarpStage (all lanes of a warp play the same events, so the count
 // is the same in each), and every stage_samples readouts the warp writes
 // them out together, each store instruction covering stage_samples
@@ -354,12 +360,18 @@ struct DeviceSink {
 // would touch 32 rows, and a store holds its source registers until the
 // memory system has taken all of them: the event loop would stall on them
 // (ncu: a third of the warps' stall samples, right after such stores).
-struct StagedSink {
-  WarpStage* stage;
+template <int Rows>
+struct StagedRows {
+  WarpStage<Rows>* stage;
   int lane, count;
-  BLOCHSIM_HD void write(int64_t slot, float re, float im) {
+  BLOCHSIM_HD void put(int r, float re, float im) {
 #if defined(__CUDA_ARCH__)
-    stage->value[lane * (stage_samples + 1) + count] = make_float2(re, im);
+    stage->value[(r * 32 + lane) * (stage_samples + 1) + count] = make_float2(re, im);
+#endif
+  }
+  // after the put()s of one readout
+  BLOCHSIM_HD void next(int64_t slot) {
+#if defined(__CUDA_ARCH__)
     stage->slot[count] = static_cast<int32_t>(slot);
     if (++count == stage_samples) flush<true>();
 #endif
@@ -371,7 +383,7 @@ struct StagedSink {
 #if defined(__CUDA_ARCH__)
     __syncwarp();
 BLOCHSIM_UNROLL
-    for (int j = 0; j < stage_samples; ++j) {
+    for (int j = 0; j < Rows * stage_samples; ++j) {
       const int i = lane + 32 * j;
       const int c = i / stage_samples, k = i % stage_samples;
       float2* row = stage->row[c];
@@ -381,6 +393,13 @@ BLOCHSIM_UNROLL
     __syncwarp();
     count = 0;
 #endif
+  }
+};
+
+struct StagedSink : StagedRows<1> {
+  BLOCHSIM_HD void write(int64_t slot, float re, float im) {
+    put(0, re, im);
+    next(slot);
   }
 };
 
@@ -425,9 +444,9 @@ __global__ void __launch_bounds__(warp_block, Complex ? warp_min_blocks_complex 
     epg::play<float, Complex>(s, t, lt, st, sink);
   } else {
     const int lane = static_cast<int>(threadIdx.x % 32);
-    WarpStage* stage = sm.stage(static_cast<int>(threadIdx.x / 32));
+    WarpStage<1>* stage = sm.stage<1>(static_cast<int>(threadIdx.x / 32));
     stage->row[lane] = at.writer ? row : nullptr;
-    StagedSink sink{stage, lane, 0};
+    StagedSink sink{{stage, lane, 0}};
     epg::play<float, Complex>(s, t, lt, st, sink);
     if (sink.count > 0) sink.flush();
   }
@@ -508,7 +527,31 @@ struct Directions {
 };
 
 // Member 0 of a team writes its group's derivatives of its problem's
-// samples, and group 0 the samples and d / d M0.
+// samples, and group 0 the samples and d / d M0, through the warp's stage:
+// row 0 the samples, row 1 d / d M0, row 2 + j the group's tangent j.
+constexpr int jacobian_rows = 2 + jacobian_dirs;
+struct JacobianStagedSink : StagedRows<jacobian_rows> {
+  static constexpr int ND = jacobian_dirs;
+  float m0, m0_seed;
+  // Points the lane's rows of the stage at their outputs (null: not written).
+  BLOCHSIM_HD void rows(float2* row, float2* jrow, int64_t n_samples, const Directions& dirs, int first, bool writer,
+                        bool values) {
+    stage->row[lane] = writer && values ? row : nullptr;
+    stage->row[32 + lane] = writer && values && dirs.m0_col >= 0 ? jrow + dirs.m0_col * n_samples : nullptr;
+BLOCHSIM_UNROLL
+    for (int j = 0; j < ND; ++j)
+      stage->row[(2 + j) * 32 + lane] = writer && first + j < dirs.n ? jrow + dirs.col[first + j] * n_samples : nullptr;
+  }
+  BLOCHSIM_HD void write(int64_t slot, const Dual<float, ND>& re, const Dual<float, ND>& im) {
+    put(0, m0 * re.v, m0 * im.v);
+    put(1, m0_seed * re.v, m0_seed * im.v);
+BLOCHSIM_UNROLL
+    for (int j = 0; j < ND; ++j) put(2 + j, m0 * re.d[j], m0 * im.d[j]);
+    next(slot);
+  }
+};
+
+// The same, a store per readout and row (the paths not staged).
 struct JacobianDeviceSink {
   static constexpr int ND = jacobian_dirs;
   float2* row;   // the problem's samples
@@ -532,11 +575,22 @@ BLOCHSIM_UNROLL
   }
 };
 
+#ifndef BLOCHSIM_JACOBIAN_STAGED
+#define BLOCHSIM_JACOBIAN_STAGED 1
+#endif
+// Which paths stage the Jacobian's rows: 1 the real, 2 the complex, 3 both.
+// Staging makes d / d M0 free on the real path and costs the complex path
+// 12 % (bench/NOTES.md v0.9), which is issue-bound as the forward's.
+template <bool Complex>
+BLOCHSIM_HD constexpr bool jacobian_staged() {
+  return (BLOCHSIM_JACOBIAN_STAGED & (Complex ? 2 : 1)) != 0;
+}
+
 template <bool Complex>
 __global__ void __launch_bounds__(warp_block, jacobian_min_blocks) jacobian_kernel(EventStream s, Tissue t,
                                                              const __grid_constant__ Directions dirs, float* out,
                                                              float* jac, int T, int32_t window) {
-  // (the sink reads dirs in place: __grid_constant__ lets it take the
+  // (dirs is read in place: __grid_constant__ lets the kernel take the
   // parameter's address without a copy to local memory)
   constexpr int ND = jacobian_dirs;
   using D = Dual<float, ND>;
@@ -553,15 +607,18 @@ __global__ void __launch_bounds__(warp_block, jacobian_min_blocks) jacobian_kern
   epg::SplitStore<epg::RegisterStore<D, R, Complex, WarpTeam<false>>, float, ND, Complex> st;
   st.directions(dirs.field + first, count);
   st.init(s, lt, WarpTeam<false>{at.rank, T, at.rank * R, at.last, sm.records()});
-  JacobianDeviceSink sink{reinterpret_cast<float2*>(out) + at.problem * s.n_samples,
-                          reinterpret_cast<float2*>(jac) + at.problem * dirs.total * s.n_samples,
-                          s.n_samples,
-                          &dirs,
-                          first,
-                          m0,
-                          at.writer,
-                          blockIdx.y == 0};
-  epg::play<D, Complex>(s, t, lt, st, sink);
+  float2* row = reinterpret_cast<float2*>(out) + at.problem * s.n_samples;
+  float2* jrow = reinterpret_cast<float2*>(jac) + at.problem * dirs.total * s.n_samples;
+  if constexpr (jacobian_staged<Complex>()) {
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    JacobianStagedSink sink{{sm.stage<jacobian_rows>(static_cast<int>(threadIdx.x / 32)), lane, 0}, m0, dirs.m0_seed};
+    sink.rows(row, jrow, s.n_samples, dirs, first, at.writer, blockIdx.y == 0);
+    epg::play<D, Complex>(s, t, lt, st, sink);
+    if (sink.count > 0) sink.flush();
+  } else {
+    JacobianDeviceSink sink{row, jrow, s.n_samples, &dirs, first, m0, at.writer, blockIdx.y == 0};
+    epg::play<D, Complex>(s, t, lt, st, sink);
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -738,7 +795,7 @@ inline int launch(const EventStream& ds, const Tissue& t, float* out, cudaStream
   if (sh.kind == warp_kind) {
     const int64_t threads = static_cast<int64_t>(groups) * 32;
     const unsigned blocks = static_cast<unsigned>((threads + warp_block - 1) / warp_block);
-    const size_t smem = BlockShared::bytes(w, warp_block, !cplx);  // the real path stages its samples
+    const size_t smem = BlockShared::bytes(w, warp_block, cplx ? 0 : sizeof(WarpStage<1>));  // the real path stages its samples
     if (cplx) {
       BLOCHSIM_CUDA(allow_shared(warp_kernel<true, warp_orders_complex, false>, smem), "cudaFuncSetAttribute");
       warp_kernel<true, warp_orders_complex, false><<<blocks, warp_block, smem, st>>>(ds, t, out, sh.T, w);
@@ -799,12 +856,16 @@ inline int launch_jacobian(const EventStream& ds, const Tissue& t, const Directi
   const int per = 32 / T;
   const int64_t warps = (t.n + per - 1) / per;
   const unsigned blocks = static_cast<unsigned>((warps * 32 + warp_block - 1) / warp_block);
-  const size_t smem = BlockShared::bytes(w, warp_block);
+  const size_t smem =
+      BlockShared::bytes(w, warp_block, jacobian_staged<false>() || jacobian_staged<true>() ? sizeof(WarpStage<jacobian_rows>) : 0);
   const dim3 grid(blocks, static_cast<unsigned>(std::max(1, (dirs.n + jacobian_dirs - 1) / jacobian_dirs)));
-  if (cplx)
+  if (cplx) {
+    BLOCHSIM_CUDA(allow_shared(jacobian_kernel<true>, smem), "cudaFuncSetAttribute");
     jacobian_kernel<true><<<grid, warp_block, smem, st>>>(ds, t, dirs, out, jac, T, w);
-  else
+  } else {
+    BLOCHSIM_CUDA(allow_shared(jacobian_kernel<false>, smem), "cudaFuncSetAttribute");
     jacobian_kernel<false><<<grid, warp_block, smem, st>>>(ds, t, dirs, out, jac, T, w);
+  }
   BLOCHSIM_CUDA(cudaGetLastError(), "jacobian_kernel launch");
   return ok;
 }
