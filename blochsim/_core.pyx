@@ -11,15 +11,20 @@ from libc.stddef cimport size_t
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc
 
-from blochsim._events cimport EventStream, Property, Tissue, cuda_error_base, status_message
+from blochsim._events cimport EventStream, Pools, Property, Tissue, cuda_error_base, status_message
 from blochsim._host cimport (host_adjoint2_dispatch, host_adjoint_dispatch, host_forward_dispatch, host_forward_registers, host_isa,
-                             host_jacobian_dispatch, host_jacobian_registers)
+                             host_jacobian_dispatch, host_jacobian_registers, host_pooled_dispatch)
 cimport blochsim._launcher as L
 
 # Order of the tissue entries handed to the forward functions.
 TISSUE_FIELDS = ("T1_s", "T2_s", "M0", "B1", "B1phase_rad", "B0_hz", "D_m2_s", "v_m_s",
                  "inv_efficiency")
 _FALLBACK = (1.0e30, 1.0e30, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0)
+# Pool fields after them (pools.hpp PoolField): the semisolid pool's, then
+# five per exchanging pool B, C, D, E.
+POOL_FIELDS = ("bound_fraction", "bound_exchange_hz", "bound_T1_s", "bound_T2_s") + tuple(
+    f"pool{x}_{c}" for x in "BCDE" for c in ("fraction", "exchange_hz", "T1_s", "T2_s", "shift_hz"))
+LINESHAPES = ("super-lorentzian", "lorentzian", "gaussian")
 
 DEF ERRLEN = 512
 
@@ -57,13 +62,19 @@ cdef class PackedStream:
         cdef const int32_t[::1] slot = stream.slot
         cdef const double[::1] dur = stream.duration_s
         cdef const float[:, ::1] rft = stream.rf_table
+        cdef const float[::1] rfd = getattr(stream, "rf_duration_s", None)
+        cdef const float[::1] rfo = getattr(stream, "rf_offset_hz", None)
+        cdef const float[::1] rfp = getattr(stream, "rf_power", None)
         cdef int64_t ne = interval.shape[0]
         if (flags.shape[0] != ne or sb.shape[0] != ne or sa.shape[0] != ne or flip.shape[0] != ne
                 or phase.shape[0] != ne or rx.shape[0] != ne or slot.shape[0] != ne):
             raise ValueError("blochsim internal error: event arrays differ in length")
         if rft is not None and (rft.shape[0] != ne or rft.shape[1] != 8):
             raise ValueError("blochsim internal error: rf_table must have shape (n_events, 8)")
-        self.refs = (interval, flags, sb, sa, flip, phase, rx, slot, dur, rft)
+        if ((rfd is not None and rfd.shape[0] != ne) or (rfo is not None and rfo.shape[0] != ne)
+                or (rfp is not None and rfp.shape[0] != ne)):
+            raise ValueError("blochsim internal error: pulse arrays differ in length from the events")
+        self.refs = (interval, flags, sb, sa, flip, phase, rx, slot, dur, rft, rfd, rfo, rfp)
         self.s.n_events = ne
         if ne > 0:
             self.s.interval = &interval[0]
@@ -76,6 +87,12 @@ cdef class PackedStream:
             self.s.slot = &slot[0]
             if rft is not None:
                 self.s.rf_table = &rft[0, 0]
+            if rfd is not None:
+                self.s.rf_duration_s = &rfd[0]
+            if rfo is not None:
+                self.s.rf_offset_hz = &rfo[0]
+            if rfp is not None:
+                self.s.rf_power = &rfp[0]
         self.s.n_intervals = dur.shape[0]
         if dur.shape[0] > 0:
             self.s.duration_s = &dur[0]
@@ -154,6 +171,72 @@ def forward_host(PackedStream ps, tuple tissue, int64_t n, float complex[:, ::1]
             st = host_forward_dispatch(ps.s, t, outp, threads)
         else:
             st = host_forward_registers(ps.s, t, outp, variant)
+    _raise(st, err)
+
+
+cdef Property* _pool_field(Pools* p, int i) noexcept:
+    if i == 0: return &p.bound_fraction
+    if i == 1: return &p.bound_exchange_hz
+    if i == 2: return &p.bound_T1_s
+    if i == 3: return &p.bound_T2_s
+    return &p.pool[(i - 4) // 5][(i - 4) % 5]
+
+
+def pooled_host(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bint bound, int lineshape,
+                int64_t n, fields, seeds, float complex[:, ::1] out, jac, int threads):
+    """Signal (and Jacobian) of a packed stream with pools, on the host.
+
+    ``tissue`` as in :func:`forward_host`; ``pools`` holds one float32 array
+    (length n or 1) or None per name of POOL_FIELDS, in SI units;
+    ``lineshape`` indexes LINESHAPES.  ``fields`` are indices into
+    TISSUE_FIELDS + POOL_FIELDS (possibly none) with their ``seeds``;
+    ``jac`` is complex64 of shape (n, len(fields), n_samples), or None
+    without fields.
+    """
+    cdef Tissue t
+    cdef Pools p
+    cdef Property* q
+    cdef const float[::1] view
+    cdef float complex[:, :, ::1] jv
+    cdef int st
+    cdef int nd = len(fields)
+    cdef int cf[33]
+    cdef float cs[33]
+    cdef float* jacp = NULL
+    cdef char err[ERRLEN]
+    err[0] = 0
+    if nd > 33 or len(seeds) != nd or len(pools) != len(POOL_FIELDS):
+        raise ValueError("blochsim internal error: pooled call arguments")
+    for i in range(nd):
+        cf[i] = int(fields[i])
+        cs[i] = float(seeds[i])
+    if out.shape[0] != n or out.shape[1] != ps.s.n_samples:
+        raise ValueError("blochsim internal error: output shapes")
+    keep = _host_tissue(&t, tissue, n)
+    p.n_exchanging = n_exchanging
+    p.bound = 1 if bound else 0
+    p.lineshape = lineshape
+    for i in range(len(POOL_FIELDS)):
+        q = _pool_field(&p, i)
+        arr = pools[i]
+        if arr is None:
+            q.data = NULL
+            continue
+        view = arr
+        keep.append(view)
+        q.data = &view[0]
+        q.stride = 0 if view.shape[0] == 1 else 1
+    if nd > 0:
+        jv = jac
+        if jv.shape[0] != n or jv.shape[1] != nd or jv.shape[2] != ps.s.n_samples:
+            raise ValueError("blochsim internal error: Jacobian shape")
+        if n > 0 and ps.s.n_samples > 0:
+            jacp = <float*> &jv[0, 0, 0]
+    if n == 0 or ps.s.n_samples == 0:
+        return
+    cdef float* outp = <float*> &out[0, 0]
+    with nogil:
+        st = host_pooled_dispatch(ps.s, t, p, cf, nd, cs, outp, jacp, threads)
     _raise(st, err)
 
 

@@ -12,6 +12,7 @@ cdef extern from "blochsim/events.hpp" namespace "blochsim" nogil:
     cdef uint32_t event_inversion
     cdef uint32_t event_readout
     cdef uint32_t event_spoil
+    cdef uint32_t event_saturation
 
     cdef cppclass EventStream:
         int64_t n_events
@@ -26,6 +27,9 @@ cdef extern from "blochsim/events.hpp" namespace "blochsim" nogil:
         int64_t n_intervals
         const double* duration_s
         const float* rf_table
+        const float* rf_duration_s
+        const float* rf_offset_hz
+        const float* rf_power
         int64_t n_samples
         int32_t states
         double dk_rad_per_m
@@ -49,3 +53,15 @@ cdef extern from "blochsim/events.hpp" namespace "blochsim" nogil:
         Property D_m2_s
         Property v_m_s
         Property inv_efficiency
+
+
+cdef extern from "blochsim/pools.hpp" namespace "blochsim" nogil:
+    cdef cppclass Pools:
+        int32_t n_exchanging
+        int32_t bound
+        int32_t lineshape
+        Property bound_fraction
+        Property bound_exchange_hz
+        Property bound_T1_s
+        Property bound_T2_s
+        Property pool[4][5]

@@ -1,7 +1,7 @@
 # Declarations of src_cpp/host/dispatch.hpp (the host backend entry points).
 from libc.stdint cimport int64_t
 
-from blochsim._events cimport EventStream, Tissue
+from blochsim._events cimport EventStream, Pools, Tissue
 
 
 cdef extern from "dispatch.hpp" namespace "blochsim" nogil:
@@ -15,4 +15,6 @@ cdef extern from "dispatch.hpp" namespace "blochsim" nogil:
     int host_jacobian_registers(const EventStream& s, const Tissue& t, const int* fields, int n_dirs,
                                 float* out, float* jac, const float* seeds)
     int host_forward_registers(const EventStream& s, const Tissue& t, float* out, int team)
+    int host_pooled_dispatch(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_dirs,
+                             const float* seeds, float* out, float* jac, int threads)
     const char* host_isa()

@@ -21,12 +21,30 @@ TISSUE_UNITS = {
     "inv_efficiency": (1.0, "inv_efficiency", None, False),
     "D": (1e-9, "D_m2_s", 0.0, False),
     "v": (1.0, "v_m_s", None, False),
+    # pools (SPEC §3): fractions of the equilibrium magnetisation, exchange
+    # rate constants in Hz, times in ms, chemical shifts in Hz
+    "bound_fraction": (1.0, "bound_fraction", 0.0, False),
+    "bound_exchange": (1.0, "bound_exchange_hz", 0.0, False),
+    "bound_T1": (1e-3, "bound_T1_s", 0.0, True),
+    "bound_T2": (1e-3, "bound_T2_s", 0.0, True),
 }
+for _x in "BCDE":
+    TISSUE_UNITS.update({
+        f"pool{_x}_fraction": (1.0, f"pool{_x}_fraction", 0.0, False),
+        f"pool{_x}_exchange": (1.0, f"pool{_x}_exchange_hz", 0.0, False),
+        f"pool{_x}_T1": (1e-3, f"pool{_x}_T1_s", 0.0, True),
+        f"pool{_x}_T2": (1e-3, f"pool{_x}_T2_s", 0.0, True),
+        f"pool{_x}_shift": (1.0, f"pool{_x}_shift_hz", None, False),
+    })
 
 UNIT_NAMES = {
     "T1": "ms", "T2": "ms", "T2star": "ms", "M0": "", "B1": "", "B0": "Hz",
     "B1phase": "deg", "inv_efficiency": "", "D": "um^2/ms", "v": "m/s",
+    "bound_fraction": "", "bound_exchange": "Hz", "bound_T1": "ms", "bound_T2": "ms",
 }
+for _x in "BCDE":
+    UNIT_NAMES.update({f"pool{_x}_fraction": "", f"pool{_x}_exchange": "Hz", f"pool{_x}_T1": "ms",
+                       f"pool{_x}_T2": "ms", f"pool{_x}_shift": "Hz"})
 
 
 def is_device_array(x) -> bool:

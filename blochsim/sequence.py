@@ -20,7 +20,7 @@ from blochsim import _validate as V
 GAMMA_RAD_PER_S_PER_T = 2.0 * np.pi * 42.57747892e6
 
 # Event flag bits (events.hpp).
-EV_RF, EV_INVERSION, EV_READOUT, EV_SPOIL = 1, 2, 4, 8
+EV_RF, EV_INVERSION, EV_READOUT, EV_SPOIL, EV_SATURATION = 1, 2, 4, 8, 16
 
 
 class Traced:
@@ -219,9 +219,26 @@ class Sequence(Operator):
         return f"Sequence({len(self._ops)} operators)"
 
 
+def _check_pulse_fields(op, names):
+    for name in names:
+        v = V.as_float_array(name, _value(getattr(op, name)))
+        V.check_finite(name, v)
+        if v.ndim != 0:
+            raise ValueError(f"{name} of a {type(op).__name__} must be a scalar, got shape {v.shape}")
+    if float(_value(op.duration)) < 0:
+        raise ValueError(f"duration of a {type(op).__name__} must be >= 0 ms, got {_value(op.duration)!r}")
+    if float(_value(op.power_factor)) <= 0:
+        raise ValueError(f"power_factor of a {type(op).__name__} must be > 0, got {_value(op.power_factor)!r}")
+
+
 @dataclass(frozen=True)
 class Pulse(Operator):
     """Hard RF pulse.
+
+    The rotation is instantaneous.  A pulse with a ``duration`` also
+    saturates the semisolid pool when the tissue has one (``bound_fraction``;
+    SPEC §3): Z_b <- Z_b exp(-pi G(offset - B0) (B1 flip)^2 power_factor /
+    duration), G the lineshape of the simulator's ``lineshape``.
 
     Parameters
     ----------
@@ -230,17 +247,25 @@ class Pulse(Operator):
     phase : float, optional
         RF phase, degrees (plus the voxel's B1phase).  Phase 0 tips Z onto
         -y: from equilibrium a 90° pulse gives F+ = -i.
+    duration : float, optional
+        Pulse duration, ms, for the semisolid pool's saturation only
+        (default 0: no saturation).
+    offset : float, optional
+        Frequency of the pulse relative to the water resonance, Hz (for the
+        semisolid pool's lineshape).
+    power_factor : float, optional
+        p = duration * integral(b^2 dt) / (integral(b dt))^2 of the pulse
+        shape b(t): 1 for a rectangle (see :func:`power_factor`).
     """
 
     flip: float
     phase: float = 0.0
+    duration: float = 0.0
+    offset: float = 0.0
+    power_factor: float = 1.0
 
     def __post_init__(self):
-        for name in ("flip", "phase"):
-            v = V.as_float_array(name, _value(getattr(self, name)))
-            V.check_finite(name, v)
-            if v.ndim != 0:
-                raise ValueError(f"{name} of a Pulse must be a scalar, got shape {v.shape}")
+        _check_pulse_fields(self, ("flip", "phase", "duration", "offset", "power_factor"))
 
 
 class Excitation(Pulse):
@@ -250,8 +275,58 @@ class Excitation(Pulse):
 class Refocusing(Pulse):
     """A refocusing pulse (a :class:`Pulse`; default flip 180°)."""
 
-    def __init__(self, flip: float = 180.0, phase: float = 0.0):
-        super().__init__(flip, phase)
+    def __init__(self, flip: float = 180.0, phase: float = 0.0, duration: float = 0.0, offset: float = 0.0,
+                 power_factor: float = 1.0):
+        super().__init__(flip, phase, duration, offset, power_factor)
+
+
+@dataclass(frozen=True)
+class Saturation(Operator):
+    """An RF pulse that saturates the semisolid pool only, leaving the
+    liquid pools untouched: the idealised off-resonance MT preparation
+    (SPEC §3).  Without a semisolid pool in the tissue it does nothing.
+
+    Parameters
+    ----------
+    flip : float
+        Nominal flip angle of the pulse, degrees (scaled per voxel by B1):
+        the integral of gamma B1(t) dt.
+    duration : float
+        Pulse duration, ms (> 0).
+    offset : float, optional
+        Pulse frequency relative to the water resonance, Hz.
+    power_factor : float, optional
+        As for :class:`Pulse` (1 for a rectangle).
+    """
+
+    flip: float
+    duration: float
+    offset: float = 0.0
+    power_factor: float = 1.0
+
+    def __post_init__(self):
+        _check_pulse_fields(self, ("flip", "duration", "offset", "power_factor"))
+        if float(_value(self.duration)) <= 0:
+            raise ValueError(f"duration of a Saturation must be > 0 ms, got {_value(self.duration)!r}")
+
+
+def power_factor(waveform) -> float:
+    """The power factor p = n * sum(b^2) / (sum b)^2 of a pulse shape
+    sampled evenly (1 for a rectangle; about 2 for a Gaussian cut at 2 sigma).
+
+    Parameters
+    ----------
+    waveform : array_like, shape (n,)
+        Samples of the pulse envelope b(t), any unit (complex samples: the
+        area is |sum b|, the power sum |b|^2).
+    """
+    b = np.asarray(waveform)
+    if b.ndim != 1 or b.size == 0:
+        raise ValueError(f"waveform must be a non-empty 1-D array, got shape {b.shape}")
+    area = np.sum(b)
+    if abs(area) == 0:
+        raise ValueError("waveform has zero area: its power factor is undefined")
+    return float(b.size * np.sum(np.abs(b) ** 2) / abs(area) ** 2)
 
 
 @dataclass(frozen=True)
@@ -356,7 +431,8 @@ class EventStream:
     as NumPy arrays ready for the kernels."""
 
     __slots__ = ("interval", "flags", "shift_before", "shift_after", "flip_rad", "phase_rad",
-                 "rx_phase_rad", "slot", "duration_s", "n_samples", "total_shifts", "rf_table")
+                 "rx_phase_rad", "slot", "duration_s", "n_samples", "total_shifts", "rf_table",
+                 "rf_duration_s", "rf_offset_hz", "rf_power")
 
     @property
     def n_events(self):
@@ -429,11 +505,14 @@ class _Layout:
                     stage = 1
                 else:
                     cur["sa"] += n
-            elif isinstance(op, (Pulse, Inversion)):
+            elif isinstance(op, (Pulse, Inversion, Saturation)):
                 if stage >= 2:
                     close()
                 if isinstance(op, Pulse):
                     cur["flags"] |= EV_RF
+                    cur["rf"] = j
+                elif isinstance(op, Saturation):
+                    cur["flags"] |= EV_SATURATION
                     cur["rf"] = j
                 else:
                     cur["flags"] |= EV_INVERSION
@@ -525,7 +604,7 @@ def pack_with_provenance(preparation, repetition, repetitions: int = 1):
                 rows.setdefault(name, []).append((event, column, index, part, c * factor))
 
     for e, j in enumerate(lay.rf_op):
-        if j >= 0:
+        if j >= 0 and isinstance(ops[j], Pulse):
             record(e, _GRAD_FLIP, ops[j].flip, _DEG_TO_RAD)
             record(e, _GRAD_PHASE, ops[j].phase, _DEG_TO_RAD)
     for e, j in enumerate(lay.rx_op):
@@ -559,10 +638,16 @@ def _pack(preparation, repetition, repetitions, keep_zero):
     flips = np.zeros(len(ops) + 1, dtype=np.float64)
     phases = np.zeros(len(ops) + 1, dtype=np.float64)
     durs = np.zeros(len(ops) + 1, dtype=np.float64)
+    rf_dur = np.zeros(len(ops) + 1, dtype=np.float64)
+    rf_off = np.zeros(len(ops) + 1, dtype=np.float64)
+    rf_pow = np.ones(len(ops) + 1, dtype=np.float64)
     for j, op in enumerate(ops):
-        if isinstance(op, Pulse):
+        if isinstance(op, (Pulse, Saturation)):
             flips[j] = op.flip
-            phases[j] = op.phase
+            phases[j] = op.phase if isinstance(op, Pulse) else 0.0
+            rf_dur[j] = op.duration
+            rf_off[j] = op.offset
+            rf_pow[j] = op.power_factor
         elif isinstance(op, Readout):
             phases[j] = op.phase
         elif isinstance(op, Delay):
@@ -586,6 +671,13 @@ def _pack(preparation, repetition, repetitions, keep_zero):
     s.rf_table = np.ascontiguousarray(np.stack([
         np.cos(flip_rad / 2) ** 2, np.sin(flip_rad / 2) ** 2, np.sin(flip_rad), np.cos(flip_rad),
         np.cos(phase_rad), np.sin(phase_rad), np.cos(rx_rad), np.sin(rx_rad)], axis=1), dtype=np.float32)
+    # the pulses' durations, offsets and power factors, for the semisolid
+    # pool (null when no pulse has a duration)
+    s.rf_duration_s = s.rf_offset_hz = s.rf_power = None
+    if np.any(rf_dur[lay.rf_op] > 0):
+        s.rf_duration_s = np.ascontiguousarray(rf_dur[lay.rf_op] * 1e-3, dtype=np.float32)
+        s.rf_offset_hz = np.ascontiguousarray(rf_off[lay.rf_op], dtype=np.float32)
+        s.rf_power = np.ascontiguousarray(rf_pow[lay.rf_op], dtype=np.float32)
     dur = np.bincount(lay.delay_event, weights=durs[lay.delay_op], minlength=n)[:n] * 1e-3
     if keep_zero:
         has_iv = np.zeros(n, dtype=bool)

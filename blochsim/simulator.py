@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from blochsim import _core, _dispatch
+from blochsim import _core, _dispatch, _pools
 from blochsim import _validate as V
 from blochsim.sequence import pack, pack_with_provenance, trace
 
 # Protocol keywords every played simulator takes.
 PLAYED_COMMON = {"states": None, "crusher_dephasing_rad": None, "voxel_size_m": None,
-                 "repetitions": 1, "budget_bytes": None}
+                 "repetitions": 1, "budget_bytes": None, "lineshape": "super-lorentzian"}
 
 
 class _Base:
@@ -126,6 +126,9 @@ class Simulator(_Base):
         Voxel size along the crusher, m; needed for D and v.
     repetitions : int, optional
         Playings of the repetition; only the last is recorded.
+    lineshape : {"super-lorentzian", "lorentzian", "gaussian"}, optional
+        Absorption lineshape of the semisolid pool (tissue ``bound_*``),
+        through which pulses with a duration saturate it.
     budget_bytes : int, optional
         Device memory a call with NumPy inputs and ``device="cuda"`` may use
         (default: most of the free memory); larger problems stream through
@@ -136,9 +139,28 @@ class Simulator(_Base):
         Host threads (default: $BLOCHSIM_NUM_THREADS or all usable CPUs).
     **protocol
         The subclass's protocol parameters.
+
+    Notes
+    -----
+    Every played simulator also models pools (SPEC §3), switched on by
+    naming their fractions: a semisolid pool (``bound_fraction``,
+    ``bound_exchange`` Hz, ``bound_T1`` ms, default 1000, ``bound_T2`` ms,
+    default 0.012) and up to four exchanging pools with transverse states
+    (``poolB_fraction``, ``poolB_exchange`` Hz, ``poolB_T1`` and
+    ``poolB_T2`` ms, default free water's, ``poolB_shift`` Hz; then
+    ``poolC_*``, ``poolD_*``, ``poolE_*``).  Fractions are of the total
+    equilibrium magnetisation; free water holds the rest.  Each pool
+    exchanges with free water at k·f_other (detailed balance; an absent rate
+    is 0).  Pools run on the host and do not combine with D or v.
     """
 
     tissue_properties = ("T1", "T2", "M0", "B1", "B0", "B1phase", "inv_efficiency", "D", "v")
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # every played simulator models the pools
+        cls.tissue_properties = tuple(cls.tissue_properties) + tuple(
+            k for k in _pools.POOL_PROPERTIES if k not in cls.tissue_properties)
     _common = PLAYED_COMMON
     # 0: the host backend; 1 or 4: the device's register path emulated on the
     # host with that many team members (tests of the device templates)
@@ -161,6 +183,8 @@ class Simulator(_Base):
         for g in ("crusher_dephasing_rad", "voxel_size_m"):
             if p[g] is not None:
                 p[g] = float(V.protocol_array(g, p[g], low=0.0, strict=True, ndim_max=0))
+        if p["lineshape"] not in _pools.LINESHAPES:
+            raise ValueError(f"lineshape must be one of {list(_pools.LINESHAPES)}, got {p['lineshape']!r}")
         return p
 
     def _protocol_values(self, overrides):
@@ -227,13 +251,16 @@ class Simulator(_Base):
         names, proto, tissue = self._jacobian_request(diff, order, values)
         p = self._protocol_values(proto)
         on_device = [k for k, v in tissue.items() if V.is_device_array(v)]
+        one = isinstance(diff, str)
+        if out is not None and (not isinstance(out, tuple) or len(out) != 2):
+            raise TypeError(f"out must be a tuple (signal, J) of two arrays, got {type(out).__name__}")
+        if _pools.any_pool(tissue):
+            signal, J = self._pooled(p, tissue, on_device, names, out)
+            return out if out is not None else (signal, J[..., 0, :] if one else J)
         device = _dispatch.resolve_device(self.device, on_device[0] if on_device else None)
         if device == "cpu" and on_device:
             raise ValueError(f"device='cpu' was asked for, but {on_device[0]} is a device array")
         fields, scale = _fields_and_scale(names)
-        one = isinstance(diff, str)
-        if out is not None and (not isinstance(out, tuple) or len(out) != 2):
-            raise TypeError(f"out must be a tuple (signal, J) of two arrays, got {type(out).__name__}")
         if device == "cuda":
             return self._jacobian_device(p, tissue, on_device, names, fields, scale, one, out)
         arrays, shape = self._tissue(tissue)
@@ -336,6 +363,7 @@ class Simulator(_Base):
         """
         names = (wrt,) if isinstance(wrt, str) else tuple(wrt)
         proto, tissue = self._split(values)
+        self._refuse_pools(tissue, "vjp")
         p = self._protocol_values(proto)
         protocol_names, tissue_names = self._vjp_names(names, p)
         _check_diff_values(tissue_names, tissue, "vjp")
@@ -404,6 +432,7 @@ class Simulator(_Base):
         (8,)
         """
         names, proto, tissue = self._jacobian_request(diff, 1, values)
+        self._refuse_pools(tissue, "jacobian_vjp")
         wrt_names = (wrt,) if isinstance(wrt, str) else tuple(wrt)
         p = self._protocol_values(proto)
         protocol_names, tissue_wrt = self._vjp_names(wrt_names, p)
@@ -609,6 +638,8 @@ class Simulator(_Base):
         p = self._protocol_values(proto)
         on_device = [k for k, v in tissue.items() if V.is_device_array(v)]
         out_on_device = out is not None and V.is_device_array(out)
+        if _pools.any_pool(tissue):
+            return self._pooled(p, tissue, on_device + (["out"] if out_on_device else []), (), out)[0]
         device = _dispatch.resolve_device(self.device, on_device[0] if on_device else
                                           ("out" if out_on_device else None))
         if device == "cpu" and (on_device or out_on_device):
@@ -641,6 +672,48 @@ class Simulator(_Base):
             threads = self.threads if self.threads is not None else _dispatch.default_threads()
             _core.forward_host(ps, si, n, flat, threads, self._host_variant)
         return out
+
+    def _refuse_pools(self, tissue, what):
+        if _pools.any_pool(tissue):
+            raise ValueError(f"{type(self).__name__}.{what}: reverse mode is not available with pools; the "
+                             f"tissue Jacobian (jacobian) is")
+
+    def _pooled(self, p, tissue, on_device, names, out):
+        """simulate() or jacobian() with pools, on the host: (signal, J), J
+        (*voxels, len(names), samples) or None without names."""
+        owner = type(self).__name__
+        if on_device or self.device == "cuda":
+            which = on_device[0] if on_device else "device='cuda'"
+            raise ValueError(f"{owner}: pools run on the host backend; {which} asks for the GPU. Pass NumPy "
+                             f"arrays (and device='cpu' or no device)")
+        n_exchanging, bound = _pools.configuration(tissue, owner)
+        arrays, shape = self._tissue(tissue)
+        _pools.check_fractions(arrays, shape)
+        s, ps, _, _ = self._stream_for(p, set(arrays))
+        n = int(np.prod(shape, dtype=np.int64))
+        ns = s.n_samples
+        want = shape + (ns,)
+        signal = jac = None
+        if out is not None:
+            if names:
+                for name, a, w in _jacobian_out_shapes(out, shape, len(names), ns, len(names) == 1):
+                    _check_host_out(name, a, w)
+                signal, jac = out[0], out[1].reshape(n, len(names), ns)
+            else:
+                _check_host_out("out", out, want)
+                signal = out
+        if signal is None:
+            signal = np.empty(want, dtype=np.complex64)
+        if names and jac is None:
+            jac = np.empty((n, len(names), ns), dtype=np.complex64)
+        fields = [_pools.field_index(k) for k in names]
+        # seeded with the SI value of one public unit: derivatives per public unit
+        seeds = [float(V.TISSUE_UNITS[k][0]) for k in names]
+        threads = self.threads if self.threads is not None else _dispatch.default_threads()
+        _core.pooled_host(ps, _host_si(arrays, shape), _pools.pool_si(arrays, shape), n_exchanging, bound,
+                          _pools.LINESHAPES.index(p["lineshape"]), n, fields, seeds,
+                          signal.reshape(n, ns), jac, threads)
+        return signal, (jac.reshape(shape + (len(names), ns)) if names else None)
 
     def _simulate_resident(self, ps, arrays, ifaces, shape, want, out, jacobian=None, jac_out=None):
         """The device path for device-array inputs (results stay on the device).

@@ -3,6 +3,7 @@
 #include "dispatch.hpp"
 
 #include <blochsim/host.hpp>
+#include <blochsim/host_pools.hpp>
 
 namespace blochsim {
 namespace {
@@ -61,6 +62,11 @@ int host_adjoint_dispatch(const EventStream& s, const Tissue& t, const int* fiel
 int host_adjoint2_dispatch(const EventStream& s, const Tissue& t, int outer_field, const float* cot,
                            int64_t cot_stride, double* ev_grad, int threads) {
   return host::adjoint2_status(s, t, outer_field, cot, cot_stride, ev_grad, threads, chosen().adjoint2);
+}
+
+int host_pooled_dispatch(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_dirs,
+                         const float* seeds, float* out, float* jac, int threads) {
+  return host::pooled_status(s, t, p, fields, n_dirs, seeds, out, jac, threads);
 }
 
 const char* host_isa() { return chosen().isa; }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <blochsim/events.hpp>
+#include <blochsim/pools.hpp>
 
 namespace blochsim {
 
@@ -39,6 +40,11 @@ int host_forward_registers(const EventStream& s, const Tissue& t, float* out, in
 // returns states_exceed_team past 32 (16) states.
 int host_jacobian_registers(const EventStream& s, const Tissue& t, const int* fields, int n_dirs, float* out,
                             float* jac, const float* seeds);
+
+// Signal (and, with n_dirs > 0, Jacobian) of every problem of t with the
+// pools of p (host::pooled_status); returns a Status.
+int host_pooled_dispatch(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_dirs,
+                         const float* seeds, float* out, float* jac, int threads);
 
 // Name of the instruction set the block kernels run with ("x86-64-v4", ...).
 const char* host_isa();

@@ -10,6 +10,9 @@
 #include "epg.hpp"
 #include "events.hpp"
 #include "host.hpp"
+#include "host_pools.hpp"
+#include "lineshape.hpp"
+#include "pools.hpp"
 #include "tile.hpp"
 
 #define BLOCHSIM_VERSION_MAJOR 0

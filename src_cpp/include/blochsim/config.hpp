@@ -72,6 +72,9 @@ enum Status : int {
   no_cuda = 6,             // the device backend was not compiled
   states_exceed_team = 7,  // K larger than a register team holds (host emulation, device Jacobians)
   too_many_events = 8,     // n_events >= 2^31 - 1 (kernels index events in 32 bits)
+  bad_pools = 9,           // a pool count, lineshape or pulse duration out of range
+  bad_pool_fraction = 10,  // a pool fraction or rate < 0, fractions summing past 1, bound T1/T2 <= 0
+  pools_without_motion = 11,  // D or v given with pools
 };
 
 // Launchers return cuda_error_base + the cudaError_t value for CUDA errors.
@@ -88,6 +91,10 @@ inline const char* status_message(int status) {
     case no_cuda: return "blochsim was built without CUDA";
     case states_exceed_team: return "states exceed what the register team holds";
     case too_many_events: return "a stream holds at most 2147483646 events";
+    case bad_pools: return "pools: a pool count, lineshape or pulse duration is out of range";
+    case bad_pool_fraction:
+      return "pools: a fraction or exchange rate is negative, the fractions sum past 1, or a bound T1/T2 is <= 0";
+    case pools_without_motion: return "pools: diffusion (D) and flow (v) are not modelled with pools";
     default: return "unknown blochsim status";
   }
 }

@@ -21,6 +21,7 @@ enum EventFlag : uint32_t {
   event_inversion = 2u,  // Z <- -eta Z at every order
   event_readout = 4u,    // sample F+_0 into output slot `slot`
   event_spoil = 8u,      // F+, F- <- 0 at every order (wins over shift_after)
+  event_saturation = 16u,  // an RF pulse that saturates the semisolid pool only (pools.hpp)
 };
 
 // Columns of EventStream::rf_table for a pulse of flip a and phase phi.
@@ -75,6 +76,16 @@ struct EventStream {
   // records fill it in (a value given by the caller is not used); null: the
   // kernels read the arrays above.
   const EventRecord* records = nullptr;
+
+  // Optional (n_events,) per pulse: its duration (s), its offset from the
+  // water resonance (Hz) and its power factor p = tau * int b^2 dt /
+  // (int b dt)^2 (1 for a rectangle), for the saturation of the semisolid
+  // pool (pools.hpp); the single-pool kernels do not read them.  A null
+  // rf_duration_s: pulses are instantaneous and deposit nothing; a null
+  // offset or power: 0 Hz and 1.
+  const float* rf_duration_s = nullptr;
+  const float* rf_offset_hz = nullptr;
+  const float* rf_power = nullptr;
 
   int64_t n_samples = 0;                  // output slots per problem
   int32_t states = 8;                     // K: orders 0 .. K-1

@@ -1,0 +1,99 @@
+"""Pool properties of the played simulators (SPEC §3): which pools a call
+turns on, the checks on their values, and their SI arrays for the kernels."""
+from __future__ import annotations
+
+import numpy as np
+
+from blochsim import _core
+from blochsim import _validate as V
+
+#: the exchanging pools with transverse states, in the order they are filled
+POOL_LETTERS = "BCDE"
+_POOL_COLUMNS = ("fraction", "exchange", "T1", "T2", "shift")
+
+#: public names of every pool property
+POOL_PROPERTIES = ("bound_fraction", "bound_exchange", "bound_T1", "bound_T2") + tuple(
+    f"pool{x}_{c}" for x in POOL_LETTERS for c in _POOL_COLUMNS)
+
+#: lineshapes of the semisolid pool (the protocol parameter ``lineshape``)
+LINESHAPES = _core.LINESHAPES
+
+
+def any_pool(names) -> bool:
+    """Whether any pool property is among ``names``."""
+    return any(k in POOL_PROPERTIES for k in names)
+
+
+def configuration(names, owner: str):
+    """(n_exchanging, bound) of a call naming the tissue properties ``names``.
+
+    Refuses a pool property given without its fraction, an exchanging pool
+    named while an earlier letter is missing (pools fill B, C, D, E in
+    order), and diffusion or flow with pools.
+    """
+    names = set(names)
+    for k in names:
+        if k in POOL_PROPERTIES and not k.endswith("_fraction"):
+            frac = k.rsplit("_", 1)[0] + "_fraction"
+            if frac not in names:
+                raise ValueError(f"{k} was given without {frac}: a pool is switched on by its fraction")
+    n = 0
+    for i, x in enumerate(POOL_LETTERS):
+        if f"pool{x}_fraction" in names:
+            if i != n:
+                raise ValueError(f"pool{x}_fraction was given without pool{POOL_LETTERS[n]}_fraction: "
+                                 f"exchanging pools are named in order (B, C, D, E)")
+            n += 1
+    bound = "bound_fraction" in names
+    for k in ("D", "v"):
+        if k in names and (n or bound):
+            raise ValueError(f"{owner}: {k} is not modelled together with pools (SPEC §3); "
+                             f"simulate the pools without {k}")
+    return n, bound
+
+
+def check_fractions(arrays: dict, shape) -> None:
+    """Refuses fractions above 1 or summing past 1 in any voxel."""
+    fracs = {k: v for k, v in arrays.items() if k.endswith("_fraction")}
+    for k, v in fracs.items():
+        V.check_bound(k, np.asarray(v), 0.0, False)
+        if np.any(np.asarray(v) > 1.0):
+            bad = np.asarray(v) > 1.0
+            raise ValueError(f"{k} must be <= 1, got {V._first_bad(np.asarray(v), bad)}")
+    if len(fracs) < 2:
+        return
+    total = sum(np.broadcast_to(np.asarray(v, dtype=np.float64), shape) for v in fracs.values())
+    bad = total > 1.0 + 1e-6
+    if np.any(bad):
+        where = tuple(int(i) for i in np.argwhere(bad)[0]) if np.ndim(total) else ()
+        parts = ", ".join(f"{k}={float(np.broadcast_to(v, shape)[where]):g}" for k, v in fracs.items())
+        raise ValueError(f"pool fractions sum to {float(total[where]):g} > 1 at voxel {where} ({parts}); "
+                         f"free water holds 1 minus their sum")
+
+
+def pool_si(arrays: dict, shape):
+    """Pool arrays as float32 SI values (length n or 1) in _core.POOL_FIELDS
+    order, None where absent."""
+    out = []
+    for field in _core.POOL_FIELDS:
+        pub = _FIELD_TO_PUBLIC[field]
+        if pub in arrays:
+            a = arrays[pub]
+            factor = V.TISSUE_UNITS[pub][0]
+            flat = np.asarray(a, dtype=np.float64).reshape(1) if a.size == 1 else \
+                np.broadcast_to(a, shape).reshape(-1)
+            out.append(np.ascontiguousarray(flat * factor, dtype=np.float32))
+        else:
+            out.append(None)
+    return tuple(out)
+
+
+def field_index(name: str) -> int:
+    """The kernels' field index of a tissue or pool property (public name)."""
+    si = V.TISSUE_UNITS[name][1]
+    if si in _core.TISSUE_FIELDS:
+        return _core.TISSUE_FIELDS.index(si)
+    return len(_core.TISSUE_FIELDS) + _core.POOL_FIELDS.index(si)
+
+
+_FIELD_TO_PUBLIC = {V.TISSUE_UNITS[k][1]: k for k in POOL_PROPERTIES}

@@ -1,0 +1,97 @@
+// The host backend of the pooled EPG (pools.hpp): one problem at a time in
+// double precision, problems split into one contiguous range per thread.
+#pragma once
+
+#include <complex>
+#include <cstdint>
+#include <vector>
+
+#include "host.hpp"
+#include "pools.hpp"
+
+#if !defined(__CUDA_ARCH__)
+namespace blochsim {
+namespace host {
+
+// Directions a pooled Jacobian pass carries (more are done in passes).
+constexpr int pooled_pass_directions = 4;
+
+namespace pools_detail {
+
+template <class S>
+inline int pooled_range(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_dirs,
+                        const float* seeds, int64_t i0, int64_t i1, float* out, float* jac, int64_t jac_dirs,
+                        int64_t first_dir) {
+  std::vector<S> work(static_cast<std::size_t>(pool_workspace(s, p)));
+  const int64_t ns = s.n_samples;
+  for (int64_t i = i0; i < i1; ++i) {
+    pooled_problem<S>(s, t, p, i, fields, n_dirs, seeds, work.data(), [&](int32_t slot, const Cx<S>& v) {
+      float* o = out + (i * ns + slot) * 2;
+      o[0] = static_cast<float>(value_of(v.re));
+      o[1] = static_cast<float>(value_of(v.im));
+      if constexpr (IsDual<S>::value) {
+        for (int j = 0; j < n_dirs; ++j) {
+          float* d = jac + ((i * jac_dirs + first_dir + j) * ns + slot) * 2;
+          d[0] = static_cast<float>(v.re.d[j]);
+          d[1] = static_cast<float>(v.im.d[j]);
+        }
+      }
+    });
+  }
+  return ok;
+}
+
+template <int N>
+inline int pooled_pass(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_dirs,
+                       const float* seeds, float* out, float* jac, int64_t jac_dirs, int64_t first_dir,
+                       int threads) {
+  return run_ranges(t.n, threads, 0, [&](int64_t i0, int64_t i1, float*) {
+    return pooled_range<Dual<double, N>>(s, t, p, fields, n_dirs, seeds, i0, i1, out, jac, jac_dirs,
+                                         first_dir);
+  });
+}
+
+}  // namespace pools_detail
+
+// Signal of every problem of t with the pools of p (and, with n_dirs > 0,
+// its Jacobian): out as forward_status; jac (t.n, n_dirs, s.n_samples)
+// complex64 interleaved, the derivative of each sample with respect to field
+// fields[j] (0 .. 8: the Tissue fields; PoolField for the pools) in its SI
+// unit, times seeds[j] when seeds is given.  Directions go
+// pooled_pass_directions a pass.
+inline int pooled_status(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_dirs,
+                         const float* seeds, float* out, float* jac, int threads) {
+  const int v = validate(s, t);
+  if (v != ok) return v;
+  const int vp = validate_pools(s, t, p);
+  if (vp != ok) return vp;
+  if (n_dirs < 0 || (n_dirs > 0 && (!fields || !jac))) return bad_shape;
+  for (int j = 0; j < n_dirs; ++j) {
+    if (fields[j] < 0 || fields[j] >= pool_field_count || fields[j] == 6 || fields[j] == 7) return bad_shape;
+    for (int l = 0; l < j; ++l)
+      if (fields[l] == fields[j]) return bad_shape;
+  }
+  if (t.n == 0 || s.n_samples == 0) return ok;
+  if (n_dirs == 0)
+    return run_ranges(t.n, threads, 0, [&](int64_t i0, int64_t i1, float*) {
+      return pools_detail::pooled_range<double>(s, t, p, nullptr, 0, nullptr, i0, i1, out, nullptr, 0, 0);
+    });
+  for (int first = 0; first < n_dirs; first += pooled_pass_directions) {
+    const int nd = n_dirs - first < pooled_pass_directions ? n_dirs - first : pooled_pass_directions;
+    const int* f = fields + first;
+    const float* sd = seeds ? seeds + first : nullptr;
+    int st;
+    switch (nd) {
+      case 1: st = pools_detail::pooled_pass<1>(s, t, p, f, nd, sd, out, jac, n_dirs, first, threads); break;
+      case 2: st = pools_detail::pooled_pass<2>(s, t, p, f, nd, sd, out, jac, n_dirs, first, threads); break;
+      case 3: st = pools_detail::pooled_pass<3>(s, t, p, f, nd, sd, out, jac, n_dirs, first, threads); break;
+      default: st = pools_detail::pooled_pass<4>(s, t, p, f, nd, sd, out, jac, n_dirs, first, threads); break;
+    }
+    if (st != ok) return st;
+  }
+  return ok;
+}
+
+}  // namespace host
+}  // namespace blochsim
+#endif

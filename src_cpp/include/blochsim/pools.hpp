@@ -1,0 +1,456 @@
+// The pooled EPG (SPEC §3): free water with up to four exchanging pools
+// that have transverse states (Bloch–McConnell; McConnell 1958, J Chem Phys
+// 28:430) and a semisolid pool with longitudinal states only (the binary
+// spin bath of EPG-X; Malik, Teixeira & Hajnal 2018, MRM 80:767).
+//
+// One problem is played by one call of pooled_problem<S>, over a scalar
+// type S: double for the signal, Dual<double, N> for the signal and its
+// derivatives along N tissue directions in the same pass.
+//
+// Per problem and per distinct interval length τ the kernel forms the exact
+// interval operators once, the first time an event uses them:
+//   transverse   P = exp(τ A),  A the n × n complex generator of the F+
+//                families of the n liquid pools (relaxation, exchange with
+//                free water, B0 and chemical shift); F− evolves by conj(P);
+//   longitudinal L = exp(τ B),  B the m × m real generator of the Z families
+//                (n liquid pools and the semisolid pool: relaxation and
+//                exchange with free water), and the recovery r = f − L f
+//                added to order 0 (f: the equilibrium fractions, which B's
+//                detailed balance leaves fixed).
+// The exponentials are taken by scaling and squaring with a degree-12
+// Taylor polynomial (Moler & Van Loan 2003, SIAM Rev 45:3, method 3), in S,
+// so that their derivatives come with them.
+//
+// Exchange is a star around free water (pool a): pool b, with fraction f_b
+// and rate constant k_b, moves magnetisation a → b at k_b f_b and b → a at
+// k_b f_a (detailed balance).  The semisolid pool exchanges longitudinal
+// magnetisation only; free water's transverse states feel no semisolid
+// exchange (EPG-X).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "dual.hpp"
+#include "events.hpp"
+#include "lineshape.hpp"
+
+namespace blochsim {
+
+constexpr int max_exchanging_pools = 4;
+constexpr int max_liquid_pools = 1 + max_exchanging_pools;
+constexpr int max_longitudinal_pools = max_liquid_pools + 1;
+
+// Tissue field indices of the pool properties, after the nine fields of
+// Tissue (T1_s, T2_s, M0, B1, B1phase_rad, B0_hz, D_m2_s, v_m_s,
+// inv_efficiency = 0 .. 8), for Jacobian directions.
+enum PoolField : int {
+  field_bound_fraction = 9,
+  field_bound_exchange_hz = 10,
+  field_bound_T1_s = 11,
+  field_bound_T2_s = 12,
+  field_pool_first = 13,  // pool j (0 = B): 13 + 5 j + PoolColumn
+  pool_field_count = 13 + 5 * max_exchanging_pools
+};
+enum PoolColumn : int { pool_fraction, pool_exchange_hz, pool_T1_s, pool_T2_s, pool_shift_hz, pool_columns };
+
+// The pools of a call: which are on, and their properties per problem (SI:
+// fractions, Hz, s).  An exchanging pool's T1_s or T2_s left absent takes
+// free water's value.
+struct Pools {
+  int32_t n_exchanging = 0;  // pools B, C, ... with transverse states (0 .. 4)
+  int32_t bound = 0;         // 1: the semisolid pool is on
+  int32_t lineshape = lineshape_super_lorentzian;
+  Property bound_fraction{nullptr, 0, 0.0f};
+  Property bound_exchange_hz{nullptr, 0, 0.0f};
+  Property bound_T1_s{nullptr, 0, 1.0f};
+  Property bound_T2_s{nullptr, 0, 12.0e-6f};
+  Property pool[max_exchanging_pools][pool_columns] = {};
+};
+
+// A complex number over S.
+template <class S>
+struct Cx {
+  S re, im;
+};
+template <class S>
+BLOCHSIM_HD inline Cx<S> operator+(const Cx<S>& a, const Cx<S>& b) {
+  return {a.re + b.re, a.im + b.im};
+}
+template <class S>
+BLOCHSIM_HD inline Cx<S> operator-(const Cx<S>& a, const Cx<S>& b) {
+  return {a.re - b.re, a.im - b.im};
+}
+template <class S>
+BLOCHSIM_HD inline Cx<S> operator*(const Cx<S>& a, const Cx<S>& b) {
+  return {a.re * b.re - a.im * b.im, a.re * b.im + a.im * b.re};
+}
+template <class S>
+BLOCHSIM_HD inline Cx<S> operator*(const S& a, const Cx<S>& b) {
+  return {a * b.re, a * b.im};
+}
+template <class S>
+BLOCHSIM_HD inline Cx<S> operator*(const Cx<S>& a, double b) {
+  return {a.re * b, a.im * b};
+}
+template <class S>
+BLOCHSIM_HD inline Cx<S> conj(const Cx<S>& a) {
+  return {a.re, -a.im};
+}
+
+// g(x) of a lineshape lifted to S: the value, and for a dual the chain rule.
+BLOCHSIM_HD inline double lift(double, double g, double) { return g; }
+template <int N>
+BLOCHSIM_HD inline Dual<double, N> lift(const Dual<double, N>& x, double g, double dg) {
+  return chain(x, g, dg);
+}
+
+namespace pools_detail {
+
+template <class S>
+BLOCHSIM_HD inline double magnitude(const S& x) {
+  const double v = value_of(x);
+  return v < 0 ? -v : v;
+}
+template <class S>
+BLOCHSIM_HD inline double magnitude(const Cx<S>& x) {
+  return magnitude(x.re) + magnitude(x.im);
+}
+template <class S>
+BLOCHSIM_HD inline S scaled(const S& x, double c) {
+  return x * c;
+}
+template <class S>
+BLOCHSIM_HD inline Cx<S> scaled(const Cx<S>& x, double c) {
+  return x * c;
+}
+template <class T>
+struct One {
+  BLOCHSIM_HD static T get() { return T(1.0); }
+};
+template <class S>
+struct One<Cx<S>> {
+  BLOCHSIM_HD static Cx<S> get() { return {S(1.0), S(0.0)}; }
+};
+
+// C = A B for n × n row-major matrices.
+template <class T>
+BLOCHSIM_HD inline void matmul(const T* a, const T* b, T* c, int n) {
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j) {
+      T acc = a[i * n] * b[j];
+      for (int l = 1; l < n; ++l) acc = acc + a[i * n + l] * b[l * n + j];
+      c[i * n + j] = acc;
+    }
+}
+
+}  // namespace pools_detail
+
+// E = exp(A) of an n × n row-major matrix (n <= max_longitudinal_pools);
+// scaling until the 1-norm is at most 1/2, then Horner's form of the
+// degree-12 Taylor polynomial (truncation < 1e-16 relative), then squaring.
+template <class T>
+BLOCHSIM_HD inline void expm(const T* a, int n, T* e) {
+  using namespace pools_detail;
+  constexpr int M = max_longitudinal_pools * max_longitudinal_pools;
+  T x[M], t[M];
+  double norm = 0.0;
+  for (int j = 0; j < n; ++j) {
+    double col = 0.0;
+    for (int i = 0; i < n; ++i) col += magnitude(a[i * n + j]);
+    norm = col > norm ? col : norm;
+  }
+  int squarings = 0;
+  double scale = 1.0;
+  while (norm * scale > 0.5) {
+    scale *= 0.5;
+    ++squarings;
+  }
+  const T one = One<T>::get();
+  for (int i = 0; i < n * n; ++i) {
+    x[i] = scaled(a[i], scale);
+    e[i] = (i % (n + 1) == 0) ? one : scaled(one, 0.0);
+  }
+  for (int q = 12; q >= 1; --q) {  // e <- I + x e / q
+    matmul(x, e, t, n);
+    for (int i = 0; i < n * n; ++i) e[i] = (i % (n + 1) == 0) ? scaled(t[i], 1.0 / q) + one : scaled(t[i], 1.0 / q);
+  }
+  for (int s = 0; s < squarings; ++s) {
+    matmul(e, e, t, n);
+    for (int i = 0; i < n * n; ++i) e[i] = t[i];
+  }
+}
+
+// One problem's tissue and pool values in S (SI), seeded for derivatives.
+template <class S>
+struct PoolTissue {
+  int n = 1;      // liquid pools: free water and the exchanging pools
+  int m = 1;      // longitudinal families: the liquid pools, then the semisolid pool if on
+  bool bound = false;
+  S M0, B1, B1phase, B0, eta, T2b;
+  S f[max_longitudinal_pools], k[max_longitudinal_pools];  // k[0] unused
+  S R1[max_longitudinal_pools], R2[max_liquid_pools], shift[max_liquid_pools];
+};
+
+// How a value of tissue field `field` enters S: plain for double; for a dual,
+// with derivative seeds[j] along each direction j that names the field.
+template <class S>
+struct Seeder {
+  BLOCHSIM_HD static S make(double v, int, const int*, int, const float*) { return S(v); }
+};
+template <int N>
+struct Seeder<Dual<double, N>> {
+  BLOCHSIM_HD static Dual<double, N> make(double v, int field, const int* fields, int n_dirs, const float* seeds) {
+    Dual<double, N> r(v);
+    for (int j = 0; j < n_dirs && j < N; ++j)
+      if (fields[j] == field) r.d[j] = seeds ? seeds[j] : 1.0;
+    return r;
+  }
+};
+
+template <class S>
+BLOCHSIM_HD inline PoolTissue<S> pool_tissue(const Tissue& t, const Pools& p, int64_t i, const int* fields,
+                                             int n_dirs, const float* seeds) {
+  auto get = [&](const Property& prop, int field, double fallback_value) {
+    const double v = prop.present() ? static_cast<double>(prop.at(i)) : fallback_value;
+    return Seeder<S>::make(v, field, fields, n_dirs, seeds);
+  };
+  PoolTissue<S> q;
+  q.n = 1 + p.n_exchanging;
+  q.bound = p.bound != 0;
+  q.m = q.n + (q.bound ? 1 : 0);
+  const S T1 = get(t.T1_s, 0, t.T1_s.fallback), T2 = get(t.T2_s, 1, t.T2_s.fallback);
+  q.M0 = get(t.M0, 2, t.M0.fallback);
+  q.B1 = get(t.B1, 3, t.B1.fallback);
+  q.B1phase = get(t.B1phase_rad, 4, t.B1phase_rad.fallback);
+  q.B0 = get(t.B0_hz, 5, t.B0_hz.fallback);
+  q.eta = get(t.inv_efficiency, 8, t.inv_efficiency.fallback);
+  q.R1[0] = S(1.0) / T1;
+  q.R2[0] = S(1.0) / T2;
+  q.shift[0] = S(0.0);
+  S rest = S(1.0);
+  for (int j = 0; j < p.n_exchanging; ++j) {
+    const int base = field_pool_first + pool_columns * j;
+    const Property* c = p.pool[j];
+    q.f[1 + j] = get(c[pool_fraction], base + pool_fraction, 0.0);
+    q.k[1 + j] = get(c[pool_exchange_hz], base + pool_exchange_hz, 0.0);
+    q.R1[1 + j] = c[pool_T1_s].present() ? S(1.0) / get(c[pool_T1_s], base + pool_T1_s, 1.0) : q.R1[0];
+    q.R2[1 + j] = c[pool_T2_s].present() ? S(1.0) / get(c[pool_T2_s], base + pool_T2_s, 1.0) : q.R2[0];
+    q.shift[1 + j] = get(c[pool_shift_hz], base + pool_shift_hz, 0.0);
+    rest = rest - q.f[1 + j];
+  }
+  if (q.bound) {
+    q.f[q.n] = get(p.bound_fraction, field_bound_fraction, p.bound_fraction.fallback);
+    q.k[q.n] = get(p.bound_exchange_hz, field_bound_exchange_hz, p.bound_exchange_hz.fallback);
+    q.R1[q.n] = S(1.0) / get(p.bound_T1_s, field_bound_T1_s, p.bound_T1_s.fallback);
+    q.T2b = get(p.bound_T2_s, field_bound_T2_s, p.bound_T2_s.fallback);
+    rest = rest - q.f[q.n];
+  }
+  q.f[0] = rest;
+  return q;
+}
+
+// The interval operators of one problem for a duration tau (s): P (n × n
+// complex, F+), L (m × m) and r (m) as described at the top.
+template <class S>
+BLOCHSIM_HD inline void pool_interval(const PoolTissue<S>& q, double tau, Cx<S>* P, S* L, S* r) {
+  const int n = q.n, m = q.m;
+  Cx<S> a[max_longitudinal_pools * max_longitudinal_pools];
+  S b[max_longitudinal_pools * max_longitudinal_pools];
+  const S zero = S(0.0);
+  for (int i = 0; i < n * n; ++i) a[i] = {zero, zero};
+  for (int i = 0; i < m * m; ++i) b[i] = zero;
+  const double w = 2.0 * pi * tau;
+  for (int j = 0; j < n; ++j) {
+    a[j * n + j].re = -(q.R2[j] * tau);
+    a[j * n + j].im = -((q.B0 + q.shift[j]) * w);
+  }
+  for (int j = 0; j < m; ++j) b[j * m + j] = -(q.R1[j] * tau);
+  for (int j = 1; j < m; ++j) {
+    const S out_of_free = q.k[j] * q.f[j] * tau, into_free = q.k[j] * q.f[0] * tau;
+    b[0] = b[0] - out_of_free;
+    b[j * m + j] = b[j * m + j] - into_free;
+    b[j * m] = out_of_free;   // free -> j
+    b[j] = into_free;         // j -> free
+    if (j < n) {
+      a[0].re = a[0].re - out_of_free;
+      a[j * n + j].re = a[j * n + j].re - into_free;
+      a[j * n].re = out_of_free;
+      a[j].re = into_free;
+    }
+  }
+  expm(a, n, P);
+  expm(b, m, L);
+  for (int i = 0; i < m; ++i) {
+    S lf = L[i * m] * q.f[0];
+    for (int j = 1; j < m; ++j) lf = lf + L[i * m + j] * q.f[j];
+    r[i] = q.f[i] - lf;
+  }
+}
+
+// Scalars per problem of pooled_problem's workspace, for K orders and the
+// pools of p over a stream with n_intervals intervals.
+inline int64_t pool_workspace(const EventStream& s, const Pools& p) {
+  const int64_t n = 1 + p.n_exchanging, m = n + (p.bound ? 1 : 0);
+  const int64_t states = (3 * n + (p.bound ? 1 : 0)) * 2 * static_cast<int64_t>(s.states);
+  const int64_t per_interval = 2 * n * n + m * m + m + 1;
+  return states + per_interval * s.n_intervals;
+}
+
+// Plays the stream for problem i; sink(slot, Cx<S> sample) takes each
+// readout.  work holds pool_workspace(s, p) values of S.
+template <class S, class Sink>
+BLOCHSIM_HD inline void pooled_problem(const EventStream& s, const Tissue& t, const Pools& p, int64_t i,
+                                       const int* fields, int n_dirs, const float* seeds, S* work, Sink&& sink) {
+  const PoolTissue<S> q = pool_tissue<S>(t, p, i, fields, n_dirs, seeds);
+  const int n = q.n, m = q.m, K = s.states;
+  const S zero = S(0.0);
+  const Cx<S> czero{zero, zero};
+  // state: F+, F-, Z of each liquid pool, then the semisolid Z; row j*K + k
+  Cx<S>* fp = reinterpret_cast<Cx<S>*>(work);
+  Cx<S>* fm = fp + n * K;
+  Cx<S>* z = fm + n * K;  // m families: the semisolid pool last
+  S* ops = reinterpret_cast<S*>(z + m * K);
+  const int64_t per_interval = 2 * n * n + m * m + m + 1;
+  for (int64_t l = 0; l < 2 * n * K + m * K; ++l) fp[l] = czero;
+  for (int j = 0; j < m; ++j) z[j * K].re = q.f[j];
+  for (int64_t v = 0; v < s.n_intervals; ++v) ops[v * per_interval] = S(0.0);  // not yet formed
+  const bool saturating = q.bound && s.rf_duration_s != nullptr;
+  int band = 1;  // orders [band, K) are zero
+
+  auto shift = [&](int dir) {
+    for (int j = 0; j < n; ++j) {
+      Cx<S>* up = (dir > 0 ? fp : fm) + j * K;
+      Cx<S>* dn = (dir > 0 ? fm : fp) + j * K;
+      const int top = band < K ? band : K - 1;
+      for (int k = top; k >= 1; --k) up[k] = up[k - 1];
+      for (int k = 0; k + 1 < band; ++k) dn[k] = dn[k + 1];
+      dn[band - 1] = czero;
+      up[0] = conj(dn[0]);
+    }
+    band = band < K ? band + 1 : K;
+  };
+
+  for (int64_t e = 0; e < s.n_events; ++e) {
+    const uint32_t f = s.flags[e];
+    const int32_t iv = s.interval[e];
+    if (iv >= 0) {
+      S* o = ops + iv * per_interval;
+      Cx<S>* P = reinterpret_cast<Cx<S>*>(o + 1);
+      S* L = o + 1 + 2 * n * n;
+      S* r = L + m * m;
+      if (value_of(o[0]) == 0.0) {
+        pool_interval(q, s.duration_s[iv], P, L, r);
+        o[0] = S(1.0);
+      }
+      for (int k = 0; k < band; ++k) {
+        Cx<S> a[max_liquid_pools], b[max_liquid_pools], c[max_longitudinal_pools];
+        for (int j = 0; j < n; ++j) {
+          a[j] = fp[j * K + k];
+          b[j] = fm[j * K + k];
+        }
+        for (int j = 0; j < m; ++j) c[j] = z[j * K + k];
+        for (int j = 0; j < n; ++j) {
+          Cx<S> x = P[j * n] * a[0], y = conj(P[j * n]) * b[0];
+          for (int l = 1; l < n; ++l) {
+            x = x + P[j * n + l] * a[l];
+            y = y + conj(P[j * n + l]) * b[l];
+          }
+          fp[j * K + k] = x;
+          fm[j * K + k] = y;
+        }
+        for (int j = 0; j < m; ++j) {
+          Cx<S> x = L[j * m] * c[0];
+          for (int l = 1; l < m; ++l) x = x + L[j * m + l] * c[l];
+          if (k == 0) x.re = x.re + r[j];
+          z[j * K + k] = x;
+        }
+      }
+    }
+    for (int sb = s.shift_before[e], c = 0; c < (sb > 0 ? sb : -sb); ++c) shift(sb > 0 ? 1 : -1);
+    if ((f & (event_rf | event_saturation)) && saturating) {
+      // Z^b <- Z^b exp(-pi G(df) (B1 alpha)^2 p / tau_rf), df the pulse's
+      // offset from this voxel's water resonance
+      const double tau_rf = s.rf_duration_s[e];
+      if (tau_rf > 0.0) {
+        const S alpha = q.B1 * static_cast<double>(s.flip_rad[e]);
+        const double power = s.rf_power ? s.rf_power[e] : 1.0;
+        const double offset = s.rf_offset_hz ? s.rf_offset_hz[e] : 0.0;
+        const S x = (offset - q.B0) * q.T2b * (2.0 * pi);
+        double g, dg;
+        lineshape_g(p.lineshape, value_of(x), g, dg);
+        const S gx = lift(x, g, dg);
+        using std::exp;
+        const S decay = exp(-(pi * power / tau_rf) * (q.T2b * gx) * (alpha * alpha));
+        Cx<S>* zb = z + n * K;
+        for (int k = 0; k < band; ++k) zb[k] = decay * zb[k];
+      }
+    }
+    if (f & event_rf) {
+      using std::cos;
+      using std::sin;
+      const S alpha = q.B1 * static_cast<double>(s.flip_rad[e]);
+      const S phi = q.B1phase + static_cast<double>(s.phase_rad[e]);
+      const S ca = cos(alpha), sa = sin(alpha);
+      const S c2 = (S(1.0) + ca) * 0.5, s2 = (S(1.0) - ca) * 0.5;
+      const Cx<S> e1{cos(phi), sin(phi)};
+      const Cx<S> e2 = e1 * e1;
+      // -i e^{i phi} sin(a) and its conjugate
+      const Cx<S> mi_e1_sa{e1.im * sa, -(e1.re * sa)};
+      for (int j = 0; j < n; ++j)
+        for (int k = 0; k < band; ++k) {
+          const Cx<S> a = fp[j * K + k], b = fm[j * K + k], c = z[j * K + k];
+          fp[j * K + k] = c2 * a + s2 * (e2 * b) + mi_e1_sa * c;
+          fm[j * K + k] = c2 * b + s2 * (conj(e2) * a) - conj(mi_e1_sa) * c;
+          // Z' = -(i/2) e^{-i phi} sin(a) F+ + (i/2) e^{i phi} sin(a) F- + cos(a) Z
+          z[j * K + k] = (conj(mi_e1_sa) * a) * 0.5 - (mi_e1_sa * b) * 0.5 + ca * c;
+        }
+    }
+    if (f & event_inversion)
+      for (int j = 0; j < n; ++j)
+        for (int k = 0; k < band; ++k) z[j * K + k] = (-q.eta) * z[j * K + k];
+    if (f & event_readout) {
+      Cx<S> acc = fp[0];
+      for (int j = 1; j < n; ++j) acc = acc + fp[j * K];
+      const double rx = s.rx_phase_rad[e];
+      const Cx<S> erx{S(std::cos(rx)), S(-std::sin(rx))};
+      sink(s.slot[e], q.M0 * (acc * erx));
+    }
+    if (f & event_spoil) {
+      for (int l = 0; l < 2 * n * K; ++l) fp[l] = czero;
+    } else {
+      for (int sa = s.shift_after[e], c = 0; c < (sa > 0 ? sa : -sa); ++c) shift(sa > 0 ? 1 : -1);
+    }
+  }
+}
+
+// Checks the pool configuration and every problem's fractions (each >= 0,
+// their sum <= 1) and rates; kernels assume it passed.
+inline int validate_pools(const EventStream& s, const Tissue& t, const Pools& p) {
+  if (p.n_exchanging < 0 || p.n_exchanging > max_exchanging_pools || p.lineshape < 0 ||
+      p.lineshape >= lineshape_count)
+    return bad_pools;
+  if (t.D_m2_s.present() || t.v_m_s.present()) return pools_without_motion;
+  if (s.n_events > 0 && s.rf_duration_s) {
+    for (int64_t e = 0; e < s.n_events; ++e)
+      if (!(s.rf_duration_s[e] >= 0.0f)) return bad_pools;
+  }
+  for (int64_t i = 0; i < t.n; ++i) {
+    double sum = 0.0;
+    for (int j = 0; j < p.n_exchanging; ++j) {
+      const double fj = p.pool[j][pool_fraction].at(i), kj = p.pool[j][pool_exchange_hz].at(i);
+      if (!(fj >= 0.0) || !(kj >= 0.0)) return bad_pool_fraction;
+      sum += fj;
+    }
+    if (p.bound) {
+      const double fb = p.bound_fraction.at(i), kb = p.bound_exchange_hz.at(i);
+      if (!(fb >= 0.0) || !(kb >= 0.0) || !(p.bound_T1_s.at(i) > 0.0) || !(p.bound_T2_s.at(i) > 0.0))
+        return bad_pool_fraction;
+      sum += fb;
+    }
+    if (sum > 1.0 + 1e-6) return bad_pool_fraction;
+  }
+  return ok;
+}
+
+}  // namespace blochsim
