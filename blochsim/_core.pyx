@@ -11,7 +11,7 @@ from libc.stddef cimport size_t
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc
 
-from blochsim._events cimport EventStream, Pools, Property, Tissue, cuda_error_base, status_message
+from blochsim._events cimport EventStream, Pools, Property, Tissue, cuda_error_base, lineshape_g, status_message
 from blochsim._host cimport (host_adjoint2_dispatch, host_adjoint_dispatch, host_forward_dispatch, host_forward_registers, host_isa,
                              host_jacobian_dispatch, host_jacobian_registers, host_pooled_dispatch)
 cimport blochsim._launcher as L
@@ -238,6 +238,16 @@ def pooled_host(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bi
     with nogil:
         st = host_pooled_dispatch(ps.s, t, p, cf, nd, cs, outp, jacp, threads)
     _raise(st, err)
+
+
+def lineshape_values(int shape, const double[::1] x, double[::1] g, double[::1] dg):
+    """g(x) and dg/dx of lineshape LINESHAPES[shape] (lineshape.hpp) at each x."""
+    cdef Py_ssize_t i
+    if shape < 0 or shape >= len(LINESHAPES) or g.shape[0] != x.shape[0] or dg.shape[0] != x.shape[0]:
+        raise ValueError("blochsim internal error: lineshape arguments")
+    with nogil:
+        for i in range(x.shape[0]):
+            lineshape_g(shape, x[i], g[i], dg[i])
 
 
 def jacobian_host(PackedStream ps, tuple tissue, int64_t n, fields, seeds, float complex[:, ::1] out,

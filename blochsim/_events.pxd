@@ -65,3 +65,7 @@ cdef extern from "blochsim/pools.hpp" namespace "blochsim" nogil:
         Property bound_T1_s
         Property bound_T2_s
         Property pool[4][5]
+
+
+cdef extern from "blochsim/lineshape.hpp" namespace "blochsim" nogil:
+    void lineshape_g(int shape, double x, double& g, double& dg)

@@ -255,6 +255,8 @@ class Simulator(_Base):
         if out is not None and (not isinstance(out, tuple) or len(out) != 2):
             raise TypeError(f"out must be a tuple (signal, J) of two arrays, got {type(out).__name__}")
         if _pools.any_pool(tissue):
+            tissue = _pools.drop_idle(tissue, names, type(self).__name__)
+        if _pools.any_pool(tissue):
             signal, J = self._pooled(p, tissue, on_device, names, out)
             return out if out is not None else (signal, J[..., 0, :] if one else J)
         device = _dispatch.resolve_device(self.device, on_device[0] if on_device else None)
@@ -638,6 +640,8 @@ class Simulator(_Base):
         p = self._protocol_values(proto)
         on_device = [k for k, v in tissue.items() if V.is_device_array(v)]
         out_on_device = out is not None and V.is_device_array(out)
+        if _pools.any_pool(tissue):
+            tissue = _pools.drop_idle(tissue, (), type(self).__name__)
         if _pools.any_pool(tissue):
             return self._pooled(p, tissue, on_device + (["out"] if out_on_device else []), (), out)[0]
         device = _dispatch.resolve_device(self.device, on_device[0] if on_device else

@@ -401,9 +401,9 @@ BLOCHSIM_HD inline void pooled_problem(const EventStream& s, const Tissue& t, co
         for (int k = 0; k < band; ++k) {
           const Cx<S> a = fp[j * K + k], b = fm[j * K + k], c = z[j * K + k];
           fp[j * K + k] = c2 * a + s2 * (e2 * b) + mi_e1_sa * c;
-          fm[j * K + k] = c2 * b + s2 * (conj(e2) * a) - conj(mi_e1_sa) * c;
+          fm[j * K + k] = c2 * b + s2 * (conj(e2) * a) + conj(mi_e1_sa) * c;
           // Z' = -(i/2) e^{-i phi} sin(a) F+ + (i/2) e^{i phi} sin(a) F- + cos(a) Z
-          z[j * K + k] = (conj(mi_e1_sa) * a) * 0.5 - (mi_e1_sa * b) * 0.5 + ca * c;
+          z[j * K + k] = ca * c - (conj(mi_e1_sa) * a + mi_e1_sa * b) * 0.5;
         }
     }
     if (f & event_inversion)

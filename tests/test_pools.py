@@ -1,0 +1,587 @@
+"""Pools (SPEC §3): exchanging pools with transverse states (Bloch–McConnell)
+and the semisolid pool (binary spin bath), against oracles written here:
+``scipy.linalg.expm`` of the Bloch–McConnell generator in Cartesian
+components, the lineshape integrals by ``scipy.integrate.quad``, and the
+fast-exchange limits."""
+import numpy as np
+import pytest
+from scipy.integrate import quad
+from scipy.linalg import expm
+
+import blochsim
+from blochsim import (Delay, Dephase, Excitation, Inversion, Pulse, Readout, Refocusing, SampledPulse, Saturation,
+                      Simulator, Spoil)
+from blochsim.simulators import FSESimulator, MRFSimulator, SPGRSimulator
+
+GAMMA_HZ_PER_T = 42.57747892e6
+
+
+# --------------------------------------------------------------------------
+# The oracle: Cartesian Bloch–McConnell, written from the SPEC conventions
+# (F+ = Mx + i My; a phase-0 pulse rotates about +x and takes z to -y; B0
+# turns F+ by exp(-2 pi i B0 t)).  Liquid pools carry (Mx, My, Mz), the
+# semisolid pool Mz only; a last component holds the constant 1 for the
+# recovery terms.
+
+class Oracle:
+    def __init__(self, T1, T2, B0=0.0, pools=(), bound=None):
+        """pools: (f, k, T1, T2, shift) per exchanging pool (ms, Hz);
+        bound: (f, k, T1) or None."""
+        self.liquid = [(None, 0.0, T1, T2, 0.0)] + list(pools)
+        self.bound = bound
+        fa = 1.0 - sum(p[0] for p in pools) - (bound[0] if bound else 0.0)
+        self.f = [fa] + [p[0] for p in pools]
+        self.n = len(self.liquid)
+        self.size = 3 * self.n + (1 if bound else 0) + 1
+        self.B0 = B0
+
+    def equilibrium(self):
+        x = np.zeros(self.size)
+        for j in range(self.n):
+            x[3 * j + 2] = self.f[j]
+        if self.bound:
+            x[3 * self.n] = self.bound[0]
+        x[-1] = 1.0
+        return x
+
+    def generator(self, w1=0.0, W=0.0):
+        """d/dt per second; w1: RF amplitude (rad/s, phase 0); W: the
+        semisolid pool's saturation rate (1/s)."""
+        G = np.zeros((self.size, self.size))
+        one = self.size - 1
+        fa = self.f[0]
+        for j, (_, k, T1, T2, shift) in enumerate(self.liquid):
+            x, y, z = 3 * j, 3 * j + 1, 3 * j + 2
+            R1, R2 = 1e3 / T1, 1e3 / T2
+            w = 2 * np.pi * (self.B0 + shift)
+            G[x, x] -= R2
+            G[y, y] -= R2
+            G[z, z] -= R1
+            G[z, one] += R1 * self.f[j]
+            G[x, y] += w
+            G[y, x] -= w
+            G[y, z] -= w1
+            G[z, y] += w1
+            if j > 0:
+                for c in range(3):
+                    a, b = c, 3 * j + c
+                    G[a, a] -= k * self.f[j]
+                    G[b, a] += k * self.f[j]
+                    G[b, b] -= k * fa
+                    G[a, b] += k * fa
+        if self.bound:
+            fb, kb, T1b = self.bound
+            zb = 3 * self.n
+            R1 = 1e3 / T1b
+            G[zb, zb] -= R1 + W
+            G[zb, one] += R1 * fb
+            G[2, 2] -= kb * fb
+            G[zb, 2] += kb * fb
+            G[zb, zb] -= kb * fa
+            G[2, zb] += kb * fa
+        return G
+
+    def evolve(self, x, t_ms, **kw):
+        return expm(self.generator(**kw) * t_ms * 1e-3) @ x
+
+    def transverse(self, x):
+        return sum(x[3 * j] + 1j * x[3 * j + 1] for j in range(self.n))
+
+    def longitudinal(self, x):
+        return sum(x[3 * j + 2] for j in range(self.n))
+
+    def rotate(self, x, flip_deg, phase_deg=0.0):
+        """Hard pulse at phase phi: rotation about (cos phi, sin phi, 0)."""
+        a, phi = np.radians(flip_deg), np.radians(phase_deg)
+        u = np.array([np.cos(phi), np.sin(phi), 0.0])
+        K = np.array([[0, -u[2], u[1]], [u[2], 0, -u[0]], [-u[1], u[0], 0]])
+        R = np.eye(3) + np.sin(a) * K + (1 - np.cos(a)) * K @ K
+        y = x.copy()
+        for j in range(self.n):
+            y[3 * j:3 * j + 3] = R @ x[3 * j:3 * j + 3]
+        return y
+
+    def invert(self, x):
+        y = x.copy()
+        for j in range(self.n):
+            y[3 * j + 2] = -x[3 * j + 2]
+        return y
+
+
+def sl_integral(x):
+    """The super-Lorentzian's g(x) by quad, split at the magic angle."""
+    u0 = 1 / np.sqrt(3)
+
+    def f(u):
+        w = 3 * u * u - 1
+        return np.sqrt(2 / np.pi) * np.exp(-2 * x * x / (w * w)) / abs(w)
+
+    return (quad(f, 0, u0, epsabs=0, epsrel=1e-12, limit=500)[0]
+            + quad(f, u0, 1, epsabs=0, epsrel=1e-12, limit=500)[0])
+
+
+def oracle_lineshape(kind, df, T2_ms):
+    T2 = T2_ms * 1e-3
+    x = 2 * np.pi * df * T2
+    if kind == "lorentzian":
+        return T2 / np.pi / (1 + x * x)
+    if kind == "gaussian":
+        return T2 / np.sqrt(2 * np.pi) * np.exp(-x * x / 2)
+    return T2 * sl_integral(x)
+
+
+# --------------------------------------------------------------------------
+# Sequences played for the tests
+
+class InversionProbe(Simulator):
+    """Inversion, TI, then a 90° pulse read at once: -i times the liquid Z."""
+    protocol = {"TI": 100.0}
+
+    def repetition(self, p):
+        return Readout() @ Pulse(90.0) @ Delay(p["TI"]) @ Inversion()
+
+
+class FID(Simulator):
+    """An excitation, then a sample every `dt` ms."""
+    protocol = {"flip": 90.0, "phase": 0.0, "dt": 1.0, "n": 10}
+
+    def preparation(self, p):
+        return Excitation(p["flip"], phase=p["phase"])
+
+    def repetition(self, p):
+        return Readout() @ Delay(p["dt"])
+
+    def check_protocol(self, p):
+        p["repetitions"] = p["n"]
+        return p
+
+
+class FIDAll(Simulator):
+    """FID recording every sample (the train unrolled)."""
+    protocol = {"flip": 90.0, "phase": 0.0, "dt": 1.0, "n": 10}
+
+    def preparation(self, p):
+        return Excitation(p["flip"], phase=p["phase"])
+
+    def repetition(self, p):
+        return (Readout() @ Delay(p["dt"])) ** p["n"]
+
+
+class SaturationTrain(Simulator):
+    """n sub-pulses of a rectangular off-resonance saturation, each followed
+    by its share of the pulse's time, then a 90° read of the liquid Z."""
+    protocol = {"flip": 600.0, "duration": 10.0, "offset": 2000.0, "n": 40}
+
+    def repetition(self, p):
+        n = p["n"]
+        sub = Delay(p["duration"] / n) @ Saturation(p["flip"] / n, p["duration"] / n, offset=p["offset"])
+        return Readout() @ Pulse(90.0) @ Spoil() @ sub ** n
+
+
+def _fid_oracle(o, flip, phase, dt, n):
+    x = o.rotate(o.equilibrium(), flip, phase)
+    out = []
+    for _ in range(n):
+        x = o.evolve(x, dt)
+        out.append(o.transverse(x))
+    return np.array(out)
+
+
+# --------------------------------------------------------------------------
+# Physics
+
+@pytest.mark.parametrize("TI", [1.0, 40.0, 250.0, 900.0])
+def test_semisolid_longitudinal_recovery(TI):
+    tissue = dict(T1=1200.0, T2=80.0, bound_fraction=0.15, bound_exchange=30.0, bound_T1=300.0)
+    s = InversionProbe(TI=TI).simulate(**tissue)
+    o = Oracle(1200.0, 80.0, bound=(0.15, 30.0, 300.0))
+    # the inversion leaves the semisolid pool untouched
+    x = o.evolve(o.invert(o.equilibrium()), TI)
+    np.testing.assert_allclose(s, [-1j * o.longitudinal(x)], atol=2e-6)
+
+
+@pytest.mark.parametrize("TI", [5.0, 300.0])
+def test_two_liquid_pools_longitudinal_recovery(TI):
+    tissue = dict(T1=1000.0, T2=80.0, poolB_fraction=0.25, poolB_exchange=15.0, poolB_T1=400.0, poolB_T2=15.0)
+    s = InversionProbe(TI=TI).simulate(**tissue)
+    o = Oracle(1000.0, 80.0, pools=[(0.25, 15.0, 400.0, 15.0, 0.0)])
+    x = o.evolve(o.invert(o.equilibrium()), TI)
+    np.testing.assert_allclose(s, [-1j * o.longitudinal(x)], atol=2e-6)
+
+
+def test_exchanging_pool_fid():
+    tissue = dict(T1=900.0, T2=50.0, B0=12.0, poolB_fraction=0.3, poolB_exchange=20.0, poolB_T2=10.0,
+                  poolB_T1=500.0, poolB_shift=100.0)
+    s = FIDAll(phase=30.0, dt=1.0, n=12).simulate(**tissue)
+    o = Oracle(900.0, 50.0, B0=12.0, pools=[(0.3, 20.0, 500.0, 10.0, 100.0)])
+    np.testing.assert_allclose(s, _fid_oracle(o, 90.0, 30.0, 1.0, 12), atol=2e-6)
+
+
+def test_four_exchanging_pools_and_semisolid_fid():
+    pools = [(0.1, 20.0, 500.0, 10.0, 100.0), (0.05, 80.0, 800.0, 30.0, -250.0),
+             (0.08, 5.0, 1500.0, 120.0, 40.0), (0.02, 300.0, 600.0, 5.0, 700.0)]
+    tissue = dict(T1=900.0, T2=60.0, B0=-7.0, bound_fraction=0.12, bound_exchange=25.0, bound_T1=700.0)
+    for x, (f, k, T1, T2, sh) in zip("BCDE", pools):
+        tissue.update({f"pool{x}_fraction": f, f"pool{x}_exchange": k, f"pool{x}_T1": T1, f"pool{x}_T2": T2,
+                       f"pool{x}_shift": sh})
+    # a 60° pulse keeps longitudinal magnetisation, so the semisolid
+    # exchange moves Z while the FID is recorded
+    s = FIDAll(flip=60.0, phase=-45.0, dt=0.7, n=15).simulate(**tissue)
+    o = Oracle(900.0, 60.0, B0=-7.0, pools=pools, bound=(0.12, 25.0, 700.0))
+    np.testing.assert_allclose(s, _fid_oracle(o, 60.0, -45.0, 0.7, 15), atol=3e-6)
+
+
+@pytest.mark.parametrize("kind", ["super-lorentzian", "lorentzian", "gaussian"])
+def test_semisolid_saturation_sample_by_sample(kind):
+    """A rectangular off-resonance pulse split into sub-pulses, against the
+    same splitting done with expm and the lineshape from quad."""
+    T2b, B0, B1 = 0.012, 40.0, 0.9
+    flip, dur, offset, n = 1500.0, 10.0, 2000.0, 40
+    tissue = dict(T1=1100.0, T2=70.0, B0=B0, B1=B1, bound_fraction=0.14, bound_exchange=40.0, bound_T1=900.0,
+                  bound_T2=T2b)
+    s = SaturationTrain(flip=flip, duration=dur, offset=offset, n=n, lineshape=kind).simulate(**tissue)
+    o = Oracle(1100.0, 70.0, B0=B0, bound=(0.14, 40.0, 900.0))
+    G = oracle_lineshape(kind, offset - B0, T2b)
+    dt = dur / n * 1e-3
+    w1 = np.radians(flip / n) * B1 / dt
+    W = np.pi * w1 ** 2 * G
+    x = o.equilibrium()
+    for _ in range(n):
+        x[3 * o.n] *= np.exp(-W * dt)
+        x = o.evolve(x, dur / n)
+    # read by a 90° pulse that B1 scales too
+    want = -1j * np.sin(np.radians(90.0 * B1)) * o.longitudinal(x)
+    # the semisolid pool is saturated, and free water sees it through exchange
+    assert x[3 * o.n] < 0.75 * 0.14
+    assert o.longitudinal(x) < (1 - 0.14) - 5e-3
+    np.testing.assert_allclose(s, [want], atol=2e-6)
+
+
+def test_rectangular_pulse_on_exchanging_pools_against_continuous_expm():
+    """A constant-amplitude pulse played sample by sample (SampledPulse) on
+    two exchanging pools, against expm of the continuous generator with the
+    RF field in it."""
+    b1_uT, dwell_us, n = 1.5, 10.0, 1500
+    tissue = dict(T1=1000.0, T2=60.0, poolB_fraction=0.1, poolB_exchange=200.0, poolB_T1=800.0,
+                  poolB_T2=20.0, poolB_shift=150.0)
+
+    class Rect(Simulator):
+        def repetition(self, p):
+            return Readout() @ Pulse(90.0) @ Spoil() @ Readout() @ SampledPulse(np.full(n, b1_uT), dwell_us)
+
+    s = Rect().simulate(**tissue)
+    o = Oracle(1000.0, 60.0, pools=[(0.1, 200.0, 800.0, 20.0, 150.0)])
+    w1 = 2 * np.pi * GAMMA_HZ_PER_T * b1_uT * 1e-6
+    x = o.evolve(o.equilibrium(), n * dwell_us * 1e-3, w1=w1)
+    assert abs(o.transverse(x)) > 0.05
+    np.testing.assert_allclose(s[0], o.transverse(x), atol=2e-4)
+    np.testing.assert_allclose(s[1], -1j * o.longitudinal(x), atol=2e-4)
+
+
+def test_fast_exchange_recovery_at_mean_rate():
+    f, T1, T1b = 0.3, 1000.0, 300.0
+    R1 = (1 - f) / T1 + f / T1b
+    for TI in (20.0, 200.0, 700.0):
+        s = InversionProbe(TI=TI).simulate(T1=T1, T2=80.0, poolB_fraction=f, poolB_exchange=1e7, poolB_T1=T1b)
+        np.testing.assert_allclose(s, [-1j * (1 - 2 * np.exp(-R1 * TI))], atol=2e-5)
+
+
+def test_fast_exchange_precession_at_mean_shift():
+    f, shift, T2, T2b = 0.3, 200.0, 80.0, 20.0
+    R2 = (1 - f) / T2 + f / T2b
+    s = FIDAll(dt=0.5, n=20).simulate(T1=1000.0, T2=T2, poolB_fraction=f, poolB_exchange=1e7, poolB_T2=T2b,
+                                      poolB_shift=shift)
+    t = 0.5 * np.arange(1, 21)
+    want = -1j * np.exp(-R2 * t - 2j * np.pi * f * shift * t * 1e-3)
+    np.testing.assert_allclose(s, want, atol=5e-4)
+    # and without fast exchange the two frequencies beat: far from the mean
+    slow = FIDAll(dt=0.5, n=20).simulate(T1=1000.0, T2=T2, poolB_fraction=f, poolB_exchange=1.0, poolB_T2=T2b,
+                                         poolB_shift=shift)
+    assert np.max(np.abs(slow - want)) > 0.05
+
+
+def test_zero_fractions_equal_single_pool_bit_for_bit():
+    flip = np.concatenate([np.linspace(5, 60, 50), np.linspace(60, 2, 50)])
+    mrf = MRFSimulator(flip=flip, TR=10.0, states=16)
+    T1 = np.array([400.0, 1000.0, 2000.0])
+    T2 = np.array([40.0, 80.0, 150.0])
+    ref = mrf.simulate(T1=T1, T2=T2)
+    zero = dict(bound_fraction=0.0, bound_exchange=30.0, poolB_fraction=np.zeros(3), poolB_shift=100.0,
+                poolC_fraction=0.0)
+    np.testing.assert_array_equal(mrf.simulate(T1=T1, T2=T2, **zero), ref)
+    s, J = mrf.jacobian(("T1", "T2"), T1=T1, T2=T2, **zero)
+    s0, J0 = mrf.jacobian(("T1", "T2"), T1=T1, T2=T2)
+    np.testing.assert_array_equal(s, s0)
+    np.testing.assert_array_equal(J, J0)
+    # differentiated at a zero fraction, the pooled kernel runs: equal to
+    # round-off
+    s, J = mrf.jacobian("poolB_fraction", T1=T1, T2=T2, poolB_fraction=0.0, poolB_T2=20.0)
+    np.testing.assert_allclose(s, ref, atol=2e-6)
+
+
+def test_first_echo_is_free_fraction_of_single_pool():
+    """The first echo of an FSE train is made from the excitation's
+    transverse magnetisation alone, which the semisolid pool does not
+    exchange: (1 - f) times the single-pool echo, pulses saturating or not."""
+    fse = FSESimulator(ESP=10.0, flip=np.full(6, 130.0))
+    one = fse.simulate(T1=1000.0, T2=80.0, B1=0.9)
+    s = fse.simulate(T1=1000.0, T2=80.0, B1=0.9, bound_fraction=0.2, bound_exchange=50.0)
+    np.testing.assert_allclose(s[0], 0.8 * one[0], rtol=1e-6)
+    # later echoes carry stimulated paths through Z, which exchange reaches
+    assert abs(s[3] - 0.8 * one[3]) > 1e-4
+
+    class SaturatingFSE(Simulator):
+        def preparation(self, p):
+            return Excitation(90.0, phase=90.0, duration=2.0)
+
+        def repetition(self, p):
+            half = Delay(5.0)
+            return (Readout() @ half @ Dephase() @ Refocusing(130.0, duration=3.0) @ Dephase() @ half) ** 6
+
+    sat = SaturatingFSE()
+    a = sat.simulate(T1=1000.0, T2=80.0, B1=0.9)
+    b = sat.simulate(T1=1000.0, T2=80.0, B1=0.9, bound_fraction=0.2, bound_exchange=50.0)
+    np.testing.assert_allclose(b[0], 0.8 * a[0], rtol=1e-6)
+    assert abs(b[3] - 0.8 * a[3]) > 1e-4
+
+
+def test_mt_saturation_per_tr_lowers_the_steady_state_with_exchange():
+    """An MT-prepared spoiled train (an off-resonance saturation pulse every
+    TR): the magnetisation transfer ratio is 0 without exchange (free water
+    never sees the saturated pool) and grows with the exchange rate."""
+
+    class MTSpoiled(Simulator):
+        protocol = {"mt_flip": 600.0}
+
+        def repetition(self, p):
+            ops = Delay(20.0) @ Spoil() @ Readout() @ Pulse(10.0) @ Delay(1.0)
+            if p["mt_flip"] > 0:
+                ops = ops @ Saturation(p["mt_flip"], 8.0, offset=1500.0)
+            return ops
+
+    mt, ref = MTSpoiled(repetitions=150), MTSpoiled(repetitions=150, mt_flip=0.0)
+    t = dict(T1=1000.0, T2=60.0, bound_fraction=0.15)
+    mtr = [1 - abs(mt.simulate(**t, bound_exchange=k)[0]) / abs(ref.simulate(**t, bound_exchange=k)[0])
+           for k in (0.0, 5.0, 20.0, 60.0)]
+    assert abs(mtr[0]) < 1e-6
+    assert 0.01 < mtr[1] < mtr[2] < mtr[3] < 0.8
+
+
+# --------------------------------------------------------------------------
+# Lineshapes
+
+@pytest.mark.parametrize("df", [1500.0, 1800.0, 2500.0, 4000.0, 8000.0, 20000.0, 60000.0])
+def test_super_lorentzian_against_quad(df):
+    G = blochsim.lineshape(df, 0.012)
+    np.testing.assert_allclose(G, oracle_lineshape("super-lorentzian", df, 0.012), rtol=1e-8)
+
+
+def test_super_lorentzian_near_resonance_is_continued_smoothly():
+    T2 = 0.012
+    f = np.linspace(0.0, 1500.0, 31)
+    G = blochsim.lineshape(f, T2)
+    # finite, even, decreasing, and joined to the integral at 1.5 kHz
+    assert np.all(np.isfinite(G)) and np.all(np.diff(G) < 0)
+    np.testing.assert_allclose(blochsim.lineshape(-f, T2), G)
+    edge = oracle_lineshape("super-lorentzian", 1500.0, T2)
+    np.testing.assert_allclose(G[-1], edge, rtol=1e-8)
+    # slope matched: one-sided differences across the join agree
+    h = 1.0
+    left = (blochsim.lineshape(1500.0, T2) - blochsim.lineshape(1500.0 - h, T2)) / h
+    right = (oracle_lineshape("super-lorentzian", 1500.0 + h, T2) - edge) / h
+    np.testing.assert_allclose(left, right, rtol=2e-3)
+    # the on-resonance value of Gloor et al. 2008 (about 1.4e-5 s at 12 us) in size
+    assert 1.2e-5 < G[0] < 1.7e-5
+
+
+@pytest.mark.parametrize("kind", ["lorentzian", "gaussian", "super-lorentzian"])
+def test_lineshapes_are_densities_over_angular_frequency(kind):
+    T2 = 0.012
+    f = np.linspace(0, 400e3, 400001)
+    G = blochsim.lineshape(f, T2, kind)
+    total = 2 * np.trapezoid(G, 2 * np.pi * f)
+    tail = 0.0
+    if kind == "lorentzian":  # the Lorentzian's tail past 400 kHz
+        tail = 2 * (0.5 - np.arctan(2 * np.pi * 400e3 * T2 * 1e-3) / np.pi)
+    if kind == "super-lorentzian":
+        # the integral's area is 1 (its log divergence at resonance is
+        # integrable); the continuation below x_c = 2 pi 1.5 kHz 12 us holds
+        # the quadratic's area there instead of the integral's
+        xc = 2 * np.pi * 1.5e3 * 12e-6
+        g_c = sl_integral(xc)
+        slope = (sl_integral(xc * (1 + 1e-5)) - sl_integral(xc * (1 - 1e-5))) / (2e-5 * xc)
+        b = slope / (2 * xc)
+        quadratic = 2 * ((g_c - b * xc ** 2) * xc + b * xc ** 3 / 3)
+        near = 2 * quad(sl_integral, 0, xc, limit=200)[0]
+        tail = near - quadratic
+        assert 0.03 < tail < 0.12
+    np.testing.assert_allclose(total + tail, 1.0, rtol=1e-4)
+
+
+def test_power_factor():
+    assert blochsim.power_factor(np.ones(100)) == pytest.approx(1.0)
+    t = np.linspace(-1, 1, 2001)
+    gauss = np.exp(-t ** 2 / (2 * 0.25 ** 2))
+    # n sum b^2 / (sum b)^2 -> (2 int b^2) / (int b)^2 on [-1, 1]
+    b2 = quad(lambda x: np.exp(-x * x / 0.0625), -1, 1)[0]
+    b1 = quad(lambda x: np.exp(-x * x / 0.125), -1, 1)[0]
+    assert blochsim.power_factor(gauss) == pytest.approx(2 * b2 / b1 ** 2, rel=1e-3)
+
+
+# --------------------------------------------------------------------------
+# Derivatives
+
+POOLED = dict(T1=900.0, T2=60.0, M0=1.3, B1=0.95, B0=8.0, bound_fraction=0.12, bound_exchange=30.0,
+              bound_T1=800.0, bound_T2=0.011, poolB_fraction=0.15, poolB_exchange=25.0, poolB_T1=500.0,
+              poolB_T2=12.0, poolB_shift=60.0)
+
+
+class MTTrain(Simulator):
+    """A short RF-spoiled-like train with saturating pulses, off-resonance
+    preparation and a crusher, recording every TR."""
+    protocol = {"n": 12}
+
+    def preparation(self, p):
+        return Delay(3.0) @ Saturation(500.0, 8.0, offset=1800.0) @ Inversion()
+
+    def repetition(self, p):
+        ops = []
+        for i in range(p["n"]):
+            ops += [Pulse(35.0 + 5 * i, phase=(17.0 * i * i) % 360, duration=1.2), Readout(), Dephase(),
+                    Delay(6.0)]
+        from blochsim.sequence import Sequence
+        return Sequence(ops)
+
+
+@pytest.mark.parametrize("name", ["T1", "T2", "M0", "B1", "B0", "bound_fraction", "bound_exchange", "bound_T1",
+                                  "bound_T2", "poolB_fraction", "poolB_exchange", "poolB_T1", "poolB_T2",
+                                  "poolB_shift"])
+def test_jacobian_against_central_differences(name):
+    sim = MTTrain(states=16)
+    s, J = sim.jacobian(name, **POOLED)
+    v = POOLED[name]
+    h = 1e-3 * abs(v)
+    up = sim.simulate(**{**POOLED, name: v + h}).astype(np.complex128)
+    dn = sim.simulate(**{**POOLED, name: v - h}).astype(np.complex128)
+    fd = (up - dn) / (2 * h)
+    scale = np.max(np.abs(fd))
+    assert scale > 0
+    np.testing.assert_allclose(J, fd, atol=3e-3 * scale + 2e-4)
+
+
+def test_jacobian_in_passes_equals_single_directions():
+    names = ("T1", "T2", "bound_fraction", "bound_exchange", "poolB_fraction", "poolB_shift", "B1")
+    sim = MTTrain(states=16)
+    s, J = sim.jacobian(names, **POOLED)
+    assert J.shape == (len(names), 12)
+    np.testing.assert_array_equal(s, sim.simulate(**POOLED))
+    for i, k in enumerate(names):
+        np.testing.assert_allclose(J[i], sim.jacobian(k, **POOLED)[1], rtol=1e-6, atol=1e-7)
+
+
+def test_jacobian_of_exchanging_fid_against_oracle_differences():
+    """d signal / d poolB_exchange and poolB_shift against central
+    differences of the float64 oracle."""
+    base = dict(T1=900.0, T2=50.0, poolB_fraction=0.3, poolB_exchange=20.0, poolB_T2=10.0, poolB_T1=500.0,
+                poolB_shift=100.0)
+    sim = FIDAll(dt=1.0, n=8)
+    _, J = sim.jacobian(("poolB_exchange", "poolB_shift"), **base)
+
+    def oracle(k, sh):
+        o = Oracle(900.0, 50.0, pools=[(0.3, k, 500.0, 10.0, sh)])
+        return _fid_oracle(o, 90.0, 0.0, 1.0, 8)
+
+    dk = (oracle(20.01, 100.0) - oracle(19.99, 100.0)) / 0.02
+    ds = (oracle(20.0, 100.01) - oracle(20.0, 99.99)) / 0.02
+    np.testing.assert_allclose(J[0], dk, atol=2e-6)
+    np.testing.assert_allclose(J[1], ds, atol=2e-6)
+
+
+def test_threads_do_not_change_results():
+    T1 = np.linspace(500, 1500, 7)
+    a = MTTrain(states=16, threads=1).simulate(**{**POOLED, "T1": T1})
+    b = MTTrain(states=16, threads=3).simulate(**{**POOLED, "T1": T1})
+    np.testing.assert_array_equal(a, b)
+    assert a.shape == (7, 12)
+
+
+def test_voxel_arrays_broadcast():
+    f = np.array([[0.05], [0.1], [0.2]])
+    k = np.array([10.0, 30.0])
+    s = MTTrain(states=16).simulate(**{**POOLED, "bound_fraction": f, "bound_exchange": k})
+    assert s.shape == (3, 2, 12)
+    one = MTTrain(states=16).simulate(**{**POOLED, "bound_fraction": 0.1, "bound_exchange": 30.0})
+    np.testing.assert_array_equal(s[1, 1], one)
+
+
+# --------------------------------------------------------------------------
+# Refusals
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(bound_fraction=0.6, poolB_fraction=0.5), "sum to 1.1"),
+    (dict(poolB_fraction=1.2), "poolB_fraction must be <= 1"),
+    (dict(poolB_fraction=-0.1), "poolB_fraction must be >= 0"),
+    (dict(bound_fraction=0.1, bound_exchange=-3.0), "bound_exchange must be >= 0"),
+    (dict(poolB_fraction=0.1, poolB_T2=0.0), "poolB_T2 must be > 0"),
+    (dict(bound_fraction=0.1, bound_T1=-5.0), "bound_T1 must be > 0"),
+    (dict(poolB_T1=500.0), "poolB_T1 was given without poolB_fraction"),
+    (dict(bound_exchange=20.0), "bound_exchange was given without bound_fraction"),
+    (dict(poolC_fraction=0.1), "poolC_fraction was given without poolB_fraction"),
+    (dict(poolB_fraction=np.array([0.1, np.nan])), "poolB_fraction must be finite"),
+])
+def test_pool_refusals(kw, match):
+    with pytest.raises(ValueError, match=match):
+        FID().simulate(T1=1000.0, T2=80.0, **kw)
+
+
+def test_fraction_sum_names_the_voxel():
+    with pytest.raises(ValueError, match=r"at voxel \(1,\).*bound_fraction=0.5.*poolB_fraction=0.6"):
+        FID().simulate(T1=1000.0, T2=80.0, bound_fraction=np.array([0.1, 0.5]), poolB_fraction=np.array([0.1, 0.6]))
+
+
+def test_pools_refuse_diffusion_and_reverse_mode():
+    fse = FSESimulator(ESP=10.0, flip=np.full(4, 180.0), crusher_dephasing_rad=8 * np.pi, voxel_size_m=1e-3)
+    with pytest.raises(ValueError, match="D is not modelled together with pools"):
+        fse.simulate(T1=1000.0, T2=80.0, D=1.0, bound_fraction=0.1)
+    with pytest.raises(ValueError, match="reverse mode is not available with pools"):
+        fse.vjp("flip", T1=1000.0, T2=80.0, bound_fraction=0.1)
+    with pytest.raises(ValueError, match="reverse mode is not available with pools"):
+        fse.jacobian_vjp("T2", "flip", T1=1000.0, T2=80.0, bound_fraction=0.1)
+
+
+def test_pools_refuse_the_device_and_closed_forms():
+    with pytest.raises(ValueError, match="pools run on the host backend"):
+        FID(device="cuda").simulate(T1=1000.0, T2=80.0, bound_fraction=0.1)
+    with pytest.raises(TypeError, match="does not model tissue property 'bound_fraction'"):
+        SPGRSimulator(flip=10.0, TR=5.0, TE=2.0).simulate(T1=1000.0, T2star=30.0, bound_fraction=0.1)
+
+
+def test_lineshape_and_pulse_refusals():
+    with pytest.raises(ValueError, match="lineshape must be one of"):
+        FID(lineshape="voigt")
+    with pytest.raises(ValueError, match="shape must be one of"):
+        blochsim.lineshape(0.0, 0.012, "voigt")
+    with pytest.raises(ValueError, match="bound_T2 must be > 0"):
+        blochsim.lineshape(0.0, 0.0)
+    with pytest.raises(ValueError, match="duration of a Pulse must be >= 0"):
+        Pulse(90.0, duration=-1.0)
+    with pytest.raises(ValueError, match="duration of a Saturation must be > 0"):
+        Saturation(500.0, 0.0)
+    with pytest.raises(ValueError, match="power_factor of a Saturation must be > 0"):
+        Saturation(500.0, 5.0, power_factor=0.0)
+    with pytest.raises(ValueError, match="zero area"):
+        blochsim.power_factor(np.array([1.0, -1.0]))
+    with pytest.raises(TypeError, match="cannot differentiate with respect to 'poolF_fraction'"):
+        FID().jacobian("poolF_fraction", T1=1000.0, T2=80.0)
+
+
+def test_saturation_without_semisolid_pool_is_a_no_op():
+    class Sat(Simulator):
+        def repetition(self, p):
+            return Readout() @ Pulse(90.0) @ Delay(2.0) @ Saturation(800.0, 5.0, offset=1000.0)
+
+    class Plain(Simulator):
+        def repetition(self, p):
+            return Readout() @ Pulse(90.0) @ Delay(2.0)
+
+    np.testing.assert_array_equal(Sat().simulate(T1=1000.0, T2=80.0), Plain().simulate(T1=1000.0, T2=80.0))
