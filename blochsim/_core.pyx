@@ -65,6 +65,8 @@ cdef class PackedStream:
         cdef const float[::1] rfd = getattr(stream, "rf_duration_s", None)
         cdef const float[::1] rfo = getattr(stream, "rf_offset_hz", None)
         cdef const float[::1] rfp = getattr(stream, "rf_power", None)
+        cdef const int32_t[::1] drv = getattr(stream, "driven", None)
+        cdef const double[:, ::1] drt = getattr(stream, "driven_table", None)
         cdef int64_t ne = interval.shape[0]
         if (flags.shape[0] != ne or sb.shape[0] != ne or sa.shape[0] != ne or flip.shape[0] != ne
                 or phase.shape[0] != ne or rx.shape[0] != ne or slot.shape[0] != ne):
@@ -74,7 +76,9 @@ cdef class PackedStream:
         if ((rfd is not None and rfd.shape[0] != ne) or (rfo is not None and rfo.shape[0] != ne)
                 or (rfp is not None and rfp.shape[0] != ne)):
             raise ValueError("blochsim internal error: pulse arrays differ in length from the events")
-        self.refs = (interval, flags, sb, sa, flip, phase, rx, slot, dur, rft, rfd, rfo, rfp)
+        if drv is not None and (drv.shape[0] != ne or drt is None or drt.shape[1] != 4):
+            raise ValueError("blochsim internal error: driven pulse arrays")
+        self.refs = (interval, flags, sb, sa, flip, phase, rx, slot, dur, rft, rfd, rfo, rfp, drv, drt)
         self.s.n_events = ne
         if ne > 0:
             self.s.interval = &interval[0]
@@ -93,6 +97,11 @@ cdef class PackedStream:
                 self.s.rf_offset_hz = &rfo[0]
             if rfp is not None:
                 self.s.rf_power = &rfp[0]
+            if drv is not None:
+                self.s.driven = &drv[0]
+                self.s.n_driven = drt.shape[0]
+                if drt.shape[0] > 0:
+                    self.s.driven_table = &drt[0, 0]
         self.s.n_intervals = dur.shape[0]
         if dur.shape[0] > 0:
             self.s.duration_s = &dur[0]

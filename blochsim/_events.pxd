@@ -13,6 +13,7 @@ cdef extern from "blochsim/events.hpp" namespace "blochsim" nogil:
     cdef uint32_t event_readout
     cdef uint32_t event_spoil
     cdef uint32_t event_saturation
+    cdef uint32_t event_driven
 
     cdef cppclass EventStream:
         int64_t n_events
@@ -30,6 +31,9 @@ cdef extern from "blochsim/events.hpp" namespace "blochsim" nogil:
         const float* rf_duration_s
         const float* rf_offset_hz
         const float* rf_power
+        const int32_t* driven
+        int64_t n_driven
+        const double* driven_table
         int64_t n_samples
         int32_t states
         double dk_rad_per_m

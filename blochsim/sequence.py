@@ -20,7 +20,7 @@ from blochsim import _validate as V
 GAMMA_RAD_PER_S_PER_T = 2.0 * np.pi * 42.57747892e6
 
 # Event flag bits (events.hpp).
-EV_RF, EV_INVERSION, EV_READOUT, EV_SPOIL, EV_SATURATION = 1, 2, 4, 8, 16
+EV_RF, EV_INVERSION, EV_READOUT, EV_SPOIL, EV_SATURATION, EV_DRIVEN = 1, 2, 4, 8, 16, 32
 
 
 class Traced:
@@ -310,6 +310,41 @@ class Saturation(Operator):
             raise ValueError(f"duration of a Saturation must be > 0 ms, got {_value(self.duration)!r}")
 
 
+@dataclass(frozen=True)
+class RectPulse(Operator):
+    """A rectangular RF pulse played exactly: over its ``duration`` the RF
+    field acts together with relaxation, exchange, off-resonance and the
+    semisolid pool's saturation (the Bloch–McConnell equations with the RF
+    term, solved per voxel by a matrix exponential).  It takes its duration
+    of time.  Sequences with one play on the pooled host kernel, with or
+    without pools in the tissue.
+
+    Parameters
+    ----------
+    flip : float
+        Nominal flip angle, degrees (scaled per voxel by B1): gamma B1 times
+        the duration.
+    duration : float
+        ms (> 0).
+    phase : float, optional
+        RF phase at the start of the pulse, degrees (plus B1phase).
+    offset : float, optional
+        Frequency of the pulse relative to the water resonance, Hz: spins at
+        B0 = offset are on resonance with it.
+    """
+
+    flip: float
+    duration: float
+    phase: float = 0.0
+    offset: float = 0.0
+    power_factor = 1.0
+
+    def __post_init__(self):
+        _check_pulse_fields(self, ("flip", "duration", "phase", "offset"))
+        if float(_value(self.duration)) <= 0:
+            raise ValueError(f"duration of a RectPulse must be > 0 ms, got {_value(self.duration)!r}")
+
+
 def power_factor(waveform) -> float:
     """The power factor p = n * sum(b^2) / (sum b)^2 of a pulse shape
     sampled evenly (1 for a rectangle; about 2 for a Gaussian cut at 2 sigma).
@@ -432,7 +467,7 @@ class EventStream:
 
     __slots__ = ("interval", "flags", "shift_before", "shift_after", "flip_rad", "phase_rad",
                  "rx_phase_rad", "slot", "duration_s", "n_samples", "total_shifts", "rf_table",
-                 "rf_duration_s", "rf_offset_hz", "rf_power")
+                 "rf_duration_s", "rf_offset_hz", "rf_power", "driven", "driven_table")
 
     @property
     def n_events(self):
@@ -505,7 +540,7 @@ class _Layout:
                     stage = 1
                 else:
                     cur["sa"] += n
-            elif isinstance(op, (Pulse, Inversion, Saturation)):
+            elif isinstance(op, (Pulse, Inversion, Saturation, RectPulse)):
                 if stage >= 2:
                     close()
                 if isinstance(op, Pulse):
@@ -513,6 +548,9 @@ class _Layout:
                     cur["rf"] = j
                 elif isinstance(op, Saturation):
                     cur["flags"] |= EV_SATURATION
+                    cur["rf"] = j
+                elif isinstance(op, RectPulse):
+                    cur["flags"] |= EV_DRIVEN
                     cur["rf"] = j
                 else:
                     cur["flags"] |= EV_INVERSION
@@ -642,9 +680,9 @@ def _pack(preparation, repetition, repetitions, keep_zero):
     rf_off = np.zeros(len(ops) + 1, dtype=np.float64)
     rf_pow = np.ones(len(ops) + 1, dtype=np.float64)
     for j, op in enumerate(ops):
-        if isinstance(op, (Pulse, Saturation)):
+        if isinstance(op, (Pulse, Saturation, RectPulse)):
             flips[j] = op.flip
-            phases[j] = op.phase if isinstance(op, Pulse) else 0.0
+            phases[j] = op.phase if isinstance(op, (Pulse, RectPulse)) else 0.0
             rf_dur[j] = op.duration
             rf_off[j] = op.offset
             rf_pow[j] = op.power_factor
@@ -678,6 +716,15 @@ def _pack(preparation, repetition, repetitions, keep_zero):
         s.rf_duration_s = np.ascontiguousarray(rf_dur[lay.rf_op] * 1e-3, dtype=np.float32)
         s.rf_offset_hz = np.ascontiguousarray(rf_off[lay.rf_op], dtype=np.float32)
         s.rf_power = np.ascontiguousarray(rf_pow[lay.rf_op], dtype=np.float32)
+    # exact rectangular pulses: each event's row of the table of distinct ones
+    s.driven = s.driven_table = None
+    drv = (lay.flags & EV_DRIVEN) != 0
+    if np.any(drv):
+        rows = np.stack([rf_dur[lay.rf_op] * 1e-3, flip_rad, phase_rad, rf_off[lay.rf_op]], axis=1)[drv]
+        table, index = np.unique(rows, axis=0, return_inverse=True)
+        s.driven = np.full(n, -1, dtype=np.int32)
+        s.driven[drv] = index.reshape(-1).astype(np.int32)
+        s.driven_table = np.ascontiguousarray(table, dtype=np.float64)
     dur = np.bincount(lay.delay_event, weights=durs[lay.delay_op], minlength=n)[:n] * 1e-3
     if keep_zero:
         has_iv = np.zeros(n, dtype=bool)

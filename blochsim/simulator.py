@@ -256,7 +256,7 @@ class Simulator(_Base):
             raise TypeError(f"out must be a tuple (signal, J) of two arrays, got {type(out).__name__}")
         if _pools.any_pool(tissue):
             tissue = _pools.drop_idle(tissue, names, type(self).__name__)
-        if _pools.any_pool(tissue):
+        if _pools.any_pool(tissue) or self._packed(p).driven is not None:
             signal, J = self._pooled(p, tissue, on_device, names, out)
             return out if out is not None else (signal, J[..., 0, :] if one else J)
         device = _dispatch.resolve_device(self.device, on_device[0] if on_device else None)
@@ -365,8 +365,8 @@ class Simulator(_Base):
         """
         names = (wrt,) if isinstance(wrt, str) else tuple(wrt)
         proto, tissue = self._split(values)
-        self._refuse_pools(tissue, "vjp")
         p = self._protocol_values(proto)
+        self._refuse_pools(tissue, "vjp", p)
         protocol_names, tissue_names = self._vjp_names(names, p)
         _check_diff_values(tissue_names, tissue, "vjp")
         device, on_device, stream, prov, pshapes = self._traced_call(p, proto, protocol_names, tissue)
@@ -434,9 +434,9 @@ class Simulator(_Base):
         (8,)
         """
         names, proto, tissue = self._jacobian_request(diff, 1, values)
-        self._refuse_pools(tissue, "jacobian_vjp")
         wrt_names = (wrt,) if isinstance(wrt, str) else tuple(wrt)
         p = self._protocol_values(proto)
+        self._refuse_pools(tissue, "jacobian_vjp", p)
         protocol_names, tissue_wrt = self._vjp_names(wrt_names, p)
         if tissue_wrt:
             raise TypeError(f"jacobian_vjp differentiates with respect to protocol parameters; "
@@ -642,7 +642,7 @@ class Simulator(_Base):
         out_on_device = out is not None and V.is_device_array(out)
         if _pools.any_pool(tissue):
             tissue = _pools.drop_idle(tissue, (), type(self).__name__)
-        if _pools.any_pool(tissue):
+        if _pools.any_pool(tissue) or self._packed(p).driven is not None:
             return self._pooled(p, tissue, on_device + (["out"] if out_on_device else []), (), out)[0]
         device = _dispatch.resolve_device(self.device, on_device[0] if on_device else
                                           ("out" if out_on_device else None))
@@ -677,10 +677,10 @@ class Simulator(_Base):
             _core.forward_host(ps, si, n, flat, threads, self._host_variant)
         return out
 
-    def _refuse_pools(self, tissue, what):
-        if _pools.any_pool(tissue):
-            raise ValueError(f"{type(self).__name__}.{what}: reverse mode is not available with pools; the "
-                             f"tissue Jacobian (jacobian) is")
+    def _refuse_pools(self, tissue, what, p=None):
+        if _pools.any_pool(tissue) or (p is not None and self._packed(p).driven is not None):
+            raise ValueError(f"{type(self).__name__}.{what}: reverse mode is not available with pools or exact "
+                             f"rectangular pulses (RectPulse); the tissue Jacobian (jacobian) is")
 
     def _pooled(self, p, tissue, on_device, names, out):
         """simulate() or jacobian() with pools, on the host: (signal, J), J
@@ -688,8 +688,8 @@ class Simulator(_Base):
         owner = type(self).__name__
         if on_device or self.device == "cuda":
             which = on_device[0] if on_device else "device='cuda'"
-            raise ValueError(f"{owner}: pools run on the host backend; {which} asks for the GPU. Pass NumPy "
-                             f"arrays (and device='cpu' or no device)")
+            raise ValueError(f"{owner}: pools and exact rectangular pulses run on the host backend; {which} asks "
+                             f"for the GPU. Pass NumPy arrays (and device='cpu' or no device)")
         n_exchanging, bound = _pools.configuration(tissue, owner)
         arrays, shape = self._tissue(tissue)
         _pools.check_fractions(arrays, shape)

@@ -75,6 +75,7 @@ enum Status : int {
   bad_pools = 9,           // a pool count, lineshape or pulse duration out of range
   bad_pool_fraction = 10,  // a pool fraction or rate < 0, fractions summing past 1, bound T1/T2 <= 0
   pools_without_motion = 11,  // D or v given with pools
+  driven_needs_pools = 12,    // an exact rectangular pulse in a stream for the single-pool kernels
 };
 
 // Launchers return cuda_error_base + the cudaError_t value for CUDA errors.
@@ -95,6 +96,8 @@ inline const char* status_message(int status) {
     case bad_pool_fraction:
       return "pools: a fraction or exchange rate is negative, the fractions sum past 1, or a bound T1/T2 is <= 0";
     case pools_without_motion: return "pools: diffusion (D) and flow (v) are not modelled with pools";
+    case driven_needs_pools:
+      return "exact rectangular pulses (event_driven) are played by the pooled kernels only (host::pooled_status)";
     default: return "unknown blochsim status";
   }
 }

@@ -22,6 +22,7 @@ enum EventFlag : uint32_t {
   event_readout = 4u,    // sample F+_0 into output slot `slot`
   event_spoil = 8u,      // F+, F- <- 0 at every order (wins over shift_after)
   event_saturation = 16u,  // an RF pulse that saturates the semisolid pool only (pools.hpp)
+  event_driven = 32u,      // an exact rectangular pulse (driven_table; pooled kernels only)
 };
 
 // Columns of EventStream::rf_table for a pulse of flip a and phase phi.
@@ -87,6 +88,17 @@ struct EventStream {
   const float* rf_offset_hz = nullptr;
   const float* rf_power = nullptr;
 
+  // Optional exact rectangular pulses, played by the pooled kernels only
+  // (pools.hpp): during such a pulse relaxation, exchange, off-resonance and
+  // the semisolid pool's saturation act together with the RF field.  driven
+  // (n_events,) is each event's row of driven_table or -1 (set exactly where
+  // event_driven is); driven_table (n_driven, driven_fields) holds
+  // duration_s, flip_rad, phase_rad and the pulse's offset from the water
+  // resonance (Hz).
+  const int32_t* driven = nullptr;
+  int64_t n_driven = 0;
+  const double* driven_table = nullptr;
+
   int64_t n_samples = 0;                  // output slots per problem
   int32_t states = 8;                     // K: orders 0 .. K-1
 
@@ -149,6 +161,8 @@ inline void pack_events(const EventStream& s, EventRecord* out) {
   }
 }
 
+enum DrivenField : int { drv_duration_s, drv_flip_rad, drv_phase_rad, drv_offset_hz, driven_fields };
+
 // One tissue property for n problems: element i is data[i * stride]
 // (stride 0 broadcasts one value); a null pointer means the property is
 // absent and `fallback` holds.
@@ -178,8 +192,10 @@ struct Tissue {
 // sample `slot` of problem i, complex64 interleaved.  Slots that no readout
 // writes are left as the caller set them.
 
-// Checks the stream against itself; kernels assume it passed.
-inline int validate(const EventStream& s, const Tissue& t) {
+// Checks the stream against itself; kernels assume it passed.  Exact
+// rectangular pulses (event_driven) are refused unless `pooled` (the kernels
+// that play them).
+inline int validate(const EventStream& s, const Tissue& t, bool pooled = false) {
   if (s.states < 1) return bad_states;
   if (s.n_events < 0 || s.n_intervals < 0 || s.n_samples < 0 || t.n < 0) return bad_shape;
   if (s.n_events >= INT32_MAX) return too_many_events;
@@ -191,6 +207,10 @@ inline int validate(const EventStream& s, const Tissue& t) {
     if (s.interval[e] < -1 || s.interval[e] >= s.n_intervals) return bad_interval_index;
     if ((s.flags[e] & event_readout) && (s.slot[e] < 0 || s.slot[e] >= s.n_samples))
       return bad_output_slot;
+    if (s.flags[e] & event_driven) {
+      if (!pooled) return driven_needs_pools;
+      if (!s.driven || !s.driven_table || s.driven[e] < 0 || s.driven[e] >= s.n_driven) return bad_shape;
+    }
   }
   return ok;
 }

@@ -61,7 +61,7 @@ inline int pooled_pass(const EventStream& s, const Tissue& t, const Pools& p, co
 // pooled_pass_directions a pass.
 inline int pooled_status(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_dirs,
                          const float* seeds, float* out, float* jac, int threads) {
-  const int v = validate(s, t);
+  const int v = validate(s, t, true);
   if (v != ok) return v;
   const int vp = validate_pools(s, t, p);
   if (vp != ok) return vp;

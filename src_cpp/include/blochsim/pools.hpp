@@ -40,6 +40,9 @@ namespace blochsim {
 constexpr int max_exchanging_pools = 4;
 constexpr int max_liquid_pools = 1 + max_exchanging_pools;
 constexpr int max_longitudinal_pools = max_liquid_pools + 1;
+// components of one order under an exact rectangular pulse: F+, F-, Z of
+// each liquid pool, the semisolid Z, and a constant 1 for recovery
+constexpr int max_driven_size = 3 * max_liquid_pools + 2;
 
 // Tissue field indices of the pool properties, after the nine fields of
 // Tissue (T1_s, T2_s, M0, B1, B1phase_rad, B0_hz, D_m2_s, v_m_s,
@@ -146,13 +149,13 @@ BLOCHSIM_HD inline void matmul(const T* a, const T* b, T* c, int n) {
 
 }  // namespace pools_detail
 
-// E = exp(A) of an n × n row-major matrix (n <= max_longitudinal_pools);
-// scaling until the 1-norm is at most 1/2, then Horner's form of the
-// degree-12 Taylor polynomial (truncation < 1e-16 relative), then squaring.
-template <class T>
+// E = exp(A) of an n × n row-major matrix (n <= MaxN); scaling until the
+// 1-norm is at most 1/2, then Horner's form of the degree-12 Taylor
+// polynomial (truncation < 1e-16 relative), then squaring.
+template <int MaxN = max_longitudinal_pools, class T>
 BLOCHSIM_HD inline void expm(const T* a, int n, T* e) {
   using namespace pools_detail;
-  constexpr int M = max_longitudinal_pools * max_longitudinal_pools;
+  constexpr int M = MaxN * MaxN;
   T x[M], t[M];
   double norm = 0.0;
   for (int j = 0; j < n; ++j) {
@@ -294,7 +297,89 @@ inline int64_t pool_workspace(const EventStream& s, const Pools& p) {
   const int64_t n = 1 + p.n_exchanging, m = n + (p.bound ? 1 : 0);
   const int64_t states = (3 * n + (p.bound ? 1 : 0)) * 2 * static_cast<int64_t>(s.states);
   const int64_t per_interval = 2 * n * n + m * m + m + 1;
-  return states + per_interval * s.n_intervals;
+  const int64_t d = 3 * n + (p.bound ? 1 : 0);
+  const int64_t per_driven = 1 + 2 * d * (d + 1);
+  return states + per_interval * s.n_intervals + per_driven * (s.driven ? s.n_driven : 0);
+}
+
+// The operator of an exact rectangular pulse (duration tau, flip alpha,
+// phase phi, offset df from water, all nominal) for one problem: the d × d
+// matrix M and the order-0 recovery c (d = 3n + 1 with a semisolid pool,
+// 3n without) over the components (F+, F-, Z) of each liquid pool and the
+// semisolid Z.  The Bloch–McConnell equations with the RF field are solved
+// in the frame of the pulse (where it is static and every pool is off
+// resonance by B0 + shift - df) by the exponential of their augmented
+// generator, then taken back to the water frame (F+ turned by
+// exp(-2 pi i df tau)).  The RF terms are the hard pulse's rotation per unit
+// angle (SPEC §2) at w1 = B1 alpha / tau; the semisolid pool saturates at
+// W = pi w1^2 G(df - B0).
+template <class S>
+BLOCHSIM_HD inline void pool_driven(const PoolTissue<S>& q, int lineshape, const double* row, Cx<S>* M, Cx<S>* c) {
+  const int n = q.n, d = 3 * n + (q.bound ? 1 : 0), D = d + 1;
+  const double tau = row[drv_duration_s], df = row[drv_offset_hz];
+  const S zero = S(0.0);
+  Cx<S> g[max_driven_size * max_driven_size], e[max_driven_size * max_driven_size];
+  for (int i = 0; i < D * D; ++i) g[i] = {zero, zero};
+  using std::cos;
+  using std::sin;
+  const S w1t = q.B1 * row[drv_flip_rad];  // w1 tau
+  const S phi = q.B1phase + row[drv_phase_rad];
+  const S cp = cos(phi), sp = sin(phi);
+  auto at = [&](int i, int j) -> Cx<S>& { return g[i * D + j]; };
+  for (int j = 0; j < n; ++j) {
+    const int P = 3 * j, Mi = P + 1, Z = P + 2;
+    const S w = (q.B0 + q.shift[j] - df) * (2.0 * pi * tau);
+    const S r2 = q.R2[j] * tau, r1 = q.R1[j] * tau;
+    at(P, P) = {-r2, -w};
+    at(Mi, Mi) = {-r2, w};
+    at(Z, Z).re = -r1;
+    at(Z, d).re = r1 * q.f[j];
+    // dF+ = -i e^{i phi} w1 Z, dF- = i e^{-i phi} w1 Z,
+    // dZ = -(i/2) e^{-i phi} w1 F+ + (i/2) e^{i phi} w1 F-
+    at(P, Z) = {sp * w1t, -(cp * w1t)};
+    at(Mi, Z) = {sp * w1t, cp * w1t};
+    at(Z, P) = {-(sp * w1t) * 0.5, -(cp * w1t) * 0.5};
+    at(Z, Mi) = {-(sp * w1t) * 0.5, (cp * w1t) * 0.5};
+  }
+  for (int j = 1; j < n; ++j)
+    for (int comp = 0; comp < 3; ++comp) {
+      const int a = comp, b = 3 * j + comp;
+      const S out_of_free = q.k[j] * q.f[j] * tau, into_free = q.k[j] * q.f[0] * tau;
+      at(a, a).re = at(a, a).re - out_of_free;
+      at(b, a).re = at(b, a).re + out_of_free;
+      at(b, b).re = at(b, b).re - into_free;
+      at(a, b).re = at(a, b).re + into_free;
+    }
+  if (q.bound) {
+    const int B = 3 * n;
+    const S x = (df - q.B0) * q.T2b * (2.0 * pi);
+    double gv, dg;
+    lineshape_g(lineshape, value_of(x), gv, dg);
+    const S W = (pi / tau) * (q.T2b * lift(x, gv, dg)) * (w1t * w1t);  // W tau
+    const S r1 = q.R1[n] * tau;
+    const S out_of_free = q.k[n] * q.f[n] * tau, into_free = q.k[n] * q.f[0] * tau;
+    at(B, B).re = -(r1 + W + into_free);
+    at(B, d).re = r1 * q.f[n];
+    at(2, 2).re = at(2, 2).re - out_of_free;
+    at(B, 2).re = out_of_free;
+    at(2, B).re = into_free;
+  }
+  expm<max_driven_size>(g, D, e);
+  // back to the water frame
+  const double turn = -2.0 * pi * df * tau;
+  const Cx<S> rot{S(std::cos(turn)), S(std::sin(turn))};
+  for (int i = 0; i < d; ++i) {
+    const int comp = i < 3 * n ? i % 3 : 2;
+    for (int j = 0; j <= d; ++j) {
+      Cx<S> v = e[i * D + j];
+      if (comp == 0) v = v * rot;
+      if (comp == 1) v = v * conj(rot);
+      if (j < d)
+        M[i * d + j] = v;
+      else
+        c[i] = v;
+    }
+  }
 }
 
 // Plays the stream for problem i; sink(slot, Cx<S> sample) takes each
@@ -312,7 +397,12 @@ BLOCHSIM_HD inline void pooled_problem(const EventStream& s, const Tissue& t, co
   Cx<S>* z = fm + n * K;  // m families: the semisolid pool last
   S* ops = reinterpret_cast<S*>(z + m * K);
   const int64_t per_interval = 2 * n * n + m * m + m + 1;
+  const int d = 3 * n + (q.bound ? 1 : 0);
+  const int64_t per_driven = 1 + 2 * d * (d + 1);
+  S* drv = ops + per_interval * s.n_intervals;
   for (int64_t l = 0; l < 2 * n * K + m * K; ++l) fp[l] = czero;
+  if (s.driven)
+    for (int64_t v = 0; v < s.n_driven; ++v) drv[v * per_driven] = S(0.0);
   for (int j = 0; j < m; ++j) z[j * K].re = q.f[j];
   for (int64_t v = 0; v < s.n_intervals; ++v) ops[v * per_interval] = S(0.0);  // not yet formed
   const bool saturating = q.bound && s.rf_duration_s != nullptr;
@@ -405,6 +495,32 @@ BLOCHSIM_HD inline void pooled_problem(const EventStream& s, const Tissue& t, co
           // Z' = -(i/2) e^{-i phi} sin(a) F+ + (i/2) e^{i phi} sin(a) F- + cos(a) Z
           z[j * K + k] = ca * c - (conj(mi_e1_sa) * a + mi_e1_sa * b) * 0.5;
         }
+    }
+    if (f & event_driven) {
+      const int32_t id = s.driven[e];
+      S* o = drv + id * per_driven;
+      Cx<S>* M = reinterpret_cast<Cx<S>*>(o + 1);
+      Cx<S>* c = M + d * d;
+      if (value_of(o[0]) == 0.0) {
+        pool_driven(q, p.lineshape, s.driven_table + id * driven_fields, M, c);
+        o[0] = S(1.0);
+      }
+      for (int k = 0; k < band; ++k) {
+        Cx<S> v[max_driven_size];
+        for (int j = 0; j < n; ++j) {
+          v[3 * j] = fp[j * K + k];
+          v[3 * j + 1] = fm[j * K + k];
+          v[3 * j + 2] = z[j * K + k];
+        }
+        if (q.bound) v[3 * n] = z[n * K + k];
+        for (int i = 0; i < d; ++i) {
+          Cx<S> x = k == 0 ? c[i] : czero;
+          for (int l = 0; l < d; ++l) x = x + M[i * d + l] * v[l];
+          const int j = i < 3 * n ? i / 3 : n;
+          const int comp = i < 3 * n ? i % 3 : 2;
+          (comp == 0 ? fp : comp == 1 ? fm : z)[j * K + k] = x;
+        }
+      }
     }
     if (f & event_inversion)
       for (int j = 0; j < n; ++j)
