@@ -8,13 +8,15 @@ from __future__ import annotations
 import numpy as np
 
 from blochsim import _validate as V
-from blochsim.sequence import Delay, Dephase, Excitation, Inversion, Pulse, Readout, Refocusing, Sequence, Spoil
+from blochsim.sequence import (GAMMA_RAD_PER_S_PER_T, Delay, Dephase, Excitation, Inversion, Pulse, Readout,
+                               RectPulse, Refocusing, Sequence, Spoil)
 from blochsim.simulator import ClosedFormSimulator, Simulator
 
 __all__ = [
     "FSESimulator", "MRFSimulator", "SPGRSimulator", "bSSFPSimulator", "TrueFISPSimulator",
-    "InversionRecoverySimulator", "SpinEchoSimulator", "StimulatedEchoSimulator",
-    "fse_sim", "mrf_sim", "spgr_sim", "bssfp_sim", "truefisp_sim", "ir_sim", "se_sim", "ste_sim",
+    "InversionRecoverySimulator", "SpinEchoSimulator", "StimulatedEchoSimulator", "CESTSimulator", "MTSimulator",
+    "fse_sim", "mrf_sim", "spgr_sim", "bssfp_sim", "truefisp_sim", "ir_sim", "se_sim", "ste_sim", "cest_sim",
+    "mt_sim",
 ]
 
 
@@ -587,6 +589,205 @@ class SpinEchoSimulator(ClosedFormSimulator):
 
 
 # --------------------------------------------------------------------------
+# Pools: CEST and MT
+
+class CESTSimulator(Simulator):
+    """CEST Z-spectrum: a train of rectangular saturation pulses at each
+    offset, then the liquid pools' longitudinal magnetisation read by a 90°
+    pulse after a spoiler (returned as M0·Z, real up to round-off).
+
+    Every pulse is played exactly (:class:`blochsim.RectPulse`: the
+    Bloch–McConnell equations with the RF field, per voxel).  All offsets run
+    in one call: each (voxel, offset) is one problem, played in the frame of
+    its saturation pulse, where every pool is off resonance by B0 + shift -
+    offset; the pulses of a train are phase-coherent with one oscillator at
+    the offset, and the readout, after the spoiler, does not depend on the
+    frame.
+
+    Parameters
+    ----------
+    offsets : array_like, ppm, shape (n_offsets,)
+        Saturation frequencies relative to water.
+    field_strength : float, T, optional
+        B0 field (default 3.0); one ppm is 42.577 Hz/T times it.
+    B1sat : float, µT, optional
+        Amplitude of each saturation pulse (default 1.0).
+    n_pulses : int, optional
+        Pulses in the train (default 1).
+    pulse_duration : float, ms, optional
+        Duration of each pulse (default 100).
+    pulse_delay : float, ms, optional
+        Free evolution between pulses (default 0: continuous wave for one
+        pulse).
+    spoil_between : bool, optional
+        Spoil the transverse magnetisation after each pulse of the train
+        (default True, as pulsed CEST sequences do).
+    states, repetitions, lineshape, device, threads
+        See :class:`blochsim.Simulator` (``repetitions`` plays the whole
+        saturation-readout block again, for a steady state).
+
+    Tissue: T1, T2 (ms), M0, B1, B0 (Hz), and the pools (``poolB_*`` with
+    ``poolB_shift`` in Hz: shift_ppm × 42.577 × field_strength; ``bound_*``).
+
+    Returns
+    -------
+    complex64, shape (*voxels, n_offsets)
+    """
+
+    protocol = {"offsets": None, "field_strength": 3.0, "B1sat": 1.0, "n_pulses": 1, "pulse_duration": 100.0,
+                "pulse_delay": 0.0, "spoil_between": True}
+    tissue_properties = ("T1", "T2", "M0", "B1", "B0")
+
+    def check_protocol(self, p):
+        if p["offsets"] is None:
+            return p
+        p["offsets"] = np.atleast_1d(V.protocol_array("offsets", p["offsets"]))
+        p["field_strength"] = float(V.protocol_array("field_strength", p["field_strength"], low=0.0, strict=True,
+                                                     unit="T", ndim_max=0))
+        p["B1sat"] = float(V.protocol_array("B1sat", p["B1sat"], low=0.0, unit="uT", ndim_max=0))
+        p["n_pulses"] = V.positive_int("n_pulses", p["n_pulses"])
+        p["pulse_duration"] = float(V.protocol_array("pulse_duration", p["pulse_duration"], low=0.0, strict=True,
+                                                     unit="ms", ndim_max=0))
+        p["pulse_delay"] = float(V.protocol_array("pulse_delay", p["pulse_delay"], low=0.0, unit="ms", ndim_max=0))
+        if not isinstance(p["spoil_between"], (bool, np.bool_)):
+            raise TypeError(f"spoil_between must be True or False, got {p['spoil_between']!r}")
+        return p
+
+    def offsets_hz(self, p):
+        """The saturation offsets of protocol p in Hz."""
+        return p["offsets"] * p["field_strength"] * GAMMA_RAD_PER_S_PER_T / (2 * np.pi) * 1e-6
+
+    def repetition(self, p):
+        # the flip of each pulse: gamma B1sat duration
+        flip = np.degrees(GAMMA_RAD_PER_S_PER_T * p["B1sat"] * 1e-6 * p["pulse_duration"] * 1e-3)
+        ops = []
+        for i in range(p["n_pulses"]):
+            if i > 0 and p["pulse_delay"] > 0:
+                ops.append(Delay(p["pulse_delay"]))
+            ops.append(RectPulse(flip, p["pulse_duration"]))
+            if p["spoil_between"] and i + 1 < p["n_pulses"]:
+                ops.append(Spoil())
+        # F+ = -i Z after the 90° pulse; the receiver at -90° returns Z
+        return Readout(-90.0) @ Pulse(90.0) @ Spoil() @ Sequence(ops)
+
+    def _expanded(self, values):
+        """Tissue values with a trailing offsets axis (B0 shifted by -offset)
+        and the protocol of the call."""
+        proto = {k: v for k, v in values.items() if k in self._defaults}
+        tissue = {k: v for k, v in values.items() if k not in self._defaults}
+        self._check_names(proto)
+        p = self._protocol_values(proto)
+        if p["offsets"] is None:
+            raise TypeError("CESTSimulator needs protocol parameter 'offsets'")
+        df = self.offsets_hz(p)
+        out = dict(proto)
+        for k, v in tissue.items():
+            if k in self.tissue_properties and not V.is_device_array(v):
+                v = V.tissue_array(k, v)[..., None]
+            out[k] = v
+        b0 = out.get("B0", np.zeros(1))
+        out["B0"] = np.asarray(b0) - df
+        return out, "B0" in tissue
+
+    def simulate(self, out=None, **values):
+        """The Z-spectrum, complex64, shape (*voxels, n_offsets); see the class."""
+        if out is not None:
+            raise TypeError("CESTSimulator.simulate does not take out=")
+        expanded, _ = self._expanded(values)
+        return super().simulate(**expanded)[..., 0]
+
+    def jacobian(self, diff, order=1, out=None, **values):
+        """Z-spectrum and its tissue Jacobian, as :meth:`Simulator.jacobian`:
+        J (*voxels, len(diff), n_offsets), or (*voxels, n_offsets) for one name."""
+        if out is not None:
+            raise TypeError("CESTSimulator.jacobian does not take out=")
+        names = (diff,) if isinstance(diff, str) else tuple(diff)
+        if "B0" in names and "B0" not in values:
+            raise ValueError("jacobian with respect to 'B0' needs B0 passed as a tissue value")
+        expanded, _ = self._expanded(values)
+        signal, J = super().jacobian(names, order, **expanded)
+        J = np.moveaxis(J[..., 0], -1, -2)
+        return signal[..., 0], (J[..., 0, :] if isinstance(diff, str) else J)
+
+    def vjp(self, wrt, **values):
+        raise ValueError("CESTSimulator.vjp: reverse mode is not available with pools or exact rectangular "
+                         "pulses; the tissue Jacobian (jacobian) is")
+
+
+class MTSimulator(Simulator):
+    """Magnetisation-transfer-weighted spoiled gradient echo: per TR an
+    off-resonance MT pulse, played exactly (:class:`blochsim.RectPulse`),
+    then the excitation, sampled right after it, and ideal spoiling; the
+    last of ``n_tr`` TRs is returned (multiplied by i, so it is real).
+
+    Parameters
+    ----------
+    flip : float, degrees
+        Excitation flip angle.
+    TR : float, ms
+        Repetition time (holds the MT pulse).
+    mt_flip : float, degrees, optional
+        Flip angle of the MT pulse, gamma B1 times its duration (default
+        500; 0 gives the reference without MT).
+    mt_duration : float, ms, optional
+        Duration of the MT pulse (default 8).
+    mt_offset : float, Hz, optional
+        Frequency of the MT pulse relative to water (default 1500).
+    exc_duration : float, ms, optional
+        Duration of the excitation, through which it saturates the
+        semisolid pool too (default 0: no saturation by the excitation).
+    n_tr : int, optional
+        TRs played (default 300), enough to reach the steady state at
+        common T1 and TR.
+    states, lineshape, device, threads
+        See :class:`blochsim.Simulator`.
+
+    Tissue: T1, T2 (ms), M0, B1, B0 (Hz) and the pools (``bound_*``,
+    ``poolB_*``, ...).
+
+    Returns
+    -------
+    complex64, shape (*voxels, 1)
+    """
+
+    protocol = {"flip": None, "TR": None, "mt_flip": 500.0, "mt_duration": 8.0, "mt_offset": 1500.0,
+                "exc_duration": 0.0, "n_tr": 300}
+    tissue_properties = ("T1", "T2", "M0", "B1", "B0")
+
+    def check_protocol(self, p):
+        if p["flip"] is None or p["TR"] is None:
+            return p
+        for k, low, strict, unit in (("flip", None, False, "deg"), ("TR", 0.0, True, "ms"),
+                                     ("mt_flip", 0.0, False, "deg"), ("mt_duration", 0.0, True, "ms"),
+                                     ("mt_offset", None, False, "Hz"), ("exc_duration", 0.0, False, "ms")):
+            p[k] = float(V.protocol_array(k, p[k], low=low, strict=strict, unit=unit, ndim_max=0))
+        p["n_tr"] = V.positive_int("n_tr", p["n_tr"])
+        if p["mt_flip"] > 0 and p["mt_duration"] >= p["TR"]:
+            raise ValueError(f"mt_duration must be < TR = {p['TR']:g} ms, got {p['mt_duration']:g}")
+        return p
+
+    def repetition(self, p):
+        for k in ("flip", "TR"):
+            if p[k] is None:
+                raise TypeError(f"MTSimulator needs protocol parameter {k!r}")
+        return Sequence(self._tr(p)[:2])
+
+    def preparation(self, p):
+        # the TRs before the last, whose samples are not recorded
+        return Sequence(self._tr(p) * (p["n_tr"] - 1)) if p["n_tr"] > 1 else None
+
+    def _tr(self, p):
+        """One TR: excitation, sample, spoiler, the rest of TR, the MT pulse
+        and its spoiler."""
+        mt = p["mt_flip"] > 0
+        one = [Pulse(p["flip"], duration=p["exc_duration"]), Readout(-90.0), Spoil(),
+               Delay(p["TR"] - (p["mt_duration"] if mt else 0.0))]
+        if mt:
+            one += [RectPulse(p["mt_flip"], p["mt_duration"], offset=p["mt_offset"]), Spoil()]
+        return one
+
+
+# --------------------------------------------------------------------------
 # Function forms
 
 def _function_form(cls, name):
@@ -616,3 +817,5 @@ truefisp_sim = _function_form(TrueFISPSimulator, "truefisp_sim")
 ir_sim = _function_form(InversionRecoverySimulator, "ir_sim")
 se_sim = _function_form(SpinEchoSimulator, "se_sim")
 ste_sim = _function_form(StimulatedEchoSimulator, "ste_sim")
+cest_sim = _function_form(CESTSimulator, "cest_sim")
+mt_sim = _function_form(MTSimulator, "mt_sim")

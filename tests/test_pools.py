@@ -11,7 +11,7 @@ from scipy.linalg import expm
 import blochsim
 from blochsim import (Delay, Dephase, Excitation, Inversion, Pulse, Readout, RectPulse, Refocusing, SampledPulse, Saturation,
                       Simulator, Spoil)
-from blochsim.simulators import FSESimulator, MRFSimulator, SPGRSimulator
+from blochsim.simulators import CESTSimulator, FSESimulator, MRFSimulator, MTSimulator, SPGRSimulator
 
 GAMMA_HZ_PER_T = 42.57747892e6
 
@@ -678,3 +678,102 @@ def test_rect_pulse_refusals():
 
     with pytest.raises(ValueError, match="reverse mode is not available"):
         Rect().vjp("T2", T1=1000.0, T2=80.0)
+
+
+# --------------------------------------------------------------------------
+# CEST and MT simulators
+
+CEST_TISSUE = dict(T1=1300.0, T2=70.0, B0=12.0, B1=0.9, poolB_fraction=0.01, poolB_exchange=800.0, poolB_T1=1000.0,
+                   poolB_T2=15.0, poolB_shift=3.5 * 127.7, bound_fraction=0.1, bound_exchange=25.0, bound_T2=0.012)
+
+
+def _cest_oracle(offsets_ppm, field, b1, n, tp, td, t):
+    """The Z-spectrum by expm in the water frame with the RF at each offset
+    (each pulse taken in its own frame, spoiled after), in the test."""
+    out = []
+    for ppm in offsets_ppm:
+        df = ppm * field * GAMMA_HZ_PER_T * 1e-6
+        o = Oracle(t["T1"], t["T2"], B0=t["B0"] - df,
+                   pools=[(t["poolB_fraction"], t["poolB_exchange"], t["poolB_T1"], t["poolB_T2"], t["poolB_shift"])],
+                   bound=(t["bound_fraction"], t["bound_exchange"], 1000.0))
+        w1 = 2 * np.pi * GAMMA_HZ_PER_T * b1 * 1e-6 * t["B1"]
+        W = np.pi * w1 ** 2 * oracle_lineshape("super-lorentzian", df - t["B0"], t["bound_T2"])
+        pulse = expm(o.generator(w1=w1, W=W) * tp * 1e-3)
+        # the delay is free evolution (frequency-independent for Z after the spoiler)
+        delay = expm(o.generator() * td * 1e-3)
+        x = o.equilibrium()
+        for i in range(n):
+            if i > 0:
+                x = delay @ x
+            x = pulse @ x
+            for j in range(o.n):  # spoiler
+                x[3 * j:3 * j + 2] = 0.0
+        out.append(np.sin(np.radians(90 * t["B1"])) * o.longitudinal(x))
+    return np.array(out)
+
+
+def test_cest_z_spectrum_against_expm():
+    offsets = np.array([-20.0, -3.5, -1.0, 0.0, 0.4, 2.0, 3.5, 5.0, 50.0])
+    cest = CESTSimulator(offsets=offsets, field_strength=3.0, B1sat=1.2, n_pulses=4, pulse_duration=50.0,
+                         pulse_delay=10.0)
+    z = cest.simulate(**CEST_TISSUE)
+    assert z.shape == (9,)
+    np.testing.assert_allclose(z, _cest_oracle(offsets, 3.0, 1.2, 4, 50.0, 10.0, CEST_TISSUE), atol=3e-6)
+    # water is saturated on resonance; the pool makes the spectrum asymmetric
+    assert abs(z[3]) < 0.1 and abs(z[0]) > 0.5
+    assert z[6].real < z[1].real - 0.01
+
+
+def test_cest_voxels_and_jacobian():
+    offsets = np.linspace(-5, 5, 11)
+    cest = CESTSimulator(offsets=offsets, B1sat=1.0, pulse_duration=200.0)
+    T1 = np.array([1000.0, 1500.0])
+    t = {**CEST_TISSUE, "T1": T1}
+    z = cest.simulate(**t)
+    assert z.shape == (2, 11)
+    np.testing.assert_allclose(z[1], cest.simulate(**{**CEST_TISSUE, "T1": 1500.0}), rtol=1e-6)
+    names = ("poolB_exchange", "B0", "T1")
+    s, J = cest.jacobian(names, **t)
+    assert J.shape == (2, 3, 11)
+    for i, k in enumerate(names):
+        v = np.asarray(t[k], dtype=float)
+        h = 1e-2 * np.maximum(np.abs(v), 1.0)
+        fd = (cest.simulate(**{**t, k: v + h}).astype(complex) - cest.simulate(**{**t, k: v - h}).astype(complex))
+        fd /= 2 * (h if np.ndim(h) == 0 else h[:, None])
+        np.testing.assert_allclose(J[:, i], fd, atol=3e-3 * np.max(np.abs(fd)) + 1e-6, err_msg=k)
+
+
+def test_mt_simulator_against_tr_recursion():
+    t = dict(T1=1000.0, T2=60.0, B0=5.0, B1=1.1, bound_fraction=0.15, bound_exchange=30.0, bound_T1=1000.0,
+             bound_T2=0.012)
+    flip, TR, mt_flip, mt_dur, mt_off, n = 12.0, 30.0, 500.0, 8.0, 1500.0, 60
+    s = MTSimulator(flip=flip, TR=TR, mt_flip=mt_flip, mt_duration=mt_dur, mt_offset=mt_off, n_tr=n).simulate(**t)
+    o = Oracle(1000.0, 60.0, B0=5.0 - mt_off, bound=(0.15, 30.0, 1000.0))
+    w1 = np.radians(mt_flip) * 1.1 / (mt_dur * 1e-3)
+    W = np.pi * w1 ** 2 * oracle_lineshape("super-lorentzian", mt_off - 5.0, 0.012)
+    mt = expm(o.generator(w1=w1, W=W) * mt_dur * 1e-3)
+    free = Oracle(1000.0, 60.0, B0=5.0, bound=(0.15, 30.0, 1000.0))
+    x = free.equilibrium()
+    for i in range(n):
+        x = free.rotate(x, flip * 1.1)
+        sample = 1j * free.transverse(x)
+        x[:2] = 0.0
+        x = free.evolve(x, TR - mt_dur)
+        x = mt @ x  # Z only after the spoiler: the frame does not matter
+        x[:2] = 0.0
+    np.testing.assert_allclose(s, [sample], atol=2e-6)
+    ref = MTSimulator(flip=flip, TR=TR, mt_flip=0.0, n_tr=n).simulate(**t)
+    assert 0.2 < 1 - abs(s[0]) / abs(ref[0]) < 0.8
+
+
+def test_cest_and_mt_refusals():
+    with pytest.raises(TypeError, match="needs protocol parameter 'offsets'"):
+        CESTSimulator().simulate(T1=1000.0, T2=80.0)
+    with pytest.raises(ValueError, match="field_strength must be > 0"):
+        CESTSimulator(offsets=[1.0], field_strength=0.0)
+    with pytest.raises(ValueError, match="pulse_duration must be > 0"):
+        CESTSimulator(offsets=[1.0], pulse_duration=0.0)
+    with pytest.raises(ValueError, match="mt_duration must be < TR"):
+        MTSimulator(flip=10.0, TR=5.0, mt_duration=8.0)
+    with pytest.raises(ValueError, match="reverse mode is not available"):
+        MTSimulator(flip=10.0, TR=30.0).vjp("flip", T1=1000.0, T2=60.0)
