@@ -6,6 +6,7 @@
 #include <blochsim/adjoint.hpp>
 #include <blochsim/epg.hpp>
 #include <blochsim/jacobian.hpp>
+#include <blochsim/pools.hpp>
 
 #include "dispatch.hpp"
 
@@ -48,6 +49,15 @@ int BLOCHSIM_CAT(adjoint2_range_, BLOCHSIM_ISA_SUFFIX)(const EventStream& s, con
                                                        int64_t b0, int64_t b1, void* work, const float* cot,
                                                        int64_t cot_stride, const int32_t* band, double* rows) {
   return epg::adjoint2_range<vfloat16>(s, t, outer_field, b0, b1, work, cot, cot_stride, band, rows);
+}
+
+int BLOCHSIM_CAT(pooled_range_, BLOCHSIM_ISA_SUFFIX)(const EventStream& s, const Tissue& t, const Pools& p,
+                                                     int64_t b0, int64_t b1, void* work, float* out) {
+  for (int64_t b = b0; b < b1; ++b) {
+    const int st = pooled_block<vfloat16, 1>(s, t, p, b * Lanes<vfloat16>::width, static_cast<vfloat16*>(work), 1, out);
+    if (st != ok) return st;
+  }
+  return ok;
 }
 
 int BLOCHSIM_CAT(range_real_, BLOCHSIM_ISA_SUFFIX)(const EventStream& s, const Tissue& t, int64_t b0,

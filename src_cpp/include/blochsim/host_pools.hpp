@@ -16,6 +16,21 @@ namespace host {
 // Directions a pooled Jacobian pass carries (more are done in passes).
 constexpr int pooled_pass_directions = 4;
 
+// Signature of a function that plays the forward pooled EPG of blocks
+// [b0, b1) of `lanes` problems (pooled_block) with a workspace of
+// pool_block_workspace(s, p) lane vectors.
+using PooledRangeFn = int (*)(const EventStream& s, const Tissue& t, const Pools& p, int64_t b0, int64_t b1,
+                              void* work, float* out);
+
+inline int pooled_range_any(const EventStream& s, const Tissue& t, const Pools& p, int64_t b0, int64_t b1,
+                            void* work, float* out) {
+  for (int64_t b = b0; b < b1; ++b) {
+    const int st = pooled_block<Vec, 1>(s, t, p, b * lanes, static_cast<Vec*>(work), 1, out);
+    if (st != ok) return st;
+  }
+  return ok;
+}
+
 namespace pools_detail {
 
 template <class S>
@@ -59,8 +74,13 @@ inline int pooled_pass(const EventStream& s, const Tissue& t, const Pools& p, co
 // fields[j] (0 .. 8: the Tissue fields; PoolField for the pools) in its SI
 // unit, times seeds[j] when seeds is given.  Directions go
 // pooled_pass_directions a pass.
+//
+// The signal alone is computed in single precision, 16 problems a SIMD
+// vector (pooled_block, through fn); with directions, in double precision
+// one problem at a time (pooled_problem on duals).
 inline int pooled_status(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_dirs,
-                         const float* seeds, float* out, float* jac, int threads) {
+                         const float* seeds, float* out, float* jac, int threads,
+                         PooledRangeFn fn = &pooled_range_any) {
   const int v = validate(s, t, true);
   if (v != ok) return v;
   const int vp = validate_pools(s, t, p);
@@ -73,9 +93,8 @@ inline int pooled_status(const EventStream& s, const Tissue& t, const Pools& p, 
   }
   if (t.n == 0 || s.n_samples == 0) return ok;
   if (n_dirs == 0)
-    return run_ranges(t.n, threads, 0, [&](int64_t i0, int64_t i1, float*) {
-      return pools_detail::pooled_range<double>(s, t, p, nullptr, 0, nullptr, i0, i1, out, nullptr, 0, 0);
-    });
+    return run_blocks_with(t, threads, static_cast<std::size_t>(pool_block_workspace(s, p)) * lanes,
+                           [&](int64_t b0, int64_t b1, float* work) { return fn(s, t, p, b0, b1, work, out); });
   for (int first = 0; first < n_dirs; first += pooled_pass_directions) {
     const int nd = n_dirs - first < pooled_pass_directions ? n_dirs - first : pooled_pass_directions;
     const int* f = fields + first;

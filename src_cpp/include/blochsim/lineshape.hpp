@@ -35,6 +35,7 @@ enum Lineshape : int32_t {
   lineshape_count
 };
 
+inline namespace BLOCHSIM_ISA {
 namespace lineshape_detail {
 
 constexpr double x_cut = 2.0 * pi * 1.5e3 * 12.0e-6;
@@ -142,4 +143,5 @@ inline void lineshape_g(int shape, double x, double& g, double& dg) {
   dg = sign * dgds / (tb.h * ax);
 }
 
+}  // namespace BLOCHSIM_ISA
 }  // namespace blochsim

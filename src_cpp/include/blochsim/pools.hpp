@@ -71,6 +71,8 @@ struct Pools {
   Property pool[max_exchanging_pools][pool_columns] = {};
 };
 
+inline namespace BLOCHSIM_ISA {
+
 // A complex number over S.
 template <class S>
 struct Cx {
@@ -540,6 +542,310 @@ BLOCHSIM_HD inline void pooled_problem(const EventStream& s, const Tissue& t, co
   }
 }
 
+// Vector lanes of pooled_block's workspace (V units, per lane vector) for
+// the pools of p over the stream s.
+inline int64_t pool_block_workspace(const EventStream& s, const Pools& p) {
+  const int64_t n = 1 + p.n_exchanging, m = n + (p.bound ? 1 : 0), d = 3 * n + (p.bound ? 1 : 0);
+  const int64_t states = (4 * n + 2 * m) * static_cast<int64_t>(s.states);
+  const int64_t per_interval = 1 + 2 * n * n + m * m + m;
+  const int64_t per_driven = 1 + 2 * d * (d + 1);
+  return states + per_interval * s.n_intervals + per_driven * (s.driven ? s.n_driven : 0) + 8;
+}
+
+// The forward pooled EPG of problems [first, first + width) of t in the
+// lanes of V (16 problems a SIMD vector on the host, one a thread on the
+// device), in single precision: the same physics as pooled_problem, with
+// every per-problem operator (interval exponentials, exact pulses, the
+// semisolid saturation) formed per lane in double precision the first time
+// an event uses it and applied to the lanes at once.  Lanes past t.n
+// replay the last problem and write nothing.  work holds
+// pool_block_workspace(s, p) lane vectors, element i at work[i * ws].
+//
+// The pool counts are template parameters (N liquid pools, Bound), so that
+// the loops over pools unroll; WS > 0 is the workspace stride at compile
+// time, WS = 0 takes it from ws.
+template <class V, int N, bool Bound, int64_t WS>
+BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, const Pools& p, int64_t first,
+                                       V* work, int64_t ws_runtime, float* out) {
+  using LT = Lanes<V>;
+  constexpr int W = LT::width;
+  constexpr int n = N, m = N + (Bound ? 1 : 0), d = 3 * N + (Bound ? 1 : 0);
+  constexpr bool bound = Bound;
+  const int64_t ws = WS > 0 ? WS : ws_runtime;
+  int64_t idx[W];
+  for (int l = 0; l < W; ++l) idx[l] = first + l < t.n ? first + l : t.n - 1;
+  PoolTissue<double> q[W];
+  for (int l = 0; l < W; ++l) q[l] = pool_tissue<double>(t, p, idx[l], nullptr, 0, nullptr);
+  const int K = s.states;
+  V M0{}, eta{};
+  bool uniform_rf = true;
+  for (int l = 0; l < W; ++l) {
+    LT::set(M0, l, static_cast<float>(q[l].M0));
+    LT::set(eta, l, static_cast<float>(q[l].eta));
+    uniform_rf = uniform_rf && q[l].B1 == q[0].B1 && q[l].B1phase == q[0].B1phase;
+  }
+  // workspace: F+ (re, im), F- (re, im) of each liquid pool, Z (re, im) of
+  // every longitudinal family, row (family, k); then the operators
+  auto at = [&](int64_t i) -> V& { return work[i * ws]; };
+  const int64_t fpr = 0, fpi = n * K, fmr = 2 * n * K, fmi = 3 * n * K, zr = 4 * n * K, zi = (4 * n + m) * K;
+  const int64_t ops = (4 * n + 2 * m) * static_cast<int64_t>(K);
+  const int64_t per_interval = 1 + 2 * n * n + m * m + m;
+  const int64_t drv = ops + per_interval * s.n_intervals;
+  const int64_t per_driven = 1 + 2 * d * (d + 1);
+  for (int64_t i = 0; i < ops; ++i) at(i) = V{};
+  for (int j = 0; j < m; ++j) {
+    V f{};
+    for (int l = 0; l < W; ++l) LT::set(f, l, static_cast<float>(q[l].f[j]));
+    at(zr + j * K) = f;
+  }
+  for (int64_t v = 0; v < s.n_intervals; ++v) at(ops + v * per_interval) = V{};
+  if (s.driven)
+    for (int64_t v = 0; v < s.n_driven; ++v) at(drv + v * per_driven) = V{};
+  const bool saturating = bound && s.rf_duration_s != nullptr;
+  // T2b G(offset - B0) per lane for the last pulse offset seen
+  float g_offset = 0.0f;
+  bool g_ready = false;
+  V g_lane{};
+  int band = 1;
+
+  auto shift = [&](int dir) {
+    for (int j = 0; j < n; ++j)
+      for (int part = 0; part < 2; ++part) {
+        const int64_t up = (dir > 0 ? (part ? fpi : fpr) : (part ? fmi : fmr)) + j * K;
+        const int64_t dn = (dir > 0 ? (part ? fmi : fmr) : (part ? fpi : fpr)) + j * K;
+        const int top = band < K ? band : K - 1;
+        for (int k = top; k >= 1; --k) at(up + k) = at(up + k - 1);
+        for (int k = 0; k + 1 < band; ++k) at(dn + k) = at(dn + k + 1);
+        at(dn + band - 1) = V{};
+        at(up) = part ? -at(dn) : at(dn);  // F_up,0 = conj(F_dn,0)
+      }
+    band = band < K ? band + 1 : K;
+  };
+
+  for (int64_t e = 0; e < s.n_events; ++e) {
+    const uint32_t f = s.flags[e];
+    const int32_t iv = s.interval[e];
+    if (iv >= 0) {
+      const int64_t o = ops + iv * per_interval;
+      const int64_t P = o + 1, L = P + 2 * n * n, R = L + m * m;
+      if (LT::get(at(o), 0) == 0.0f) {
+        for (int l = 0; l < W; ++l) {
+          Cx<double> Pl[max_liquid_pools * max_liquid_pools];
+          double Ll[max_longitudinal_pools * max_longitudinal_pools], rl[max_longitudinal_pools];
+          pool_interval(q[l], s.duration_s[iv], Pl, Ll, rl);
+          for (int i = 0; i < n * n; ++i) {
+            LT::set(at(P + 2 * i), l, static_cast<float>(Pl[i].re));
+            LT::set(at(P + 2 * i + 1), l, static_cast<float>(Pl[i].im));
+          }
+          for (int i = 0; i < m * m; ++i) LT::set(at(L + i), l, static_cast<float>(Ll[i]));
+          for (int i = 0; i < m; ++i) LT::set(at(R + i), l, static_cast<float>(rl[i]));
+          LT::set(at(o), l, 1.0f);
+        }
+      }
+      // the operator in locals: the compiler cannot keep it in registers
+      // across the stores to the workspace otherwise
+      V Pv[2 * n * n], Lv[m * m], Rv[m];
+      for (int i = 0; i < 2 * n * n; ++i) Pv[i] = at(P + i);
+      for (int i = 0; i < m * m; ++i) Lv[i] = at(L + i);
+      for (int i = 0; i < m; ++i) Rv[i] = at(R + i);
+      for (int k = 0; k < band; ++k) {
+        V ar[n], ai[n], br[n], bi[n];
+        V cr[m], ci[m];
+        for (int j = 0; j < n; ++j) {
+          ar[j] = at(fpr + j * K + k);
+          ai[j] = at(fpi + j * K + k);
+          br[j] = at(fmr + j * K + k);
+          bi[j] = at(fmi + j * K + k);
+        }
+        for (int j = 0; j < m; ++j) {
+          cr[j] = at(zr + j * K + k);
+          ci[j] = at(zi + j * K + k);
+        }
+        for (int j = 0; j < n; ++j) {
+          V xr{}, xi{}, yr{}, yi{};
+          for (int l = 0; l < n; ++l) {
+            const V pr = Pv[2 * (j * n + l)], pi_ = Pv[2 * (j * n + l) + 1];
+            xr += pr * ar[l] - pi_ * ai[l];
+            xi += pr * ai[l] + pi_ * ar[l];
+            // F- evolves by conj(P)
+            yr += pr * br[l] + pi_ * bi[l];
+            yi += pr * bi[l] - pi_ * br[l];
+          }
+          at(fpr + j * K + k) = xr;
+          at(fpi + j * K + k) = xi;
+          at(fmr + j * K + k) = yr;
+          at(fmi + j * K + k) = yi;
+        }
+        for (int j = 0; j < m; ++j) {
+          V xr = k == 0 ? Rv[j] : V{}, xi{};
+          for (int l = 0; l < m; ++l) {
+            const V c = Lv[j * m + l];
+            xr += c * cr[l];
+            xi += c * ci[l];
+          }
+          at(zr + j * K + k) = xr;
+          at(zi + j * K + k) = xi;
+        }
+      }
+    }
+    for (int sb = s.shift_before[e], c = 0; c < (sb > 0 ? sb : -sb); ++c) shift(sb > 0 ? 1 : -1);
+    if ((f & (event_rf | event_saturation)) && saturating && s.rf_duration_s[e] > 0.0f) {
+      const double tau_rf = s.rf_duration_s[e];
+      const float offset = s.rf_offset_hz ? s.rf_offset_hz[e] : 0.0f;
+      if (!g_ready || offset != g_offset) {
+        for (int l = 0; l < W; ++l) {
+          double g, dg;
+          lineshape_g(p.lineshape, 2.0 * pi * (offset - q[l].B0) * q[l].T2b, g, dg);
+          LT::set(g_lane, l, static_cast<float>(g * q[l].T2b));
+        }
+        g_offset = offset;
+        g_ready = true;
+      }
+      const double power = s.rf_power ? s.rf_power[e] : 1.0;
+      V decay{};
+      for (int l = 0; l < W; ++l) {
+        const double a = q[l].B1 * s.flip_rad[e];
+        using std::exp;
+        LT::set(decay, l, static_cast<float>(exp(-(pi * power / tau_rf) * LT::get(g_lane, l) * a * a)));
+      }
+      for (int k = 0; k < band; ++k) {
+        at(zr + n * K + k) *= decay;
+        at(zi + n * K + k) *= decay;
+      }
+    }
+    if (f & event_rf) {
+      V ca{}, sa{}, cp{}, sp{};
+      for (int l = 0; l < (uniform_rf ? 1 : W); ++l) {
+        const double a = q[l].B1 * static_cast<double>(s.flip_rad[e]);
+        const double ph = q[l].B1phase + static_cast<double>(s.phase_rad[e]);
+        LT::set(ca, l, static_cast<float>(std::cos(a)));
+        LT::set(sa, l, static_cast<float>(std::sin(a)));
+        LT::set(cp, l, static_cast<float>(std::cos(ph)));
+        LT::set(sp, l, static_cast<float>(std::sin(ph)));
+      }
+      if (uniform_rf) {
+        ca = V{} + LT::get(ca, 0);
+        sa = V{} + LT::get(sa, 0);
+        cp = V{} + LT::get(cp, 0);
+        sp = V{} + LT::get(sp, 0);
+      }
+      const V half = V{} + 0.5f;
+      const V c2 = (V{} + 1.0f + ca) * half, s2 = (V{} + 1.0f - ca) * half;
+      const V e2r = cp * cp - sp * sp, e2i = (V{} + 2.0f) * cp * sp;
+      // m = -i e^{i phi} sin(a)
+      const V mr = sp * sa, mi = -(cp * sa);
+      for (int j = 0; j < n; ++j)
+        for (int k = 0; k < band; ++k) {
+          const V ar = at(fpr + j * K + k), ai = at(fpi + j * K + k);
+          const V br = at(fmr + j * K + k), bi = at(fmi + j * K + k);
+          const V zr_ = at(zr + j * K + k), zi_ = at(zi + j * K + k);
+          // F+' = c2 F+ + s2 e2 F- + m Z
+          at(fpr + j * K + k) = c2 * ar + s2 * (e2r * br - e2i * bi) + (mr * zr_ - mi * zi_);
+          at(fpi + j * K + k) = c2 * ai + s2 * (e2r * bi + e2i * br) + (mr * zi_ + mi * zr_);
+          // F-' = c2 F- + s2 conj(e2) F+ + conj(m) Z
+          at(fmr + j * K + k) = c2 * br + s2 * (e2r * ar + e2i * ai) + (mr * zr_ + mi * zi_);
+          at(fmi + j * K + k) = c2 * bi + s2 * (e2r * ai - e2i * ar) + (mr * zi_ - mi * zr_);
+          // Z' = cos(a) Z - (conj(m) F+ + m F-) / 2
+          at(zr + j * K + k) = ca * zr_ - half * ((mr * ar + mi * ai) + (mr * br - mi * bi));
+          at(zi + j * K + k) = ca * zi_ - half * ((mr * ai - mi * ar) + (mr * bi + mi * br));
+        }
+    }
+    if (f & event_driven) {
+      const int32_t id = s.driven[e];
+      const int64_t o = drv + id * per_driven, Mo = o + 1, Co = Mo + 2 * d * d;
+      if (LT::get(at(o), 0) == 0.0f) {
+        for (int l = 0; l < W; ++l) {
+          Cx<double> Ml[max_driven_size * max_driven_size], cl[max_driven_size];
+          pool_driven(q[l], p.lineshape, s.driven_table + id * driven_fields, Ml, cl);
+          for (int i = 0; i < d * d; ++i) {
+            LT::set(at(Mo + 2 * i), l, static_cast<float>(Ml[i].re));
+            LT::set(at(Mo + 2 * i + 1), l, static_cast<float>(Ml[i].im));
+          }
+          for (int i = 0; i < d; ++i) {
+            LT::set(at(Co + 2 * i), l, static_cast<float>(cl[i].re));
+            LT::set(at(Co + 2 * i + 1), l, static_cast<float>(cl[i].im));
+          }
+          LT::set(at(o), l, 1.0f);
+        }
+      }
+      auto row = [&](int i) -> int64_t {  // the workspace row of component i at order 0 (real part)
+        const int j = i < 3 * n ? i / 3 : n, comp = i < 3 * n ? i % 3 : 2;
+        return (comp == 0 ? fpr : comp == 1 ? fmr : zr) + j * K;
+      };
+      auto imag = [&](int i) -> int64_t {
+        const int j = i < 3 * n ? i / 3 : n, comp = i < 3 * n ? i % 3 : 2;
+        return (comp == 0 ? fpi : comp == 1 ? fmi : zi) + j * K;
+      };
+      for (int k = 0; k < band; ++k) {
+        V vr[d], vi[d];
+        for (int i = 0; i < d; ++i) {
+          vr[i] = at(row(i) + k);
+          vi[i] = at(imag(i) + k);
+        }
+        for (int i = 0; i < d; ++i) {
+          V xr = k == 0 ? at(Co + 2 * i) : V{}, xi = k == 0 ? at(Co + 2 * i + 1) : V{};
+          for (int l = 0; l < d; ++l) {
+            const V a = at(Mo + 2 * (i * d + l)), b = at(Mo + 2 * (i * d + l) + 1);
+            xr += a * vr[l] - b * vi[l];
+            xi += a * vi[l] + b * vr[l];
+          }
+          at(row(i) + k) = xr;
+          at(imag(i) + k) = xi;
+        }
+      }
+    }
+    if (f & event_inversion)
+      for (int j = 0; j < n; ++j)
+        for (int k = 0; k < band; ++k) {
+          at(zr + j * K + k) = -eta * at(zr + j * K + k);
+          at(zi + j * K + k) = -eta * at(zi + j * K + k);
+        }
+    if (f & event_readout) {
+      V accr = at(fpr), acci = at(fpi);
+      for (int j = 1; j < n; ++j) {
+        accr += at(fpr + j * K);
+        acci += at(fpi + j * K);
+      }
+      const float cr = static_cast<float>(std::cos(static_cast<double>(s.rx_phase_rad[e])));
+      const float sr = static_cast<float>(std::sin(static_cast<double>(s.rx_phase_rad[e])));
+      // M0 (F+) e^{-i rx}
+      const V re = M0 * (accr * cr + acci * sr), im = M0 * (acci * cr - accr * sr);
+      const int32_t slot = s.slot[e];
+      for (int l = 0; l < W; ++l) {
+        if (first + l >= t.n) break;
+        float* o = out + ((first + l) * s.n_samples + slot) * 2;
+        o[0] = LT::get(re, l);
+        o[1] = LT::get(im, l);
+      }
+    }
+    if (f & event_spoil) {
+      for (int64_t i = 0; i < 4 * n * K; ++i) at(i) = V{};
+    } else {
+      for (int sa = s.shift_after[e], c = 0; c < (sa > 0 ? sa : -sa); ++c) shift(sa > 0 ? 1 : -1);
+    }
+  }
+  return ok;
+}
+
+template <class V, int64_t WS = 0>
+BLOCHSIM_HD inline int pooled_block(const EventStream& s, const Tissue& t, const Pools& p, int64_t first, V* work,
+                                    int64_t ws, float* out) {
+  const int key = 2 * p.n_exchanging + (p.bound ? 1 : 0);
+  switch (key) {
+    case 0: return pooled_block_of<V, 1, false, WS>(s, t, p, first, work, ws, out);
+    case 1: return pooled_block_of<V, 1, true, WS>(s, t, p, first, work, ws, out);
+    case 2: return pooled_block_of<V, 2, false, WS>(s, t, p, first, work, ws, out);
+    case 3: return pooled_block_of<V, 2, true, WS>(s, t, p, first, work, ws, out);
+    case 4: return pooled_block_of<V, 3, false, WS>(s, t, p, first, work, ws, out);
+    case 5: return pooled_block_of<V, 3, true, WS>(s, t, p, first, work, ws, out);
+    case 6: return pooled_block_of<V, 4, false, WS>(s, t, p, first, work, ws, out);
+    case 7: return pooled_block_of<V, 4, true, WS>(s, t, p, first, work, ws, out);
+    case 8: return pooled_block_of<V, 5, false, WS>(s, t, p, first, work, ws, out);
+    case 9: return pooled_block_of<V, 5, true, WS>(s, t, p, first, work, ws, out);
+    default: return bad_pools;
+  }
+}
+
 // Checks the pool configuration and every problem's fractions (each >= 0,
 // their sum <= 1) and rates; kernels assume it passed.
 inline int validate_pools(const EventStream& s, const Tissue& t, const Pools& p) {
@@ -569,4 +875,5 @@ inline int validate_pools(const EventStream& s, const Tissue& t, const Pools& p)
   return ok;
 }
 
+}  // namespace BLOCHSIM_ISA
 }  // namespace blochsim
