@@ -73,3 +73,38 @@ def test_mrf_flip_train_gradient(benchmark, n):
     assert g["flip"].shape == (500,)
     benchmark.extra_info["atoms"] = n
     benchmark.extra_info["atoms_per_s_median"] = n / benchmark.stats.stats.median
+
+
+# Pools (SPEC §3): the reference workload with a semisolid (MT) pool, and
+# with one exchanging pool, against the single-pool forward above.
+POOLS = {
+    "mt": {"bound_fraction": 0.1, "bound_exchange": 20.0},
+    "poolB": {"poolB_fraction": 0.2, "poolB_exchange": 10.0, "poolB_T2": 20.0, "poolB_shift": 50.0},
+}
+
+
+@pytest.mark.parametrize("pool", sorted(POOLS))
+@pytest.mark.parametrize("n", [1_000, 10_000])
+def test_mrf_forward_pools(benchmark, n, pool):
+    """Forward with one pool added (single precision, SIMD lanes)."""
+    T1, T2 = reference_tissues(n)
+    sim = MRFSimulator(flip=reference_flips(500), TR=10.0, states=32)
+    sim.simulate(T1=T1[:16], T2=T2[:16], **POOLS[pool])
+    rounds = 5
+    out = benchmark.pedantic(sim.simulate, kwargs={"T1": T1, "T2": T2, **POOLS[pool]}, rounds=rounds,
+                             warmup_rounds=1)
+    assert out.shape == (n, 500)
+    benchmark.extra_info["atoms"] = n
+    benchmark.extra_info["atoms_per_s_median"] = n / benchmark.stats.stats.median
+
+
+@pytest.mark.parametrize("pool", sorted(POOLS))
+def test_mrf_jacobian_pools_1k(benchmark, pool):
+    """(T1, T2) Jacobian with one pool added (double precision per problem)."""
+    T1, T2 = reference_tissues(1_000)
+    sim = MRFSimulator(flip=reference_flips(500), TR=10.0, states=32)
+    s, J = benchmark.pedantic(sim.jacobian, args=(("T1", "T2"),), kwargs={"T1": T1, "T2": T2, **POOLS[pool]},
+                              rounds=3, warmup_rounds=1)
+    assert J.shape == (1_000, 2, 500)
+    benchmark.extra_info["atoms"] = 1_000
+    benchmark.extra_info["atoms_per_s_median"] = 1_000 / benchmark.stats.stats.median

@@ -191,6 +191,48 @@ cdef Property* _pool_field(Pools* p, int i) noexcept:
     return &p.pool[(i - 4) // 5][(i - 4) % 5]
 
 
+cdef list _host_pools(Pools* p, tuple pools, int n_exchanging, bint bound, int lineshape):
+    """Point p at float32 host arrays (length n or 1, or None) in POOL_FIELDS order."""
+    cdef Property* q
+    cdef const float[::1] view
+    keep = []
+    p.n_exchanging = n_exchanging
+    p.bound = 1 if bound else 0
+    p.lineshape = lineshape
+    for i in range(len(POOL_FIELDS)):
+        q = _pool_field(p, i)
+        arr = pools[i]
+        if arr is None:
+            q.data = NULL
+            continue
+        view = arr
+        keep.append(view)
+        q.data = &view[0]
+        q.stride = 0 if view.shape[0] == 1 else 1
+    return keep
+
+
+def pooled_cuda_host(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bint bound, int lineshape,
+                     int64_t n, float complex[:, ::1] out):
+    """The signal with pools on the device for host arrays (as
+    :func:`pooled_host` without derivatives), moved through the device."""
+    cdef Tissue t
+    cdef Pools p
+    cdef int st
+    cdef char err[ERRLEN]
+    err[0] = 0
+    if len(pools) != len(POOL_FIELDS) or out.shape[0] != n or out.shape[1] != ps.s.n_samples:
+        raise ValueError("blochsim internal error: pooled call arguments")
+    keep = _host_tissue(&t, tissue, n)
+    keep += _host_pools(&p, pools, n_exchanging, bound, lineshape)
+    if n == 0 or ps.s.n_samples == 0:
+        return
+    cdef float* outp = <float*> &out[0, 0]
+    with nogil:
+        st = L.pooled(ps.s, t, p, outp, err, ERRLEN)
+    _raise(st, err)
+
+
 def pooled_host(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bint bound, int lineshape,
                 int64_t n, fields, seeds, float complex[:, ::1] out, jac, int threads):
     """Signal (and Jacobian) of a packed stream with pools, on the host.
@@ -204,8 +246,6 @@ def pooled_host(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bi
     """
     cdef Tissue t
     cdef Pools p
-    cdef Property* q
-    cdef const float[::1] view
     cdef float complex[:, :, ::1] jv
     cdef int st
     cdef int nd = len(fields)
@@ -222,19 +262,7 @@ def pooled_host(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bi
     if out.shape[0] != n or out.shape[1] != ps.s.n_samples:
         raise ValueError("blochsim internal error: output shapes")
     keep = _host_tissue(&t, tissue, n)
-    p.n_exchanging = n_exchanging
-    p.bound = 1 if bound else 0
-    p.lineshape = lineshape
-    for i in range(len(POOL_FIELDS)):
-        q = _pool_field(&p, i)
-        arr = pools[i]
-        if arr is None:
-            q.data = NULL
-            continue
-        view = arr
-        keep.append(view)
-        q.data = &view[0]
-        q.stride = 0 if view.shape[0] == 1 else 1
+    keep += _host_pools(&p, pools, n_exchanging, bound, lineshape)
     if nd > 0:
         jv = jac
         if jv.shape[0] != n or jv.shape[1] != nd or jv.shape[2] != ps.s.n_samples:

@@ -2,7 +2,7 @@
 from libc.stddef cimport size_t
 from libc.stdint cimport int64_t
 
-from blochsim._events cimport EventStream, Tissue
+from blochsim._events cimport EventStream, Pools, Tissue
 
 
 cdef extern from "launcher.hpp" namespace "blochsim::cuda" nogil:
@@ -31,6 +31,7 @@ cdef extern from "launcher.hpp" namespace "blochsim::cuda" nogil:
                 double* ev_grad, float* tgrad, void* stream, char* err, int n)
     int adjoint2(const EventStream& s, const Tissue& t, int outer_field, const float* cot, int64_t cot_stride,
                  double* ev_grad, void* stream, char* err, int n)
+    int pooled(const EventStream& s, const Tissue& t, const Pools& p, float* out, char* err, int n)
     int forward_streamed(const EventStream& s, const Tissue& t, float* out, size_t budget_bytes,
                          char* err, int n)
     size_t bytes_per_problem(const EventStream& s, const Tissue& t)

@@ -183,6 +183,10 @@ std::size_t bytes_per_problem(const EventStream& s, const Tissue&) {
   return b;
 }
 
+int pooled(const EventStream& s, const Tissue& t, const Pools& p, float* out, char* err, int n) {
+  return pooled_from_host(s, t, p, out, err, n);
+}
+
 int forward(const EventStream& s, const Tissue& t, float* out, void* stream, char* err, int n) {
   return forward_device(s, t, out, as_stream(stream), err, n);
 }

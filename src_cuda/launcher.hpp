@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include <blochsim/events.hpp>
+#include <blochsim/pools.hpp>
 
 namespace blochsim {
 namespace cuda {
@@ -83,6 +84,11 @@ int adjoint2(const EventStream& s, const Tissue& t, int outer_field, const float
 // free memory), two streams overlapping copies and compute.  Synchronous.
 int forward_streamed(const EventStream& s, const Tissue& t, float* out, std::size_t budget_bytes, char* err,
                      int n);
+
+// The forward pooled EPG (pools.hpp) on the device for host inputs and
+// output (cuda.cuh pooled_from_host): t's and p's Property pointers and
+// out are host pointers.  Synchronous.
+int pooled(const EventStream& s, const Tissue& t, const Pools& p, float* out, char* err, int n);
 
 // How many device bytes one problem needs (output, tissue, scratch).
 std::size_t bytes_per_problem(const EventStream& s, const Tissue& t);

@@ -558,9 +558,13 @@ def test_pools_refuse_diffusion_and_reverse_mode():
         fse.jacobian_vjp("T2", "flip", T1=1000.0, T2=80.0, bound_fraction=0.1)
 
 
-def test_pools_refuse_the_device_and_closed_forms():
-    with pytest.raises(ValueError, match="run on the host backend"):
-        FID(device="cuda").simulate(T1=1000.0, T2=80.0, bound_fraction=0.1)
+def test_pools_refuse_device_jacobians_and_closed_forms():
+    if blochsim.backends()["cuda"]["available"]:
+        with pytest.raises(ValueError, match="runs on the host"):
+            FID(device="cuda").jacobian("T2", T1=1000.0, T2=80.0, bound_fraction=0.1)
+    else:
+        with pytest.raises(RuntimeError, match="device='cuda' was asked for"):
+            FID(device="cuda").simulate(T1=1000.0, T2=80.0, bound_fraction=0.1)
     with pytest.raises(TypeError, match="does not model tissue property 'bound_fraction'"):
         SPGRSimulator(flip=10.0, TR=5.0, TE=2.0).simulate(T1=1000.0, T2star=30.0, bound_fraction=0.1)
 

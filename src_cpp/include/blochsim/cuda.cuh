@@ -36,6 +36,7 @@
 #include "epg.hpp"
 #include "epg_registers.hpp"
 #include "jacobian.hpp"
+#include "pools.hpp"
 
 namespace blochsim {
 namespace cuda {
@@ -893,6 +894,11 @@ inline int upload_stream(const EventStream& s, DeviceStream& d, cudaStream_t st,
   const size_t o_flip = put(h, s.flip_rad, ne), o_ph = put(h, s.phase_rad, ne);
   const size_t o_rx = put(h, s.rx_phase_rad, ne), o_slot = put(h, s.slot, ne);
   const size_t o_rft = s.rf_table ? put(h, s.rf_table, ne * rf_table_fields) : 0;
+  const size_t o_rfd = s.rf_duration_s ? put(h, s.rf_duration_s, ne) : 0;
+  const size_t o_rfo = s.rf_offset_hz ? put(h, s.rf_offset_hz, ne) : 0;
+  const size_t o_rfp = s.rf_power ? put(h, s.rf_power, ne) : 0;
+  const size_t o_drv = s.driven ? put(h, s.driven, ne) : 0;
+  const size_t o_drt = s.driven ? put(h, s.driven_table, s.n_driven * driven_fields) : 0;
   std::vector<EventRecord> records(static_cast<size_t>(ne + 1));
   pack_events(s, records.data());
   const size_t o_rec = put(h, records.data(), ne + 1);
@@ -912,6 +918,11 @@ inline int upload_stream(const EventStream& s, DeviceStream& d, cudaStream_t st,
   d.ds.rx_phase_rad = reinterpret_cast<const float*>(b + o_rx);
   d.ds.slot = reinterpret_cast<const int32_t*>(b + o_slot);
   d.ds.rf_table = s.rf_table ? reinterpret_cast<const float*>(b + o_rft) : nullptr;
+  d.ds.rf_duration_s = s.rf_duration_s ? reinterpret_cast<const float*>(b + o_rfd) : nullptr;
+  d.ds.rf_offset_hz = s.rf_offset_hz ? reinterpret_cast<const float*>(b + o_rfo) : nullptr;
+  d.ds.rf_power = s.rf_power ? reinterpret_cast<const float*>(b + o_rfp) : nullptr;
+  d.ds.driven = s.driven ? reinterpret_cast<const int32_t*>(b + o_drv) : nullptr;
+  d.ds.driven_table = s.driven ? reinterpret_cast<const double*>(b + o_drt) : nullptr;
   d.ds.records = reinterpret_cast<const EventRecord*>(b + o_rec);
   return ok;
 }
@@ -1112,6 +1123,131 @@ inline int adjoint2_device(const EventStream& s, const Tissue& t, int outer_fiel
                           else
                             go(adjoint2_kernel<false>);
                         });
+}
+
+namespace detail {
+
+// One thread a problem of the pooled EPG (pools.hpp pooled_block with
+// V = float): its state and operators in device memory, element i of the
+// problems of a launch interleaved (stride `count`), so that a warp's loads
+// coalesce.
+__global__ void pooled_kernel(EventStream s, Tissue t, Pools p, LineshapeTable ls, int64_t first, int64_t count,
+                              float* work, float* out, int* status) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= count) return;
+  const int st = pooled_block<float>(s, t, p, ls, first + i, work + i, count, out);
+  if (st != ok) atomicExch(status, st);
+}
+
+// Copies the present properties of t and p (host arrays of length t.n or 1)
+// into the device buffer buf at offsets after `used` bytes, pointing dt and
+// dp at them.
+inline void place_properties(const Tissue& t, const Pools& p, Tissue& dt, Pools& dp, std::vector<unsigned char>& h,
+                             std::vector<std::pair<Property*, size_t>>& where) {
+  auto one = [&](const Property& src, Property& dst) {
+    dst = src;
+    if (!src.data) return;
+    const int64_t count = src.stride == 0 ? 1 : t.n;
+    where.emplace_back(&dst, put(h, src.data, count));
+  };
+  dt = t;
+  dp = p;
+  Property* tf[] = {&dt.T1_s, &dt.T2_s, &dt.M0, &dt.B1, &dt.B1phase_rad, &dt.B0_hz, &dt.D_m2_s, &dt.v_m_s,
+                    &dt.inv_efficiency};
+  const Property* ts[] = {&t.T1_s, &t.T2_s, &t.M0, &t.B1, &t.B1phase_rad, &t.B0_hz, &t.D_m2_s, &t.v_m_s,
+                          &t.inv_efficiency};
+  for (int k = 0; k < 9; ++k) one(*ts[k], *tf[k]);
+  one(p.bound_fraction, dp.bound_fraction);
+  one(p.bound_exchange_hz, dp.bound_exchange_hz);
+  one(p.bound_T1_s, dp.bound_T1_s);
+  one(p.bound_T2_s, dp.bound_T2_s);
+  for (int j = 0; j < max_exchanging_pools; ++j)
+    for (int c = 0; c < pool_columns; ++c) one(p.pool[j][c], dp.pool[j][c]);
+}
+
+}  // namespace detail
+
+// The forward pooled EPG on the device for host inputs and output: the
+// stream, the tissue and pool properties (host arrays of length t.n or 1)
+// and out ((t.n, s.n_samples) complex64, host) are moved through the
+// device, in launches of as many problems as fit in half the free memory.
+// Synchronous.  Returns 0, a blochsim Status, or cuda_error_base +
+// cudaError_t with a message in err (n bytes).
+inline int pooled_from_host(const EventStream& s, const Tissue& t, const Pools& p, float* out, char* err = nullptr,
+                            int n = 0) {
+  using namespace detail;
+  const int v = validate(s, t, true);
+  if (v != ok) return say(v, err, n);
+  const int vp = validate_pools(s, t, p);
+  if (vp != ok) return say(vp, err, n);
+  if (t.n == 0 || s.n_samples == 0) return ok;
+  no_stale_error();
+  cudaStream_t st = nullptr;
+  BLOCHSIM_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "cudaStreamCreate");
+  DeviceStream d;
+  void* props = nullptr;
+  float* work = nullptr;
+  float* dout = nullptr;
+  int* status = nullptr;
+  int r = ok;
+  auto finish = [&](int result) {
+    if (work) cudaFreeAsync(work, st);
+    if (dout) cudaFreeAsync(dout, st);
+    if (props) cudaFreeAsync(props, st);
+    if (status) cudaFreeAsync(status, st);
+    if (d.buf) cudaFreeAsync(d.buf, st);
+    cudaStreamSynchronize(st);
+    cudaStreamDestroy(st);
+    return result;
+  };
+#define BLOCHSIM_POOLED_TRY(call, what)                                   \
+  do {                                                                     \
+    const cudaError_t e_ = (call);                                         \
+    if (e_ != cudaSuccess) return finish(fail(e_, what, err, n));          \
+  } while (0)
+  r = upload_stream(s, d, st, err, n);
+  if (r != ok) return finish(r);
+  // the tissue and pool properties, and the lineshape table, in one buffer
+  std::vector<unsigned char> h;
+  std::vector<std::pair<Property*, size_t>> where;
+  Tissue dt;
+  Pools dp;
+  place_properties(t, p, dt, dp, h, where);
+  const LineshapeTable hl = host_lineshape_table();
+  const size_t o_g = put(h, hl.g, lineshape_detail::table_points);
+  const size_t o_dg = put(h, hl.dg_dt, lineshape_detail::table_points);
+  BLOCHSIM_POOLED_TRY(pool_malloc(&props, h.size(), st), "cudaMallocFromPoolAsync (tissue)");
+  BLOCHSIM_POOLED_TRY(cudaMemcpyAsync(props, h.data(), h.size(), cudaMemcpyHostToDevice, st), "copy of the tissue");
+  unsigned char* b = static_cast<unsigned char*>(props);
+  for (auto& w : where) w.first->data = reinterpret_cast<const float*>(b + w.second);
+  LineshapeTable dl = hl;
+  dl.g = reinterpret_cast<const double*>(b + o_g);
+  dl.dg_dt = reinterpret_cast<const double*>(b + o_dg);
+  const size_t out_bytes = static_cast<size_t>(t.n) * static_cast<size_t>(s.n_samples) * 8;
+  BLOCHSIM_POOLED_TRY(pool_malloc(reinterpret_cast<void**>(&dout), out_bytes, st), "cudaMallocFromPoolAsync (output)");
+  BLOCHSIM_POOLED_TRY(pool_malloc(reinterpret_cast<void**>(&status), sizeof(int), st), "cudaMallocFromPoolAsync");
+  BLOCHSIM_POOLED_TRY(cudaMemsetAsync(status, 0, sizeof(int), st), "cudaMemsetAsync");
+  // launches of `chunk` problems, their workspaces in half the free memory
+  size_t free_b = 0, total_b = 0;
+  BLOCHSIM_POOLED_TRY(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+  const int64_t per = pool_block_workspace(s, p) * static_cast<int64_t>(sizeof(float));
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(t.n, static_cast<int64_t>(free_b / 2) / per));
+  BLOCHSIM_POOLED_TRY(pool_malloc(reinterpret_cast<void**>(&work), static_cast<size_t>(chunk * per), st),
+                      "cudaMallocFromPoolAsync (workspace)");
+  constexpr int threads = 128;
+  for (int64_t first = 0; first < t.n; first += chunk) {
+    const int64_t count = std::min<int64_t>(chunk, t.n - first);
+    const unsigned blocks = static_cast<unsigned>((count + threads - 1) / threads);
+    pooled_kernel<<<blocks, threads, 0, st>>>(d.ds, dt, dp, dl, first, count, work, dout, status);
+    BLOCHSIM_POOLED_TRY(cudaGetLastError(), "pooled_kernel launch");
+  }
+  int hs = 0;
+  BLOCHSIM_POOLED_TRY(cudaMemcpyAsync(&hs, status, sizeof(int), cudaMemcpyDeviceToHost, st), "copy of the status");
+  BLOCHSIM_POOLED_TRY(cudaMemcpyAsync(out, dout, out_bytes, cudaMemcpyDeviceToHost, st), "copy of the output");
+  BLOCHSIM_POOLED_TRY(cudaStreamSynchronize(st), "pooled_kernel");
+#undef BLOCHSIM_POOLED_TRY
+  if (hs != ok) return finish(say(hs, err, n));
+  return finish(ok);
 }
 
 }  // namespace cuda

@@ -47,26 +47,29 @@ constexpr int table_points = 2049;
 // vanishes; on each side of it u = u0 ∓ e^s turns the integral into a smooth
 // one over s (|3u²−1| = 3 e^s (u + u0), du = e^s ds), integrated by
 // composite Simpson from the s below which exp(−2x²/(3u²−1)²) underflows.
-inline void super_lorentzian_integral(double x, double& g, double& dg) {
-  const double u0 = 1.0 / std::sqrt(3.0);
-  const double norm = std::sqrt(2.0 / pi);
+BLOCHSIM_HD inline void super_lorentzian_integral(double x, double& g, double& dg) {
+  using std::exp;
+  using std::log;
+  using std::sqrt;
+  const double u0 = 1.0 / sqrt(3.0);
+  const double norm = sqrt(2.0 / pi);
   g = 0.0;
   dg = 0.0;
   for (int side = 0; side < 2; ++side) {
-    const double s_hi = std::log(side == 0 ? u0 : 1.0 - u0);
+    const double s_hi = log(side == 0 ? u0 : 1.0 - u0);
     // |3u²−1| < 0.05 x there, so exp(−2x²/w²) < e^−800
-    const double s_lo = std::log(0.05 * x / (3.0 * 2.0 * u0 + 3.0));
+    const double s_lo = log(0.05 * x / (3.0 * 2.0 * u0 + 3.0));
     if (s_lo >= s_hi) continue;
     const int n = 2000;  // even
     const double h = (s_hi - s_lo) / n;
     double sg = 0.0, sd = 0.0;
     for (int i = 0; i <= n; ++i) {
       const double s = s_lo + h * i;
-      const double e = std::exp(s);
+      const double e = exp(s);
       const double u = side == 0 ? u0 - e : u0 + e;
       const double w = 3.0 * e * (u + u0);  // |3u² − 1|
       const double q = 2.0 * x * x / (w * w);
-      const double f = std::exp(-q) / (3.0 * (u + u0));
+      const double f = exp(-q) / (3.0 * (u + u0));
       const double c = (i == 0 || i == n) ? 1.0 : (i % 2 ? 4.0 : 2.0);
       sg += c * f;
       sd += c * f * (-4.0 * x / (w * w));
@@ -102,9 +105,28 @@ inline const SuperLorentzianTable& super_lorentzian_table() {
 
 }  // namespace lineshape_detail
 
-// g(x) and dg/dx of lineshape `shape` at x = 2πΔf T2 (any sign; g is even).
-inline void lineshape_g(int shape, double x, double& g, double& dg) {
-  const double ax = std::fabs(x), sign = x < 0 ? -1.0 : 1.0;
+// The super-Lorentzian table as the kernels read it (host or device
+// pointers): g and dg/d(ln x) at ln x = t0 + h i, i < table_points.
+struct LineshapeTable {
+  const double* g = nullptr;
+  const double* dg_dt = nullptr;
+  double t0 = 0.0, h = 0.0;
+};
+
+// The table of this process (host memory).
+inline LineshapeTable host_lineshape_table() {
+  const lineshape_detail::SuperLorentzianTable& tb = lineshape_detail::super_lorentzian_table();
+  return {tb.g.data(), tb.dg_dt.data(), tb.t0, tb.h};
+}
+
+// g(x) and dg/dx of lineshape `shape` at x = 2πΔf T2 (any sign; g is even),
+// the super-Lorentzian from the table tb.
+BLOCHSIM_HD inline void lineshape_eval(int shape, double x, const LineshapeTable& tb, double& g, double& dg) {
+  using std::exp;
+  using std::fabs;
+  using std::log;
+  using std::sqrt;
+  const double ax = fabs(x), sign = x < 0 ? -1.0 : 1.0;
   if (shape == lineshape_lorentzian) {
     const double d = 1.0 + ax * ax;
     g = 1.0 / (pi * d);
@@ -112,12 +134,11 @@ inline void lineshape_g(int shape, double x, double& g, double& dg) {
     return;
   }
   if (shape == lineshape_gaussian) {
-    g = std::exp(-0.5 * ax * ax) / std::sqrt(2.0 * pi);
+    g = exp(-0.5 * ax * ax) / sqrt(2.0 * pi);
     dg = sign * (-ax * g);
     return;
   }
   using namespace lineshape_detail;
-  const SuperLorentzianTable& tb = super_lorentzian_table();
   if (ax < x_cut) {
     const double gc = tb.g[0], slope = tb.dg_dt[0] / x_cut;
     const double b = slope / (2.0 * x_cut), a = gc - b * x_cut * x_cut;
@@ -132,7 +153,7 @@ inline void lineshape_g(int shape, double x, double& g, double& dg) {
     return;
   }
   // cubic Hermite in t = ln x
-  const double t = (std::log(ax) - tb.t0) / tb.h;
+  const double t = (log(ax) - tb.t0) / tb.h;
   int i = static_cast<int>(t);
   if (i > table_points - 2) i = table_points - 2;
   const double s = t - i, s2 = s * s, s3 = s2 * s;
@@ -141,6 +162,11 @@ inline void lineshape_g(int shape, double x, double& g, double& dg) {
   g = h00 * p0 + h10 * m0 + h01 * p1 + h11 * m1;
   const double dgds = (6 * s2 - 6 * s) * p0 + (3 * s2 - 4 * s + 1) * m0 + (-6 * s2 + 6 * s) * p1 + (3 * s2 - 2 * s) * m1;
   dg = sign * dgds / (tb.h * ax);
+}
+
+// lineshape_eval with this process's table (host).
+inline void lineshape_g(int shape, double x, double& g, double& dg) {
+  lineshape_eval(shape, x, host_lineshape_table(), g, dg);
 }
 
 }  // namespace BLOCHSIM_ISA

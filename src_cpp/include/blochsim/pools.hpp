@@ -316,7 +316,8 @@ inline int64_t pool_workspace(const EventStream& s, const Pools& p) {
 // angle (SPEC §2) at w1 = B1 alpha / tau; the semisolid pool saturates at
 // W = pi w1^2 G(df - B0).
 template <class S>
-BLOCHSIM_HD inline void pool_driven(const PoolTissue<S>& q, int lineshape, const double* row, Cx<S>* M, Cx<S>* c) {
+BLOCHSIM_HD inline void pool_driven(const PoolTissue<S>& q, int lineshape, const LineshapeTable& ls, const double* row,
+                                    Cx<S>* M, Cx<S>* c) {
   const int n = q.n, d = 3 * n + (q.bound ? 1 : 0), D = d + 1;
   const double tau = row[drv_duration_s], df = row[drv_offset_hz];
   const S zero = S(0.0);
@@ -356,7 +357,7 @@ BLOCHSIM_HD inline void pool_driven(const PoolTissue<S>& q, int lineshape, const
     const int B = 3 * n;
     const S x = (df - q.B0) * q.T2b * (2.0 * pi);
     double gv, dg;
-    lineshape_g(lineshape, value_of(x), gv, dg);
+    lineshape_eval(lineshape, value_of(x), ls, gv, dg);
     const S W = (pi / tau) * (q.T2b * lift(x, gv, dg)) * (w1t * w1t);  // W tau
     const S r1 = q.R1[n] * tau;
     const S out_of_free = q.k[n] * q.f[n] * tau, into_free = q.k[n] * q.f[0] * tau;
@@ -504,7 +505,7 @@ BLOCHSIM_HD inline void pooled_problem(const EventStream& s, const Tissue& t, co
       Cx<S>* M = reinterpret_cast<Cx<S>*>(o + 1);
       Cx<S>* c = M + d * d;
       if (value_of(o[0]) == 0.0) {
-        pool_driven(q, p.lineshape, s.driven_table + id * driven_fields, M, c);
+        pool_driven(q, p.lineshape, host_lineshape_table(), s.driven_table + id * driven_fields, M, c);
         o[0] = S(1.0);
       }
       for (int k = 0; k < band; ++k) {
@@ -563,10 +564,12 @@ inline int64_t pool_block_workspace(const EventStream& s, const Pools& p) {
 //
 // The pool counts are template parameters (N liquid pools, Bound), so that
 // the loops over pools unroll; WS > 0 is the workspace stride at compile
-// time, WS = 0 takes it from ws.
+// time, WS = 0 takes it from ws.  ls: the super-Lorentzian table in memory
+// the caller can read (host_lineshape_table() on the host).
 template <class V, int N, bool Bound, int64_t WS>
-BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, const Pools& p, int64_t first,
-                                       V* work, int64_t ws_runtime, float* out) {
+BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, const Pools& p,
+                                       const LineshapeTable& ls, int64_t first, V* work, int64_t ws_runtime,
+                                       float* out) {
   using LT = Lanes<V>;
   constexpr int W = LT::width;
   constexpr int n = N, m = N + (Bound ? 1 : 0), d = 3 * N + (Bound ? 1 : 0);
@@ -695,7 +698,7 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
       if (!g_ready || offset != g_offset) {
         for (int l = 0; l < W; ++l) {
           double g, dg;
-          lineshape_g(p.lineshape, 2.0 * pi * (offset - q[l].B0) * q[l].T2b, g, dg);
+          lineshape_eval(p.lineshape, 2.0 * pi * (offset - q[l].B0) * q[l].T2b, ls, g, dg);
           LT::set(g_lane, l, static_cast<float>(g * q[l].T2b));
         }
         g_offset = offset;
@@ -756,7 +759,7 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
       if (LT::get(at(o), 0) == 0.0f) {
         for (int l = 0; l < W; ++l) {
           Cx<double> Ml[max_driven_size * max_driven_size], cl[max_driven_size];
-          pool_driven(q[l], p.lineshape, s.driven_table + id * driven_fields, Ml, cl);
+          pool_driven(q[l], p.lineshape, ls, s.driven_table + id * driven_fields, Ml, cl);
           for (int i = 0; i < d * d; ++i) {
             LT::set(at(Mo + 2 * i), l, static_cast<float>(Ml[i].re));
             LT::set(at(Mo + 2 * i + 1), l, static_cast<float>(Ml[i].im));
@@ -828,20 +831,20 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
 }
 
 template <class V, int64_t WS = 0>
-BLOCHSIM_HD inline int pooled_block(const EventStream& s, const Tissue& t, const Pools& p, int64_t first, V* work,
-                                    int64_t ws, float* out) {
+BLOCHSIM_HD inline int pooled_block(const EventStream& s, const Tissue& t, const Pools& p, const LineshapeTable& ls,
+                                    int64_t first, V* work, int64_t ws, float* out) {
   const int key = 2 * p.n_exchanging + (p.bound ? 1 : 0);
   switch (key) {
-    case 0: return pooled_block_of<V, 1, false, WS>(s, t, p, first, work, ws, out);
-    case 1: return pooled_block_of<V, 1, true, WS>(s, t, p, first, work, ws, out);
-    case 2: return pooled_block_of<V, 2, false, WS>(s, t, p, first, work, ws, out);
-    case 3: return pooled_block_of<V, 2, true, WS>(s, t, p, first, work, ws, out);
-    case 4: return pooled_block_of<V, 3, false, WS>(s, t, p, first, work, ws, out);
-    case 5: return pooled_block_of<V, 3, true, WS>(s, t, p, first, work, ws, out);
-    case 6: return pooled_block_of<V, 4, false, WS>(s, t, p, first, work, ws, out);
-    case 7: return pooled_block_of<V, 4, true, WS>(s, t, p, first, work, ws, out);
-    case 8: return pooled_block_of<V, 5, false, WS>(s, t, p, first, work, ws, out);
-    case 9: return pooled_block_of<V, 5, true, WS>(s, t, p, first, work, ws, out);
+    case 0: return pooled_block_of<V, 1, false, WS>(s, t, p, ls, first, work, ws, out);
+    case 1: return pooled_block_of<V, 1, true, WS>(s, t, p, ls, first, work, ws, out);
+    case 2: return pooled_block_of<V, 2, false, WS>(s, t, p, ls, first, work, ws, out);
+    case 3: return pooled_block_of<V, 2, true, WS>(s, t, p, ls, first, work, ws, out);
+    case 4: return pooled_block_of<V, 3, false, WS>(s, t, p, ls, first, work, ws, out);
+    case 5: return pooled_block_of<V, 3, true, WS>(s, t, p, ls, first, work, ws, out);
+    case 6: return pooled_block_of<V, 4, false, WS>(s, t, p, ls, first, work, ws, out);
+    case 7: return pooled_block_of<V, 4, true, WS>(s, t, p, ls, first, work, ws, out);
+    case 8: return pooled_block_of<V, 5, false, WS>(s, t, p, ls, first, work, ws, out);
+    case 9: return pooled_block_of<V, 5, true, WS>(s, t, p, ls, first, work, ws, out);
     default: return bad_pools;
   }
 }
