@@ -2,7 +2,7 @@
 # One call on the lent GPU machine (device tool): build blochsim with CUDA,
 # run the tests (GPU ones included) and the device benchmarks.  Wheels for
 # meson-python and pyproject-metadata travel in .whl/ (git-ignored).
-# Usage there: bash bench/device_run.sh [pytest -k expression]
+# Usage there: bash bench/device_run.sh [tests -k expression] [benchmarks -k expression]
 set -uo pipefail
 repo=$(pwd)
 out=${OUT:-/tmp/out}
@@ -19,7 +19,7 @@ export PYTHONPATH=/tmp/bs:/tmp/site
 cd /tmp
 python3 -c "import blochsim; print(blochsim.backends())"
 python3 -m pytest "$repo/tests" -q -p no:cacheprovider -x ${1:+-k "$1"} 2>&1 | tee "$out/tests.log" | tail -15
-python3 -m pytest "$repo/bench/test_bench_device.py" -q -p no:cacheprovider --benchmark-only \
+python3 -m pytest "$repo/bench/test_bench_device.py" -q -p no:cacheprovider --benchmark-only ${2:+-k "$2"} \
   --benchmark-json="$out/bench_device.json" --benchmark-columns=median,min,max 2>&1 | tail -14
 python3 - "$out/bench_device.json" <<'PY'
 import json, sys
