@@ -437,8 +437,8 @@ def test_device_second_order_against_the_host():
 def _pool_cases():
     from blochsim.simulators import CESTSimulator, MTSimulator
 
-    pooled = dict(T1=np.array([600.0, 1000.0, 1800.0]), T2=np.array([40.0, 70.0, 120.0]), B0=np.array([-8.0, 0.0, 15.0]),
-                  B1=np.array([0.9, 1.0, 1.1]))
+    pooled = dict(T1=np.array([600.0, 1000.0, 1800.0]), T2=np.array([40.0, 70.0, 120.0]), B1=np.array([0.9, 1.0, 1.1]))
+    offres = {**pooled, "B0": np.array([-8.0, 0.0, 15.0])}
     mrf = MRFSimulator(flip=FLIPS, TR=10.0, states=32)
     return [
         ("mrf-bound", mrf, {**pooled, "bound_fraction": 0.12, "bound_exchange": 25.0}),
@@ -448,12 +448,12 @@ def _pool_cases():
          {**pooled, "bound_fraction": 0.1, "bound_exchange": 20.0, "poolB_fraction": 0.1, "poolB_exchange": 30.0,
           "poolC_fraction": 0.05, "poolC_shift": -200.0, "poolD_fraction": 0.05, "poolD_T2": 8.0,
           "poolE_fraction": 0.02, "poolE_exchange": 200.0}),
-        ("fse-saturating", FSESimulator(ESP=10.0, flip=np.full(12, 150.0), states=40),
-         {**pooled, "bound_fraction": 0.15, "bound_exchange": 40.0}),
+        ("fse-bound", FSESimulator(ESP=10.0, flip=np.full(12, 150.0), states=40),
+         {**offres, "bound_fraction": 0.15, "bound_exchange": 40.0}),
         ("cest", CESTSimulator(offsets=np.linspace(-5, 5, 21), n_pulses=3, pulse_duration=50.0, pulse_delay=5.0),
-         {**pooled, "poolB_fraction": 0.01, "poolB_exchange": 500.0, "poolB_shift": 447.0, "bound_fraction": 0.1,
+         {**offres, "poolB_fraction": 0.01, "poolB_exchange": 500.0, "poolB_shift": 447.0, "bound_fraction": 0.1,
           "bound_exchange": 25.0}),
-        ("mt", MTSimulator(flip=10.0, TR=30.0, n_tr=50), {**pooled, "bound_fraction": 0.15, "bound_exchange": 30.0}),
+        ("mt-saturating", MTSimulator(flip=10.0, TR=30.0, n_tr=50, exc_duration=1.0), {**offres, "bound_fraction": 0.15, "bound_exchange": 30.0}),
     ]
 
 
