@@ -31,7 +31,8 @@ cdef extern from "launcher.hpp" namespace "blochsim::cuda" nogil:
                 double* ev_grad, float* tgrad, void* stream, char* err, int n)
     int adjoint2(const EventStream& s, const Tissue& t, int outer_field, const float* cot, int64_t cot_stride,
                  double* ev_grad, void* stream, char* err, int n)
-    int pooled(const EventStream& s, const Tissue& t, const Pools& p, float* out, char* err, int n)
+    int pooled(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_dirs,
+               const float* seeds, float* out, float* jac, char* err, int n)
     int forward_streamed(const EventStream& s, const Tissue& t, float* out, size_t budget_bytes,
                          char* err, int n)
     size_t bytes_per_problem(const EventStream& s, const Tissue& t)

@@ -147,7 +147,7 @@ def drop_idle(tissue: dict, names, owner: str) -> dict:
     if any(V.is_device_array(v) for v in tissue.values()):
         which = next(k for k, v in tissue.items() if V.is_device_array(v))
         raise ValueError(f"{owner}: with pools or exact rectangular pulses the inputs are NumPy arrays; {which} is "
-                         f"a device array (device='cuda' with NumPy arrays runs the signal on the GPU)")
+                         f"a device array (device='cuda' with NumPy arrays runs on the GPU)")
     configuration(tissue, owner)
     host = {k: V.tissue_array(k, v) for k, v in tissue.items() if k in POOL_PROPERTIES}
     fracs = {k: v for k, v in host.items() if k.endswith("_fraction")}

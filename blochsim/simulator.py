@@ -685,16 +685,12 @@ class Simulator(_Base):
     def _pooled(self, p, tissue, on_device, names, out):
         """simulate() or jacobian() with pools or exact rectangular pulses:
         (signal, J), J (*voxels, len(names), samples) or None without names.
-        NumPy in and out; the signal runs on the GPU with device='cuda'."""
+        NumPy in and out; on the GPU with device='cuda'."""
         owner = type(self).__name__
         if on_device:
             raise ValueError(f"{owner}: with pools or exact rectangular pulses the inputs are NumPy arrays; "
-                             f"{on_device[0]} is a device array (device='cuda' with NumPy arrays runs the signal "
-                             f"on the GPU)")
+                             f"{on_device[0]} is a device array (device='cuda' with NumPy arrays runs on the GPU)")
         gpu = _dispatch.resolve_device(self.device) == "cuda"
-        if gpu and names:
-            raise ValueError(f"{owner}: the Jacobian with pools or exact rectangular pulses runs on the host; "
-                             f"use device='cpu' (or no device) for it")
         n_exchanging, bound = _pools.configuration(tissue, owner)
         arrays, shape = self._tissue(tissue)
         _pools.check_fractions(arrays, shape)
@@ -720,8 +716,9 @@ class Simulator(_Base):
         seeds = [float(V.TISSUE_UNITS[k][0]) for k in names]
         if gpu:
             _core.pooled_cuda_host(ps, _host_si(arrays, shape), _pools.pool_si(arrays, shape), n_exchanging, bound,
-                                   _pools.LINESHAPES.index(p["lineshape"]), n, signal.reshape(n, ns))
-            return signal, None
+                                   _pools.LINESHAPES.index(p["lineshape"]), n, fields, seeds,
+                                   signal.reshape(n, ns), jac)
+            return signal, (jac.reshape(shape + (len(names), ns)) if names else None)
         threads = self.threads if self.threads is not None else _dispatch.default_threads()
         _core.pooled_host(ps, _host_si(arrays, shape), _pools.pool_si(arrays, shape), n_exchanging, bound,
                           _pools.LINESHAPES.index(p["lineshape"]), n, fields, seeds,

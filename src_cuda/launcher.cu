@@ -183,8 +183,9 @@ std::size_t bytes_per_problem(const EventStream& s, const Tissue&) {
   return b;
 }
 
-int pooled(const EventStream& s, const Tissue& t, const Pools& p, float* out, char* err, int n) {
-  return pooled_from_host(s, t, p, out, err, n);
+int pooled(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_dirs, const float* seeds,
+           float* out, float* jac, char* err, int n) {
+  return pooled_from_host(s, t, p, out, err, n, fields, n_dirs, seeds, jac);
 }
 
 int forward(const EventStream& s, const Tissue& t, float* out, void* stream, char* err, int n) {

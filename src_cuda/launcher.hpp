@@ -85,10 +85,12 @@ int adjoint2(const EventStream& s, const Tissue& t, int outer_field, const float
 int forward_streamed(const EventStream& s, const Tissue& t, float* out, std::size_t budget_bytes, char* err,
                      int n);
 
-// The forward pooled EPG (pools.hpp) on the device for host inputs and
-// output (cuda.cuh pooled_from_host): t's and p's Property pointers and
-// out are host pointers.  Synchronous.
-int pooled(const EventStream& s, const Tissue& t, const Pools& p, float* out, char* err, int n);
+// The pooled EPG (pools.hpp) on the device for host inputs and outputs
+// (cuda.cuh pooled_from_host): t's and p's Property pointers, out and jac
+// are host pointers; with n_dirs > 0 the Jacobian along fields (as
+// host_pooled_dispatch) too.  Synchronous.
+int pooled(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_dirs, const float* seeds,
+           float* out, float* jac, char* err, int n);
 
 // How many device bytes one problem needs (output, tissue, scratch).
 std::size_t bytes_per_problem(const EventStream& s, const Tissue& t);

@@ -50,7 +50,10 @@ int adjoint(const EventStream&, const Tissue&, const int*, int, const float*, do
 int adjoint2(const EventStream&, const Tissue&, int, const float*, int64_t, double*, void*, char* err, int n) {
   return no(err, n);
 }
-int pooled(const EventStream&, const Tissue&, const Pools&, float*, char* err, int n) { return no(err, n); }
+int pooled(const EventStream&, const Tissue&, const Pools&, const int*, int, const float*, float*, float*, char* err,
+           int n) {
+  return no(err, n);
+}
 int forward_streamed(const EventStream&, const Tissue&, float*, std::size_t, char* err, int n) {
   return no(err, n);
 }

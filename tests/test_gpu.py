@@ -483,3 +483,17 @@ def test_pools_refuse_device_arrays():
     cp = pytest.importorskip("cupy")
     with pytest.raises(ValueError, match="inputs are NumPy arrays"):
         MRFSimulator(flip=FLIPS[:10], TR=10.0).simulate(T1=cp.asarray([1000.0]), T2=80.0, bound_fraction=0.1)
+
+
+@pytest.mark.parametrize("name,sim,tissue", _pool_cases()[:5], ids=[c[0] for c in _pool_cases()[:5]])
+def test_pools_jacobian_parity_with_host(name, sim, tissue):
+    names = [k for k in ("T1", "T2", "B1", "bound_fraction", "bound_exchange", "poolB_exchange", "poolB_shift")
+             if k in tissue]
+    s0, J0 = sim.jacobian(names, **tissue)
+    sim.device = "cuda"
+    s1, J1 = sim.jacobian(names, **tissue)
+    sim.device = None
+    assert J1.shape == J0.shape
+    assert rel(s1, s0) <= RTOL
+    for i in range(len(names)):
+        assert rel(J1[..., i, :], J0[..., i, :]) <= RTOL, names[i]

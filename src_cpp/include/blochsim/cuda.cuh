@@ -1139,6 +1139,38 @@ __global__ void pooled_kernel(EventStream s, Tissue t, Pools p, LineshapeTable l
   if (st != ok) atomicExch(status, st);
 }
 
+// Directions of one pass of the pooled Jacobian kernel.
+struct PooledDirs {
+  int field[4];
+  float seed[4];
+  int n;       // directions of this pass (<= 4)
+  int first;   // their first column in jac
+  int total;   // columns of jac
+};
+
+// One thread a problem of the pooled Jacobian (pools.hpp pooled_problem on
+// Dual<double, N>), its workspace contiguous (per values of S a thread).
+template <int N>
+__global__ void pooled_jacobian_kernel(EventStream s, Tissue t, Pools p, LineshapeTable ls, PooledDirs dirs,
+                                       int64_t first, int64_t count, Dual<double, N>* work, int64_t per, float* out,
+                                       float* jac) {
+  using S = Dual<double, N>;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= count) return;
+  const int64_t i = first + c, ns = s.n_samples;
+  pooled_problem<S>(s, t, p, ls, i, dirs.field, dirs.n, dirs.seed, work + c * per,
+                    [&](int32_t slot, const Cx<S>& v) {
+                      float* o = out + (i * ns + slot) * 2;
+                      o[0] = static_cast<float>(v.re.v);
+                      o[1] = static_cast<float>(v.im.v);
+                      for (int j = 0; j < dirs.n; ++j) {
+                        float* d = jac + ((i * dirs.total + dirs.first + j) * ns + slot) * 2;
+                        d[0] = static_cast<float>(v.re.d[j]);
+                        d[1] = static_cast<float>(v.im.d[j]);
+                      }
+                    });
+}
+
 // Copies the present properties of t and p (host arrays of length t.n or 1)
 // into the device buffer buf at offsets after `used` bytes, pointing dt and
 // dp at them.
@@ -1173,13 +1205,23 @@ inline void place_properties(const Tissue& t, const Pools& p, Tissue& dt, Pools&
 // device, in launches of as many problems as fit in half the free memory.
 // Synchronous.  Returns 0, a blochsim Status, or cuda_error_base +
 // cudaError_t with a message in err (n bytes).
+//
+// With n_dirs > 0 it also writes the Jacobian jac ((t.n, n_dirs, s.n_samples)
+// complex64, host), fields and seeds as host::pooled_status, by one thread a
+// problem in double precision (pooled_problem on duals), four directions a
+// pass.
 inline int pooled_from_host(const EventStream& s, const Tissue& t, const Pools& p, float* out, char* err = nullptr,
-                            int n = 0) {
+                            int n = 0, const int* fields = nullptr, int n_dirs = 0, const float* seeds = nullptr,
+                            float* jac = nullptr) {
   using namespace detail;
   const int v = validate(s, t, true);
   if (v != ok) return say(v, err, n);
   const int vp = validate_pools(s, t, p);
   if (vp != ok) return say(vp, err, n);
+  if (n_dirs < 0 || (n_dirs > 0 && (!fields || !jac))) return say(bad_shape, err, n);
+  for (int j = 0; j < n_dirs; ++j)
+    if (fields[j] < 0 || fields[j] >= pool_field_count || fields[j] == 6 || fields[j] == 7)
+      return say(bad_shape, err, n);
   if (t.n == 0 || s.n_samples == 0) return ok;
   no_stale_error();
   cudaStream_t st = nullptr;
@@ -1188,11 +1230,13 @@ inline int pooled_from_host(const EventStream& s, const Tissue& t, const Pools& 
   void* props = nullptr;
   float* work = nullptr;
   float* dout = nullptr;
+  float* djac = nullptr;
   int* status = nullptr;
   int r = ok;
   auto finish = [&](int result) {
     if (work) cudaFreeAsync(work, st);
     if (dout) cudaFreeAsync(dout, st);
+    if (djac) cudaFreeAsync(djac, st);
     if (props) cudaFreeAsync(props, st);
     if (status) cudaFreeAsync(status, st);
     if (d.buf) cudaFreeAsync(d.buf, st);
@@ -1227,15 +1271,63 @@ inline int pooled_from_host(const EventStream& s, const Tissue& t, const Pools& 
   BLOCHSIM_POOLED_TRY(pool_malloc(reinterpret_cast<void**>(&dout), out_bytes, st), "cudaMallocFromPoolAsync (output)");
   BLOCHSIM_POOLED_TRY(pool_malloc(reinterpret_cast<void**>(&status), sizeof(int), st), "cudaMallocFromPoolAsync");
   BLOCHSIM_POOLED_TRY(cudaMemsetAsync(status, 0, sizeof(int), st), "cudaMemsetAsync");
+  const size_t jac_bytes = out_bytes * static_cast<size_t>(n_dirs);
+  if (n_dirs > 0)
+    BLOCHSIM_POOLED_TRY(pool_malloc(reinterpret_cast<void**>(&djac), jac_bytes, st),
+                        "cudaMallocFromPoolAsync (Jacobian)");
   // launches of `chunk` problems, their workspaces in half the free memory
   size_t free_b = 0, total_b = 0;
   BLOCHSIM_POOLED_TRY(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+  constexpr int threads = 128;
+  for (int d0 = 0; d0 < n_dirs; d0 += 4) {
+    PooledDirs dirs{};
+    dirs.n = std::min(4, n_dirs - d0);
+    dirs.first = d0;
+    dirs.total = n_dirs;
+    for (int j = 0; j < dirs.n; ++j) {
+      dirs.field[j] = fields[d0 + j];
+      dirs.seed[j] = seeds ? seeds[d0 + j] : 1.0f;
+    }
+    const int64_t per_vals = pool_workspace(s, p);
+    auto run = [&](auto tag) -> int {
+      using S = decltype(tag);
+      constexpr int N = sizeof(S) / sizeof(double) - 1;
+      const int64_t per = per_vals * static_cast<int64_t>(sizeof(S));
+      // a quarter of the free memory: the kernel's local memory (the
+      // exponentials' scratch on duals) is reserved at launch
+      const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(t.n, static_cast<int64_t>(free_b / 4) / per));
+      S* jw = nullptr;
+      BLOCHSIM_CUDA(pool_malloc(reinterpret_cast<void**>(&jw), static_cast<size_t>(chunk * per), st),
+                    "cudaMallocFromPoolAsync (Jacobian workspace)");
+      for (int64_t first = 0; first < t.n; first += chunk) {
+        const int64_t count = std::min<int64_t>(chunk, t.n - first);
+        const unsigned blocks = static_cast<unsigned>((count + threads - 1) / threads);
+        pooled_jacobian_kernel<N><<<blocks, threads, 0, st>>>(d.ds, dt, dp, dl, dirs, first, count, jw, per_vals,
+                                                              dout, djac);
+        const cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) {
+          cudaFreeAsync(jw, st);
+          return fail(e, "pooled_jacobian_kernel launch", err, n);
+        }
+      }
+      BLOCHSIM_CUDA(cudaFreeAsync(jw, st), "cudaFreeAsync");
+      return ok;
+    };
+    switch (dirs.n) {
+      case 1: r = run(Dual<double, 1>{}); break;
+      case 2: r = run(Dual<double, 2>{}); break;
+      case 3: r = run(Dual<double, 3>{}); break;
+      default: r = run(Dual<double, 4>{}); break;
+    }
+    if (r != ok) return finish(r);
+  }
   const int64_t per = pool_block_workspace(s, p) * static_cast<int64_t>(sizeof(float));
   const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(t.n, static_cast<int64_t>(free_b / 2) / per));
-  BLOCHSIM_POOLED_TRY(pool_malloc(reinterpret_cast<void**>(&work), static_cast<size_t>(chunk * per), st),
-                      "cudaMallocFromPoolAsync (workspace)");
-  constexpr int threads = 128;
-  for (int64_t first = 0; first < t.n; first += chunk) {
+  // the signal by the single-precision kernel unless the Jacobian wrote it
+  if (n_dirs == 0)
+    BLOCHSIM_POOLED_TRY(pool_malloc(reinterpret_cast<void**>(&work), static_cast<size_t>(chunk * per), st),
+                        "cudaMallocFromPoolAsync (workspace)");
+  for (int64_t first = 0; n_dirs == 0 && first < t.n; first += chunk) {
     const int64_t count = std::min<int64_t>(chunk, t.n - first);
     const unsigned blocks = static_cast<unsigned>((count + threads - 1) / threads);
     pooled_kernel<<<blocks, threads, 0, st>>>(d.ds, dt, dp, dl, first, count, work, dout, status);
@@ -1244,6 +1336,8 @@ inline int pooled_from_host(const EventStream& s, const Tissue& t, const Pools& 
   int hs = 0;
   BLOCHSIM_POOLED_TRY(cudaMemcpyAsync(&hs, status, sizeof(int), cudaMemcpyDeviceToHost, st), "copy of the status");
   BLOCHSIM_POOLED_TRY(cudaMemcpyAsync(out, dout, out_bytes, cudaMemcpyDeviceToHost, st), "copy of the output");
+  if (n_dirs > 0)
+    BLOCHSIM_POOLED_TRY(cudaMemcpyAsync(jac, djac, jac_bytes, cudaMemcpyDeviceToHost, st), "copy of the Jacobian");
   BLOCHSIM_POOLED_TRY(cudaStreamSynchronize(st), "pooled_kernel");
 #undef BLOCHSIM_POOLED_TRY
   if (hs != ok) return finish(say(hs, err, n));

@@ -38,9 +38,10 @@ inline int pooled_range(const EventStream& s, const Tissue& t, const Pools& p, c
                         const float* seeds, int64_t i0, int64_t i1, float* out, float* jac, int64_t jac_dirs,
                         int64_t first_dir) {
   std::vector<S> work(static_cast<std::size_t>(pool_workspace(s, p)));
+  const LineshapeTable ls = host_lineshape_table();
   const int64_t ns = s.n_samples;
   for (int64_t i = i0; i < i1; ++i) {
-    pooled_problem<S>(s, t, p, i, fields, n_dirs, seeds, work.data(), [&](int32_t slot, const Cx<S>& v) {
+    pooled_problem<S>(s, t, p, ls, i, fields, n_dirs, seeds, work.data(), [&](int32_t slot, const Cx<S>& v) {
       float* o = out + (i * ns + slot) * 2;
       o[0] = static_cast<float>(value_of(v.re));
       o[1] = static_cast<float>(value_of(v.im));

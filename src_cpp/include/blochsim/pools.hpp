@@ -386,10 +386,12 @@ BLOCHSIM_HD inline void pool_driven(const PoolTissue<S>& q, int lineshape, const
 }
 
 // Plays the stream for problem i; sink(slot, Cx<S> sample) takes each
-// readout.  work holds pool_workspace(s, p) values of S.
+// readout.  work holds pool_workspace(s, p) values of S; ls is the
+// super-Lorentzian table (host_lineshape_table() on the host).
 template <class S, class Sink>
-BLOCHSIM_HD inline void pooled_problem(const EventStream& s, const Tissue& t, const Pools& p, int64_t i,
-                                       const int* fields, int n_dirs, const float* seeds, S* work, Sink&& sink) {
+BLOCHSIM_HD inline void pooled_problem(const EventStream& s, const Tissue& t, const Pools& p, const LineshapeTable& ls,
+                                       int64_t i, const int* fields, int n_dirs, const float* seeds, S* work,
+                                       Sink&& sink) {
   const PoolTissue<S> q = pool_tissue<S>(t, p, i, fields, n_dirs, seeds);
   const int n = q.n, m = q.m, K = s.states;
   const S zero = S(0.0);
@@ -471,7 +473,7 @@ BLOCHSIM_HD inline void pooled_problem(const EventStream& s, const Tissue& t, co
         const double offset = s.rf_offset_hz ? s.rf_offset_hz[e] : 0.0;
         const S x = (offset - q.B0) * q.T2b * (2.0 * pi);
         double g, dg;
-        lineshape_g(p.lineshape, value_of(x), g, dg);
+        lineshape_eval(p.lineshape, value_of(x), ls, g, dg);
         const S gx = lift(x, g, dg);
         using std::exp;
         const S decay = exp(-(pi * power / tau_rf) * (q.T2b * gx) * (alpha * alpha));
@@ -505,7 +507,7 @@ BLOCHSIM_HD inline void pooled_problem(const EventStream& s, const Tissue& t, co
       Cx<S>* M = reinterpret_cast<Cx<S>*>(o + 1);
       Cx<S>* c = M + d * d;
       if (value_of(o[0]) == 0.0) {
-        pool_driven(q, p.lineshape, host_lineshape_table(), s.driven_table + id * driven_fields, M, c);
+        pool_driven(q, p.lineshape, ls, s.driven_table + id * driven_fields, M, c);
         o[0] = S(1.0);
       }
       for (int k = 0; k < band; ++k) {
