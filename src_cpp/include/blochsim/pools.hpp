@@ -630,6 +630,10 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
   for (int64_t e = 0; e < s.n_events; ++e) {
     const uint32_t f = s.flags[e];
     const int32_t iv = s.interval[e];
+    // The event's operators first (interval, semisolid saturation, RF),
+    // then one pass over the orders that applies them in turn when no
+    // shift comes between the interval and the pulse.
+    V Pv[2 * n * n], Lv[m * m], Rv[m];
     if (iv >= 0) {
       const int64_t o = ops + iv * per_interval;
       const int64_t P = o + 1, L = P + 2 * n * n, R = L + m * m;
@@ -649,52 +653,13 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
       }
       // the operator in locals: the compiler cannot keep it in registers
       // across the stores to the workspace otherwise
-      V Pv[2 * n * n], Lv[m * m], Rv[m];
       for (int i = 0; i < 2 * n * n; ++i) Pv[i] = at(P + i);
       for (int i = 0; i < m * m; ++i) Lv[i] = at(L + i);
       for (int i = 0; i < m; ++i) Rv[i] = at(R + i);
-      for (int k = 0; k < band; ++k) {
-        V ar[n], ai[n], br[n], bi[n];
-        V cr[m], ci[m];
-        for (int j = 0; j < n; ++j) {
-          ar[j] = at(fpr + j * K + k);
-          ai[j] = at(fpi + j * K + k);
-          br[j] = at(fmr + j * K + k);
-          bi[j] = at(fmi + j * K + k);
-        }
-        for (int j = 0; j < m; ++j) {
-          cr[j] = at(zr + j * K + k);
-          ci[j] = at(zi + j * K + k);
-        }
-        for (int j = 0; j < n; ++j) {
-          V xr{}, xi{}, yr{}, yi{};
-          for (int l = 0; l < n; ++l) {
-            const V pr = Pv[2 * (j * n + l)], pi_ = Pv[2 * (j * n + l) + 1];
-            xr += pr * ar[l] - pi_ * ai[l];
-            xi += pr * ai[l] + pi_ * ar[l];
-            // F- evolves by conj(P)
-            yr += pr * br[l] + pi_ * bi[l];
-            yi += pr * bi[l] - pi_ * br[l];
-          }
-          at(fpr + j * K + k) = xr;
-          at(fpi + j * K + k) = xi;
-          at(fmr + j * K + k) = yr;
-          at(fmi + j * K + k) = yi;
-        }
-        for (int j = 0; j < m; ++j) {
-          V xr = k == 0 ? Rv[j] : V{}, xi{};
-          for (int l = 0; l < m; ++l) {
-            const V c = Lv[j * m + l];
-            xr += c * cr[l];
-            xi += c * ci[l];
-          }
-          at(zr + j * K + k) = xr;
-          at(zi + j * K + k) = xi;
-        }
-      }
     }
-    for (int sb = s.shift_before[e], c = 0; c < (sb > 0 ? sb : -sb); ++c) shift(sb > 0 ? 1 : -1);
-    if ((f & (event_rf | event_saturation)) && saturating && s.rf_duration_s[e] > 0.0f) {
+    const bool sat = (f & (event_rf | event_saturation)) && saturating && s.rf_duration_s[e] > 0.0f;
+    V decay{};
+    if (sat) {
       const double tau_rf = s.rf_duration_s[e];
       const float offset = s.rf_offset_hz ? s.rf_offset_hz[e] : 0.0f;
       if (!g_ready || offset != g_offset) {
@@ -707,19 +672,15 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
         g_ready = true;
       }
       const double power = s.rf_power ? s.rf_power[e] : 1.0;
-      V decay{};
       for (int l = 0; l < W; ++l) {
         const double a = q[l].B1 * s.flip_rad[e];
         using std::exp;
         LT::set(decay, l, static_cast<float>(exp(-(pi * power / tau_rf) * LT::get(g_lane, l) * a * a)));
       }
-      for (int k = 0; k < band; ++k) {
-        at(zr + n * K + k) *= decay;
-        at(zi + n * K + k) *= decay;
-      }
     }
-    if (f & event_rf) {
-      V ca{}, sa{}, cp{}, sp{};
+    const bool rf = (f & event_rf) != 0;
+    V ca{}, sa{}, cp{}, sp{};
+    if (rf) {
       for (int l = 0; l < (uniform_rf ? 1 : W); ++l) {
         const double a = q[l].B1 * static_cast<double>(s.flip_rad[e]);
         const double ph = q[l].B1phase + static_cast<double>(s.phase_rad[e]);
@@ -734,26 +695,87 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
         cp = V{} + LT::get(cp, 0);
         sp = V{} + LT::get(sp, 0);
       }
-      const V half = V{} + 0.5f;
-      const V c2 = (V{} + 1.0f + ca) * half, s2 = (V{} + 1.0f - ca) * half;
-      const V e2r = cp * cp - sp * sp, e2i = (V{} + 2.0f) * cp * sp;
-      // m = -i e^{i phi} sin(a)
-      const V mr = sp * sa, mi = -(cp * sa);
-      for (int j = 0; j < n; ++j)
-        for (int k = 0; k < band; ++k) {
-          const V ar = at(fpr + j * K + k), ai = at(fpi + j * K + k);
-          const V br = at(fmr + j * K + k), bi = at(fmi + j * K + k);
-          const V zr_ = at(zr + j * K + k), zi_ = at(zi + j * K + k);
-          // F+' = c2 F+ + s2 e2 F- + m Z
-          at(fpr + j * K + k) = c2 * ar + s2 * (e2r * br - e2i * bi) + (mr * zr_ - mi * zi_);
-          at(fpi + j * K + k) = c2 * ai + s2 * (e2r * bi + e2i * br) + (mr * zi_ + mi * zr_);
-          // F-' = c2 F- + s2 conj(e2) F+ + conj(m) Z
-          at(fmr + j * K + k) = c2 * br + s2 * (e2r * ar + e2i * ai) + (mr * zr_ + mi * zi_);
-          at(fmi + j * K + k) = c2 * bi + s2 * (e2r * ai - e2i * ar) + (mr * zi_ - mi * zr_);
-          // Z' = cos(a) Z - (conj(m) F+ + m F-) / 2
-          at(zr + j * K + k) = ca * zr_ - half * ((mr * ar + mi * ai) + (mr * br - mi * bi));
-          at(zi + j * K + k) = ca * zi_ - half * ((mr * ai - mi * ar) + (mr * bi + mi * br));
+    }
+    const V half = V{} + 0.5f;
+    const V c2 = (V{} + 1.0f + ca) * half, s2 = (V{} + 1.0f - ca) * half;
+    const V e2r = cp * cp - sp * sp, e2i = (V{} + 2.0f) * cp * sp;
+    // m = -i e^{i phi} sin(a)
+    const V mr = sp * sa, mi = -(cp * sa);
+
+    auto interval_at = [&](int k) {
+      V ar[n], ai[n], br[n], bi[n];
+      V cr[m], ci[m];
+      for (int j = 0; j < n; ++j) {
+        ar[j] = at(fpr + j * K + k);
+        ai[j] = at(fpi + j * K + k);
+        br[j] = at(fmr + j * K + k);
+        bi[j] = at(fmi + j * K + k);
+      }
+      for (int j = 0; j < m; ++j) {
+        cr[j] = at(zr + j * K + k);
+        ci[j] = at(zi + j * K + k);
+      }
+      for (int j = 0; j < n; ++j) {
+        V xr{}, xi{}, yr{}, yi{};
+        for (int l = 0; l < n; ++l) {
+          const V pr = Pv[2 * (j * n + l)], pi_ = Pv[2 * (j * n + l) + 1];
+          xr += pr * ar[l] - pi_ * ai[l];
+          xi += pr * ai[l] + pi_ * ar[l];
+          // F- evolves by conj(P)
+          yr += pr * br[l] + pi_ * bi[l];
+          yi += pr * bi[l] - pi_ * br[l];
         }
+        at(fpr + j * K + k) = xr;
+        at(fpi + j * K + k) = xi;
+        at(fmr + j * K + k) = yr;
+        at(fmi + j * K + k) = yi;
+      }
+      for (int j = 0; j < m; ++j) {
+        V xr = k == 0 ? Rv[j] : V{}, xi{};
+        for (int l = 0; l < m; ++l) {
+          const V c = Lv[j * m + l];
+          xr += c * cr[l];
+          xi += c * ci[l];
+        }
+        at(zr + j * K + k) = xr;
+        at(zi + j * K + k) = xi;
+      }
+    };
+    auto saturate_at = [&](int k) {
+      at(zr + n * K + k) *= decay;
+      at(zi + n * K + k) *= decay;
+    };
+    auto rotate_at = [&](int k) {
+      for (int j = 0; j < n; ++j) {
+        const V ar = at(fpr + j * K + k), ai = at(fpi + j * K + k);
+        const V br = at(fmr + j * K + k), bi = at(fmi + j * K + k);
+        const V zr_ = at(zr + j * K + k), zi_ = at(zi + j * K + k);
+        // F+' = c2 F+ + s2 e2 F- + m Z
+        at(fpr + j * K + k) = c2 * ar + s2 * (e2r * br - e2i * bi) + (mr * zr_ - mi * zi_);
+        at(fpi + j * K + k) = c2 * ai + s2 * (e2r * bi + e2i * br) + (mr * zi_ + mi * zr_);
+        // F-' = c2 F- + s2 conj(e2) F+ + conj(m) Z
+        at(fmr + j * K + k) = c2 * br + s2 * (e2r * ar + e2i * ai) + (mr * zr_ + mi * zi_);
+        at(fmi + j * K + k) = c2 * bi + s2 * (e2r * ai - e2i * ar) + (mr * zi_ - mi * zr_);
+        // Z' = cos(a) Z - (conj(m) F+ + m F-) / 2
+        at(zr + j * K + k) = ca * zr_ - half * ((mr * ar + mi * ai) + (mr * br - mi * bi));
+        at(zi + j * K + k) = ca * zi_ - half * ((mr * ai - mi * ar) + (mr * bi + mi * br));
+      }
+    };
+    const int32_t sb = s.shift_before[e];
+    if (sb == 0) {
+      for (int k = 0; k < band; ++k) {
+        if (iv >= 0) interval_at(k);
+        if (sat) saturate_at(k);
+        if (rf) rotate_at(k);
+      }
+    } else {
+      if (iv >= 0)
+        for (int k = 0; k < band; ++k) interval_at(k);
+      for (int c = 0; c < (sb > 0 ? sb : -sb); ++c) shift(sb > 0 ? 1 : -1);
+      for (int k = 0; k < band; ++k) {
+        if (sat) saturate_at(k);
+        if (rf) rotate_at(k);
+      }
     }
     if (f & event_driven) {
       const int32_t id = s.driven[e];
