@@ -212,45 +212,10 @@ cdef list _host_pools(Pools* p, tuple pools, int n_exchanging, bint bound, int l
     return keep
 
 
-def pooled_cuda_host(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bint bound, int lineshape,
-                     int64_t n, fields, seeds, float complex[:, ::1] out, jac):
-    """The signal (and Jacobian) with pools on the device for host arrays,
-    moved through the device; arguments as :func:`pooled_host`."""
-    cdef Tissue t
-    cdef Pools p
-    cdef int st
-    cdef int nd = len(fields)
-    cdef int cf[33]
-    cdef float cs[33]
-    cdef float complex[:, :, ::1] jv
-    cdef float* jacp = NULL
-    cdef char err[ERRLEN]
-    err[0] = 0
-    if nd > 33 or len(seeds) != nd or len(pools) != len(POOL_FIELDS) or out.shape[0] != n \
-            or out.shape[1] != ps.s.n_samples:
-        raise ValueError("blochsim internal error: pooled call arguments")
-    for i in range(nd):
-        cf[i] = int(fields[i])
-        cs[i] = float(seeds[i])
-    keep = _host_tissue(&t, tissue, n)
-    keep += _host_pools(&p, pools, n_exchanging, bound, lineshape)
-    if nd > 0:
-        jv = jac
-        if jv.shape[0] != n or jv.shape[1] != nd or jv.shape[2] != ps.s.n_samples:
-            raise ValueError("blochsim internal error: Jacobian shape")
-        if n > 0 and ps.s.n_samples > 0:
-            jacp = <float*> &jv[0, 0, 0]
-    if n == 0 or ps.s.n_samples == 0:
-        return
-    cdef float* outp = <float*> &out[0, 0]
-    with nogil:
-        st = L.pooled(ps.s, t, p, cf, nd, cs, outp, jacp, err, ERRLEN)
-    _raise(st, err)
-
-
-def pooled_host(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bint bound, int lineshape,
-                int64_t n, fields, seeds, float complex[:, ::1] out, jac, int threads):
-    """Signal (and Jacobian) of a packed stream with pools, on the host.
+def pooled(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bint bound, int lineshape,
+           int64_t n, fields, seeds, float complex[:, ::1] out, jac, int threads, bint gpu=False):
+    """Signal (and Jacobian) of a packed stream with pools: on the host, or
+    with ``gpu`` moved through the device (host arrays in and out).
 
     ``tissue`` as in :func:`forward_host`; ``pools`` holds one float32 array
     (length n or 1) or None per name of POOL_FIELDS, in SI units;
@@ -288,7 +253,10 @@ def pooled_host(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bi
         return
     cdef float* outp = <float*> &out[0, 0]
     with nogil:
-        st = host_pooled_dispatch(ps.s, t, p, cf, nd, cs, outp, jacp, threads)
+        if gpu:
+            st = L.pooled(ps.s, t, p, cf, nd, cs, outp, jacp, err, ERRLEN)
+        else:
+            st = host_pooled_dispatch(ps.s, t, p, cf, nd, cs, outp, jacp, threads)
     _raise(st, err)
 
 

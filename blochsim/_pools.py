@@ -110,23 +110,6 @@ def check_fractions(arrays: dict, shape) -> None:
                          f"free water holds 1 minus their sum")
 
 
-def pool_si(arrays: dict, shape):
-    """Pool arrays as float32 SI values (length n or 1) in _core.POOL_FIELDS
-    order, None where absent."""
-    out = []
-    for field in _core.POOL_FIELDS:
-        pub = _FIELD_TO_PUBLIC[field]
-        if pub in arrays:
-            a = arrays[pub]
-            factor = V.TISSUE_UNITS[pub][0]
-            flat = np.asarray(a, dtype=np.float64).reshape(1) if a.size == 1 else \
-                np.broadcast_to(a, shape).reshape(-1)
-            out.append(np.ascontiguousarray(flat * factor, dtype=np.float32))
-        else:
-            out.append(None)
-    return tuple(out)
-
-
 def field_index(name: str) -> int:
     """The kernels' field index of a tissue or pool property (public name)."""
     si = V.TISSUE_UNITS[name][1]
@@ -134,8 +117,6 @@ def field_index(name: str) -> int:
         return _core.TISSUE_FIELDS.index(si)
     return len(_core.TISSUE_FIELDS) + _core.POOL_FIELDS.index(si)
 
-
-_FIELD_TO_PUBLIC = {V.TISSUE_UNITS[k][1]: k for k in POOL_PROPERTIES}
 
 
 def drop_idle(tissue: dict, names, owner: str) -> dict:

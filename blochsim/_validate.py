@@ -150,3 +150,21 @@ def positive_int(name: str, value, minimum: int = 1) -> int:
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
     return int(value)
+
+
+def si_planes(arrays: dict, shape, si_names) -> tuple:
+    """The arrays (public names and units) as float32 SI values, flat
+    (length n of the voxel shape, or 1 for a scalar), in the order of the
+    SI names ``si_names``; None where a property is absent."""
+    public = {v[1]: k for k, v in TISSUE_UNITS.items()}
+    out = []
+    for name in si_names:
+        pub = public.get(name)
+        if pub in arrays:
+            a = arrays[pub]
+            flat = np.asarray(a, dtype=np.float64).reshape(1) if a.size == 1 else \
+                np.broadcast_to(a, shape).reshape(-1)
+            out.append(np.ascontiguousarray(flat * TISSUE_UNITS[pub][0], dtype=np.float32))
+        else:
+            out.append(None)
+    return tuple(out)

@@ -714,15 +714,10 @@ class Simulator(_Base):
         fields = [_pools.field_index(k) for k in names]
         # seeded with the SI value of one public unit: derivatives per public unit
         seeds = [float(V.TISSUE_UNITS[k][0]) for k in names]
-        if gpu:
-            _core.pooled_cuda_host(ps, _host_si(arrays, shape), _pools.pool_si(arrays, shape), n_exchanging, bound,
-                                   _pools.LINESHAPES.index(p["lineshape"]), n, fields, seeds,
-                                   signal.reshape(n, ns), jac)
-            return signal, (jac.reshape(shape + (len(names), ns)) if names else None)
         threads = self.threads if self.threads is not None else _dispatch.default_threads()
-        _core.pooled_host(ps, _host_si(arrays, shape), _pools.pool_si(arrays, shape), n_exchanging, bound,
-                          _pools.LINESHAPES.index(p["lineshape"]), n, fields, seeds,
-                          signal.reshape(n, ns), jac, threads)
+        _core.pooled(ps, _host_si(arrays, shape), V.si_planes(arrays, shape, _core.POOL_FIELDS), n_exchanging,
+                     bound, _pools.LINESHAPES.index(p["lineshape"]), n, fields, seeds, signal.reshape(n, ns), jac,
+                     threads, gpu)
         return signal, (jac.reshape(shape + (len(names), ns)) if names else None)
 
     def _simulate_resident(self, ps, arrays, ifaces, shape, want, out, jacobian=None, jac_out=None):
@@ -990,18 +985,7 @@ class _Shaped:
 
 def _host_si(arrays, shape):
     """Tissue arrays as float32 SI values (length n or 1) in TISSUE_FIELDS order."""
-    si = []
-    for name in _core.TISSUE_FIELDS:
-        pub = _SI_TO_PUBLIC.get(name)
-        if pub in arrays:
-            a = arrays[pub]
-            factor = V.TISSUE_UNITS[pub][0]
-            flat = np.asarray(a, dtype=np.float64).reshape(1) if a.size == 1 else \
-                np.broadcast_to(a, shape).reshape(-1)
-            si.append(np.ascontiguousarray(flat * factor, dtype=np.float32))
-        else:
-            si.append(None)
-    return tuple(si)
+    return V.si_planes(arrays, shape, _core.TISSUE_FIELDS)
 
 
 def _broadcast_strides(src_shape, shape):
