@@ -10,14 +10,17 @@
 #if defined(__CUDACC__)
 #define BLOCHSIM_HD __host__ __device__
 #define BLOCHSIM_FORCEINLINE __forceinline__
+#define BLOCHSIM_NOINLINE __noinline__
 #define BLOCHSIM_RESTRICT __restrict__
 #elif defined(__GNUC__) || defined(__clang__)
 #define BLOCHSIM_HD
 #define BLOCHSIM_FORCEINLINE inline __attribute__((always_inline))
+#define BLOCHSIM_NOINLINE __attribute__((noinline))
 #define BLOCHSIM_RESTRICT __restrict__
 #else
 #define BLOCHSIM_HD
 #define BLOCHSIM_FORCEINLINE inline
+#define BLOCHSIM_NOINLINE
 #define BLOCHSIM_RESTRICT
 #endif
 

@@ -1131,11 +1131,14 @@ namespace detail {
 // V = float): its state and operators in device memory, element i of the
 // problems of a launch interleaved (stride `count`), so that a warp's loads
 // coalesce.
+// (A template, like pooled_from_host, so that only programs that call it
+// compile it.)
+template <class V>
 __global__ void pooled_kernel(EventStream s, Tissue t, Pools p, LineshapeTable ls, int64_t first, int64_t count,
-                              float* work, float* out, int* status) {
+                              V* work, float* out, int* status) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= count) return;
-  const int st = pooled_block<float>(s, t, p, ls, first + i, work + i, count, out);
+  const int st = pooled_block<V>(s, t, p, ls, first + i, work + i, count, out);
   if (st != ok) atomicExch(status, st);
 }
 
@@ -1209,7 +1212,8 @@ inline void place_properties(const Tissue& t, const Pools& p, Tissue& dt, Pools&
 // With n_dirs > 0 it also writes the Jacobian jac ((t.n, n_dirs, s.n_samples)
 // complex64, host), fields and seeds as host::pooled_status, by one thread a
 // problem in double precision (pooled_problem on duals), four directions a
-// pass.
+// pass (every pass on four-direction duals, one kernel for all counts).
+template <class V = float>
 inline int pooled_from_host(const EventStream& s, const Tissue& t, const Pools& p, float* out, char* err = nullptr,
                             int n = 0, const int* fields = nullptr, int n_dirs = 0, const float* seeds = nullptr,
                             float* jac = nullptr) {
@@ -1228,7 +1232,7 @@ inline int pooled_from_host(const EventStream& s, const Tissue& t, const Pools& 
   BLOCHSIM_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "cudaStreamCreate");
   DeviceStream d;
   void* props = nullptr;
-  float* work = nullptr;
+  V* work = nullptr;
   float* dout = nullptr;
   float* djac = nullptr;
   int* status = nullptr;
@@ -1313,15 +1317,10 @@ inline int pooled_from_host(const EventStream& s, const Tissue& t, const Pools& 
       BLOCHSIM_CUDA(cudaFreeAsync(jw, st), "cudaFreeAsync");
       return ok;
     };
-    switch (dirs.n) {
-      case 1: r = run(Dual<double, 1>{}); break;
-      case 2: r = run(Dual<double, 2>{}); break;
-      case 3: r = run(Dual<double, 3>{}); break;
-      default: r = run(Dual<double, 4>{}); break;
-    }
+    r = run(Dual<double, 4>{});
     if (r != ok) return finish(r);
   }
-  const int64_t per = pool_block_workspace(s, p) * static_cast<int64_t>(sizeof(float));
+  const int64_t per = pool_block_workspace(s, p) * static_cast<int64_t>(sizeof(V));
   const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(t.n, static_cast<int64_t>(free_b / 2) / per));
   // the signal by the single-precision kernel unless the Jacobian wrote it
   if (n_dirs == 0)
@@ -1330,7 +1329,7 @@ inline int pooled_from_host(const EventStream& s, const Tissue& t, const Pools& 
   for (int64_t first = 0; n_dirs == 0 && first < t.n; first += chunk) {
     const int64_t count = std::min<int64_t>(chunk, t.n - first);
     const unsigned blocks = static_cast<unsigned>((count + threads - 1) / threads);
-    pooled_kernel<<<blocks, threads, 0, st>>>(d.ds, dt, dp, dl, first, count, work, dout, status);
+    pooled_kernel<V><<<blocks, threads, 0, st>>>(d.ds, dt, dp, dl, first, count, work, dout, status);
     BLOCHSIM_POOLED_TRY(cudaGetLastError(), "pooled_kernel launch");
   }
   int hs = 0;

@@ -257,8 +257,11 @@ BLOCHSIM_HD inline PoolTissue<S> pool_tissue(const Tissue& t, const Pools& p, in
 
 // The interval operators of one problem for a duration tau (s): P (n × n
 // complex, F+), L (m × m) and r (m) as described at the top.
+// (Not inlined: it runs once per interval and problem, and each pool count's
+// kernel shares one copy; inlined, the exponential's unrolled code is
+// compiled again into every kernel.)
 template <class S>
-BLOCHSIM_HD inline void pool_interval(const PoolTissue<S>& q, double tau, Cx<S>* P, S* L, S* r) {
+BLOCHSIM_HD BLOCHSIM_NOINLINE void pool_interval(const PoolTissue<S>& q, double tau, Cx<S>* P, S* L, S* r) {
   const int n = q.n, m = q.m;
   Cx<S> a[max_longitudinal_pools * max_longitudinal_pools];
   S b[max_longitudinal_pools * max_longitudinal_pools];
@@ -315,9 +318,10 @@ inline int64_t pool_workspace(const EventStream& s, const Pools& p) {
 // exp(-2 pi i df tau)).  The RF terms are the hard pulse's rotation per unit
 // angle (SPEC §2) at w1 = B1 alpha / tau; the semisolid pool saturates at
 // W = pi w1^2 G(df - B0).
+// (Not inlined, as pool_interval.)
 template <class S>
-BLOCHSIM_HD inline void pool_driven(const PoolTissue<S>& q, int lineshape, const LineshapeTable& ls, const double* row,
-                                    Cx<S>* M, Cx<S>* c) {
+BLOCHSIM_HD BLOCHSIM_NOINLINE void pool_driven(const PoolTissue<S>& q, int lineshape, const LineshapeTable& ls,
+                                               const double* row, Cx<S>* M, Cx<S>* c) {
   const int n = q.n, d = 3 * n + (q.bound ? 1 : 0), D = d + 1;
   const double tau = row[drv_duration_s], df = row[drv_offset_hz];
   const S zero = S(0.0);
