@@ -47,3 +47,80 @@ def test_validate_refuses_streams_past_32_bit_event_indices(tmp_path):
     out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60).stdout.splitlines()
     assert out[0] == "8 a stream holds at most 2147483646 events"
     assert out[1] == "0"
+
+
+POOLED = r"""
+#include <blochsim/blochsim.hpp>
+#include <cstdio>
+
+// A 90-degree pulse read at once, on free water and one exchanging pool,
+// through the C++ API's pooled entry (host::pooled_status).
+int main() {
+  int32_t iv = -1, zero = 0;
+  uint32_t f = blochsim::event_rf | blochsim::event_readout;
+  float flip = 1.5707963267948966f, nought = 0.0f;
+  blochsim::EventStream s;
+  s.n_events = 1;
+  s.interval = &iv;
+  s.shift_before = s.shift_after = s.slot = &zero;
+  s.flags = &f;
+  s.flip_rad = &flip;
+  s.phase_rad = s.rx_phase_rad = &nought;
+  s.n_samples = 1;
+  s.states = 4;
+  float T1 = 1.0f, T2 = 0.05f, fb = 0.3f, kb = 20.0f, too_much = 0.8f, negative = -1.0f, D = 1e-9f;
+  blochsim::Tissue t;
+  t.n = 1;
+  t.T1_s.data = &T1;
+  t.T2_s.data = &T2;
+  blochsim::Pools p;
+  p.n_exchanging = 1;
+  p.pool[0][blochsim::pool_fraction].data = &fb;
+  p.pool[0][blochsim::pool_exchange_hz].data = &kb;
+  float out[2] = {0.0f, 0.0f};
+  int st = blochsim::host::pooled_status(s, t, p, nullptr, 0, nullptr, out, nullptr, 1);
+  std::printf("%d %.6f %.6f\n", st, out[0], out[1]);
+  p.bound = 1;
+  p.bound_fraction.data = &too_much;  // 0.3 + 0.8 > 1
+  st = blochsim::host::pooled_status(s, t, p, nullptr, 0, nullptr, out, nullptr, 1);
+  std::printf("%d %s\n", st, blochsim::status_message(st));
+  p.bound_fraction.data = &fb;
+  p.bound_exchange_hz.data = &negative;
+  std::printf("%d\n", blochsim::host::pooled_status(s, t, p, nullptr, 0, nullptr, out, nullptr, 1));
+  p.bound_exchange_hz.data = &kb;
+  t.D_m2_s.data = &D;
+  st = blochsim::host::pooled_status(s, t, p, nullptr, 0, nullptr, out, nullptr, 1);
+  std::printf("%d %s\n", st, blochsim::status_message(st));
+  t.D_m2_s.data = nullptr;
+  // an exact rectangular pulse is refused by the single-pool kernels
+  uint32_t driven_flag = blochsim::event_driven;
+  int32_t row = 0;
+  double table[blochsim::driven_fields] = {1e-3, 1.0, 0.0, 0.0};
+  s.flags = &driven_flag;
+  s.driven = &row;
+  s.n_driven = 1;
+  s.driven_table = table;
+  st = blochsim::host::forward_status(s, t, out, 1);
+  std::printf("%d %s\n", st, blochsim::status_message(st));
+  return 0;
+}
+"""
+
+
+def test_pooled_entry_and_its_refusals(tmp_path):
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler (g++ or c++) on PATH")
+    src = tmp_path / "pooled.cpp"
+    src.write_text(POOLED)
+    exe = tmp_path / "pooled"
+    r = subprocess.run([cxx, "-O1", "-std=c++17", f"-I{blochsim.get_include()}", "-pthread", str(src), "-o",
+                        str(exe)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60).stdout.splitlines()
+    # from equilibrium, both pools tipped by 90° at phase 0: F+ = -i (f_a + f_b)
+    assert out[0] == "0 0.000000 -1.000000"
+    assert out[1].startswith("10 pools: a fraction or exchange rate is negative, the fractions sum past 1")
+    assert out[2] == "10"
+    assert out[3] == "11 pools: diffusion (D) and flow (v) are not modelled with pools"
+    assert out[4].startswith("12 exact rectangular pulses (event_driven) are played by the pooled kernels only")
