@@ -95,10 +95,11 @@ def check_fractions(arrays: dict, shape) -> None:
     """Refuses fractions above 1 or summing past 1 in any voxel."""
     fracs = {k: v for k, v in arrays.items() if k.endswith("_fraction")}
     for k, v in fracs.items():
-        V.check_bound(k, np.asarray(v), 0.0, False)
-        if np.any(np.asarray(v) > 1.0):
-            bad = np.asarray(v) > 1.0
-            raise ValueError(f"{k} must be <= 1, got {V._first_bad(np.asarray(v), bad)}")
+        v = np.asarray(v)
+        V.check_bound(k, v, 0.0, False)
+        bad = v > 1.0
+        if np.any(bad):
+            raise ValueError(f"{k} must be <= 1, got {V._first_bad(v, bad)}")
     if len(fracs) < 2:
         return
     total = sum(np.broadcast_to(np.asarray(v, dtype=np.float64), shape) for v in fracs.values())
@@ -116,7 +117,6 @@ def field_index(name: str) -> int:
     if si in _core.TISSUE_FIELDS:
         return _core.TISSUE_FIELDS.index(si)
     return len(_core.TISSUE_FIELDS) + _core.POOL_FIELDS.index(si)
-
 
 
 def drop_idle(tissue: dict, names, owner: str) -> dict:

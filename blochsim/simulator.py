@@ -151,7 +151,8 @@ class Simulator(_Base):
     ``poolC_*``, ``poolD_*``, ``poolE_*``).  Fractions are of the total
     equilibrium magnetisation; free water holds the rest.  Each pool
     exchanges with free water at k·f_other (detailed balance; an absent rate
-    is 0).  Pools run on the host and do not combine with D or v.
+    is 0).  Pools run on the host and, with NumPy inputs and
+    ``device="cuda"``, on the GPU; they do not combine with D or v.
     """
 
     tissue_properties = ("T1", "T2", "M0", "B1", "B0", "B1phase", "inv_efficiency", "D", "v")
@@ -692,8 +693,8 @@ class Simulator(_Base):
                              f"{on_device[0]} is a device array (device='cuda' with NumPy arrays runs on the GPU)")
         gpu = _dispatch.resolve_device(self.device) == "cuda"
         n_exchanging, bound = _pools.configuration(tissue, owner)
+        # the fractions were checked by drop_idle()
         arrays, shape = self._tissue(tissue)
-        _pools.check_fractions(arrays, shape)
         s, ps, _, _ = self._stream_for(p, set(arrays))
         n = int(np.prod(shape, dtype=np.int64))
         ns = s.n_samples

@@ -34,17 +34,22 @@ int main() {
 """
 
 
-def test_validate_refuses_streams_past_32_bit_event_indices(tmp_path):
+def _run_program(tmp_path, name, source):
+    """Build source against the installed headers and return its output lines."""
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         pytest.skip("no C++ compiler (g++ or c++) on PATH")
-    src = tmp_path / "limits.cpp"
-    src.write_text(SOURCE)
-    exe = tmp_path / "limits"
+    src = tmp_path / f"{name}.cpp"
+    src.write_text(source)
+    exe = tmp_path / name
     r = subprocess.run([cxx, "-O1", "-std=c++17", f"-I{blochsim.get_include()}", "-pthread", str(src), "-o",
                         str(exe)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60).stdout.splitlines()
+    return subprocess.run([str(exe)], capture_output=True, text=True, timeout=60).stdout.splitlines()
+
+
+def test_validate_refuses_streams_past_32_bit_event_indices(tmp_path):
+    out = _run_program(tmp_path, "limits", SOURCE)
     assert out[0] == "8 a stream holds at most 2147483646 events"
     assert out[1] == "0"
 
@@ -108,16 +113,7 @@ int main() {
 
 
 def test_pooled_entry_and_its_refusals(tmp_path):
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no C++ compiler (g++ or c++) on PATH")
-    src = tmp_path / "pooled.cpp"
-    src.write_text(POOLED)
-    exe = tmp_path / "pooled"
-    r = subprocess.run([cxx, "-O1", "-std=c++17", f"-I{blochsim.get_include()}", "-pthread", str(src), "-o",
-                        str(exe)], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60).stdout.splitlines()
+    out = _run_program(tmp_path, "pooled", POOLED)
     # from equilibrium, both pools tipped by 90° at phase 0: F+ = -i (f_a + f_b)
     assert out[0] == "0 0.000000 -1.000000"
     assert out[1].startswith("10 pools: a fraction or exchange rate is negative, the fractions sum past 1")
