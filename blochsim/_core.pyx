@@ -13,7 +13,8 @@ from libc.stdlib cimport free, malloc
 
 from blochsim._events cimport EventStream, Pools, Property, Tissue, cuda_error_base, lineshape_g, status_message
 from blochsim._host cimport (host_adjoint2_dispatch, host_adjoint_dispatch, host_forward_dispatch, host_forward_registers, host_isa,
-                             host_jacobian_dispatch, host_jacobian_registers, host_pooled_dispatch)
+                             host_jacobian_dispatch, host_jacobian_registers, host_pooled_adjoint_dispatch,
+                             host_pooled_dispatch)
 cimport blochsim._launcher as L
 
 # Order of the tissue entries handed to the forward functions.
@@ -257,6 +258,44 @@ def pooled(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bint bo
             st = L.pooled(ps.s, t, p, cf, nd, cs, outp, jacp, err, ERRLEN)
         else:
             st = host_pooled_dispatch(ps.s, t, p, cf, nd, cs, outp, jacp, threads)
+    _raise(st, err)
+
+
+def pooled_adjoint(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bint bound, int lineshape,
+                   int64_t n, fields, const float complex[:, ::1] cot, double[:, ::1] ev_grad,
+                   float[:, ::1] tgrad, int threads):
+    """Reverse mode of a packed stream with pools on the host.
+
+    ``tissue``, ``pools``, ``lineshape`` and ``fields`` as in :func:`pooled`;
+    ``cot`` (n, n_samples) complex64 is the cotangent; ``ev_grad``
+    (n_events, 6) float64 receives dL / d(interval duration_s, flip_rad,
+    phase_rad, rx_phase_rad, pulse duration_s, pulse offset_hz) of each
+    event summed over the problems; ``tgrad`` (n, len(fields)) float32
+    receives dL / d field per problem, in SI units.
+    """
+    cdef Tissue t
+    cdef Pools p
+    cdef int st
+    cdef int nd = len(fields)
+    cdef int cf[33]
+    cdef char err[ERRLEN]
+    err[0] = 0
+    if nd > 33 or len(pools) != len(POOL_FIELDS):
+        raise ValueError("blochsim internal error: pooled adjoint arguments")
+    for i in range(nd):
+        cf[i] = int(fields[i])
+    if cot.shape[0] != n or cot.shape[1] != ps.s.n_samples or ev_grad.shape[0] != ps.s.n_events \
+            or ev_grad.shape[1] != 6 or tgrad.shape[0] != n or tgrad.shape[1] != nd:
+        raise ValueError("blochsim internal error: pooled adjoint shapes")
+    keep = _host_tissue(&t, tissue, n)
+    keep += _host_pools(&p, pools, n_exchanging, bound, lineshape)
+    cdef const float* cotp = <const float*> &cot[0, 0] if n > 0 and ps.s.n_samples > 0 else NULL
+    cdef double* evp = &ev_grad[0, 0] if ps.s.n_events > 0 else NULL
+    cdef float* tgp = &tgrad[0, 0] if n > 0 and nd > 0 else NULL
+    if ps.s.n_events == 0 or n == 0:
+        return
+    with nogil:
+        st = host_pooled_adjoint_dispatch(ps.s, t, p, cf, nd, cotp, evp, tgp, threads)
     _raise(st, err)
 
 

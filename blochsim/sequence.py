@@ -609,9 +609,10 @@ def pack(preparation, repetition, repetitions: int = 1) -> EventStream:
     return _pack(preparation, repetition, repetitions, False)[0]
 
 
-# Event-gradient columns of the adjoint kernel (adjoint.hpp EventGradient)
-# and the factor from their SI unit to the operators' unit.
-_GRAD_DURATION, _GRAD_FLIP, _GRAD_PHASE, _GRAD_RX = 0, 1, 2, 3
+# Event-gradient columns of the adjoint kernels (adjoint.hpp EventGradient;
+# pools_adjoint.hpp PooledEventGradient adds the pulse's duration and
+# offset) and the factor from their SI unit to the operators' unit.
+_GRAD_DURATION, _GRAD_FLIP, _GRAD_PHASE, _GRAD_RX, _GRAD_RF_DURATION, _GRAD_RF_OFFSET = 0, 1, 2, 3, 4, 5
 _MS_TO_S = 1e-3
 _DEG_TO_RAD = np.pi / 180.0
 
@@ -630,8 +631,9 @@ def pack_with_provenance(preparation, repetition, repetitions: int = 1):
         For each protocol parameter named in the traced values, a tuple
         ``(event, column, index, part, coef)``: the real (part 0) or
         imaginary (part 1) part of the parameter's entry ``index`` moves
-        column ``column`` (duration_s, flip_rad, phase_rad, rx_phase_rad) of
-        event ``event`` by ``coef`` per public unit.
+        column ``column`` (interval duration_s, flip_rad, phase_rad,
+        rx_phase_rad, pulse duration_s, pulse offset_hz) of event ``event`` by
+        ``coef`` per public unit.
     """
     s, ops, lay = _pack(preparation, repetition, repetitions, True)
     rows = {}
@@ -642,9 +644,13 @@ def pack_with_provenance(preparation, repetition, repetitions: int = 1):
                 rows.setdefault(name, []).append((event, column, index, part, c * factor))
 
     for e, j in enumerate(lay.rf_op):
-        if j >= 0 and isinstance(ops[j], Pulse):
-            record(e, _GRAD_FLIP, ops[j].flip, _DEG_TO_RAD)
-            record(e, _GRAD_PHASE, ops[j].phase, _DEG_TO_RAD)
+        if j >= 0:
+            op = ops[j]
+            record(e, _GRAD_FLIP, op.flip, _DEG_TO_RAD)
+            if isinstance(op, (Pulse, RectPulse)):
+                record(e, _GRAD_PHASE, op.phase, _DEG_TO_RAD)
+            record(e, _GRAD_RF_DURATION, op.duration, _MS_TO_S)
+            record(e, _GRAD_RF_OFFSET, op.offset, 1.0)
     for e, j in enumerate(lay.rx_op):
         if j >= 0 and lay.flags[e] & EV_READOUT:
             record(e, _GRAD_RX, ops[j].phase, _DEG_TO_RAD)

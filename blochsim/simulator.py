@@ -367,10 +367,13 @@ class Simulator(_Base):
         names = (wrt,) if isinstance(wrt, str) else tuple(wrt)
         proto, tissue = self._split(values)
         p = self._protocol_values(proto)
-        self._refuse_pools(tissue, "vjp", p)
         protocol_names, tissue_names = self._vjp_names(names, p)
         _check_diff_values(tissue_names, tissue, "vjp")
+        if _pools.any_pool(tissue):
+            tissue = _pools.drop_idle(tissue, tissue_names, type(self).__name__)
         device, on_device, stream, prov, pshapes = self._traced_call(p, proto, protocol_names, tissue)
+        if _pools.any_pool(tissue) or stream.driven is not None:
+            return self._pooled_vjp(p, tissue, on_device, stream, names, tissue_names, prov, pshapes)
         fields, scale = _fields_and_scale(tissue_names)
         if device == "cuda":
             return self._vjp_device(p, tissue, on_device, stream, names, tissue_names, fields, scale, prov, pshapes)
@@ -678,10 +681,38 @@ class Simulator(_Base):
             _core.forward_host(ps, si, n, flat, threads, self._host_variant)
         return out
 
+    def _pooled_vjp(self, p, tissue, on_device, stream, names, tissue_names, prov, pshapes):
+        """vjp() with pools or exact rectangular pulses: the signal as
+        simulate() computes it, the adjoint on the host in double precision
+        (pools_adjoint.hpp)."""
+        signal = self._pooled(p, tissue, on_device, (), None)[0]
+        owner = type(self).__name__
+        n_exchanging, bound = _pools.configuration(tissue, owner)
+        arrays, shape = self._tissue(tissue)
+        s, ps, _, _ = self._stream_for(p, set(arrays), stream)
+        n = int(np.prod(shape, dtype=np.int64))
+        fields = [_pools.field_index(k) for k in tissue_names]
+        scale = np.array([V.TISSUE_UNITS[k][0] for k in tissue_names])
+        threads = self.threads if self.threads is not None else _dispatch.default_threads()
+        tshapes = {k: np.shape(arrays[k]) for k in tissue_names}
+        si, planes = _host_si(arrays, shape), V.si_planes(arrays, shape, _core.POOL_FIELDS)
+        lineshape = _pools.LINESHAPES.index(p["lineshape"])
+
+        def pullback(cotangent):
+            cot = _cotangent(cotangent, signal.shape)
+            ev = np.zeros((s.n_events, 6), dtype=np.float64)
+            tg = np.zeros((n, len(fields)), dtype=np.float32)
+            _core.pooled_adjoint(ps, si, planes, n_exchanging, bound, lineshape, n, fields,
+                                 cot.reshape(n, s.n_samples), ev, tg, threads)
+            return _assemble(names, p, prov, pshapes, ev, tg, scale, tissue_names, shape, tshapes)
+
+        return signal, pullback
+
     def _refuse_pools(self, tissue, what, p=None):
         if _pools.any_pool(tissue) or (p is not None and self._packed(p).driven is not None):
-            raise ValueError(f"{type(self).__name__}.{what}: reverse mode is not available with pools or exact "
-                             f"rectangular pulses (RectPulse); the tissue Jacobian (jacobian) is")
+            raise ValueError(f"{type(self).__name__}.{what}: second order is not available with pools or exact "
+                             f"rectangular pulses (RectPulse); the tissue Jacobian (jacobian) and reverse mode "
+                             f"(vjp) are")
 
     def _pooled(self, p, tissue, on_device, names, out):
         """simulate() or jacobian() with pools or exact rectangular pulses:
@@ -934,6 +965,8 @@ def _assemble(names, p, prov, pshapes, ev, tg, scale, tissue_names, shape, tshap
     gradients: protocol entries through their provenance, tissue per public
     unit reduced to each property's shape."""
     out = {}
+    if ev.shape[1] < 6:  # the single-pool adjoint has no pulse duration or offset columns
+        ev = np.concatenate([ev, np.zeros((ev.shape[0], 6 - ev.shape[1]))], axis=1)
     for k in names:
         if k in tshapes:
             j = tissue_names.index(k)

@@ -10,7 +10,7 @@ import numpy as np
 from blochsim import _validate as V
 from blochsim.sequence import (GAMMA_RAD_PER_S_PER_T, Delay, Dephase, Excitation, Inversion, Pulse, Readout,
                                RectPulse, Refocusing, Sequence, Spoil)
-from blochsim.simulator import ClosedFormSimulator, Simulator
+from blochsim.simulator import ClosedFormSimulator, Simulator, _cotangent
 
 __all__ = [
     "FSESimulator", "MRFSimulator", "SPGRSimulator", "bSSFPSimulator", "TrueFISPSimulator",
@@ -659,7 +659,7 @@ class CESTSimulator(Simulator):
 
     def repetition(self, p):
         # the flip of each pulse: gamma B1sat duration
-        flip = np.degrees(GAMMA_RAD_PER_S_PER_T * p["B1sat"] * 1e-6 * p["pulse_duration"] * 1e-3)
+        flip = (GAMMA_RAD_PER_S_PER_T * 1e-9 * 180.0 / np.pi) * p["B1sat"] * p["pulse_duration"]
         ops = []
         for i in range(p["n_pulses"]):
             if i > 0 and p["pulse_delay"] > 0:
@@ -710,8 +710,45 @@ class CESTSimulator(Simulator):
         return signal[..., 0], (J[..., 0, :] if isinstance(diff, str) else J)
 
     def vjp(self, wrt, **values):
-        raise ValueError("CESTSimulator.vjp: reverse mode is not available with pools or exact rectangular "
-                         "pulses; the tissue Jacobian (jacobian) is")
+        """Z-spectrum and its pullback, as :meth:`Simulator.vjp`: gradients
+        with respect to the protocol (``B1sat`` per µT, ``pulse_duration``
+        and ``pulse_delay`` per ms, ``offsets`` per ppm, each shaped like the
+        parameter) and to the tissue (shaped as passed)."""
+        names = (wrt,) if isinstance(wrt, str) else tuple(wrt)
+        if any(not isinstance(k, str) for k in names):
+            raise TypeError(f"wrt names parameters by str, got {list(names)!r}")
+        if "B0" in names and "B0" not in values:
+            raise ValueError("vjp with respect to 'B0' needs B0 passed as a tissue value")
+        expanded, _ = self._expanded(values)
+        p = self._protocol_values({k: v for k, v in values.items() if k in self._defaults})
+        # the offsets move each problem's B0 (B0 - offset): their gradient is
+        # -(Hz per ppm) times B0's, summed over the voxels
+        inner = tuple(k for k in names if k != "offsets")
+        if "offsets" in names and "B0" not in inner:
+            inner = inner + ("B0",)
+        if "offsets" in names and len(set(names)) != len(names):
+            raise ValueError(f"wrt names a parameter twice: {list(names)}")
+        signal, inner_pullback = super().vjp(inner, **expanded)
+        b0_shape = np.shape(values["B0"]) if "B0" in values else None
+        hz_per_ppm = p["field_strength"] * GAMMA_RAD_PER_S_PER_T / (2 * np.pi) * 1e-6
+
+        def pullback(cotangent):
+            cot = _cotangent(cotangent, signal.shape[:-1])
+            g = inner_pullback(cot[..., None])
+            out = {}
+            for k in names:
+                if k == "offsets":
+                    gb = np.asarray(g["B0"])
+                    out[k] = -hz_per_ppm * gb.reshape(-1, gb.shape[-1]).sum(axis=0)
+                elif k == "B0":
+                    out[k] = np.asarray(g["B0"]).sum(axis=-1).reshape(b0_shape)
+                elif k in self.tissue_properties:
+                    out[k] = np.asarray(g[k])[..., 0]
+                else:
+                    out[k] = g[k]
+            return out
+
+        return signal[..., 0], pullback
 
 
 class MTSimulator(Simulator):

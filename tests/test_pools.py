@@ -548,13 +548,13 @@ def test_fraction_sum_names_the_voxel():
         FID().simulate(T1=1000.0, T2=80.0, bound_fraction=np.array([0.1, 0.5]), poolB_fraction=np.array([0.1, 0.6]))
 
 
-def test_pools_refuse_diffusion_and_reverse_mode():
+def test_pools_refuse_diffusion_and_second_order():
     fse = FSESimulator(ESP=10.0, flip=np.full(4, 180.0), crusher_dephasing_rad=8 * np.pi, voxel_size_m=1e-3)
     with pytest.raises(ValueError, match="D is not modelled together with pools"):
         fse.simulate(T1=1000.0, T2=80.0, D=1.0, bound_fraction=0.1)
-    with pytest.raises(ValueError, match="reverse mode is not available with pools"):
-        fse.vjp("flip", T1=1000.0, T2=80.0, bound_fraction=0.1)
-    with pytest.raises(ValueError, match="reverse mode is not available with pools"):
+    with pytest.raises(ValueError, match="D is not modelled together with pools"):
+        fse.vjp("flip", T1=1000.0, T2=80.0, D=1.0, bound_fraction=0.1)
+    with pytest.raises(ValueError, match="second order is not available with pools"):
         fse.jacobian_vjp("T2", "flip", T1=1000.0, T2=80.0, bound_fraction=0.1)
 
 
@@ -679,8 +679,8 @@ def test_rect_pulse_refusals():
         def repetition(self, p):
             return Readout() @ RectPulse(90.0, 1.0)
 
-    with pytest.raises(ValueError, match="reverse mode is not available"):
-        Rect().vjp("T2", T1=1000.0, T2=80.0)
+    with pytest.raises(ValueError, match="second order is not available"):
+        Rect().jacobian_vjp("T2", "T2", T1=1000.0, T2=80.0)
 
 
 # --------------------------------------------------------------------------
@@ -778,5 +778,242 @@ def test_cest_and_mt_refusals():
         CESTSimulator(offsets=[1.0], pulse_duration=0.0)
     with pytest.raises(ValueError, match="mt_duration must be < TR"):
         MTSimulator(flip=10.0, TR=5.0, mt_duration=8.0)
-    with pytest.raises(ValueError, match="reverse mode is not available"):
-        MTSimulator(flip=10.0, TR=30.0).vjp("flip", T1=1000.0, T2=60.0)
+    with pytest.raises(ValueError, match="second order is not available"):
+        MTSimulator(flip=10.0, TR=30.0).jacobian_vjp("T1", "flip", T1=1000.0, T2=60.0)
+
+
+# --------------------------------------------------------------------------
+# Reverse mode
+
+def _central(f, v, h):
+    """Central differences of the scalar function f at every entry of v."""
+    v = np.asarray(v, dtype=float)
+    g = np.zeros(v.shape)
+    for i in np.ndindex(v.shape):
+        up, dn = v.copy(), v.copy()
+        up[i] += h
+        dn[i] -= h
+        g[i] = (f(up) - f(dn)) / (2 * h)
+    return g
+
+
+class EveryEvent(Simulator):
+    """An exact off-resonance pulse, then hard pulses that also saturate the
+    semisolid pool, with readout phases: every event value the pooled
+    adjoint differentiates."""
+    protocol = {"flips": np.array([40.0, 70.0, 25.0]), "phases": np.array([0.0, 30.0, 75.0]), "TR": 7.0,
+                "sat_duration": 2.0, "sat_offset": 900.0, "rect_flip": 200.0, "rect_duration": 3.0,
+                "rect_phase": 20.0, "rect_offset": 150.0, "rx": 10.0}
+
+    def repetition(self, p):
+        from blochsim.sequence import Sequence
+        ops = [RectPulse(p["rect_flip"], p["rect_duration"], phase=p["rect_phase"], offset=p["rect_offset"]),
+               Readout(p["rx"])]
+        for i in range(3):
+            ops += [Delay(p["TR"]), Pulse(p["flips"][i], p["phases"][i], duration=p["sat_duration"],
+                                          offset=p["sat_offset"]), Readout(p["rx"])]
+        return Sequence(ops)
+
+
+EVERY_TISSUE = dict(T1=900.0, T2=60.0, M0=1.3, B1=0.95, B0=8.0, bound_fraction=0.12, bound_exchange=30.0,
+                    bound_T1=800.0, bound_T2=0.011, poolB_fraction=0.15, poolB_exchange=25.0, poolB_T1=500.0,
+                    poolB_T2=12.0, poolB_shift=60.0)
+
+
+def _every_event_oracle(p, t):
+    """EveryEvent's samples in float64 by the Cartesian oracle, in the test."""
+    pools = [(t["poolB_fraction"], t["poolB_exchange"], t["poolB_T1"], t["poolB_T2"], t["poolB_shift"])]
+    bound = (t["bound_fraction"], t["bound_exchange"], t["bound_T1"])
+    o = Oracle(t["T1"], t["T2"], B0=t["B0"], pools=pools, bound=bound)
+    B1, B0, zb = t["B1"], t["B0"], 3 * o.n
+    # the exact pulse in its frame (RF phase by conjugation with Rz), then
+    # back to the water frame: F+ turned by -2 pi offset duration
+    rect = Oracle(t["T1"], t["T2"], B0=B0 - p["rect_offset"], pools=pools, bound=bound)
+    tau = p["rect_duration"] * 1e-3
+    w1 = np.radians(p["rect_flip"]) * B1 / tau
+    G = rect.generator(w1=w1, W=np.pi * w1 ** 2 * oracle_lineshape("lorentzian", p["rect_offset"] - B0,
+                                                                     t["bound_T2"]))
+    c, sn = np.cos(np.radians(p["rect_phase"])), np.sin(np.radians(p["rect_phase"]))
+    Rz = np.eye(o.size)
+    for j in range(o.n):
+        Rz[3 * j:3 * j + 2, 3 * j:3 * j + 2] = [[c, -sn], [sn, c]]
+    x = expm(Rz @ G @ Rz.T * tau) @ o.equilibrium()
+    th = -2 * np.pi * p["rect_offset"] * tau
+    for j in range(o.n):
+        mx, my = x[3 * j], x[3 * j + 1]
+        x[3 * j], x[3 * j + 1] = mx * np.cos(th) - my * np.sin(th), mx * np.sin(th) + my * np.cos(th)
+    rx = np.exp(-1j * np.radians(p["rx"]))
+    out = [t["M0"] * o.transverse(x) * rx]
+    g_sat = oracle_lineshape("lorentzian", p["sat_offset"] - B0, t["bound_T2"])
+    for i in range(3):
+        x = o.evolve(x, p["TR"])
+        alpha = np.radians(p["flips"][i]) * B1
+        x[zb] *= np.exp(-np.pi * g_sat * alpha ** 2 / (p["sat_duration"] * 1e-3))
+        x = o.rotate(x, p["flips"][i] * B1, p["phases"][i])
+        out.append(t["M0"] * o.transverse(x) * rx)
+    return np.array(out)
+
+
+def test_vjp_against_oracle_differences_for_every_event_value_and_pool_property():
+    """Every protocol value (exact pulse flip, duration, phase and offset;
+    flips, phases, saturating durations and offsets; TR; receiver phase) and
+    every tissue and pool property, against central differences of the
+    float64 oracle."""
+    sim = EveryEvent(lineshape="lorentzian", states=4)
+    T1 = np.array([900.0, 1400.0])
+    tissue = {**EVERY_TISSUE, "T1": T1}
+    p = dict(EveryEvent.protocol)
+    names = tuple(p) + tuple(EVERY_TISSUE)
+    s, pullback = sim.vjp(names, **tissue)
+    rng = np.random.default_rng(3)
+    w = (rng.standard_normal(s.shape) + 1j * rng.standard_normal(s.shape)).astype(np.complex64)
+    g = pullback(w)
+
+    def loss(pp, tt):
+        total = 0.0
+        for v, T1v in enumerate(T1):
+            total += np.sum(np.real(np.conj(w[v]) * _every_event_oracle(pp, {**tt, "T1": T1v})))
+        return total
+
+    np.testing.assert_allclose(s, [_every_event_oracle(p, {**EVERY_TISSUE, "T1": v}) for v in T1], atol=3e-6)
+    for k in p:
+        h = 1e-4 * max(np.max(np.abs(p[k])), 1.0)
+        fd = _central(lambda v: loss({**p, k: v if np.ndim(p[k]) else float(v)}, EVERY_TISSUE), p[k], h)
+        assert np.shape(g[k]) == np.shape(p[k])
+        np.testing.assert_allclose(g[k], fd, rtol=2e-4, atol=1e-7 * max(np.max(np.abs(fd)), 1.0), err_msg=k)
+    for k in EVERY_TISSUE:
+        v0 = tissue[k]
+        h = 1e-5 * max(np.max(np.abs(v0)), 1e-3)
+        if k == "T1":
+            fd = np.array([(_every_event_oracle(p, {**EVERY_TISSUE, "T1": T + h})
+                            - _every_event_oracle(p, {**EVERY_TISSUE, "T1": T - h})) / (2 * h) for T in T1])
+            fd = np.sum(np.real(np.conj(w) * fd), axis=-1)
+        else:
+            fd = _central(lambda v: loss(p, {**EVERY_TISSUE, k: float(v)}), v0, h)
+        assert np.shape(g[k]) == np.shape(v0)
+        np.testing.assert_allclose(g[k], fd, rtol=2e-4, atol=1e-6 * max(np.max(np.abs(fd)), 1e-3), err_msg=k)
+
+
+def test_vjp_with_dephasing_equals_the_jacobian_and_differences():
+    """MRF-type train with shifts, both pool kinds: the tissue gradient
+    equals the contraction of the Jacobian (itself pinned against
+    differences above), and the flip and TR gradients match central
+    differences of the signal."""
+    flip = np.concatenate([np.linspace(10, 60, 12), np.linspace(60, 5, 12)])
+    sim = MRFSimulator(flip=flip, TR=9.0, TI=20.0, states=12)
+    t = {**{k: v for k, v in POOLED.items() if k != "B0"}, "T2": np.array([50.0, 90.0])}
+    names = ("T1", "T2", "M0", "B1", "bound_fraction", "bound_exchange", "bound_T2", "poolB_fraction",
+             "poolB_exchange", "poolB_shift")
+    s, pullback = sim.vjp(("flip", "TR") + names, **t)
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal(s.shape) + 1j * rng.standard_normal(s.shape)
+    g = pullback(w)
+    _, J = sim.jacobian(names, **t)
+    for i, k in enumerate(names):
+        ref = np.real(np.conj(w) * J[:, i]).sum(axis=-1)
+        np.testing.assert_allclose(g[k], ref if np.ndim(t[k]) else ref.sum(), rtol=1e-4, atol=1e-8, err_msg=k)
+
+    def loss(**kw):
+        return np.sum(np.real(np.conj(w) * sim.simulate(**t, **kw).astype(np.complex128)))
+
+    for j in (0, 7, 20):
+        up, dn = flip.copy(), flip.copy()
+        up[j] += 0.05
+        dn[j] -= 0.05
+        fd = (loss(flip=up) - loss(flip=dn)) / 0.1
+        np.testing.assert_allclose(g["flip"][j], fd, rtol=5e-3, atol=2e-5)
+    fd = (loss(TR=9.02) - loss(TR=8.98)) / 0.04
+    np.testing.assert_allclose(g["TR"], fd, rtol=5e-3)
+
+
+def test_cest_vjp_against_oracle_differences():
+    offsets = np.array([-3.5, -1.0, 0.5, 3.5])
+    proto = dict(B1sat=1.2, n_pulses=3, pulse_duration=40.0, pulse_delay=10.0)
+    cest = CESTSimulator(offsets=offsets, field_strength=3.0, **proto)
+    names = ("B1sat", "pulse_duration", "pulse_delay", "offsets", "B0", "poolB_exchange", "bound_fraction", "T1")
+    z, pullback = cest.vjp(names, **CEST_TISSUE)
+    w = np.array([1.0, -2.0, 0.5, 3.0])
+    g = pullback(w)
+
+    def loss(off=offsets, b1=1.2, tp=40.0, td=10.0, **t):
+        return np.sum(w * np.real(_cest_oracle(off, 3.0, b1, 3, tp, td, {**CEST_TISSUE, **t})))
+
+    fd = {"B1sat": _central(lambda v: loss(b1=float(v)), 1.2, 1e-5),
+          "pulse_duration": _central(lambda v: loss(tp=float(v)), 40.0, 1e-4),
+          "pulse_delay": _central(lambda v: loss(td=float(v)), 10.0, 1e-4),
+          "offsets": _central(lambda v: loss(off=v), offsets, 1e-5)}
+    for k in ("B0", "poolB_exchange", "bound_fraction", "T1"):
+        v0 = CEST_TISSUE[k]
+        fd[k] = _central(lambda v: loss(**{k: float(v)}), v0, 1e-5 * max(abs(v0), 1.0))
+    for k in names:
+        assert np.shape(g[k]) == np.shape(fd[k]), k
+        np.testing.assert_allclose(g[k], fd[k], rtol=3e-4, atol=1e-6 * np.max(np.abs(fd[k])), err_msg=k)
+
+
+def _mt_oracle(flip, TR, mt_flip, mt_dur, mt_off, n, t):
+    """The MTSimulator's last sample by the TR recursion, in the test."""
+    o = Oracle(t["T1"], t["T2"], B0=t["B0"] - mt_off, bound=(t["bound_fraction"], t["bound_exchange"], 1000.0))
+    w1 = np.radians(mt_flip) * t["B1"] / (mt_dur * 1e-3)
+    W = np.pi * w1 ** 2 * oracle_lineshape("super-lorentzian", mt_off - t["B0"], t["bound_T2"])
+    mt = expm(o.generator(w1=w1, W=W) * mt_dur * 1e-3)
+    free = Oracle(t["T1"], t["T2"], B0=t["B0"], bound=(t["bound_fraction"], t["bound_exchange"], 1000.0))
+    x = free.equilibrium()
+    for i in range(n):
+        x = free.rotate(x, flip * t["B1"])
+        sample = 1j * free.transverse(x)
+        x[:2] = 0.0
+        x = free.evolve(x, TR - mt_dur)
+        x = mt @ x  # Z only after the spoiler: the frame does not matter
+        x[:2] = 0.0
+    return sample
+
+
+def test_mt_vjp_against_oracle_differences():
+    t = dict(T1=1000.0, T2=60.0, B0=5.0, B1=1.1, bound_fraction=0.15, bound_exchange=30.0, bound_T1=1000.0,
+             bound_T2=0.012)
+    base = dict(flip=12.0, TR=30.0, mt_flip=500.0, mt_duration=8.0, mt_offset=1500.0)
+    sim = MTSimulator(n_tr=40, **base)
+    s, pullback = sim.vjp(tuple(base) + ("bound_fraction", "bound_exchange"), **t)
+    g = pullback(np.array([1.0 - 0.5j], dtype=np.complex64))
+
+    def loss(**kw):
+        a = {**base, **{k: v for k, v in kw.items() if k in base}}
+        tt = {**t, **{k: v for k, v in kw.items() if k in t}}
+        v = _mt_oracle(a["flip"], a["TR"], a["mt_flip"], a["mt_duration"], a["mt_offset"], 40, tt)
+        return v.real * 1.0 + v.imag * -0.5
+
+    np.testing.assert_allclose(s, [_mt_oracle(12.0, 30.0, 500.0, 8.0, 1500.0, 40, t)], atol=2e-6)
+    for k in g:
+        v0 = {**base, **t}[k]
+        h = 1e-5 * abs(v0)
+        fd = (loss(**{k: v0 + h}) - loss(**{k: v0 - h})) / (2 * h)
+        np.testing.assert_allclose(g[k], fd, rtol=3e-4, atol=1e-9, err_msg=k)
+
+
+def test_pooled_vjp_threads_do_not_change_results():
+    T1 = np.linspace(500, 1500, 9)
+    flip = np.linspace(20, 60, 10)
+    out = []
+    for threads in (1, 3):
+        sim = MRFSimulator(flip=flip, TR=8.0, states=8, threads=threads)
+        s, pullback = sim.vjp(("flip", "T1", "bound_fraction"), **{**{k: v for k, v in POOLED.items() if k != "B0"}, "T1": T1})
+        out.append(pullback(np.ones_like(s)))
+    for k in out[0]:
+        np.testing.assert_array_equal(out[0][k], out[1][k])
+
+
+def test_pooled_vjp_refusals():
+    sim = MRFSimulator(flip=np.full(4, 30.0), TR=8.0)
+    with pytest.raises(ValueError, match="vjp with respect to 'bound_T1' needs bound_T1 passed"):
+        sim.vjp("bound_T1", T1=1000.0, T2=80.0, bound_fraction=0.1)
+    s, pullback = sim.vjp("flip", T1=1000.0, T2=80.0, bound_fraction=0.1)
+    with pytest.raises(ValueError, match="cotangent must have the signal's shape"):
+        pullback(np.ones(3))
+    with pytest.raises(ValueError, match=r"pool fractions sum to 1.2 > 1 at voxel \(\)"):
+        sim.vjp("flip", T1=1000.0, T2=80.0, bound_fraction=0.6, poolB_fraction=0.6)
+    cest = CESTSimulator(offsets=[1.0, 2.0])
+    with pytest.raises(ValueError, match="vjp with respect to 'B0' needs B0 passed"):
+        cest.vjp("B0", T1=1000.0, T2=80.0)
+    z, pullback = cest.vjp("B1sat", T1=1000.0, T2=80.0)
+    with pytest.raises(ValueError, match=r"cotangent must have the signal's shape \(2,\)"):
+        pullback(np.ones((2, 1)))

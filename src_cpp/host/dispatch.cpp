@@ -72,6 +72,11 @@ int host_pooled_dispatch(const EventStream& s, const Tissue& t, const Pools& p, 
   return host::pooled_status(s, t, p, fields, n_dirs, seeds, out, jac, threads, chosen().pooled);
 }
 
+int host_pooled_adjoint_dispatch(const EventStream& s, const Tissue& t, const Pools& p, const int* fields,
+                                 int n_tdirs, const float* cot, double* ev_grad, float* tgrad, int threads) {
+  return host::pooled_adjoint_status(s, t, p, fields, n_tdirs, cot, ev_grad, tgrad, threads);
+}
+
 const char* host_isa() { return chosen().isa; }
 
 }  // namespace blochsim

@@ -8,6 +8,7 @@
 
 #include "host.hpp"
 #include "pools.hpp"
+#include "pools_adjoint.hpp"
 
 #if !defined(__CUDA_ARCH__)
 namespace blochsim {
@@ -109,6 +110,55 @@ inline int pooled_status(const EventStream& s, const Tissue& t, const Pools& p, 
     }
     if (st != ok) return st;
   }
+  return ok;
+}
+
+// Reverse mode with pools (pools_adjoint.hpp), one problem at a time in
+// double precision: given the cotangent cot (t.n, s.n_samples) complex64
+// interleaved of a real loss L, writes ev_grad (s.n_events,
+// pooled_event_gradients) = dL / d(interval duration_s, flip_rad,
+// phase_rad, rx_phase_rad, pulse duration_s, pulse offset_hz) of each event
+// summed over the problems, and tgrad (t.n, n_tdirs) = dL / d field
+// fields[j] (as pooled_status's fields) per problem, in SI units.  The
+// problems are summed in fixed partitions, so the result does not depend on
+// the thread count.
+inline int pooled_adjoint_status(const EventStream& s, const Tissue& t, const Pools& p, const int* fields,
+                                 int n_tdirs, const float* cot, double* ev_grad, float* tgrad, int threads) {
+  const int v = validate(s, t, true);
+  if (v != ok) return v;
+  const int vp = validate_pools(s, t, p);
+  if (vp != ok) return vp;
+  if (threads < 1) return bad_threads;
+  if (n_tdirs < 0 || n_tdirs > pool_field_count || (n_tdirs > 0 && (!fields || (t.n > 0 && !tgrad))))
+    return bad_shape;
+  for (int j = 0; j < n_tdirs; ++j) {
+    if (fields[j] < 0 || fields[j] >= pool_field_count || fields[j] == 6 || fields[j] == 7) return bad_shape;
+    for (int l = 0; l < j; ++l)
+      if (fields[l] == fields[j]) return bad_shape;
+  }
+  const int64_t nev = s.n_events, m = nev * pooled_event_gradients;
+  for (int64_t i = 0; i < m; ++i) ev_grad[i] = 0.0;
+  if (nev == 0) {
+    for (int64_t i = 0; i < t.n * n_tdirs; ++i) tgrad[i] = 0.0f;
+    return ok;
+  }
+  if (t.n == 0) return ok;
+  const int64_t parts = std::min(adjoint_partitions, t.n);
+  std::vector<double> rows(static_cast<std::size_t>(parts * m), 0.0);
+  const LineshapeTable ls = host_lineshape_table();
+  const std::size_t per = static_cast<std::size_t>(pooled_adjoint_workspace(s, p, n_tdirs));
+  const int64_t ns = s.n_samples;
+  const int st = run_ranges(parts, threads, 0, [&](int64_t p0, int64_t p1, float*) {
+    std::vector<double> work(per);
+    for (int64_t part = p0; part < p1; ++part)
+      for (int64_t i = t.n * part / parts; i < t.n * (part + 1) / parts; ++i)
+        pooled_adjoint_problem(s, t, p, ls, i, fields, n_tdirs, cot + i * ns * 2, work.data(),
+                               rows.data() + part * m, tgrad + i * n_tdirs);
+    return static_cast<int>(ok);
+  });
+  if (st != ok) return st;
+  for (int64_t part = 0; part < parts; ++part)
+    for (int64_t i = 0; i < m; ++i) ev_grad[i] += rows[part * m + i];
   return ok;
 }
 

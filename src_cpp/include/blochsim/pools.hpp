@@ -261,14 +261,14 @@ BLOCHSIM_HD inline PoolTissue<S> pool_tissue(const Tissue& t, const Pools& p, in
 // kernel shares one copy; inlined, the exponential's unrolled code is
 // compiled again into every kernel.)
 template <class S>
-BLOCHSIM_HD BLOCHSIM_NOINLINE void pool_interval(const PoolTissue<S>& q, double tau, Cx<S>* P, S* L, S* r) {
+BLOCHSIM_HD BLOCHSIM_NOINLINE void pool_interval(const PoolTissue<S>& q, const S& tau, Cx<S>* P, S* L, S* r) {
   const int n = q.n, m = q.m;
   Cx<S> a[max_longitudinal_pools * max_longitudinal_pools];
   S b[max_longitudinal_pools * max_longitudinal_pools];
   const S zero = S(0.0);
   for (int i = 0; i < n * n; ++i) a[i] = {zero, zero};
   for (int i = 0; i < m * m; ++i) b[i] = zero;
-  const double w = 2.0 * pi * tau;
+  const S w = tau * (2.0 * pi);
   for (int j = 0; j < n; ++j) {
     a[j * n + j].re = -(q.R2[j] * tau);
     a[j * n + j].im = -((q.B0 + q.shift[j]) * w);
@@ -296,15 +296,57 @@ BLOCHSIM_HD BLOCHSIM_NOINLINE void pool_interval(const PoolTissue<S>& q, double 
   }
 }
 
-// Scalars per problem of pooled_problem's workspace, for K orders and the
-// pools of p over a stream with n_intervals intervals.
-inline int64_t pool_workspace(const EventStream& s, const Pools& p) {
+// Scalars of one problem's pooled state (F+, F-, Z of each liquid pool and
+// the semisolid Z over K orders, complex).
+inline int64_t pool_state_size(const EventStream& s, const Pools& p) {
+  const int64_t n = 1 + p.n_exchanging;
+  return (3 * n + (p.bound ? 1 : 0)) * 2 * static_cast<int64_t>(s.states);
+}
+
+// Scalars of one problem's operator tables: per distinct interval a flag,
+// P, L and r; per distinct exact pulse a flag, M and c.
+inline int64_t pool_operator_size(const EventStream& s, const Pools& p) {
   const int64_t n = 1 + p.n_exchanging, m = n + (p.bound ? 1 : 0);
-  const int64_t states = (3 * n + (p.bound ? 1 : 0)) * 2 * static_cast<int64_t>(s.states);
   const int64_t per_interval = 2 * n * n + m * m + m + 1;
   const int64_t d = 3 * n + (p.bound ? 1 : 0);
   const int64_t per_driven = 1 + 2 * d * (d + 1);
-  return states + per_interval * s.n_intervals + per_driven * (s.driven ? s.n_driven : 0);
+  return per_interval * s.n_intervals + per_driven * (s.driven ? s.n_driven : 0);
+}
+
+// Scalars per problem of pooled_problem's workspace.
+inline int64_t pool_workspace(const EventStream& s, const Pools& p) {
+  return pool_state_size(s, p) + pool_operator_size(s, p);
+}
+
+// Directions of an event's own parameters in a dual pass (reverse mode,
+// pools_adjoint.hpp); -1: not seeded.
+struct EventSeeds {
+  int duration = -1, flip = -1, phase = -1, rf_duration = -1, rf_offset = -1;
+};
+
+// v in S, with a unit derivative along direction dir when S is a dual and
+// dir >= 0.
+template <class S>
+BLOCHSIM_HD inline S seeded(double v, int dir) {
+  S r(v);
+  if constexpr (IsDual<S>::value) {
+    if (dir >= 0) r.d[dir] = 1.0;
+  }
+  return r;
+}
+
+// An exact rectangular pulse's duration (s), nominal flip and phase (rad)
+// and offset from water (Hz), in S.
+template <class S>
+struct DrivenPulse {
+  S tau, flip, phase, df;
+};
+
+// A row of EventStream::driven_table in S, seeded as es says.
+template <class S>
+BLOCHSIM_HD inline DrivenPulse<S> driven_pulse(const double* row, const EventSeeds& es = EventSeeds{}) {
+  return {seeded<S>(row[drv_duration_s], es.rf_duration), seeded<S>(row[drv_flip_rad], es.flip),
+          seeded<S>(row[drv_phase_rad], es.phase), seeded<S>(row[drv_offset_hz], es.rf_offset)};
 }
 
 // The operator of an exact rectangular pulse (duration tau, flip alpha,
@@ -321,21 +363,21 @@ inline int64_t pool_workspace(const EventStream& s, const Pools& p) {
 // (Not inlined, as pool_interval.)
 template <class S>
 BLOCHSIM_HD BLOCHSIM_NOINLINE void pool_driven(const PoolTissue<S>& q, int lineshape, const LineshapeTable& ls,
-                                               const double* row, Cx<S>* M, Cx<S>* c) {
+                                               const DrivenPulse<S>& pulse, Cx<S>* M, Cx<S>* c) {
   const int n = q.n, d = 3 * n + (q.bound ? 1 : 0), D = d + 1;
-  const double tau = row[drv_duration_s], df = row[drv_offset_hz];
+  const S tau = pulse.tau, df = pulse.df;
   const S zero = S(0.0);
   Cx<S> g[max_driven_size * max_driven_size], e[max_driven_size * max_driven_size];
   for (int i = 0; i < D * D; ++i) g[i] = {zero, zero};
   using std::cos;
   using std::sin;
-  const S w1t = q.B1 * row[drv_flip_rad];  // w1 tau
-  const S phi = q.B1phase + row[drv_phase_rad];
+  const S w1t = q.B1 * pulse.flip;  // w1 tau
+  const S phi = q.B1phase + pulse.phase;
   const S cp = cos(phi), sp = sin(phi);
   auto at = [&](int i, int j) -> Cx<S>& { return g[i * D + j]; };
   for (int j = 0; j < n; ++j) {
     const int P = 3 * j, Mi = P + 1, Z = P + 2;
-    const S w = (q.B0 + q.shift[j] - df) * (2.0 * pi * tau);
+    const S w = (q.B0 + q.shift[j] - df) * (tau * (2.0 * pi));
     const S r2 = q.R2[j] * tau, r1 = q.R1[j] * tau;
     at(P, P) = {-r2, -w};
     at(Mi, Mi) = {-r2, w};
@@ -362,7 +404,7 @@ BLOCHSIM_HD BLOCHSIM_NOINLINE void pool_driven(const PoolTissue<S>& q, int lines
     const S x = (df - q.B0) * q.T2b * (2.0 * pi);
     double gv, dg;
     lineshape_eval(lineshape, value_of(x), ls, gv, dg);
-    const S W = (pi / tau) * (q.T2b * lift(x, gv, dg)) * (w1t * w1t);  // W tau
+    const S W = (S(pi) / tau) * (q.T2b * lift(x, gv, dg)) * (w1t * w1t);  // W tau
     const S r1 = q.R1[n] * tau;
     const S out_of_free = q.k[n] * q.f[n] * tau, into_free = q.k[n] * q.f[0] * tau;
     at(B, B).re = -(r1 + W + into_free);
@@ -373,8 +415,8 @@ BLOCHSIM_HD BLOCHSIM_NOINLINE void pool_driven(const PoolTissue<S>& q, int lines
   }
   expm<max_driven_size>(g, D, e);
   // back to the water frame
-  const double turn = -2.0 * pi * df * tau;
-  const Cx<S> rot{S(std::cos(turn)), S(std::sin(turn))};
+  const S turn = (df * tau) * (-2.0 * pi);
+  const Cx<S> rot{cos(turn), sin(turn)};
   for (int i = 0; i < d; ++i) {
     const int comp = i < 3 * n ? i % 3 : 2;
     for (int j = 0; j <= d; ++j) {
@@ -389,38 +431,119 @@ BLOCHSIM_HD BLOCHSIM_NOINLINE void pool_driven(const PoolTissue<S>& q, int lines
   }
 }
 
-// Plays the stream for problem i; sink(slot, Cx<S> sample) takes each
-// readout.  work holds pool_workspace(s, p) values of S; ls is the
-// super-Lorentzian table (host_lineshape_table() on the host).
-template <class S, class Sink>
-BLOCHSIM_HD inline void pooled_problem(const EventStream& s, const Tissue& t, const Pools& p, const LineshapeTable& ls,
-                                       int64_t i, const int* fields, int n_dirs, const float* seeds, S* work,
-                                       Sink&& sink) {
-  const PoolTissue<S> q = pool_tissue<S>(t, p, i, fields, n_dirs, seeds);
-  const int n = q.n, m = q.m, K = s.states;
-  const S zero = S(0.0);
-  const Cx<S> czero{zero, zero};
-  // state: F+, F-, Z of each liquid pool, then the semisolid Z; row j*K + k
-  Cx<S>* fp = reinterpret_cast<Cx<S>*>(work);
-  Cx<S>* fm = fp + n * K;
-  Cx<S>* z = fm + n * K;  // m families: the semisolid pool last
-  S* ops = reinterpret_cast<S*>(z + m * K);
-  const int64_t per_interval = 2 * n * n + m * m + m + 1;
-  const int d = 3 * n + (q.bound ? 1 : 0);
-  const int64_t per_driven = 1 + 2 * d * (d + 1);
-  S* drv = ops + per_interval * s.n_intervals;
-  for (int64_t l = 0; l < 2 * n * K + m * K; ++l) fp[l] = czero;
-  if (s.driven)
-    for (int64_t v = 0; v < s.n_driven; ++v) drv[v * per_driven] = S(0.0);
-  for (int j = 0; j < m; ++j) z[j * K].re = q.f[j];
-  for (int64_t v = 0; v < s.n_intervals; ++v) ops[v * per_interval] = S(0.0);  // not yet formed
-  const bool saturating = q.bound && s.rf_duration_s != nullptr;
+// One problem's pooled EPG over the scalar type S, one event at a time:
+// the state (F+, F-, Z of each liquid pool, then the semisolid Z; row
+// j K + k of a complex array) and the operators per distinct interval and
+// per exact pulse, formed the first time an event uses them.  es seeds the
+// event's own parameters (reverse mode); ops points at
+// pool_operator_size(s, p) values of S, x at pool_state_size(s, p).
+template <class S>
+struct PoolPlayer {
+  const EventStream& s;
+  const Pools& p;
+  const LineshapeTable& ls;
+  PoolTissue<S> q;
+  Cx<S>* x;
+  S* ops;
+  EventSeeds es;
+  int n, m, K, d;
+  int64_t per_interval, per_driven;
   int band = 1;  // orders [band, K) are zero
 
-  auto shift = [&](int dir) {
+  BLOCHSIM_HD PoolPlayer(const EventStream& s_, const Pools& p_, const LineshapeTable& ls_, const PoolTissue<S>& q_,
+                         Cx<S>* x_, S* ops_)
+      : s(s_), p(p_), ls(ls_), q(q_), x(x_), ops(ops_) {
+    n = q.n;
+    m = q.m;
+    K = s.states;
+    d = 3 * n + (q.bound ? 1 : 0);
+    per_interval = 2 * n * n + m * m + m + 1;
+    per_driven = 1 + 2 * d * (d + 1);
+  }
+  BLOCHSIM_HD Cx<S>* fp() const { return x; }
+  BLOCHSIM_HD Cx<S>* fm() const { return x + n * K; }
+  BLOCHSIM_HD Cx<S>* z() const { return x + 2 * n * K; }
+  BLOCHSIM_HD int64_t size() const { return static_cast<int64_t>(2 * n + m) * K; }
+
+  // Marks every operator as not yet formed.
+  BLOCHSIM_HD void forget_operators() {
+    for (int64_t v = 0; v < s.n_intervals; ++v) ops[v * per_interval] = S(0.0);
+    if (s.driven)
+      for (int64_t v = 0; v < s.n_driven; ++v) ops[per_interval * s.n_intervals + v * per_driven] = S(0.0);
+  }
+  // Equilibrium: each pool's Z_0 at its fraction.
+  BLOCHSIM_HD void equilibrium() {
+    const S zero = S(0.0);
+    for (int64_t l = 0; l < size(); ++l) x[l] = {zero, zero};
+    for (int j = 0; j < m; ++j) z()[j * K].re = q.f[j];
+    band = 1;
+  }
+  // The interval operators of interval iv: P (n × n), L (m × m), r (m).
+  BLOCHSIM_HD void interval_ops(int32_t iv, Cx<S>*& P, S*& L, S*& r) {
+    S* o = ops + iv * per_interval;
+    P = reinterpret_cast<Cx<S>*>(o + 1);
+    L = o + 1 + 2 * n * n;
+    r = L + m * m;
+    if (value_of(o[0]) == 0.0) {
+      pool_interval(q, seeded<S>(s.duration_s[iv], es.duration), P, L, r);
+      o[0] = S(1.0);
+    }
+  }
+  // The exact pulse of driven row id: M (d × d) and its order-0 source c.
+  BLOCHSIM_HD void driven_ops(int32_t id, Cx<S>*& M, Cx<S>*& c) {
+    S* o = ops + per_interval * s.n_intervals + id * per_driven;
+    M = reinterpret_cast<Cx<S>*>(o + 1);
+    c = M + d * d;
+    if (value_of(o[0]) == 0.0) {
+      pool_driven(q, p.lineshape, ls, driven_pulse<S>(s.driven_table + id * driven_fields, es), M, c);
+      o[0] = S(1.0);
+    }
+  }
+  // The semisolid pool's decay under the pulse of event e (1 without one):
+  // exp(-pi G(df) (B1 alpha)^2 p / tau_rf), df the pulse's offset from this
+  // voxel's water resonance.
+  BLOCHSIM_HD S saturation(int64_t e) const {
+    if (!(q.bound && s.rf_duration_s != nullptr) || !(s.flags[e] & (event_rf | event_saturation)) ||
+        !(s.rf_duration_s[e] > 0.0f))
+      return S(1.0);
+    const S tau_rf = seeded<S>(s.rf_duration_s[e], es.rf_duration);
+    const S alpha = q.B1 * seeded<S>(s.flip_rad[e], es.flip);
+    const double power = s.rf_power ? s.rf_power[e] : 1.0;
+    const S offset = seeded<S>(s.rf_offset_hz ? s.rf_offset_hz[e] : 0.0, es.rf_offset);
+    const S xg = (offset - q.B0) * q.T2b * (2.0 * pi);
+    double g, dg;
+    lineshape_eval(p.lineshape, value_of(xg), ls, g, dg);
+    using std::exp;
+    return exp(-((pi * power) / tau_rf) * (q.T2b * lift(xg, g, dg)) * (alpha * alpha));
+  }
+  // The hard pulse of event e per pool, as its coefficients: F+' = c2 a +
+  // s2 e2 b + u c, F-' = s2 conj(e2) a + c2 b + conj(u) c, Z' = -conj(u) a / 2
+  // - u b / 2 + ca c (a, b, c: F+, F-, Z; SPEC §2).
+  struct Rotation {
+    S c2, s2, ca;
+    Cx<S> e2, u;
+  };
+  BLOCHSIM_HD Rotation rotation(int64_t e) const {
+    using std::cos;
+    using std::sin;
+    const S alpha = q.B1 * seeded<S>(s.flip_rad[e], es.flip);
+    const S phi = q.B1phase + seeded<S>(s.phase_rad[e], es.phase);
+    Rotation R;
+    R.ca = cos(alpha);
+    const S sa = sin(alpha);
+    R.c2 = (S(1.0) + R.ca) * 0.5;
+    R.s2 = (S(1.0) - R.ca) * 0.5;
+    const Cx<S> e1{cos(phi), sin(phi)};
+    R.e2 = e1 * e1;
+    R.u = {e1.im * sa, -(e1.re * sa)};  // -i e^{i phi} sin(alpha)
+    return R;
+  }
+
+  BLOCHSIM_HD void shift(int dir) {
+    const Cx<S> czero{S(0.0), S(0.0)};
     for (int j = 0; j < n; ++j) {
-      Cx<S>* up = (dir > 0 ? fp : fm) + j * K;
-      Cx<S>* dn = (dir > 0 ? fm : fp) + j * K;
+      Cx<S>* up = (dir > 0 ? fp() : fm()) + j * K;
+      Cx<S>* dn = (dir > 0 ? fm() : fp()) + j * K;
       const int top = band < K ? band : K - 1;
       for (int k = top; k >= 1; --k) up[k] = up[k - 1];
       for (int k = 0; k + 1 < band; ++k) dn[k] = dn[k + 1];
@@ -428,125 +551,111 @@ BLOCHSIM_HD inline void pooled_problem(const EventStream& s, const Tissue& t, co
       up[0] = conj(dn[0]);
     }
     band = band < K ? band + 1 : K;
-  };
+  }
 
-  for (int64_t e = 0; e < s.n_events; ++e) {
+  // Plays event e; sink(slot, sample) takes its readout.
+  template <class Sink>
+  BLOCHSIM_HD void event(int64_t e, Sink&& sink) {
     const uint32_t f = s.flags[e];
     const int32_t iv = s.interval[e];
+    Cx<S>* const Fp = fp();
+    Cx<S>* const Fm = fm();
+    Cx<S>* const Z = z();
+    const Cx<S> czero{S(0.0), S(0.0)};
     if (iv >= 0) {
-      S* o = ops + iv * per_interval;
-      Cx<S>* P = reinterpret_cast<Cx<S>*>(o + 1);
-      S* L = o + 1 + 2 * n * n;
-      S* r = L + m * m;
-      if (value_of(o[0]) == 0.0) {
-        pool_interval(q, s.duration_s[iv], P, L, r);
-        o[0] = S(1.0);
-      }
+      Cx<S>* P;
+      S *L, *r;
+      interval_ops(iv, P, L, r);
       for (int k = 0; k < band; ++k) {
         Cx<S> a[max_liquid_pools], b[max_liquid_pools], c[max_longitudinal_pools];
         for (int j = 0; j < n; ++j) {
-          a[j] = fp[j * K + k];
-          b[j] = fm[j * K + k];
+          a[j] = Fp[j * K + k];
+          b[j] = Fm[j * K + k];
         }
-        for (int j = 0; j < m; ++j) c[j] = z[j * K + k];
+        for (int j = 0; j < m; ++j) c[j] = Z[j * K + k];
         for (int j = 0; j < n; ++j) {
-          Cx<S> x = P[j * n] * a[0], y = conj(P[j * n]) * b[0];
+          Cx<S> u = P[j * n] * a[0], v = conj(P[j * n]) * b[0];
           for (int l = 1; l < n; ++l) {
-            x = x + P[j * n + l] * a[l];
-            y = y + conj(P[j * n + l]) * b[l];
+            u = u + P[j * n + l] * a[l];
+            v = v + conj(P[j * n + l]) * b[l];
           }
-          fp[j * K + k] = x;
-          fm[j * K + k] = y;
+          Fp[j * K + k] = u;
+          Fm[j * K + k] = v;
         }
         for (int j = 0; j < m; ++j) {
-          Cx<S> x = L[j * m] * c[0];
-          for (int l = 1; l < m; ++l) x = x + L[j * m + l] * c[l];
-          if (k == 0) x.re = x.re + r[j];
-          z[j * K + k] = x;
+          Cx<S> u = L[j * m] * c[0];
+          for (int l = 1; l < m; ++l) u = u + L[j * m + l] * c[l];
+          if (k == 0) u.re = u.re + r[j];
+          Z[j * K + k] = u;
         }
       }
     }
     for (int sb = s.shift_before[e], c = 0; c < (sb > 0 ? sb : -sb); ++c) shift(sb > 0 ? 1 : -1);
-    if ((f & (event_rf | event_saturation)) && saturating) {
-      // Z^b <- Z^b exp(-pi G(df) (B1 alpha)^2 p / tau_rf), df the pulse's
-      // offset from this voxel's water resonance
-      const double tau_rf = s.rf_duration_s[e];
-      if (tau_rf > 0.0) {
-        const S alpha = q.B1 * static_cast<double>(s.flip_rad[e]);
-        const double power = s.rf_power ? s.rf_power[e] : 1.0;
-        const double offset = s.rf_offset_hz ? s.rf_offset_hz[e] : 0.0;
-        const S x = (offset - q.B0) * q.T2b * (2.0 * pi);
-        double g, dg;
-        lineshape_eval(p.lineshape, value_of(x), ls, g, dg);
-        const S gx = lift(x, g, dg);
-        using std::exp;
-        const S decay = exp(-(pi * power / tau_rf) * (q.T2b * gx) * (alpha * alpha));
-        Cx<S>* zb = z + n * K;
-        for (int k = 0; k < band; ++k) zb[k] = decay * zb[k];
-      }
+    if (q.bound && (f & (event_rf | event_saturation))) {
+      const S decay = saturation(e);
+      Cx<S>* zb = Z + n * K;
+      for (int k = 0; k < band; ++k) zb[k] = decay * zb[k];
     }
     if (f & event_rf) {
-      using std::cos;
-      using std::sin;
-      const S alpha = q.B1 * static_cast<double>(s.flip_rad[e]);
-      const S phi = q.B1phase + static_cast<double>(s.phase_rad[e]);
-      const S ca = cos(alpha), sa = sin(alpha);
-      const S c2 = (S(1.0) + ca) * 0.5, s2 = (S(1.0) - ca) * 0.5;
-      const Cx<S> e1{cos(phi), sin(phi)};
-      const Cx<S> e2 = e1 * e1;
-      // -i e^{i phi} sin(a) and its conjugate
-      const Cx<S> mi_e1_sa{e1.im * sa, -(e1.re * sa)};
+      const Rotation R = rotation(e);
       for (int j = 0; j < n; ++j)
         for (int k = 0; k < band; ++k) {
-          const Cx<S> a = fp[j * K + k], b = fm[j * K + k], c = z[j * K + k];
-          fp[j * K + k] = c2 * a + s2 * (e2 * b) + mi_e1_sa * c;
-          fm[j * K + k] = c2 * b + s2 * (conj(e2) * a) + conj(mi_e1_sa) * c;
-          // Z' = -(i/2) e^{-i phi} sin(a) F+ + (i/2) e^{i phi} sin(a) F- + cos(a) Z
-          z[j * K + k] = ca * c - (conj(mi_e1_sa) * a + mi_e1_sa * b) * 0.5;
+          const Cx<S> a = Fp[j * K + k], b = Fm[j * K + k], c = Z[j * K + k];
+          Fp[j * K + k] = R.c2 * a + R.s2 * (R.e2 * b) + R.u * c;
+          Fm[j * K + k] = R.c2 * b + R.s2 * (conj(R.e2) * a) + conj(R.u) * c;
+          Z[j * K + k] = R.ca * c - (conj(R.u) * a + R.u * b) * 0.5;
         }
     }
     if (f & event_driven) {
-      const int32_t id = s.driven[e];
-      S* o = drv + id * per_driven;
-      Cx<S>* M = reinterpret_cast<Cx<S>*>(o + 1);
-      Cx<S>* c = M + d * d;
-      if (value_of(o[0]) == 0.0) {
-        pool_driven(q, p.lineshape, ls, s.driven_table + id * driven_fields, M, c);
-        o[0] = S(1.0);
-      }
+      Cx<S> *M, *c;
+      driven_ops(s.driven[e], M, c);
       for (int k = 0; k < band; ++k) {
         Cx<S> v[max_driven_size];
         for (int j = 0; j < n; ++j) {
-          v[3 * j] = fp[j * K + k];
-          v[3 * j + 1] = fm[j * K + k];
-          v[3 * j + 2] = z[j * K + k];
+          v[3 * j] = Fp[j * K + k];
+          v[3 * j + 1] = Fm[j * K + k];
+          v[3 * j + 2] = Z[j * K + k];
         }
-        if (q.bound) v[3 * n] = z[n * K + k];
+        if (q.bound) v[3 * n] = Z[n * K + k];
         for (int i = 0; i < d; ++i) {
-          Cx<S> x = k == 0 ? c[i] : czero;
-          for (int l = 0; l < d; ++l) x = x + M[i * d + l] * v[l];
+          Cx<S> u = k == 0 ? c[i] : czero;
+          for (int l = 0; l < d; ++l) u = u + M[i * d + l] * v[l];
           const int j = i < 3 * n ? i / 3 : n;
           const int comp = i < 3 * n ? i % 3 : 2;
-          (comp == 0 ? fp : comp == 1 ? fm : z)[j * K + k] = x;
+          (comp == 0 ? Fp : comp == 1 ? Fm : Z)[j * K + k] = u;
         }
       }
     }
     if (f & event_inversion)
       for (int j = 0; j < n; ++j)
-        for (int k = 0; k < band; ++k) z[j * K + k] = (-q.eta) * z[j * K + k];
+        for (int k = 0; k < band; ++k) Z[j * K + k] = (-q.eta) * Z[j * K + k];
     if (f & event_readout) {
-      Cx<S> acc = fp[0];
-      for (int j = 1; j < n; ++j) acc = acc + fp[j * K];
+      Cx<S> acc = Fp[0];
+      for (int j = 1; j < n; ++j) acc = acc + Fp[j * K];
       const double rx = s.rx_phase_rad[e];
       const Cx<S> erx{S(std::cos(rx)), S(-std::sin(rx))};
       sink(s.slot[e], q.M0 * (acc * erx));
     }
     if (f & event_spoil) {
-      for (int l = 0; l < 2 * n * K; ++l) fp[l] = czero;
+      for (int64_t l = 0; l < 2 * n * K; ++l) Fp[l] = czero;
     } else {
       for (int sa = s.shift_after[e], c = 0; c < (sa > 0 ? sa : -sa); ++c) shift(sa > 0 ? 1 : -1);
     }
   }
+};
+
+// Plays the stream for problem i; sink(slot, Cx<S> sample) takes each
+// readout.  work holds pool_workspace(s, p) values of S; ls is the
+// super-Lorentzian table (host_lineshape_table() on the host).
+template <class S, class Sink>
+BLOCHSIM_HD inline void pooled_problem(const EventStream& s, const Tissue& t, const Pools& p, const LineshapeTable& ls,
+                                       int64_t i, const int* fields, int n_dirs, const float* seeds, S* work,
+                                       Sink&& sink) {
+  PoolPlayer<S> pl(s, p, ls, pool_tissue<S>(t, p, i, fields, n_dirs, seeds), reinterpret_cast<Cx<S>*>(work),
+                   work + pool_state_size(s, p));
+  pl.forget_operators();
+  pl.equilibrium();
+  for (int64_t e = 0; e < s.n_events; ++e) pl.event(e, sink);
 }
 
 // Vector lanes of pooled_block's workspace (V units, per lane vector) for
@@ -787,7 +896,7 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
       if (LT::get(at(o), 0) == 0.0f) {
         for (int l = 0; l < W; ++l) {
           Cx<double> Ml[max_driven_size * max_driven_size], cl[max_driven_size];
-          pool_driven(q[l], p.lineshape, ls, s.driven_table + id * driven_fields, Ml, cl);
+          pool_driven(q[l], p.lineshape, ls, driven_pulse<double>(s.driven_table + id * driven_fields), Ml, cl);
           for (int i = 0; i < d * d; ++i) {
             LT::set(at(Mo + 2 * i), l, static_cast<float>(Ml[i].re));
             LT::set(at(Mo + 2 * i + 1), l, static_cast<float>(Ml[i].im));

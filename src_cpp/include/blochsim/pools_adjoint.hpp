@@ -1,0 +1,318 @@
+// Reverse mode of the pooled EPG (pools.hpp): the gradient of a real loss of
+// the samples with respect to every event's parameters (summed over the
+// problems) and to tissue and pool properties (per problem), for one
+// problem at a time in double precision.
+//
+// The method is adjoint.hpp's: the state after each event is real-affine in
+// the state before it, so the adjoint lambda_e = dL/dx_e is the transpose
+// of the event's linear part applied to lambda_{e+1}, plus each readout's
+// g M0 e^{i rx} at every liquid pool's F+_0 (the readout sums them).  With
+// the pairing <lambda, x> = Re sum conj(lambda) x, a complex-linear map M
+// has the transpose M^H:
+//   - interval: F+ <- P F+, F- <- conj(P) F-, Z <- L Z + r (order 0), so
+//     lambda_F+ <- P^H lambda_F+, lambda_F- <- P^T lambda_F-,
+//     lambda_Z <- L^T lambda_Z;
+//   - hard pulse, per pool: the 3 × 3 rotation's conjugate transpose;
+//   - exact pulse, per order: M^H of its d × d matrix;
+//   - semisolid saturation and inversion: real scalings, their own
+//     transposes;
+//   - shifts and spoils: as adjoint.hpp.
+// The gradient with respect to a parameter of event e is
+// <lambda_{e+1}, d x_{e+1} / dp> plus its readout's Re(conj(g) ds/dp): the
+// event is played once on dual numbers from its starting state, seeded in
+// its own parameters (the interval's duration, the flip, the phase, the
+// pulse's duration and offset) and in the tissue directions.  A tissue
+// property also moves the equilibrium the problem starts from (the pool
+// fractions), which adds <lambda_0, d x_0 / dtheta>.
+//
+// Memory is bounded by checkpointing, as adjoint.hpp: a state every C =
+// ceil(sqrt(events)) events, and one segment of C states replayed at a time.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "dual.hpp"
+#include "pools.hpp"
+
+namespace blochsim {
+
+// Event-gradient columns of the pooled adjoint: dL / d(interval duration_s,
+// flip_rad, phase_rad, rx_phase_rad, pulse duration_s, pulse offset_hz).
+// The first four are adjoint.hpp's EventGradient.
+enum PooledEventGradient : int {
+  pgrad_duration = 0,
+  pgrad_flip,
+  pgrad_phase,
+  pgrad_rx,
+  pgrad_rf_duration,
+  pgrad_rf_offset,
+  pooled_event_gradients
+};
+
+// Dual directions of one pass of the per-event play: the first pass carries
+// the five event parameters and pooled_first_tissue tissue directions, each
+// later pass pooled_adjoint_width tissue directions.
+constexpr int pooled_adjoint_width = 8;
+constexpr int pooled_event_dirs = 5;
+constexpr int pooled_first_tissue = pooled_adjoint_width - pooled_event_dirs;
+
+// Passes of the per-event play for n_tdirs tissue directions.
+BLOCHSIM_HD inline int pooled_adjoint_passes(int n_tdirs) {
+  const int rest = n_tdirs > pooled_first_tissue ? n_tdirs - pooled_first_tissue : 0;
+  return 1 + (rest + pooled_adjoint_width - 1) / pooled_adjoint_width;
+}
+
+inline namespace BLOCHSIM_ISA {
+
+// Doubles of one problem's adjoint workspace.
+BLOCHSIM_HD inline int64_t pooled_adjoint_workspace(const EventStream& s, const Pools& p, int n_tdirs) {
+  const int64_t x = pool_state_size(s, p), ops = pool_operator_size(s, p);
+  int64_t c = static_cast<int64_t>(std::sqrt(static_cast<double>(s.n_events)));
+  while (c * c < s.n_events) ++c;
+  if (c < 1) c = 1;
+  const int64_t n_ckpt = (s.n_events + c - 1) / c;
+  const int64_t dual = pooled_adjoint_width + 1;
+  // state, adjoint, checkpoints and their bands, a segment and its bands,
+  // the operators; the dual state and each pass's dual operators
+  return x * (2 + n_ckpt + c) + n_ckpt + c + ops + dual * (x + pooled_adjoint_passes(n_tdirs) * ops);
+}
+
+// The adjoint of problem i of t with the pools of p.
+//   fields[0 .. n_tdirs): tissue fields (0 .. 8 the Tissue fields,
+//     PoolField for the pools) whose gradient is written to tgrad[j] (per
+//     SI unit);
+//   cot: this problem's cotangent, n_samples complex64 interleaved;
+//   rows (n_events, pooled_event_gradients): the event gradients, added to.
+// work holds pooled_adjoint_workspace(s, p, n_tdirs) doubles.
+BLOCHSIM_HD inline void pooled_adjoint_problem(const EventStream& s, const Tissue& t, const Pools& p,
+                                               const LineshapeTable& ls, int64_t i, const int* fields,
+                                               int n_tdirs, const float* cot, double* work, double* rows,
+                                               float* tgrad) {
+  using D = Dual<double, pooled_adjoint_width>;
+  const int64_t nev = s.n_events;
+  const int64_t xs = pool_state_size(s, p), os = pool_operator_size(s, p);
+  int64_t C = static_cast<int64_t>(std::sqrt(static_cast<double>(nev)));
+  while (C * C < nev) ++C;
+  if (C < 1) C = 1;
+  const int64_t n_ckpt = (nev + C - 1) / C;
+  double* const xw = work;
+  double* const lw = xw + xs;
+  double* const ckpt = lw + xs;
+  double* const seg = ckpt + xs * n_ckpt;
+  double* const ckband = seg + xs * C;
+  double* const segband = ckband + n_ckpt;
+  double* const fops = segband + C;
+  D* const dx = reinterpret_cast<D*>(fops + os);
+  D* const dops = dx + xs;
+  const int passes = pooled_adjoint_passes(n_tdirs);
+
+  PoolPlayer<double> fw(s, p, ls, pool_tissue<double>(t, p, i, nullptr, 0, nullptr),
+                        reinterpret_cast<Cx<double>*>(xw), fops);
+  fw.forget_operators();
+  fw.equilibrium();
+  const int n = fw.n, m = fw.m, K = fw.K, d = fw.d;
+  const double M0 = fw.q.M0;
+
+  // each pass's directions: -1 for an event parameter or nothing
+  int pass_fields[8][pooled_adjoint_width];
+  int pass_first[8];
+  for (int g = 0; g < passes; ++g) {
+    const int first = g == 0 ? 0 : pooled_first_tissue + (g - 1) * pooled_adjoint_width;
+    const int off = g == 0 ? pooled_event_dirs : 0;
+    pass_first[g] = first;
+    for (int q = 0; q < pooled_adjoint_width; ++q) {
+      const int j = first + q - off;
+      pass_fields[g][q] = (q >= off && j < n_tdirs) ? fields[j] : -1;
+    }
+  }
+  auto pass_player = [&](int g) {
+    PoolPlayer<D> pl(s, p, ls, pool_tissue<D>(t, p, i, pass_fields[g], pooled_adjoint_width, nullptr),
+                     reinterpret_cast<Cx<D>*>(dx), dops + g * os);
+    if (g == 0) {
+      pl.es.duration = 0;
+      pl.es.flip = 1;
+      pl.es.phase = 2;
+      pl.es.rf_duration = 3;
+      pl.es.rf_offset = 4;
+    }
+    return pl;
+  };
+  for (int g = 0; g < passes; ++g) pass_player(g).forget_operators();
+
+  // first pass: checkpoints
+  for (int64_t e = 0; e < nev; ++e) {
+    if (e % C == 0) {
+      for (int64_t l = 0; l < xs; ++l) ckpt[xs * (e / C) + l] = xw[l];
+      ckband[e / C] = fw.band;
+    }
+    fw.event(e, [](int32_t, const Cx<double>&) {});
+  }
+
+  Cx<double>* const lam = reinterpret_cast<Cx<double>*>(lw);
+  Cx<double>* const lfp = lam;
+  Cx<double>* const lfm = lam + n * K;
+  Cx<double>* const lz = lam + 2 * n * K;
+  for (int64_t l = 0; l < xs; ++l) lw[l] = 0.0;
+  double tacc[pool_field_count];
+  for (int j = 0; j < n_tdirs; ++j) tacc[j] = 0.0;
+
+  auto shift_transpose = [&](int dir) {
+    for (int j = 0; j < n; ++j) {
+      Cx<double>* up = (dir > 0 ? lfp : lfm) + j * K;
+      Cx<double>* dn = (dir > 0 ? lfm : lfp) + j * K;
+      // forward: up_k <- up_{k-1}, dn_k <- dn_{k+1}, then up_0 <- conj(dn_0)
+      const Cx<double> u0 = up[0];
+      for (int k = 0; k + 1 < K; ++k) up[k] = up[k + 1];
+      up[K - 1] = {0.0, 0.0};
+      for (int k = K - 1; k >= 1; --k) dn[k] = dn[k - 1];
+      dn[0] = {0.0, 0.0};
+      if (K > 1) dn[1] = dn[1] + conj(u0);
+    }
+  };
+
+  for (int64_t c0 = ((nev - 1) / C) * C; nev > 0 && c0 >= 0; c0 -= C) {
+    const int64_t c1 = c0 + C < nev ? c0 + C : nev;
+    for (int64_t l = 0; l < xs; ++l) xw[l] = ckpt[xs * (c0 / C) + l];
+    fw.band = static_cast<int>(ckband[c0 / C]);
+    for (int64_t e = c0; e < c1; ++e) {
+      for (int64_t l = 0; l < xs; ++l) seg[xs * (e - c0) + l] = xw[l];
+      segband[e - c0] = fw.band;
+      if (e + 1 < c1) fw.event(e, [](int32_t, const Cx<double>&) {});
+    }
+    for (int64_t e = c1 - 1; e >= c0; --e) {
+      const uint32_t f = s.flags[e];
+      const double* xe = seg + xs * (e - c0);
+      double gr = 0.0, gi = 0.0;
+      if (f & event_readout) {
+        gr = cot[2 * s.slot[e]];
+        gi = cot[2 * s.slot[e] + 1];
+      }
+      // <lambda_{e+1}, d x_{e+1} / dp> and the readout's term, per pass
+      double* row = rows + e * pooled_event_gradients;
+      for (int g = 0; g < passes; ++g) {
+        PoolPlayer<D> pl = pass_player(g);
+        for (int64_t l = 0; l < xs; ++l) {
+          dx[l] = D(xe[l]);
+        }
+        pl.band = static_cast<int>(segband[e - c0]);
+        Cx<D> sample{D(0.0), D(0.0)};
+        pl.event(e, [&](int32_t, const Cx<D>& v) { sample = v; });
+        double acc[pooled_adjoint_width];
+        for (int q = 0; q < pooled_adjoint_width; ++q) acc[q] = gr * sample.re.d[q] + gi * sample.im.d[q];
+        for (int64_t l = 0; l < xs; ++l) {
+          const double lv = lw[l];
+          if (lv != 0.0)
+            for (int q = 0; q < pooled_adjoint_width; ++q) acc[q] += lv * dx[l].d[q];
+        }
+        if (g == 0) {
+          row[pgrad_duration] += acc[0];
+          row[pgrad_flip] += acc[1];
+          row[pgrad_phase] += acc[2];
+          row[pgrad_rf_duration] += acc[3];
+          row[pgrad_rf_offset] += acc[4];
+          if (f & event_readout)  // ds/drx = -i s
+            row[pgrad_rx] += gr * sample.im.v - gi * sample.re.v;
+        }
+        const int off = g == 0 ? pooled_event_dirs : 0;
+        for (int q = off; q < pooled_adjoint_width; ++q) {
+          const int j = pass_first[g] + q - off;
+          if (j < n_tdirs) tacc[j] += acc[q];
+        }
+      }
+      // back through the spoil or the shifts after
+      if (f & event_spoil) {
+        for (int64_t l = 0; l < 2 * n * K; ++l) lam[l] = {0.0, 0.0};
+      } else {
+        const int32_t sa = s.shift_after[e];
+        for (int c = 0; c < (sa > 0 ? sa : -sa); ++c) shift_transpose(sa > 0 ? 1 : -1);
+      }
+      if (f & event_readout) {
+        // lambda at each F+_0 += g M0 e^{i rx}
+        const double rx = s.rx_phase_rad[e];
+        const Cx<double> add{M0 * (gr * std::cos(rx) - gi * std::sin(rx)), M0 * (gr * std::sin(rx) + gi * std::cos(rx))};
+        for (int j = 0; j < n; ++j) lfp[j * K] = lfp[j * K] + add;
+      }
+      if (f & event_inversion)
+        for (int j = 0; j < n; ++j)
+          for (int k = 0; k < K; ++k) lz[j * K + k] = (-fw.q.eta) * lz[j * K + k];
+      if (f & event_driven) {
+        Cx<double> *M, *c;
+        fw.driven_ops(s.driven[e], M, c);
+        for (int k = 0; k < K; ++k) {
+          Cx<double> v[max_driven_size];
+          for (int j = 0; j < n; ++j) {
+            v[3 * j] = lfp[j * K + k];
+            v[3 * j + 1] = lfm[j * K + k];
+            v[3 * j + 2] = lz[j * K + k];
+          }
+          if (fw.q.bound) v[3 * n] = lz[n * K + k];
+          for (int l = 0; l < d; ++l) {  // (M^H v)_l = sum_i conj(M_il) v_i
+            Cx<double> u{0.0, 0.0};
+            for (int r = 0; r < d; ++r) u = u + conj(M[r * d + l]) * v[r];
+            const int j = l < 3 * n ? l / 3 : n;
+            const int comp = l < 3 * n ? l % 3 : 2;
+            (comp == 0 ? lfp : comp == 1 ? lfm : lz)[j * K + k] = u;
+          }
+        }
+      }
+      if (f & event_rf) {
+        const auto R = fw.rotation(e);
+        for (int j = 0; j < n; ++j)
+          for (int k = 0; k < K; ++k) {
+            const Cx<double> a = lfp[j * K + k], b = lfm[j * K + k], c = lz[j * K + k];
+            lfp[j * K + k] = R.c2 * a + R.s2 * (R.e2 * b) - (R.u * c) * 0.5;
+            lfm[j * K + k] = R.s2 * (conj(R.e2) * a) + R.c2 * b - (conj(R.u) * c) * 0.5;
+            lz[j * K + k] = conj(R.u) * a + R.u * b + R.ca * c;
+          }
+      }
+      if (fw.q.bound && (f & (event_rf | event_saturation))) {
+        const double decay = fw.saturation(e);
+        for (int k = 0; k < K; ++k) lz[n * K + k] = decay * lz[n * K + k];
+      }
+      const int32_t sb = s.shift_before[e];
+      for (int c = 0; c < (sb > 0 ? sb : -sb); ++c) shift_transpose(sb > 0 ? 1 : -1);
+      if (s.interval[e] >= 0) {
+        Cx<double>* P;
+        double *L, *r;
+        fw.interval_ops(s.interval[e], P, L, r);
+        for (int k = 0; k < K; ++k) {
+          Cx<double> a[max_liquid_pools], b[max_liquid_pools], c[max_longitudinal_pools];
+          for (int j = 0; j < n; ++j) {
+            a[j] = lfp[j * K + k];
+            b[j] = lfm[j * K + k];
+          }
+          for (int j = 0; j < m; ++j) c[j] = lz[j * K + k];
+          for (int l = 0; l < n; ++l) {
+            Cx<double> u{0.0, 0.0}, v{0.0, 0.0};
+            for (int j = 0; j < n; ++j) {
+              u = u + conj(P[j * n + l]) * a[j];  // P^H
+              v = v + P[j * n + l] * b[j];        // P^T
+            }
+            lfp[l * K + k] = u;
+            lfm[l * K + k] = v;
+          }
+          for (int l = 0; l < m; ++l) {
+            Cx<double> u{0.0, 0.0};
+            for (int j = 0; j < m; ++j) u = u + L[j * m + l] * c[j];
+            lz[l * K + k] = u;
+          }
+        }
+      }
+    }
+  }
+  // the equilibrium's dependence on the tissue: Z_0 of pool j at f_j
+  for (int g = 0; g < passes; ++g) {
+    const PoolTissue<D> qd = pool_tissue<D>(t, p, i, pass_fields[g], pooled_adjoint_width, nullptr);
+    const int off = g == 0 ? pooled_event_dirs : 0;
+    for (int q = off; q < pooled_adjoint_width; ++q) {
+      const int j = pass_first[g] + q - off;
+      if (j >= n_tdirs) continue;
+      for (int l = 0; l < m; ++l) tacc[j] += lz[l * K].re * qd.f[l].d[q];
+    }
+  }
+  for (int j = 0; j < n_tdirs; ++j) tgrad[j] = static_cast<float>(tacc[j]);
+}
+
+}  // namespace BLOCHSIM_ISA
+}  // namespace blochsim
