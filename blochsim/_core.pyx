@@ -263,15 +263,18 @@ def pooled(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bint bo
 
 def pooled_adjoint(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bint bound, int lineshape,
                    int64_t n, fields, const float complex[:, ::1] cot, double[:, ::1] ev_grad,
-                   float[:, ::1] tgrad, int threads):
-    """Reverse mode of a packed stream with pools on the host.
+                   float[:, ::1] tgrad, int threads, unsigned mask=31, bint gpu=False):
+    """Reverse mode of a packed stream with pools: on the host, or with
+    ``gpu`` on the device (host arrays in and out).
 
     ``tissue``, ``pools``, ``lineshape`` and ``fields`` as in :func:`pooled`;
     ``cot`` (n, n_samples) complex64 is the cotangent; ``ev_grad``
     (n_events, 6) float64 receives dL / d(interval duration_s, flip_rad,
     phase_rad, rx_phase_rad, pulse duration_s, pulse offset_hz) of each
     event summed over the problems; ``tgrad`` (n, len(fields)) float32
-    receives dL / d field per problem, in SI units.
+    receives dL / d field per problem, in SI units.  ``mask`` picks the
+    event columns computed (bits 0-4: interval duration, flip, phase, pulse
+    duration, pulse offset; the others stay 0).
     """
     cdef Tissue t
     cdef Pools p
@@ -295,7 +298,10 @@ def pooled_adjoint(PackedStream ps, tuple tissue, tuple pools, int n_exchanging,
     if ps.s.n_events == 0 or n == 0:
         return
     with nogil:
-        st = host_pooled_adjoint_dispatch(ps.s, t, p, cf, nd, cotp, evp, tgp, threads)
+        if gpu:
+            st = L.pooled_adjoint(ps.s, t, p, cf, nd, cotp, evp, tgp, mask, err, ERRLEN)
+        else:
+            st = host_pooled_adjoint_dispatch(ps.s, t, p, cf, nd, cotp, evp, tgp, threads, mask)
     _raise(st, err)
 
 

@@ -683,9 +683,10 @@ class Simulator(_Base):
 
     def _pooled_vjp(self, p, tissue, on_device, stream, names, tissue_names, prov, pshapes):
         """vjp() with pools or exact rectangular pulses: the signal as
-        simulate() computes it, the adjoint on the host in double precision
-        (pools_adjoint.hpp)."""
+        simulate() computes it, the adjoint in double precision
+        (pools_adjoint.hpp), on the GPU with device='cuda'."""
         signal = self._pooled(p, tissue, on_device, (), None)[0]
+        gpu = _dispatch.resolve_device(self.device) == "cuda"
         owner = type(self).__name__
         n_exchanging, bound = _pools.configuration(tissue, owner)
         arrays, shape = self._tissue(tissue)
@@ -697,13 +698,21 @@ class Simulator(_Base):
         tshapes = {k: np.shape(arrays[k]) for k in tissue_names}
         si, planes = _host_si(arrays, shape), V.si_planes(arrays, shape, _core.POOL_FIELDS)
         lineshape = _pools.LINESHAPES.index(p["lineshape"])
+        # the event parameters the protocol names reach (bits of the
+        # adjoint's directions: interval duration, flip, phase, pulse
+        # duration, pulse offset; the receiver phase costs nothing)
+        columns = set()
+        for k in names:
+            if k in prov:
+                columns.update(int(c) for c in prov[k][1])
+        mask = sum(1 << d for d, c in enumerate((0, 1, 2, 4, 5)) if c in columns)
 
         def pullback(cotangent):
             cot = _cotangent(cotangent, signal.shape)
             ev = np.zeros((s.n_events, 6), dtype=np.float64)
             tg = np.zeros((n, len(fields)), dtype=np.float32)
             _core.pooled_adjoint(ps, si, planes, n_exchanging, bound, lineshape, n, fields,
-                                 cot.reshape(n, s.n_samples), ev, tg, threads)
+                                 cot.reshape(n, s.n_samples), ev, tg, threads, mask, gpu)
             return _assemble(names, p, prov, pshapes, ev, tg, scale, tissue_names, shape, tshapes)
 
         return signal, pullback

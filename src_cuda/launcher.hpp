@@ -92,6 +92,12 @@ int forward_streamed(const EventStream& s, const Tissue& t, float* out, std::siz
 int pooled(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_dirs, const float* seeds,
            float* out, float* jac, char* err, int n);
 
+// Reverse mode with pools on the device for host inputs and outputs
+// (cuda.cuh pooled_adjoint_from_host; arguments and results as
+// host_pooled_adjoint_dispatch).  Synchronous.
+int pooled_adjoint(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_tdirs,
+                   const float* cot, double* ev_grad, float* tgrad, unsigned mask, char* err, int n);
+
 // How many device bytes one problem needs (output, tissue, scratch).
 std::size_t bytes_per_problem(const EventStream& s, const Tissue& t);
 

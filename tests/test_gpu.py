@@ -497,3 +497,27 @@ def test_pools_jacobian_parity_with_host(name, sim, tissue):
     assert rel(s1, s0) <= RTOL
     for i in range(len(names)):
         assert rel(J1[..., i, :], J0[..., i, :]) <= RTOL, names[i]
+
+
+_POOL_PROTOCOL = {"mrf-bound": ("flip", "TR"), "mrf-poolB": ("flip", "TR"), "mrf-4pools-bound": ("flip",),
+                  "fse-bound": ("flip", "ESP"), "cest": ("B1sat", "pulse_duration", "offsets"),
+                  "mt-saturating": ("flip", "TR", "mt_flip", "mt_offset", "exc_duration")}
+
+
+@pytest.mark.parametrize("name,sim,tissue", _pool_cases(), ids=[c[0] for c in _pool_cases()])
+def test_pools_vjp_parity_with_host(name, sim, tissue):
+    names = _POOL_PROTOCOL[name] + tuple(
+        k for k in ("T1", "T2", "B1", "B0", "bound_fraction", "bound_exchange", "poolB_exchange", "poolB_shift")
+        if k in tissue)
+    s0, pb0 = sim.vjp(names, **tissue)
+    rng = np.random.default_rng(11)
+    w = (rng.standard_normal(s0.shape) + 1j * rng.standard_normal(s0.shape)).astype(np.complex64)
+    g0 = pb0(w)
+    sim.device = "cuda"
+    s1, pb1 = sim.vjp(names, **tissue)
+    g1 = pb1(w)
+    sim.device = None
+    assert rel(s1, s0) <= RTOL
+    for k in names:
+        assert np.shape(g1[k]) == np.shape(g0[k]), k
+        assert rel(g1[k], g0[k]) <= RTOL, k

@@ -73,8 +73,9 @@ int host_pooled_dispatch(const EventStream& s, const Tissue& t, const Pools& p, 
 }
 
 int host_pooled_adjoint_dispatch(const EventStream& s, const Tissue& t, const Pools& p, const int* fields,
-                                 int n_tdirs, const float* cot, double* ev_grad, float* tgrad, int threads) {
-  return host::pooled_adjoint_status(s, t, p, fields, n_tdirs, cot, ev_grad, tgrad, threads);
+                                 int n_tdirs, const float* cot, double* ev_grad, float* tgrad, int threads,
+                                 unsigned mask) {
+  return host::pooled_adjoint_status(s, t, p, fields, n_tdirs, cot, ev_grad, tgrad, threads, mask);
 }
 
 const char* host_isa() { return chosen().isa; }

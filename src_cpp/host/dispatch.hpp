@@ -49,7 +49,8 @@ int host_pooled_dispatch(const EventStream& s, const Tissue& t, const Pools& p, 
 // Reverse mode with the pools of p (host::pooled_adjoint_status); returns a
 // Status.
 int host_pooled_adjoint_dispatch(const EventStream& s, const Tissue& t, const Pools& p, const int* fields,
-                                 int n_tdirs, const float* cot, double* ev_grad, float* tgrad, int threads);
+                                 int n_tdirs, const float* cot, double* ev_grad, float* tgrad, int threads,
+                                 unsigned mask);
 
 // Name of the instruction set the block kernels run with ("x86-64-v4", ...).
 const char* host_isa();

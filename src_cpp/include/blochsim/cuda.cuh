@@ -37,6 +37,7 @@
 #include "epg_registers.hpp"
 #include "jacobian.hpp"
 #include "pools.hpp"
+#include "pools_adjoint.hpp"
 
 namespace blochsim {
 namespace cuda {
@@ -1200,6 +1201,65 @@ inline void place_properties(const Tissue& t, const Pools& p, Tissue& dt, Pools&
     for (int c = 0; c < pool_columns; ++c) one(p.pool[j][c], dp.pool[j][c]);
 }
 
+// Moves the tissue and pool properties of t and p (host arrays) and the
+// super-Lorentzian table into one device buffer *props (the caller frees
+// it), and points dt, dp and dl at it.
+inline cudaError_t upload_pool_inputs(const Tissue& t, const Pools& p, cudaStream_t st, void** props, Tissue& dt,
+                                      Pools& dp, LineshapeTable& dl) {
+  std::vector<unsigned char> h;
+  std::vector<std::pair<Property*, size_t>> where;
+  place_properties(t, p, dt, dp, h, where);
+  const LineshapeTable hl = host_lineshape_table();
+  const size_t o_g = put(h, hl.g, lineshape_detail::table_points);
+  const size_t o_dg = put(h, hl.dg_dt, lineshape_detail::table_points);
+  cudaError_t e = pool_malloc(props, h.size(), st);
+  if (e != cudaSuccess) return e;
+  e = cudaMemcpyAsync(*props, h.data(), h.size(), cudaMemcpyHostToDevice, st);
+  if (e != cudaSuccess) return e;
+  // the staging vector must outlive the copy
+  e = cudaStreamSynchronize(st);
+  unsigned char* b = static_cast<unsigned char*>(*props);
+  for (auto& w : where) w.first->data = reinterpret_cast<const float*>(b + w.second);
+  dl = hl;
+  dl.g = reinterpret_cast<const double*>(b + o_g);
+  dl.dg_dt = reinterpret_cast<const double*>(b + o_dg);
+  return e;
+}
+
+// Tissue directions of the pooled adjoint kernel.
+struct PooledAdjointDirs {
+  int field[pool_field_count];
+  int n;
+  unsigned mask;  // the event parameters computed
+};
+
+// One thread a problem of the pooled adjoint (pools_adjoint.hpp on duals of
+// W directions): its event gradients into its own row block of `rows`
+// (count, n_events, pooled_event_gradients), summed afterwards in order.
+template <int W>
+__global__ void pooled_adjoint_kernel(EventStream s, Tissue t, Pools p, LineshapeTable ls, PooledAdjointDirs dirs,
+                                      int64_t first, int64_t count, double* work, int64_t per, const float* cot,
+                                      double* rows, float* tgrad) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= count) return;
+  const int64_t i = first + c, m = s.n_events * pooled_event_gradients;
+  double* r = rows + c * m;
+  for (int64_t j = 0; j < m; ++j) r[j] = 0.0;
+  pooled_adjoint_problem<W>(s, t, p, ls, i, dirs.mask, dirs.field, dirs.n, cot + i * s.n_samples * 2, work + c * per, r,
+                            tgrad + i * dirs.n);
+}
+
+// acc[j] += the sum over c < count of rows[c m + j], in the order of c (a
+// template, like the kernels above, compiled only where called).
+template <class T>
+__global__ void sum_rows_kernel(const T* rows, int64_t count, int64_t m, T* acc) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= m) return;
+  T sum = 0;
+  for (int64_t c = 0; c < count; ++c) sum += rows[c * m + j];
+  acc[j] += sum;
+}
+
 }  // namespace detail
 
 // The forward pooled EPG on the device for host inputs and output: the
@@ -1255,22 +1315,10 @@ inline int pooled_from_host(const EventStream& s, const Tissue& t, const Pools& 
   } while (0)
   r = upload_stream(s, d, st, err, n);
   if (r != ok) return finish(r);
-  // the tissue and pool properties, and the lineshape table, in one buffer
-  std::vector<unsigned char> h;
-  std::vector<std::pair<Property*, size_t>> where;
   Tissue dt;
   Pools dp;
-  place_properties(t, p, dt, dp, h, where);
-  const LineshapeTable hl = host_lineshape_table();
-  const size_t o_g = put(h, hl.g, lineshape_detail::table_points);
-  const size_t o_dg = put(h, hl.dg_dt, lineshape_detail::table_points);
-  BLOCHSIM_POOLED_TRY(pool_malloc(&props, h.size(), st), "cudaMallocFromPoolAsync (tissue)");
-  BLOCHSIM_POOLED_TRY(cudaMemcpyAsync(props, h.data(), h.size(), cudaMemcpyHostToDevice, st), "copy of the tissue");
-  unsigned char* b = static_cast<unsigned char*>(props);
-  for (auto& w : where) w.first->data = reinterpret_cast<const float*>(b + w.second);
-  LineshapeTable dl = hl;
-  dl.g = reinterpret_cast<const double*>(b + o_g);
-  dl.dg_dt = reinterpret_cast<const double*>(b + o_dg);
+  LineshapeTable dl;
+  BLOCHSIM_POOLED_TRY(upload_pool_inputs(t, p, st, &props, dt, dp, dl), "upload of the tissue");
   const size_t out_bytes = static_cast<size_t>(t.n) * static_cast<size_t>(s.n_samples) * 8;
   BLOCHSIM_POOLED_TRY(pool_malloc(reinterpret_cast<void**>(&dout), out_bytes, st), "cudaMallocFromPoolAsync (output)");
   BLOCHSIM_POOLED_TRY(pool_malloc(reinterpret_cast<void**>(&status), sizeof(int), st), "cudaMallocFromPoolAsync");
@@ -1340,6 +1388,103 @@ inline int pooled_from_host(const EventStream& s, const Tissue& t, const Pools& 
   BLOCHSIM_POOLED_TRY(cudaStreamSynchronize(st), "pooled_kernel");
 #undef BLOCHSIM_POOLED_TRY
   if (hs != ok) return finish(say(hs, err, n));
+  return finish(ok);
+}
+
+// Reverse mode with pools on the device for host inputs and outputs
+// (host::pooled_adjoint_status's counterpart, same arguments and results):
+// one thread a problem in double precision, the per-event play on duals of
+// W directions, launches of as many problems as fit in a quarter of the
+// free memory; each launch's event gradients are summed in problem order,
+// so the result does not depend on the launch size.  Synchronous.
+template <int W = pooled_adjoint_width>
+inline int pooled_adjoint_from_host(const EventStream& s, const Tissue& t, const Pools& p, const int* fields,
+                                    int n_tdirs, const float* cot, double* ev_grad, float* tgrad,
+                                    char* err = nullptr, int n = 0, unsigned mask = pooled_all_event_dirs) {
+  using namespace detail;
+  const int v = validate(s, t, true);
+  if (v != ok) return say(v, err, n);
+  const int vp = validate_pools(s, t, p);
+  if (vp != ok) return say(vp, err, n);
+  if (mask > pooled_all_event_dirs || n_tdirs < 0 || n_tdirs > pool_field_count ||
+      (n_tdirs > 0 && (!fields || (t.n > 0 && !tgrad))))
+    return say(bad_shape, err, n);
+  PooledAdjointDirs dirs{};
+  dirs.mask = mask;
+  dirs.n = n_tdirs;
+  for (int j = 0; j < n_tdirs; ++j) {
+    if (fields[j] < 0 || fields[j] >= pool_field_count || fields[j] == 6 || fields[j] == 7)
+      return say(bad_shape, err, n);
+    for (int l = 0; l < j; ++l)
+      if (fields[l] == fields[j]) return say(bad_shape, err, n);
+    dirs.field[j] = fields[j];
+  }
+  const int64_t m = s.n_events * pooled_event_gradients;
+  for (int64_t j = 0; j < m; ++j) ev_grad[j] = 0.0;
+  if (s.n_events == 0 || t.n == 0) {
+    for (int64_t j = 0; j < t.n * n_tdirs; ++j) tgrad[j] = 0.0f;
+    return ok;
+  }
+  no_stale_error();
+  cudaStream_t st = nullptr;
+  BLOCHSIM_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "cudaStreamCreate");
+  DeviceStream d;
+  void* props = nullptr;
+  float *dcot = nullptr, *dtg = nullptr;
+  double *work = nullptr, *rows = nullptr, *acc = nullptr;
+  auto finish = [&](int result) {
+    for (void* q : {static_cast<void*>(work), static_cast<void*>(rows), static_cast<void*>(acc),
+                    static_cast<void*>(dcot), static_cast<void*>(dtg), props, d.buf})
+      if (q) cudaFreeAsync(q, st);
+    cudaStreamSynchronize(st);
+    cudaStreamDestroy(st);
+    return result;
+  };
+#define BLOCHSIM_POOLED_TRY(call, what)                                   \
+  do {                                                                     \
+    const cudaError_t e_ = (call);                                         \
+    if (e_ != cudaSuccess) return finish(fail(e_, what, err, n));          \
+  } while (0)
+  int r = upload_stream(s, d, st, err, n);
+  if (r != ok) return finish(r);
+  Tissue dt;
+  Pools dp;
+  LineshapeTable dl;
+  BLOCHSIM_POOLED_TRY(upload_pool_inputs(t, p, st, &props, dt, dp, dl), "upload of the tissue");
+  const size_t cot_bytes = static_cast<size_t>(t.n) * static_cast<size_t>(s.n_samples) * 8;
+  const size_t tg_bytes = static_cast<size_t>(t.n) * static_cast<size_t>(n_tdirs) * 4;
+  if (cot_bytes > 0) {
+    BLOCHSIM_POOLED_TRY(pool_malloc(reinterpret_cast<void**>(&dcot), cot_bytes, st), "cudaMallocFromPoolAsync (cotangent)");
+    BLOCHSIM_POOLED_TRY(cudaMemcpyAsync(dcot, cot, cot_bytes, cudaMemcpyHostToDevice, st), "copy of the cotangent");
+  }
+  if (tg_bytes > 0)
+    BLOCHSIM_POOLED_TRY(pool_malloc(reinterpret_cast<void**>(&dtg), tg_bytes, st), "cudaMallocFromPoolAsync (gradient)");
+  BLOCHSIM_POOLED_TRY(pool_malloc(reinterpret_cast<void**>(&acc), static_cast<size_t>(m) * 8, st), "cudaMallocFromPoolAsync");
+  BLOCHSIM_POOLED_TRY(cudaMemsetAsync(acc, 0, static_cast<size_t>(m) * 8, st), "cudaMemsetAsync");
+  size_t free_b = 0, total_b = 0;
+  BLOCHSIM_POOLED_TRY(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+  const int64_t per = pooled_adjoint_workspace(s, p, mask, n_tdirs, W);
+  const int64_t per_bytes = (per + m) * 8;
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(t.n, static_cast<int64_t>(free_b / 4) / per_bytes));
+  BLOCHSIM_POOLED_TRY(pool_malloc(reinterpret_cast<void**>(&work), static_cast<size_t>(chunk * per) * 8, st),
+                      "cudaMallocFromPoolAsync (adjoint workspace)");
+  BLOCHSIM_POOLED_TRY(pool_malloc(reinterpret_cast<void**>(&rows), static_cast<size_t>(chunk * m) * 8, st),
+                      "cudaMallocFromPoolAsync (event gradients)");
+  constexpr int threads = 64;
+  for (int64_t first = 0; first < t.n; first += chunk) {
+    const int64_t count = std::min<int64_t>(chunk, t.n - first);
+    pooled_adjoint_kernel<W><<<static_cast<unsigned>((count + threads - 1) / threads), threads, 0, st>>>(
+        d.ds, dt, dp, dl, dirs, first, count, work, per, dcot, rows, dtg);
+    BLOCHSIM_POOLED_TRY(cudaGetLastError(), "pooled_adjoint_kernel launch");
+    sum_rows_kernel<double><<<static_cast<unsigned>((m + 255) / 256), 256, 0, st>>>(rows, count, m, acc);
+    BLOCHSIM_POOLED_TRY(cudaGetLastError(), "sum_rows_kernel launch");
+  }
+  BLOCHSIM_POOLED_TRY(cudaMemcpyAsync(ev_grad, acc, static_cast<size_t>(m) * 8, cudaMemcpyDeviceToHost, st),
+                      "copy of the event gradients");
+  if (tg_bytes > 0)
+    BLOCHSIM_POOLED_TRY(cudaMemcpyAsync(tgrad, dtg, tg_bytes, cudaMemcpyDeviceToHost, st), "copy of the gradient");
+  BLOCHSIM_POOLED_TRY(cudaStreamSynchronize(st), "pooled_adjoint_kernel");
+#undef BLOCHSIM_POOLED_TRY
   return finish(ok);
 }
 

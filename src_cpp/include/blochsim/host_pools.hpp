@@ -17,6 +17,7 @@ namespace host {
 // Directions a pooled Jacobian pass carries (more are done in passes).
 constexpr int pooled_pass_directions = 4;
 
+
 // Signature of a function that plays the forward pooled EPG of blocks
 // [b0, b1) of `lanes` problems (pooled_block) with a workspace of
 // pool_block_workspace(s, p) lane vectors.
@@ -119,16 +120,19 @@ inline int pooled_status(const EventStream& s, const Tissue& t, const Pools& p, 
 // pooled_event_gradients) = dL / d(interval duration_s, flip_rad,
 // phase_rad, rx_phase_rad, pulse duration_s, pulse offset_hz) of each event
 // summed over the problems, and tgrad (t.n, n_tdirs) = dL / d field
-// fields[j] (as pooled_status's fields) per problem, in SI units.  The
-// problems are summed in fixed partitions, so the result does not depend on
-// the thread count.
+// fields[j] (as pooled_status's fields) per problem, in SI units.  mask
+// picks the event parameters computed (pools_adjoint.hpp; the others' and
+// the readout phase's columns are always written).  The problems are summed
+// in fixed partitions, so the result does not depend on the thread count.
 inline int pooled_adjoint_status(const EventStream& s, const Tissue& t, const Pools& p, const int* fields,
-                                 int n_tdirs, const float* cot, double* ev_grad, float* tgrad, int threads) {
+                                 int n_tdirs, const float* cot, double* ev_grad, float* tgrad, int threads,
+                                 unsigned mask = pooled_all_event_dirs) {
   const int v = validate(s, t, true);
   if (v != ok) return v;
   const int vp = validate_pools(s, t, p);
   if (vp != ok) return vp;
   if (threads < 1) return bad_threads;
+  if (mask > pooled_all_event_dirs) return bad_shape;
   if (n_tdirs < 0 || n_tdirs > pool_field_count || (n_tdirs > 0 && (!fields || (t.n > 0 && !tgrad))))
     return bad_shape;
   for (int j = 0; j < n_tdirs; ++j) {
@@ -146,13 +150,13 @@ inline int pooled_adjoint_status(const EventStream& s, const Tissue& t, const Po
   const int64_t parts = std::min(adjoint_partitions, t.n);
   std::vector<double> rows(static_cast<std::size_t>(parts * m), 0.0);
   const LineshapeTable ls = host_lineshape_table();
-  const std::size_t per = static_cast<std::size_t>(pooled_adjoint_workspace(s, p, n_tdirs));
+  const std::size_t per = static_cast<std::size_t>(pooled_adjoint_workspace(s, p, mask, n_tdirs, pooled_adjoint_width));
   const int64_t ns = s.n_samples;
   const int st = run_ranges(parts, threads, 0, [&](int64_t p0, int64_t p1, float*) {
     std::vector<double> work(per);
     for (int64_t part = p0; part < p1; ++part)
       for (int64_t i = t.n * part / parts; i < t.n * (part + 1) / parts; ++i)
-        pooled_adjoint_problem(s, t, p, ls, i, fields, n_tdirs, cot + i * ns * 2, work.data(),
+        pooled_adjoint_problem<pooled_adjoint_width>(s, t, p, ls, i, mask, fields, n_tdirs, cot + i * ns * 2, work.data(),
                                rows.data() + part * m, tgrad + i * n_tdirs);
     return static_cast<int>(ok);
   });

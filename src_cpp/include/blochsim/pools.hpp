@@ -298,14 +298,14 @@ BLOCHSIM_HD BLOCHSIM_NOINLINE void pool_interval(const PoolTissue<S>& q, const S
 
 // Scalars of one problem's pooled state (F+, F-, Z of each liquid pool and
 // the semisolid Z over K orders, complex).
-inline int64_t pool_state_size(const EventStream& s, const Pools& p) {
+BLOCHSIM_HD inline int64_t pool_state_size(const EventStream& s, const Pools& p) {
   const int64_t n = 1 + p.n_exchanging;
   return (3 * n + (p.bound ? 1 : 0)) * 2 * static_cast<int64_t>(s.states);
 }
 
 // Scalars of one problem's operator tables: per distinct interval a flag,
 // P, L and r; per distinct exact pulse a flag, M and c.
-inline int64_t pool_operator_size(const EventStream& s, const Pools& p) {
+BLOCHSIM_HD inline int64_t pool_operator_size(const EventStream& s, const Pools& p) {
   const int64_t n = 1 + p.n_exchanging, m = n + (p.bound ? 1 : 0);
   const int64_t per_interval = 2 * n * n + m * m + m + 1;
   const int64_t d = 3 * n + (p.bound ? 1 : 0);
@@ -314,7 +314,7 @@ inline int64_t pool_operator_size(const EventStream& s, const Pools& p) {
 }
 
 // Scalars per problem of pooled_problem's workspace.
-inline int64_t pool_workspace(const EventStream& s, const Pools& p) {
+BLOCHSIM_HD inline int64_t pool_workspace(const EventStream& s, const Pools& p) {
   return pool_state_size(s, p) + pool_operator_size(s, p);
 }
 

@@ -50,46 +50,59 @@ enum PooledEventGradient : int {
   pooled_event_gradients
 };
 
-// Dual directions of one pass of the per-event play: the first pass carries
-// the five event parameters and pooled_first_tissue tissue directions, each
-// later pass pooled_adjoint_width tissue directions.
-constexpr int pooled_adjoint_width = 8;
+// The per-event play runs on duals of W directions, in passes over the flat
+// list of directions: the event parameters asked for (bits of a mask over
+// the pooled_event_dirs parameters, in the order of EventSeeds) and then the
+// tissue directions.  Four a pass (pooled_adjoint_width) costs no more than
+// wider passes and shares the pooled Jacobian's exponentials on duals.
 constexpr int pooled_event_dirs = 5;
-constexpr int pooled_first_tissue = pooled_adjoint_width - pooled_event_dirs;
+constexpr unsigned pooled_all_event_dirs = (1u << pooled_event_dirs) - 1;
+constexpr int pooled_adjoint_width = 4;
 
-// Passes of the per-event play for n_tdirs tissue directions.
-BLOCHSIM_HD inline int pooled_adjoint_passes(int n_tdirs) {
-  const int rest = n_tdirs > pooled_first_tissue ? n_tdirs - pooled_first_tissue : 0;
-  return 1 + (rest + pooled_adjoint_width - 1) / pooled_adjoint_width;
+BLOCHSIM_HD inline int pooled_event_count(unsigned mask) {
+  int c = 0;
+  for (int j = 0; j < pooled_event_dirs; ++j) c += (mask >> j) & 1u;
+  return c;
+}
+
+// Passes of the per-event play for the event parameters of mask and n_tdirs
+// tissue directions, W a pass (at least one: the readout's phase and the
+// adjoint itself need none, but the sweep runs once).
+BLOCHSIM_HD inline int pooled_adjoint_passes(unsigned mask, int n_tdirs, int W) {
+  const int total = pooled_event_count(mask) + n_tdirs;
+  return total > 0 ? (total + W - 1) / W : 1;
 }
 
 inline namespace BLOCHSIM_ISA {
 
-// Doubles of one problem's adjoint workspace.
-BLOCHSIM_HD inline int64_t pooled_adjoint_workspace(const EventStream& s, const Pools& p, int n_tdirs) {
+// Doubles of one problem's adjoint workspace, on duals of W directions.
+BLOCHSIM_HD inline int64_t pooled_adjoint_workspace(const EventStream& s, const Pools& p, unsigned mask, int n_tdirs,
+                                                    int W) {
   const int64_t x = pool_state_size(s, p), ops = pool_operator_size(s, p);
   int64_t c = static_cast<int64_t>(std::sqrt(static_cast<double>(s.n_events)));
   while (c * c < s.n_events) ++c;
   if (c < 1) c = 1;
   const int64_t n_ckpt = (s.n_events + c - 1) / c;
-  const int64_t dual = pooled_adjoint_width + 1;
   // state, adjoint, checkpoints and their bands, a segment and its bands,
   // the operators; the dual state and each pass's dual operators
-  return x * (2 + n_ckpt + c) + n_ckpt + c + ops + dual * (x + pooled_adjoint_passes(n_tdirs) * ops);
+  return x * (2 + n_ckpt + c) + n_ckpt + c + ops + (W + 1) * (x + pooled_adjoint_passes(mask, n_tdirs, W) * ops);
 }
 
 // The adjoint of problem i of t with the pools of p.
+//   mask: the event parameters (bit j: EventSeeds' j-th) whose columns are
+//     computed; the others stay as they are (the readout phase's always is);
 //   fields[0 .. n_tdirs): tissue fields (0 .. 8 the Tissue fields,
 //     PoolField for the pools) whose gradient is written to tgrad[j] (per
 //     SI unit);
 //   cot: this problem's cotangent, n_samples complex64 interleaved;
 //   rows (n_events, pooled_event_gradients): the event gradients, added to.
-// work holds pooled_adjoint_workspace(s, p, n_tdirs) doubles.
+// work holds pooled_adjoint_workspace(s, p, mask, n_tdirs, W) doubles.
+template <int W>
 BLOCHSIM_HD inline void pooled_adjoint_problem(const EventStream& s, const Tissue& t, const Pools& p,
-                                               const LineshapeTable& ls, int64_t i, const int* fields,
-                                               int n_tdirs, const float* cot, double* work, double* rows,
+                                               const LineshapeTable& ls, int64_t i, unsigned mask,
+                                               const int* fields, int n_tdirs, const float* cot, double* work, double* rows,
                                                float* tgrad) {
-  using D = Dual<double, pooled_adjoint_width>;
+  using D = Dual<double, W>;
   const int64_t nev = s.n_events;
   const int64_t xs = pool_state_size(s, p), os = pool_operator_size(s, p);
   int64_t C = static_cast<int64_t>(std::sqrt(static_cast<double>(nev)));
@@ -105,7 +118,7 @@ BLOCHSIM_HD inline void pooled_adjoint_problem(const EventStream& s, const Tissu
   double* const fops = segband + C;
   D* const dx = reinterpret_cast<D*>(fops + os);
   D* const dops = dx + xs;
-  const int passes = pooled_adjoint_passes(n_tdirs);
+  const int passes = pooled_adjoint_passes(mask, n_tdirs, W);
 
   PoolPlayer<double> fw(s, p, ls, pool_tissue<double>(t, p, i, nullptr, 0, nullptr),
                         reinterpret_cast<Cx<double>*>(xw), fops);
@@ -114,28 +127,31 @@ BLOCHSIM_HD inline void pooled_adjoint_problem(const EventStream& s, const Tissu
   const int n = fw.n, m = fw.m, K = fw.K, d = fw.d;
   const double M0 = fw.q.M0;
 
-  // each pass's directions: -1 for an event parameter or nothing
-  int pass_fields[8][pooled_adjoint_width];
-  int pass_first[8];
-  for (int g = 0; g < passes; ++g) {
-    const int first = g == 0 ? 0 : pooled_first_tissue + (g - 1) * pooled_adjoint_width;
-    const int off = g == 0 ? pooled_event_dirs : 0;
-    pass_first[g] = first;
-    for (int q = 0; q < pooled_adjoint_width; ++q) {
-      const int j = first + q - off;
-      pass_fields[g][q] = (q >= off && j < n_tdirs) ? fields[j] : -1;
-    }
-  }
+  // pass g carries the flat directions [g W, (g + 1) W): the event
+  // parameters of mask (event_dir), then the tissue fields (-1: not a
+  // tissue field)
+  int event_dir[pooled_event_dirs];
+  int n_ev = 0;
+  for (int j = 0; j < pooled_event_dirs; ++j)
+    if ((mask >> j) & 1u) event_dir[n_ev++] = j;
+  const int total = n_ev + n_tdirs;
+  auto tissue_of = [&](int g, int q) {
+    const int flat = g * W + q;
+    return flat >= n_ev && flat < total ? flat - n_ev : -1;
+  };
+  int pass_fields[W];
   auto pass_player = [&](int g) {
-    PoolPlayer<D> pl(s, p, ls, pool_tissue<D>(t, p, i, pass_fields[g], pooled_adjoint_width, nullptr),
-                     reinterpret_cast<Cx<D>*>(dx), dops + g * os);
-    if (g == 0) {
-      pl.es.duration = 0;
-      pl.es.flip = 1;
-      pl.es.phase = 2;
-      pl.es.rf_duration = 3;
-      pl.es.rf_offset = 4;
-    }
+    for (int q = 0; q < W; ++q) pass_fields[q] = tissue_of(g, q) >= 0 ? fields[tissue_of(g, q)] : -1;
+    PoolPlayer<D> pl(s, p, ls, pool_tissue<D>(t, p, i, pass_fields, W, nullptr), reinterpret_cast<Cx<D>*>(dx),
+                     dops + g * os);
+    int dir[pooled_event_dirs] = {-1, -1, -1, -1, -1};
+    for (int j = 0; j < n_ev; ++j)
+      if (j / W == g) dir[event_dir[j]] = j % W;
+    pl.es.duration = dir[0];
+    pl.es.flip = dir[1];
+    pl.es.phase = dir[2];
+    pl.es.rf_duration = dir[3];
+    pl.es.rf_offset = dir[4];
     return pl;
   };
   for (int g = 0; g < passes; ++g) pass_player(g).forget_operators();
@@ -198,27 +214,25 @@ BLOCHSIM_HD inline void pooled_adjoint_problem(const EventStream& s, const Tissu
         pl.band = static_cast<int>(segband[e - c0]);
         Cx<D> sample{D(0.0), D(0.0)};
         pl.event(e, [&](int32_t, const Cx<D>& v) { sample = v; });
-        double acc[pooled_adjoint_width];
-        for (int q = 0; q < pooled_adjoint_width; ++q) acc[q] = gr * sample.re.d[q] + gi * sample.im.d[q];
+        double acc[W];
+        for (int q = 0; q < W; ++q) acc[q] = gr * sample.re.d[q] + gi * sample.im.d[q];
         for (int64_t l = 0; l < xs; ++l) {
           const double lv = lw[l];
           if (lv != 0.0)
-            for (int q = 0; q < pooled_adjoint_width; ++q) acc[q] += lv * dx[l].d[q];
+            for (int q = 0; q < W; ++q) acc[q] += lv * dx[l].d[q];
         }
-        if (g == 0) {
-          row[pgrad_duration] += acc[0];
-          row[pgrad_flip] += acc[1];
-          row[pgrad_phase] += acc[2];
-          row[pgrad_rf_duration] += acc[3];
-          row[pgrad_rf_offset] += acc[4];
-          if (f & event_readout)  // ds/drx = -i s
-            row[pgrad_rx] += gr * sample.im.v - gi * sample.re.v;
+        // the event parameters (in EventSeeds order) to their columns
+        constexpr int column[pooled_event_dirs] = {pgrad_duration, pgrad_flip, pgrad_phase, pgrad_rf_duration,
+                                                   pgrad_rf_offset};
+        for (int q = 0; q < W; ++q) {
+          const int flat = g * W + q;
+          if (flat < n_ev)
+            row[column[event_dir[flat]]] += acc[q];
+          else if (flat < total)
+            tacc[flat - n_ev] += acc[q];
         }
-        const int off = g == 0 ? pooled_event_dirs : 0;
-        for (int q = off; q < pooled_adjoint_width; ++q) {
-          const int j = pass_first[g] + q - off;
-          if (j < n_tdirs) tacc[j] += acc[q];
-        }
+        if (g == 0 && (f & event_readout))  // ds/drx = -i s
+          row[pgrad_rx] += gr * sample.im.v - gi * sample.re.v;
       }
       // back through the spoil or the shifts after
       if (f & event_spoil) {
@@ -303,11 +317,11 @@ BLOCHSIM_HD inline void pooled_adjoint_problem(const EventStream& s, const Tissu
   }
   // the equilibrium's dependence on the tissue: Z_0 of pool j at f_j
   for (int g = 0; g < passes; ++g) {
-    const PoolTissue<D> qd = pool_tissue<D>(t, p, i, pass_fields[g], pooled_adjoint_width, nullptr);
-    const int off = g == 0 ? pooled_event_dirs : 0;
-    for (int q = off; q < pooled_adjoint_width; ++q) {
-      const int j = pass_first[g] + q - off;
-      if (j >= n_tdirs) continue;
+    for (int q = 0; q < W; ++q) pass_fields[q] = tissue_of(g, q) >= 0 ? fields[tissue_of(g, q)] : -1;
+    const PoolTissue<D> qd = pool_tissue<D>(t, p, i, pass_fields, W, nullptr);
+    for (int q = 0; q < W; ++q) {
+      const int j = tissue_of(g, q);
+      if (j < 0) continue;
       for (int l = 0; l < m; ++l) tacc[j] += lz[l * K].re * qd.f[l].d[q];
     }
   }
