@@ -520,4 +520,5 @@ def test_pools_vjp_parity_with_host(name, sim, tissue):
     assert rel(s1, s0) <= RTOL
     for k in names:
         assert np.shape(g1[k]) == np.shape(g0[k]), k
-        assert rel(g1[k], g0[k]) <= RTOL, k
+        # (a gradient that is 0 by symmetry, as B0's in a CPMG train, is round-off on both)
+        assert np.max(np.abs(g1[k] - g0[k])) <= RTOL * np.max(np.abs(g0[k])) + 1e-9, k

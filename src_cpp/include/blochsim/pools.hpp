@@ -257,9 +257,10 @@ BLOCHSIM_HD inline PoolTissue<S> pool_tissue(const Tissue& t, const Pools& p, in
 
 // The interval operators of one problem for a duration tau (s): P (n × n
 // complex, F+), L (m × m) and r (m) as described at the top.
-// (Not inlined: it runs once per interval and problem, and each pool count's
-// kernel shares one copy; inlined, the exponential's unrolled code is
-// compiled again into every kernel.)
+// (Not inlined on the host: it runs once per interval and problem, and each
+// pool count's kernel shares one copy; inlined, the exponential's unrolled
+// code is compiled again into every kernel.  config.hpp says why the device
+// inlines it.)
 template <class S>
 BLOCHSIM_HD BLOCHSIM_NOINLINE void pool_interval(const PoolTissue<S>& q, const S& tau, Cx<S>* P, S* L, S* r) {
   const int n = q.n, m = q.m;
@@ -360,7 +361,7 @@ BLOCHSIM_HD inline DrivenPulse<S> driven_pulse(const double* row, const EventSee
 // exp(-2 pi i df tau)).  The RF terms are the hard pulse's rotation per unit
 // angle (SPEC §2) at w1 = B1 alpha / tau; the semisolid pool saturates at
 // W = pi w1^2 G(df - B0).
-// (Not inlined, as pool_interval.)
+// (Not inlined on the host, as pool_interval.)
 template <class S>
 BLOCHSIM_HD BLOCHSIM_NOINLINE void pool_driven(const PoolTissue<S>& q, int lineshape, const LineshapeTable& ls,
                                                const DrivenPulse<S>& pulse, Cx<S>* M, Cx<S>* c) {
