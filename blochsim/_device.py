@@ -132,6 +132,23 @@ class Interface:
         self.library = type(obj).__module__.split(".")[0]
 
 
+def to_host(name: str, obj, allow_complex64: bool = False) -> np.ndarray:
+    """A copy on the host of the device array ``obj`` (validated as
+    :class:`Interface`), after the work its stream holds."""
+    it = Interface(name, obj, allow_complex64=allow_complex64)
+    host = np.empty(it.shape, dtype=it.dtype)
+    _core.copy_to_host(host.reshape(-1).view(np.uint8), it.ptr, int(it.stream or 0))
+    return host
+
+
+def from_host(a: np.ndarray, like_library: str):
+    """A complex64 device array of the caller's library holding ``a``."""
+    d, ptr = new_output(a.shape, like_library)
+    _core.copy_to_device(ptr, np.ascontiguousarray(a, np.complex64).reshape(-1).view(np.uint8), 0)
+    _core.stream_synchronize(0)
+    return d
+
+
 def new_output(shape, like_library: str):
     """A complex64 device array in the caller's library (CuPy, PyTorch) or a
     blochsim DeviceArray; returns (array, pointer)."""

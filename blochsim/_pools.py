@@ -125,15 +125,20 @@ def drop_idle(tissue: dict, names, owner: str) -> dict:
     no magnetisation and exchanges none, so the call plays as if it were
     absent (and, with no pool left, through the single-pool kernels, with
     their results bit for bit).  Checks the pool configuration first."""
-    if any(V.is_device_array(v) for v in tissue.values()):
-        which = next(k for k, v in tissue.items() if V.is_device_array(v))
-        raise ValueError(f"{owner}: with pools or exact rectangular pulses the inputs are NumPy arrays; {which} is "
-                         f"a device array (device='cuda' with NumPy arrays runs on the GPU)")
     configuration(tissue, owner)
-    host = {k: V.tissue_array(k, v) for k, v in tissue.items() if k in POOL_PROPERTIES}
+    on_device = any(V.is_device_array(v) for v in tissue.values())
+    if on_device:
+        from blochsim._device import to_host
+
+    host = {k: V.tissue_array(k, to_host(k, v) if V.is_device_array(v) else v)
+            for k, v in tissue.items() if k in POOL_PROPERTIES}
     fracs = {k: v for k, v in host.items() if k.endswith("_fraction")}
     if fracs:
         check_fractions(fracs, V.broadcast_voxels(fracs))
+    if on_device:
+        # device arrays stay in the pooled path (whose results equal the
+        # single-pool ones to round-off) rather than coming back to the host
+        return tissue
     names = set(names)
 
     def idle(prefix):

@@ -259,7 +259,8 @@ class Simulator(_Base):
             tissue = _pools.drop_idle(tissue, names, type(self).__name__)
         if _pools.any_pool(tissue) or self._packed(p).driven is not None:
             signal, J = self._pooled(p, tissue, on_device, names, out)
-            return out if out is not None else (signal, J[..., 0, :] if one else J)
+            # (device results come back shaped)
+            return out if out is not None else (signal, J[..., 0, :] if one and isinstance(J, np.ndarray) else J)
         device = _dispatch.resolve_device(self.device, on_device[0] if on_device else None)
         if device == "cpu" and on_device:
             raise ValueError(f"device='cpu' was asked for, but {on_device[0]} is a device array")
@@ -684,9 +685,11 @@ class Simulator(_Base):
     def _pooled_vjp(self, p, tissue, on_device, stream, names, tissue_names, prov, pshapes):
         """vjp() with pools or exact rectangular pulses: the signal as
         simulate() computes it, the adjoint in double precision
-        (pools_adjoint.hpp), on the GPU with device='cuda'."""
-        signal = self._pooled(p, tissue, on_device, (), None)[0]
-        gpu = _dispatch.resolve_device(self.device) == "cuda"
+        (pools_adjoint.hpp), on the GPU with device='cuda' or device-array
+        inputs (moved through the host; the cotangent may be a device array,
+        the gradients are NumPy)."""
+        tissue, gpu, library, _ = self._pooled_backend(tissue, on_device)
+        signal = self._pooled(p, tissue, (), (), None, gpu)[0]
         owner = type(self).__name__
         n_exchanging, bound = _pools.configuration(tissue, owner)
         arrays, shape = self._tissue(tissue)
@@ -708,6 +711,10 @@ class Simulator(_Base):
         mask = sum(1 << d for d, c in enumerate((0, 1, 2, 4, 5)) if c in columns)
 
         def pullback(cotangent):
+            if V.is_device_array(cotangent):
+                from blochsim._device import to_host
+
+                cotangent = to_host("cotangent", cotangent, allow_complex64=True)
             cot = _cotangent(cotangent, signal.shape)
             ev = np.zeros((s.n_events, 6), dtype=np.float64)
             tg = np.zeros((n, len(fields)), dtype=np.float32)
@@ -715,6 +722,10 @@ class Simulator(_Base):
                                  cot.reshape(n, s.n_samples), ev, tg, threads, mask, gpu)
             return _assemble(names, p, prov, pshapes, ev, tg, scale, tissue_names, shape, tshapes)
 
+        if library is not None:
+            from blochsim._device import from_host
+
+            return from_host(signal, library), pullback
         return signal, pullback
 
     def _refuse_pools(self, tissue, what, p=None):
@@ -723,15 +734,39 @@ class Simulator(_Base):
                              f"rectangular pulses (RectPulse); the tissue Jacobian (jacobian) and reverse mode "
                              f"(vjp) are")
 
-    def _pooled(self, p, tissue, on_device, names, out):
+    def _pooled_backend(self, tissue, on_device, out=None):
+        """Where a pooled call runs: (tissue with device arrays copied to the
+        host, gpu, library of the device inputs or None, device outputs).
+        The pooled kernels take host arrays; device-array inputs (and
+        outputs) are moved through the host and run on the GPU."""
+        outs = [o for o in (out if isinstance(out, tuple) else (out,)) if o is not None]
+        device_out = any(V.is_device_array(o) for o in outs)
+        on_device = [k for k in on_device if k != "out"]
+        if not on_device and not device_out:
+            return tissue, _dispatch.resolve_device(self.device) == "cuda", None, False
+        device = _dispatch.resolve_device(self.device, on_device[0] if on_device else "out")
+        if device == "cpu":
+            raise ValueError(f"device='cpu' was asked for, but {on_device[0] if on_device else 'out'} is a "
+                             f"device array")
+        from blochsim._device import Interface, to_host
+
+        library = Interface(on_device[0], tissue[on_device[0]]).library if on_device else None
+        staged = {k: (to_host(k, v) if k in on_device else v) for k, v in tissue.items()}
+        return staged, True, library, device_out
+
+    def _pooled(self, p, tissue, on_device, names, out, gpu=None):
         """simulate() or jacobian() with pools or exact rectangular pulses:
         (signal, J), J (*voxels, len(names), samples) or None without names.
-        NumPy in and out; on the GPU with device='cuda'."""
+        NumPy in and out (on the GPU with device='cuda'); device arrays in or
+        out are moved through the host and come back as device arrays."""
         owner = type(self).__name__
-        if on_device:
-            raise ValueError(f"{owner}: with pools or exact rectangular pulses the inputs are NumPy arrays; "
-                             f"{on_device[0]} is a device array (device='cuda' with NumPy arrays runs on the GPU)")
-        gpu = _dispatch.resolve_device(self.device) == "cuda"
+        tissue, use_gpu, library, device_out = self._pooled_backend(tissue, on_device, out)
+        gpu = use_gpu if gpu is None else gpu
+        host_out = None if device_out else out
+        if device_out or library is not None:
+            signal, J = self._pooled(p, tissue, (), names, host_out, gpu)
+            return _device_results(signal, J, out if device_out else None, library, names)
+        out = host_out
         n_exchanging, bound = _pools.configuration(tissue, owner)
         # the fractions were checked by drop_idle()
         arrays, shape = self._tissue(tissue)
@@ -823,6 +858,29 @@ class Simulator(_Base):
         # one); waiting for it hands back a result any stream may read.
         _core.stream_synchronize(stream)
         return result
+
+
+def _device_results(signal, J, out, library, names):
+    """A pooled call's host results as device arrays: copied into the
+    device ``out`` (an array, or a (signal, J) pair) when given, else new
+    arrays of ``library``."""
+    from blochsim._device import Interface, from_host
+
+    one = len(names) == 1
+    hosts = [signal] if J is None else [signal, J[..., 0, :] if one else J]
+    if out is None:
+        made = [from_host(h, library) for h in hosts]
+        return made[0], (made[1] if J is not None else None)
+    targets = list(out) if isinstance(out, tuple) else [out]
+    for j, (o, h) in enumerate(zip(targets, hosts)):
+        name = "out" if len(targets) == 1 else f"out[{j}]"
+        it = Interface(name, o, allow_complex64=True)
+        if it.dtype != np.complex64 or it.shape != h.shape:
+            raise ValueError(f"{name} must be a C-contiguous complex64 array of shape {h.shape}, got "
+                             f"{np.dtype(it.dtype)} {it.shape}")
+        _core.copy_to_device(it.ptr, np.ascontiguousarray(h).reshape(-1).view(np.uint8), int(it.stream or 0))
+        _core.stream_synchronize(int(it.stream or 0))
+    return targets[0], (targets[1] if len(targets) > 1 else None)
 
 
 def _jacobian_out_shapes(out, shape, count, samples, one):
