@@ -114,3 +114,17 @@ def test_device_mrf_forward_pools_from_numpy(benchmark, n, pool):
     assert out.shape == (n, 500)
     benchmark.extra_info["atoms"] = n
     benchmark.extra_info["atoms_per_s_median"] = n / benchmark.stats.stats.median
+
+
+@pytest.mark.parametrize("pool", sorted(POOLS))
+def test_device_mrf_vjp_pools_1e4(benchmark, pool):
+    """Pullback to (flip, TR, T1, T2) with one pool added on the device (the
+    pooled adjoint, one thread a problem in double precision), NumPy in and
+    out."""
+    T1, T2 = reference_tissues(10_000)
+    sim = MRFSimulator(flip=reference_flips(500), TR=10.0, states=32, device="cuda")
+    s, pullback = sim.vjp(("flip", "TR", "T1", "T2"), T1=T1, T2=T2, **POOLS[pool])
+    g = benchmark.pedantic(pullback, args=(np.ones_like(s),), rounds=3, warmup_rounds=1)
+    assert g["flip"].shape == (500,)
+    benchmark.extra_info["atoms"] = 10_000
+    benchmark.extra_info["atoms_per_s_median"] = 10_000 / benchmark.stats.stats.median

@@ -108,3 +108,16 @@ def test_mrf_jacobian_pools_1k(benchmark, pool):
     assert J.shape == (1_000, 2, 500)
     benchmark.extra_info["atoms"] = 1_000
     benchmark.extra_info["atoms_per_s_median"] = 1_000 / benchmark.stats.stats.median
+
+
+@pytest.mark.parametrize("pool", sorted(POOLS))
+def test_mrf_vjp_pools_1k(benchmark, pool):
+    """Pullback to (flip, TR, T1, T2) with one pool added (the pooled adjoint,
+    double precision per problem), given the signal from vjp."""
+    T1, T2 = reference_tissues(1_000)
+    sim = MRFSimulator(flip=reference_flips(500), TR=10.0, states=32)
+    s, pullback = sim.vjp(("flip", "TR", "T1", "T2"), T1=T1, T2=T2, **POOLS[pool])
+    g = benchmark.pedantic(pullback, args=(np.ones_like(s),), rounds=3, warmup_rounds=1)
+    assert g["flip"].shape == (500,)
+    benchmark.extra_info["atoms"] = 1_000
+    benchmark.extra_info["atoms_per_s_median"] = 1_000 / benchmark.stats.stats.median

@@ -355,6 +355,14 @@ class Simulator(_Base):
             (a complex RF waveform).  A protocol parameter
             is shared by every voxel, so its gradient sums over them.
 
+        Notes
+        -----
+        With pools or exact rectangular pulses (:class:`RectPulse`) the
+        adjoint runs in double precision one voxel at a time
+        (pools_adjoint.hpp), on the host or, with ``device="cuda"`` or
+        device-array inputs, on the GPU; the gradient then also reaches the
+        duration and offset of every pulse (and every pool property).
+
         Examples
         --------
         >>> import numpy as np
