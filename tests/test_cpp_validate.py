@@ -120,3 +120,61 @@ def test_pooled_entry_and_its_refusals(tmp_path):
     assert out[2] == "10"
     assert out[3] == "11 pools: diffusion (D) and flow (v) are not modelled with pools"
     assert out[4].startswith("12 exact rectangular pulses (event_driven) are played by the pooled kernels only")
+
+
+POOLED_ADJOINT = r"""
+#include <blochsim/blochsim.hpp>
+#include <cstdio>
+
+// Reverse mode through the C++ API's pooled entry: a 60-degree pulse read at
+// once on free water, an exchanging pool and a semisolid pool.
+int main() {
+  int32_t iv = -1, zero = 0;
+  uint32_t f = blochsim::event_rf | blochsim::event_readout;
+  float flip = 1.0471975511965976f, nought = 0.0f;
+  blochsim::EventStream s;
+  s.n_events = 1;
+  s.interval = &iv;
+  s.shift_before = s.shift_after = s.slot = &zero;
+  s.flags = &f;
+  s.flip_rad = &flip;
+  s.phase_rad = s.rx_phase_rad = &nought;
+  s.n_samples = 1;
+  s.states = 4;
+  float T1 = 1.0f, T2 = 0.05f, fB = 0.3f, kB = 20.0f, fb = 0.2f, kb = 10.0f;
+  blochsim::Tissue t;
+  t.n = 1;
+  t.T1_s.data = &T1;
+  t.T2_s.data = &T2;
+  blochsim::Pools p;
+  p.n_exchanging = 1;
+  p.pool[0][blochsim::pool_fraction].data = &fB;
+  p.pool[0][blochsim::pool_exchange_hz].data = &kB;
+  p.bound = 1;
+  p.bound_fraction.data = &fb;
+  p.bound_exchange_hz.data = &kb;
+  const int fields[2] = {blochsim::field_bound_fraction, blochsim::field_pool_first + blochsim::pool_fraction};
+  float cot[2] = {0.0f, 1.0f};  // g = i
+  double ev[blochsim::pooled_event_gradients];
+  float tg[2];
+  int st = blochsim::host::pooled_adjoint_status(s, t, p, fields, 2, cot, ev, tg, 1);
+  std::printf("%d %.6f %.6f %.6f %.6f\n", st, ev[blochsim::pgrad_flip], ev[blochsim::pgrad_rx], tg[0], tg[1]);
+  st = blochsim::host::pooled_adjoint_status(s, t, p, fields, 2, cot, ev, tg, 0);
+  std::printf("%d\n", st);
+  return 0;
+}
+"""
+
+
+def test_pooled_adjoint_entry_against_the_closed_form(tmp_path):
+    out = _run_program(tmp_path, "pooled_adjoint", POOLED_ADJOINT)
+    # s = -i sin(a) (f_a + f_B) = -i sin(a) (1 - f_b); with g = i, L = Re(conj(g) s):
+    # dL/da = -(1 - f_b) cos(a), dL/drx = 0, dL/df_b = sin(a), dL/df_B = 0
+    st, flip, rx, d_fb, d_fB = out[0].split()
+    assert st == "0"
+    np = pytest.importorskip("numpy")
+    np.testing.assert_allclose(float(flip), -0.8 * 0.5, atol=1e-6)
+    np.testing.assert_allclose(float(rx), 0.0, atol=1e-6)
+    np.testing.assert_allclose(float(d_fb), np.sin(np.pi / 3), atol=1e-6)
+    np.testing.assert_allclose(float(d_fB), 0.0, atol=1e-6)
+    assert out[1] == "4"  # zero threads: bad_threads
