@@ -592,12 +592,14 @@ class SpinEchoSimulator(ClosedFormSimulator):
 # Pools: CEST and MT
 
 class CESTSimulator(Simulator):
-    """CEST Z-spectrum: a train of rectangular saturation pulses at each
-    offset, then the liquid pools' longitudinal magnetisation read by a 90°
-    pulse after a spoiler (returned as M0·Z, real up to round-off).
+    """CEST Z-spectrum: a train of saturation pulses (rectangular, or of a
+    given shape) at each offset, then the liquid pools' longitudinal
+    magnetisation read by a 90° pulse after a spoiler (returned as M0·Z, real
+    up to round-off).
 
     Every pulse is played exactly (:class:`blochsim.RectPulse`: the
-    Bloch–McConnell equations with the RF field, per voxel).  All offsets run
+    Bloch–McConnell equations with the RF field, per voxel; a shaped pulse
+    as one RectPulse per sample of its shape).  All offsets run
     in one call: each (voxel, offset) is one problem, played in the frame of
     its saturation pulse, where every pool is off resonance by B0 + shift -
     offset; the pulses of a train are phase-coherent with one oscillator at
@@ -611,7 +613,9 @@ class CESTSimulator(Simulator):
     field_strength : float, T, optional
         B0 field (default 3.0); one ppm is 42.577 Hz/T times it.
     B1sat : float, µT, optional
-        Amplitude of each saturation pulse (default 1.0).
+        Root-mean-square amplitude of each saturation pulse over its
+        duration (default 1.0): the amplitude of a rectangular pulse, the
+        continuous-wave power equivalent of a shaped one.
     n_pulses : int, optional
         Pulses in the train (default 1).
     pulse_duration : float, ms, optional
@@ -622,6 +626,12 @@ class CESTSimulator(Simulator):
     spoil_between : bool, optional
         Spoil the transverse magnetisation after each pulse of the train
         (default True, as pulsed CEST sequences do).
+    pulse_shape : array_like, shape (n_samples,), optional
+        The pulse's envelope sampled evenly over its duration (any unit,
+        real or complex: a complex sample's angle is its RF phase), scaled
+        to B1sat root-mean-square; each sample is played as a rectangular
+        segment of duration pulse_duration / n_samples.  None (default):
+        rectangular.
     states, repetitions, lineshape, device, threads
         See :class:`blochsim.Simulator` (``repetitions`` plays the whole
         saturation-readout block again, for a steady state).
@@ -635,7 +645,7 @@ class CESTSimulator(Simulator):
     """
 
     protocol = {"offsets": None, "field_strength": 3.0, "B1sat": 1.0, "n_pulses": 1, "pulse_duration": 100.0,
-                "pulse_delay": 0.0, "spoil_between": True}
+                "pulse_delay": 0.0, "spoil_between": True, "pulse_shape": None}
     tissue_properties = ("T1", "T2", "M0", "B1", "B0")
 
     def check_protocol(self, p):
@@ -651,6 +661,14 @@ class CESTSimulator(Simulator):
         p["pulse_delay"] = float(V.protocol_array("pulse_delay", p["pulse_delay"], low=0.0, unit="ms", ndim_max=0))
         if not isinstance(p["spoil_between"], (bool, np.bool_)):
             raise TypeError(f"spoil_between must be True or False, got {p['spoil_between']!r}")
+        if p["pulse_shape"] is not None:
+            b = np.asarray(p["pulse_shape"])
+            if b.dtype.kind not in "fiuc" or b.ndim != 1 or b.size == 0:
+                raise ValueError(f"pulse_shape must be a non-empty 1-D array of numbers, got "
+                                 f"{b.dtype} of shape {b.shape}")
+            if not np.all(np.isfinite(b)) or not np.any(b != 0):
+                raise ValueError("pulse_shape must be finite and not zero everywhere")
+            p["pulse_shape"] = b.astype(np.complex128 if b.dtype.kind == "c" else np.float64)
         return p
 
     def offsets_hz(self, p):
@@ -658,13 +676,24 @@ class CESTSimulator(Simulator):
         return p["offsets"] * p["field_strength"] * GAMMA_RAD_PER_S_PER_T / (2 * np.pi) * 1e-6
 
     def repetition(self, p):
-        # the flip of each pulse: gamma B1sat duration
+        # the flip of a rectangle: gamma B1sat duration (degrees)
         flip = (GAMMA_RAD_PER_S_PER_T * 1e-9 * 180.0 / np.pi) * p["B1sat"] * p["pulse_duration"]
+        if p["pulse_shape"] is None:
+            pulse = [RectPulse(flip, p["pulse_duration"])]
+        else:
+            # one segment per sample, the samples scaled to B1sat rms
+            b = p["pulse_shape"]
+            if b.dtype == object:
+                raise TypeError("CESTSimulator cannot differentiate with respect to 'pulse_shape'")
+            rel = np.abs(b) / np.sqrt(np.mean(np.abs(b) ** 2)) / b.size
+            phase = np.degrees(np.angle(b))
+            pulse = [RectPulse(flip * float(r), p["pulse_duration"] / b.size, phase=float(ph))
+                     for r, ph in zip(rel, phase)]
         ops = []
         for i in range(p["n_pulses"]):
             if i > 0 and p["pulse_delay"] > 0:
                 ops.append(Delay(p["pulse_delay"]))
-            ops.append(RectPulse(flip, p["pulse_duration"]))
+            ops.extend(pulse)
             if p["spoil_between"] and i + 1 < p["n_pulses"]:
                 ops.append(Spoil())
         # F+ = -i Z after the 90° pulse; the receiver at -90° returns Z
@@ -682,7 +711,10 @@ class CESTSimulator(Simulator):
         df = self.offsets_hz(p)
         out = dict(proto)
         for k, v in tissue.items():
-            if k in self.tissue_properties and not V.is_device_array(v):
+            if V.is_device_array(v):
+                raise ValueError(f"CESTSimulator takes NumPy tissue arrays (it adds an offsets axis to them); {k} "
+                                 f"is a device array (device='cuda' with NumPy arrays runs on the GPU)")
+            if k in self.tissue_properties:
                 v = V.tissue_array(k, v)[..., None]
             out[k] = v
         b0 = out.get("B0", np.zeros(1))
