@@ -691,28 +691,10 @@ CEST_TISSUE = dict(T1=1300.0, T2=70.0, B0=12.0, B1=0.9, poolB_fraction=0.01, poo
 
 
 def _cest_oracle(offsets_ppm, field, b1, n, tp, td, t):
-    """The Z-spectrum by expm in the water frame with the RF at each offset
-    (each pulse taken in its own frame, spoiled after), in the test."""
-    out = []
-    for ppm in offsets_ppm:
-        df = ppm * field * GAMMA_HZ_PER_T * 1e-6
-        o = Oracle(t["T1"], t["T2"], B0=t["B0"] - df,
-                   pools=[(t["poolB_fraction"], t["poolB_exchange"], t["poolB_T1"], t["poolB_T2"], t["poolB_shift"])],
-                   bound=(t["bound_fraction"], t["bound_exchange"], 1000.0))
-        w1 = 2 * np.pi * GAMMA_HZ_PER_T * b1 * 1e-6 * t["B1"]
-        W = np.pi * w1 ** 2 * oracle_lineshape("super-lorentzian", df - t["B0"], t["bound_T2"])
-        pulse = expm(o.generator(w1=w1, W=W) * tp * 1e-3)
-        # the delay is free evolution (frequency-independent for Z after the spoiler)
-        delay = expm(o.generator() * td * 1e-3)
-        x = o.equilibrium()
-        for i in range(n):
-            if i > 0:
-                x = delay @ x
-            x = pulse @ x
-            for j in range(o.n):  # spoiler
-                x[3 * j:3 * j + 2] = 0.0
-        out.append(np.sin(np.radians(90 * t["B1"])) * o.longitudinal(x))
-    return np.array(out)
+    """The Z-spectrum of a train of rectangular pulses by expm in the frame
+    of the RF at each offset (spoiled after each pulse), in the test: the
+    shaped oracle below with one segment."""
+    return _shaped_cest_oracle(offsets_ppm, field, b1, [1.0], n, tp, td, t)
 
 
 def test_cest_z_spectrum_against_expm():
@@ -1106,3 +1088,18 @@ def test_shaped_cest_refusals():
         CESTSimulator(offsets=[1.0], pulse_shape=np.ones(4)).vjp("pulse_shape", T1=1000.0, T2=80.0)
     with pytest.raises(ValueError, match="CESTSimulator takes NumPy tissue arrays.*T1 is a device array"):
         CESTSimulator(offsets=[1.0]).simulate(T1=_FakeDeviceArray(), T2=80.0)
+
+
+@pytest.mark.parametrize("pools", [dict(bound_fraction=0.12, bound_exchange=25.0),
+                                   dict(poolB_fraction=0.2, poolB_exchange=15.0, poolB_T2=20.0)])
+def test_real_planes_equal_the_complex_path(pools):
+    """Phases 0 and 180°, nothing off-axis: the host plays the MT pool and one
+    exchanging pool on real planes (SPEC §1); the Jacobian's double-precision
+    complex planes must agree to float round-off."""
+    flips = np.concatenate([np.linspace(10, 70, 30), np.linspace(70, 5, 30)])
+    phases = np.where(np.arange(60) % 3 == 0, 180.0, 0.0)
+    sim = MRFSimulator(flip=flips, phases=phases, TR=9.0, TI=15.0, states=24)
+    T1, T2 = np.array([600.0, 1100.0, 1700.0]), np.array([40.0, 80.0, 150.0])
+    real = sim.simulate(T1=T1, T2=T2, **pools)
+    complex_path = sim.jacobian("T1", T1=T1, T2=T2, **pools)[0]  # double precision, complex planes
+    np.testing.assert_allclose(real, complex_path, atol=3e-6)

@@ -1262,6 +1262,14 @@ __global__ void sum_rows_kernel(const T* rows, int64_t count, int64_t m, T* acc)
 
 }  // namespace detail
 
+// In the pooled entries below: a CUDA call that fails ends the entry
+// through its finish(), with the error's message.
+#define BLOCHSIM_POOLED_TRY(call, what)                                   \
+  do {                                                                     \
+    const cudaError_t e_ = (call);                                         \
+    if (e_ != cudaSuccess) return finish(fail(e_, what, err, n));          \
+  } while (0)
+
 // The forward pooled EPG on the device for host inputs and output: the
 // stream, the tissue and pool properties (host arrays of length t.n or 1)
 // and out ((t.n, s.n_samples) complex64, host) are moved through the
@@ -1308,11 +1316,6 @@ inline int pooled_from_host(const EventStream& s, const Tissue& t, const Pools& 
     cudaStreamDestroy(st);
     return result;
   };
-#define BLOCHSIM_POOLED_TRY(call, what)                                   \
-  do {                                                                     \
-    const cudaError_t e_ = (call);                                         \
-    if (e_ != cudaSuccess) return finish(fail(e_, what, err, n));          \
-  } while (0)
   r = upload_stream(s, d, st, err, n);
   if (r != ok) return finish(r);
   Tissue dt;
@@ -1386,7 +1389,6 @@ inline int pooled_from_host(const EventStream& s, const Tissue& t, const Pools& 
   if (n_dirs > 0)
     BLOCHSIM_POOLED_TRY(cudaMemcpyAsync(jac, djac, jac_bytes, cudaMemcpyDeviceToHost, st), "copy of the Jacobian");
   BLOCHSIM_POOLED_TRY(cudaStreamSynchronize(st), "pooled_kernel");
-#undef BLOCHSIM_POOLED_TRY
   if (hs != ok) return finish(say(hs, err, n));
   return finish(ok);
 }
@@ -1440,11 +1442,6 @@ inline int pooled_adjoint_from_host(const EventStream& s, const Tissue& t, const
     cudaStreamDestroy(st);
     return result;
   };
-#define BLOCHSIM_POOLED_TRY(call, what)                                   \
-  do {                                                                     \
-    const cudaError_t e_ = (call);                                         \
-    if (e_ != cudaSuccess) return finish(fail(e_, what, err, n));          \
-  } while (0)
   int r = upload_stream(s, d, st, err, n);
   if (r != ok) return finish(r);
   Tissue dt;

@@ -27,7 +27,8 @@ using PooledRangeFn = int (*)(const EventStream& s, const Tissue& t, const Pools
 inline int pooled_range_any(const EventStream& s, const Tissue& t, const Pools& p, int64_t b0, int64_t b1,
                             void* work, float* out) {
   for (int64_t b = b0; b < b1; ++b) {
-    const int st = pooled_block<Vec, 1>(s, t, p, host_lineshape_table(), b * lanes, static_cast<Vec*>(work), 1, out);
+    const int st = pooled_block_host<Vec, 1>(s, t, p, host_lineshape_table(), b * lanes, static_cast<Vec*>(work), 1,
+                                             out, pooled_real_path(s, p));
     if (st != ok) return st;
   }
   return ok;

@@ -659,11 +659,30 @@ BLOCHSIM_HD inline void pooled_problem(const EventStream& s, const Tissue& t, co
   for (int64_t e = 0; e < s.n_events; ++e) pl.event(e, sink);
 }
 
+// The shifts of a stream in each direction (a spoil cancels the shifts
+// after it, as play() does).
+BLOCHSIM_HD inline void stream_shifts(const EventStream& s, int64_t& plus, int64_t& minus) {
+  plus = minus = 0;
+  for (int64_t e = 0; e < s.n_events; ++e) {
+    const int32_t sb = s.shift_before[e], sa = (s.flags[e] & event_spoil) ? 0 : s.shift_after[e];
+    plus += (sb > 0 ? sb : 0) + (sa > 0 ? sa : 0);
+    minus += (sb < 0 ? -sb : 0) + (sa < 0 ? -sa : 0);
+  }
+}
+
+// Length of a sliding transverse row of pooled_block: K orders and room to
+// slide once per shift of the stream.
+BLOCHSIM_HD inline int64_t pool_row_length(const EventStream& s) {
+  int64_t plus, minus;
+  stream_shifts(s, plus, minus);
+  return s.states + plus + minus + 1;
+}
+
 // Vector lanes of pooled_block's workspace (V units, per lane vector) for
 // the pools of p over the stream s.
 inline int64_t pool_block_workspace(const EventStream& s, const Pools& p) {
   const int64_t n = 1 + p.n_exchanging, m = n + (p.bound ? 1 : 0), d = 3 * n + (p.bound ? 1 : 0);
-  const int64_t states = (4 * n + 2 * m) * static_cast<int64_t>(s.states);
+  const int64_t states = 4 * n * pool_row_length(s) + 2 * m * static_cast<int64_t>(s.states);
   const int64_t per_interval = 1 + 2 * n * n + m * m + m;
   const int64_t per_driven = 1 + 2 * d * (d + 1);
   return states + per_interval * s.n_intervals + per_driven * (s.driven ? s.n_driven : 0) + 8;
@@ -678,11 +697,22 @@ inline int64_t pool_block_workspace(const EventStream& s, const Pools& p) {
 // replay the last problem and write nothing.  work holds
 // pool_block_workspace(s, p) lane vectors, element i at work[i * ws].
 //
+// The transverse rows slide instead of moving their orders at a shift
+// (order k of F+ at element bp + k of its row, of F- at bm + k; a shift
+// moves bp and bm by one and writes three elements a row), so a row holds
+// pool_row_length(s) elements, and every element outside the K orders a
+// row shows is zero.
+//
+// Real (pooled_real_path): every RF phase is 0 or pi and nothing turns the
+// transverse states (no B0, B1phase, chemical shift or exact pulse), so F+
+// and F- stay imaginary and Z real (SPEC §1's real subspace): only those
+// planes are computed; the others stay zero.
+//
 // The pool counts are template parameters (N liquid pools, Bound), so that
 // the loops over pools unroll; WS > 0 is the workspace stride at compile
 // time, WS = 0 takes it from ws.  ls: the super-Lorentzian table in memory
 // the caller can read (host_lineshape_table() on the host).
-template <class V, int N, bool Bound, int64_t WS>
+template <class V, int N, bool Bound, int64_t WS, bool Real = false>
 BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, const Pools& p,
                                        const LineshapeTable& ls, int64_t first, V* work, int64_t ws_runtime,
                                        float* out) {
@@ -703,11 +733,17 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
     LT::set(eta, l, static_cast<float>(q[l].eta));
     uniform_rf = uniform_rf && q[l].B1 == q[0].B1 && q[l].B1phase == q[0].B1phase;
   }
-  // workspace: F+ (re, im), F- (re, im) of each liquid pool, Z (re, im) of
-  // every longitudinal family, row (family, k); then the operators
+  // workspace: F+ (re, im), F- (re, im) of each liquid pool (rows of R
+  // elements), Z (re, im) of every longitudinal family (rows of K); then
+  // the operators
   auto at = [&](int64_t i) -> V& { return work[i * ws]; };
-  const int64_t fpr = 0, fpi = n * K, fmr = 2 * n * K, fmi = 3 * n * K, zr = 4 * n * K, zi = (4 * n + m) * K;
-  const int64_t ops = (4 * n + 2 * m) * static_cast<int64_t>(K);
+  int64_t n_plus, n_minus;
+  stream_shifts(s, n_plus, n_minus);
+  const int64_t R = K + n_plus + n_minus + 1;
+  int64_t bp = n_plus, bm = n_minus;  // where order 0 of the F+ and F- rows is
+  const int64_t fpr = 0, fpi = n * R, fmr = 2 * n * R, fmi = 3 * n * R;
+  const int64_t zr = 4 * n * R, zi = 4 * n * R + m * K;
+  const int64_t ops = 4 * n * R + 2 * m * static_cast<int64_t>(K);
   const int64_t per_interval = 1 + 2 * n * n + m * m + m;
   const int64_t drv = ops + per_interval * s.n_intervals;
   const int64_t per_driven = 1 + 2 * d * (d + 1);
@@ -727,15 +763,26 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
   V g_lane{};
   int band = 1;
 
+  // F+ row j, order k (plus fpr or fpi); F- likewise (plus fmr or fmi)
+  auto xp = [&](int j, int k) { return j * R + bp + k; };
+  auto xm = [&](int j, int k) { return j * R + bm + k; };
   auto shift = [&](int dir) {
+    // the row that moves up (F+ for dir > 0) gains order 0 = conj of the
+    // other's new order 0 and drops its old order K - 1; the other drops
+    // its old order 0 and gains a zero order K - 1 from outside
+    if (dir > 0) {
+      --bp;
+      ++bm;
+    } else {
+      ++bp;
+      --bm;
+    }
     for (int j = 0; j < n; ++j)
-      for (int part = 0; part < 2; ++part) {
-        const int64_t up = (dir > 0 ? (part ? fpi : fpr) : (part ? fmi : fmr)) + j * K;
-        const int64_t dn = (dir > 0 ? (part ? fmi : fmr) : (part ? fpi : fpr)) + j * K;
-        const int top = band < K ? band : K - 1;
-        for (int k = top; k >= 1; --k) at(up + k) = at(up + k - 1);
-        for (int k = 0; k + 1 < band; ++k) at(dn + k) = at(dn + k + 1);
-        at(dn + band - 1) = V{};
+      for (int part = Real ? 1 : 0; part < 2; ++part) {
+        const int64_t up = dir > 0 ? (part ? fpi : fpr) + xp(j, 0) : (part ? fmi : fmr) + xm(j, 0);
+        const int64_t dn = dir > 0 ? (part ? fmi : fmr) + xm(j, 0) : (part ? fpi : fpr) + xp(j, 0);
+        at(up + K) = V{};
+        at(dn - 1) = V{};
         at(up) = part ? -at(dn) : at(dn);  // F_up,0 = conj(F_dn,0)
       }
     band = band < K ? band + 1 : K;
@@ -817,13 +864,37 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
     const V mr = sp * sa, mi = -(cp * sa);
 
     auto interval_at = [&](int k) {
+      if constexpr (Real) {
+        // P is real here: imaginary F+ and F- by P, real Z by L
+        V ai[n], bi[n], cr[m];
+        for (int j = 0; j < n; ++j) {
+          ai[j] = at(fpi + xp(j, k));
+          bi[j] = at(fmi + xm(j, k));
+        }
+        for (int j = 0; j < m; ++j) cr[j] = at(zr + j * K + k);
+        for (int j = 0; j < n; ++j) {
+          V xi{}, yi{};
+          for (int l = 0; l < n; ++l) {
+            xi += Pv[2 * (j * n + l)] * ai[l];
+            yi += Pv[2 * (j * n + l)] * bi[l];
+          }
+          at(fpi + xp(j, k)) = xi;
+          at(fmi + xm(j, k)) = yi;
+        }
+        for (int j = 0; j < m; ++j) {
+          V xr = k == 0 ? Rv[j] : V{};
+          for (int l = 0; l < m; ++l) xr += Lv[j * m + l] * cr[l];
+          at(zr + j * K + k) = xr;
+        }
+        return;
+      }
       V ar[n], ai[n], br[n], bi[n];
       V cr[m], ci[m];
       for (int j = 0; j < n; ++j) {
-        ar[j] = at(fpr + j * K + k);
-        ai[j] = at(fpi + j * K + k);
-        br[j] = at(fmr + j * K + k);
-        bi[j] = at(fmi + j * K + k);
+        ar[j] = at(fpr + xp(j, k));
+        ai[j] = at(fpi + xp(j, k));
+        br[j] = at(fmr + xm(j, k));
+        bi[j] = at(fmi + xm(j, k));
       }
       for (int j = 0; j < m; ++j) {
         cr[j] = at(zr + j * K + k);
@@ -839,10 +910,10 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
           yr += pr * br[l] + pi_ * bi[l];
           yi += pr * bi[l] - pi_ * br[l];
         }
-        at(fpr + j * K + k) = xr;
-        at(fpi + j * K + k) = xi;
-        at(fmr + j * K + k) = yr;
-        at(fmi + j * K + k) = yi;
+        at(fpr + xp(j, k)) = xr;
+        at(fpi + xp(j, k)) = xi;
+        at(fmr + xm(j, k)) = yr;
+        at(fmi + xm(j, k)) = yi;
       }
       for (int j = 0; j < m; ++j) {
         V xr = k == 0 ? Rv[j] : V{}, xi{};
@@ -857,19 +928,29 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
     };
     auto saturate_at = [&](int k) {
       at(zr + n * K + k) *= decay;
-      at(zi + n * K + k) *= decay;
+      if constexpr (!Real) at(zi + n * K + k) *= decay;
     };
     auto rotate_at = [&](int k) {
+      if constexpr (Real) {
+        // e2 = 1 and m = i mi (sin(phi) = 0): F+, F- imaginary, Z real
+        for (int j = 0; j < n; ++j) {
+          const V ai = at(fpi + xp(j, k)), bi = at(fmi + xm(j, k)), zr_ = at(zr + j * K + k);
+          at(fpi + xp(j, k)) = c2 * ai + s2 * bi + mi * zr_;
+          at(fmi + xm(j, k)) = c2 * bi + s2 * ai - mi * zr_;
+          at(zr + j * K + k) = ca * zr_ - half * (mi * (ai - bi));
+        }
+        return;
+      }
       for (int j = 0; j < n; ++j) {
-        const V ar = at(fpr + j * K + k), ai = at(fpi + j * K + k);
-        const V br = at(fmr + j * K + k), bi = at(fmi + j * K + k);
+        const V ar = at(fpr + xp(j, k)), ai = at(fpi + xp(j, k));
+        const V br = at(fmr + xm(j, k)), bi = at(fmi + xm(j, k));
         const V zr_ = at(zr + j * K + k), zi_ = at(zi + j * K + k);
         // F+' = c2 F+ + s2 e2 F- + m Z
-        at(fpr + j * K + k) = c2 * ar + s2 * (e2r * br - e2i * bi) + (mr * zr_ - mi * zi_);
-        at(fpi + j * K + k) = c2 * ai + s2 * (e2r * bi + e2i * br) + (mr * zi_ + mi * zr_);
+        at(fpr + xp(j, k)) = c2 * ar + s2 * (e2r * br - e2i * bi) + (mr * zr_ - mi * zi_);
+        at(fpi + xp(j, k)) = c2 * ai + s2 * (e2r * bi + e2i * br) + (mr * zi_ + mi * zr_);
         // F-' = c2 F- + s2 conj(e2) F+ + conj(m) Z
-        at(fmr + j * K + k) = c2 * br + s2 * (e2r * ar + e2i * ai) + (mr * zr_ + mi * zi_);
-        at(fmi + j * K + k) = c2 * bi + s2 * (e2r * ai - e2i * ar) + (mr * zi_ - mi * zr_);
+        at(fmr + xm(j, k)) = c2 * br + s2 * (e2r * ar + e2i * ai) + (mr * zr_ + mi * zi_);
+        at(fmi + xm(j, k)) = c2 * bi + s2 * (e2r * ai - e2i * ar) + (mr * zi_ - mi * zr_);
         // Z' = cos(a) Z - (conj(m) F+ + m F-) / 2
         at(zr + j * K + k) = ca * zr_ - half * ((mr * ar + mi * ai) + (mr * br - mi * bi));
         at(zi + j * K + k) = ca * zi_ - half * ((mr * ai - mi * ar) + (mr * bi + mi * br));
@@ -891,7 +972,7 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
         if (rf) rotate_at(k);
       }
     }
-    if (f & event_driven) {
+    if (!Real && (f & event_driven)) {
       const int32_t id = s.driven[e];
       const int64_t o = drv + id * per_driven, Mo = o + 1, Co = Mo + 2 * d * d;
       if (LT::get(at(o), 0) == 0.0f) {
@@ -911,11 +992,11 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
       }
       auto row = [&](int i) -> int64_t {  // the workspace row of component i at order 0 (real part)
         const int j = i < 3 * n ? i / 3 : n, comp = i < 3 * n ? i % 3 : 2;
-        return (comp == 0 ? fpr : comp == 1 ? fmr : zr) + j * K;
+        return comp == 0 ? fpr + xp(j, 0) : comp == 1 ? fmr + xm(j, 0) : zr + j * K;
       };
       auto imag = [&](int i) -> int64_t {
         const int j = i < 3 * n ? i / 3 : n, comp = i < 3 * n ? i % 3 : 2;
-        return (comp == 0 ? fpi : comp == 1 ? fmi : zi) + j * K;
+        return comp == 0 ? fpi + xp(j, 0) : comp == 1 ? fmi + xm(j, 0) : zi + j * K;
       };
       for (int k = 0; k < band; ++k) {
         V vr[d], vi[d];
@@ -939,13 +1020,13 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
       for (int j = 0; j < n; ++j)
         for (int k = 0; k < band; ++k) {
           at(zr + j * K + k) = -eta * at(zr + j * K + k);
-          at(zi + j * K + k) = -eta * at(zi + j * K + k);
+          if constexpr (!Real) at(zi + j * K + k) = -eta * at(zi + j * K + k);
         }
     if (f & event_readout) {
-      V accr = at(fpr), acci = at(fpi);
+      V accr = at(fpr + xp(0, 0)), acci = at(fpi + xp(0, 0));
       for (int j = 1; j < n; ++j) {
-        accr += at(fpr + j * K);
-        acci += at(fpi + j * K);
+        accr += at(fpr + xp(j, 0));
+        acci += at(fpi + xp(j, 0));
       }
       const float cr = static_cast<float>(std::cos(static_cast<double>(s.rx_phase_rad[e])));
       const float sr = static_cast<float>(std::sin(static_cast<double>(s.rx_phase_rad[e])));
@@ -960,7 +1041,15 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
       }
     }
     if (f & event_spoil) {
-      for (int64_t i = 0; i < 4 * n * K; ++i) at(i) = V{};
+      for (int j = 0; j < n; ++j)
+        for (int k = 0; k < band; ++k) {
+          if constexpr (!Real) {
+            at(fpr + xp(j, k)) = V{};
+            at(fmr + xm(j, k)) = V{};
+          }
+          at(fpi + xp(j, k)) = V{};
+          at(fmi + xm(j, k)) = V{};
+        }
     } else {
       for (int sa = s.shift_after[e], c = 0; c < (sa > 0 ? sa : -sa); ++c) shift(sa > 0 ? 1 : -1);
     }
@@ -985,6 +1074,29 @@ BLOCHSIM_HD inline int pooled_block(const EventStream& s, const Tissue& t, const
     case 9: return pooled_block_of<V, 5, true, WS>(s, t, p, ls, first, work, ws, out);
     default: return bad_pools;
   }
+}
+
+// Whether pooled_block_of may play the stream on its real planes: phases 0
+// or pi, nothing off-axis (the stream's real-subspace verdict with no common
+// phase), no chemical shift and no exact pulse; and the pool counts the
+// real variant is compiled for (the MT pool alone, one exchanging pool).
+BLOCHSIM_HD inline bool pooled_real_path(const EventStream& s, const Pools& p) {
+  if (!s.real_path || s.driven) return false;
+  const double ph = s.common_phase_rad;
+  if (std::sin(ph) > 1e-6 || std::sin(ph) < -1e-6) return false;
+  for (int j = 0; j < p.n_exchanging; ++j)
+    if (p.pool[j][pool_shift_hz].present()) return false;
+  return (p.n_exchanging == 0 && p.bound) || (p.n_exchanging == 1 && !p.bound);
+}
+
+// pooled_block on the real planes when pooled_real_path(s, p), else as
+// pooled_block (the host's entry; the device plays the complex planes).
+template <class V, int64_t WS = 0>
+inline int pooled_block_host(const EventStream& s, const Tissue& t, const Pools& p, const LineshapeTable& ls,
+                             int64_t first, V* work, int64_t ws, float* out, bool real) {
+  if (real && p.n_exchanging == 0) return pooled_block_of<V, 1, true, WS, true>(s, t, p, ls, first, work, ws, out);
+  if (real) return pooled_block_of<V, 2, false, WS, true>(s, t, p, ls, first, work, ws, out);
+  return pooled_block<V, WS>(s, t, p, ls, first, work, ws, out);
 }
 
 // Checks the pool configuration and every problem's fractions (each >= 0,
