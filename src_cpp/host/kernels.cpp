@@ -53,7 +53,7 @@ int BLOCHSIM_CAT(adjoint2_range_, BLOCHSIM_ISA_SUFFIX)(const EventStream& s, con
 
 int BLOCHSIM_CAT(pooled_range_, BLOCHSIM_ISA_SUFFIX)(const EventStream& s, const Tissue& t, const Pools& p,
                                                      int64_t b0, int64_t b1, void* work, float* out) {
-  const bool real = pooled_real_path(s, p);
+  const bool real = pooled_real_path(s, t, p);
   for (int64_t b = b0; b < b1; ++b) {
     const int st = pooled_block_host<vfloat16, 1>(s, t, p, host_lineshape_table(), b * Lanes<vfloat16>::width,
                                                   static_cast<vfloat16*>(work), 1, out, real);

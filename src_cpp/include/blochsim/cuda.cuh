@@ -1249,15 +1249,16 @@ __global__ void pooled_adjoint_kernel(EventStream s, Tissue t, Pools p, Lineshap
                             tgrad + i * dirs.n);
 }
 
-// acc[j] += the sum over c < count of rows[c m + j], in the order of c (a
+// acc[j] += rows[c m + j] for c = 0 .. count - 1, one at a time, so that
+// the total is summed in problem order whatever the launches' sizes (a
 // template, like the kernels above, compiled only where called).
 template <class T>
 __global__ void sum_rows_kernel(const T* rows, int64_t count, int64_t m, T* acc) {
   const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (j >= m) return;
-  T sum = 0;
+  T sum = acc[j];
   for (int64_t c = 0; c < count; ++c) sum += rows[c * m + j];
-  acc[j] += sum;
+  acc[j] = sum;
 }
 
 }  // namespace detail

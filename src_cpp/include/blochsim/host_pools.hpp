@@ -28,7 +28,7 @@ inline int pooled_range_any(const EventStream& s, const Tissue& t, const Pools& 
                             void* work, float* out) {
   for (int64_t b = b0; b < b1; ++b) {
     const int st = pooled_block_host<Vec, 1>(s, t, p, host_lineshape_table(), b * lanes, static_cast<Vec*>(work), 1,
-                                             out, pooled_real_path(s, p));
+                                             out, pooled_real_path(s, t, p));
     if (st != ok) return st;
   }
   return ok;

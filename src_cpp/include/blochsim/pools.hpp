@@ -1078,10 +1078,13 @@ BLOCHSIM_HD inline int pooled_block(const EventStream& s, const Tissue& t, const
 
 // Whether pooled_block_of may play the stream on its real planes: phases 0
 // or pi, nothing off-axis (the stream's real-subspace verdict with no common
-// phase), no chemical shift and no exact pulse; and the pool counts the
-// real variant is compiled for (the MT pool alone, one exchanging pool).
-BLOCHSIM_HD inline bool pooled_real_path(const EventStream& s, const Pools& p) {
+// phase, and no B0 or B1phase in t), no chemical shift and no exact pulse;
+// and the pool counts the real variant is compiled for (the MT pool alone,
+// one exchanging pool).
+BLOCHSIM_HD inline bool pooled_real_path(const EventStream& s, const Tissue& t, const Pools& p) {
   if (!s.real_path || s.driven) return false;
+  if (t.B0_hz.present() || t.B0_hz.fallback != 0.0f || t.B1phase_rad.present() || t.B1phase_rad.fallback != 0.0f)
+    return false;
   const double ph = s.common_phase_rad;
   if (std::sin(ph) > 1e-6 || std::sin(ph) < -1e-6) return false;
   for (int j = 0; j < p.n_exchanging; ++j)
