@@ -769,6 +769,8 @@ class Simulator(_Base):
         out are moved through the host and come back as device arrays."""
         owner = type(self).__name__
         tissue, use_gpu, library, device_out = self._pooled_backend(tissue, on_device, out)
+        if library is not None and out is not None and not device_out:
+            raise TypeError("out must be a device array when tissue properties are device arrays")
         gpu = use_gpu if gpu is None else gpu
         host_out = None if device_out else out
         if device_out or library is not None:

@@ -505,6 +505,8 @@ def test_pools_take_device_arrays():
     g1 = pullback(cp.ones(ref.shape, dtype=cp.complex64))
     for k in g0:
         assert rel(g1[k], g0[k]) <= RTOL, k
+    with pytest.raises(TypeError, match="out must be a device array when tissue properties are device arrays"):
+        mrf.simulate(T1=cp.asarray(T1), out=np.empty(ref.shape, np.complex64), **t)
     with pytest.raises(ValueError, match="device='cpu' was asked for, but T1 is a device array"):
         MRFSimulator(flip=FLIPS[:10], TR=10.0, device="cpu").simulate(T1=cp.asarray(T1), T2=80.0,
                                                                       bound_fraction=0.1)
