@@ -27,7 +27,8 @@ import numpy as np
 
 from blochsim import _core, _dispatch, _pools
 from blochsim import _validate as V
-from blochsim.sequence import pack, pack_with_provenance, trace
+from blochsim.sequence import (_GRAD_DURATION, _GRAD_FLIP, _GRAD_PHASE, _GRAD_RF_DURATION, _GRAD_RF_OFFSET, pack,
+                               pack_with_provenance, trace)
 
 # Protocol keywords every played simulator takes.
 PLAYED_COMMON = {"states": None, "crusher_dephasing_rad": None, "voxel_size_m": None,
@@ -709,14 +710,15 @@ class Simulator(_Base):
         tshapes = {k: np.shape(arrays[k]) for k in tissue_names}
         si, planes = _host_si(arrays, shape), V.si_planes(arrays, shape, _core.POOL_FIELDS)
         lineshape = _pools.LINESHAPES.index(p["lineshape"])
-        # the event parameters the protocol names reach (bits of the
-        # adjoint's directions: interval duration, flip, phase, pulse
-        # duration, pulse offset; the receiver phase costs nothing)
+        # the event parameters the protocol names reach, as bits of the
+        # adjoint's directions (pools_adjoint.hpp EventSeeds order; the
+        # receiver phase costs nothing)
         columns = set()
         for k in names:
             if k in prov:
                 columns.update(int(c) for c in prov[k][1])
-        mask = sum(1 << d for d, c in enumerate((0, 1, 2, 4, 5)) if c in columns)
+        directions = (_GRAD_DURATION, _GRAD_FLIP, _GRAD_PHASE, _GRAD_RF_DURATION, _GRAD_RF_OFFSET)
+        mask = sum(1 << d for d, c in enumerate(directions) if c in columns)
 
         def pullback(cotangent):
             if V.is_device_array(cotangent):

@@ -671,9 +671,13 @@ class CESTSimulator(Simulator):
             p["pulse_shape"] = b.astype(np.complex128 if b.dtype.kind == "c" else np.float64)
         return p
 
+    def hz_per_ppm(self, p):
+        """One ppm in Hz at protocol p's field strength."""
+        return p["field_strength"] * GAMMA_RAD_PER_S_PER_T / (2 * np.pi) * 1e-6
+
     def offsets_hz(self, p):
         """The saturation offsets of protocol p in Hz."""
-        return p["offsets"] * p["field_strength"] * GAMMA_RAD_PER_S_PER_T / (2 * np.pi) * 1e-6
+        return p["offsets"] * self.hz_per_ppm(p)
 
     def repetition(self, p):
         # the flip of a rectangle: gamma B1sat duration (degrees)
@@ -719,7 +723,7 @@ class CESTSimulator(Simulator):
             out[k] = v
         b0 = out.get("B0", np.zeros(1))
         out["B0"] = np.asarray(b0) - df
-        return out, "B0" in tissue
+        return out, p
 
     def simulate(self, out=None, **values):
         """The Z-spectrum, complex64, shape (*voxels, n_offsets); see the class."""
@@ -751,18 +755,17 @@ class CESTSimulator(Simulator):
             raise TypeError(f"wrt names parameters by str, got {list(names)!r}")
         if "B0" in names and "B0" not in values:
             raise ValueError("vjp with respect to 'B0' needs B0 passed as a tissue value")
-        expanded, _ = self._expanded(values)
-        p = self._protocol_values({k: v for k, v in values.items() if k in self._defaults})
+        expanded, p = self._expanded(values)
         # the offsets move each problem's B0 (B0 - offset): their gradient is
         # -(Hz per ppm) times B0's, summed over the voxels
         inner = tuple(k for k in names if k != "offsets")
         if "offsets" in names and "B0" not in inner:
             inner = inner + ("B0",)
-        if "offsets" in names and len(set(names)) != len(names):
+        if len(set(names)) != len(names):
             raise ValueError(f"wrt names a parameter twice: {list(names)}")
         signal, inner_pullback = super().vjp(inner, **expanded)
         b0_shape = np.shape(values["B0"]) if "B0" in values else None
-        hz_per_ppm = p["field_strength"] * GAMMA_RAD_PER_S_PER_T / (2 * np.pi) * 1e-6
+        hz_per_ppm = self.hz_per_ppm(p)
 
         def pullback(cotangent):
             cot = _cotangent(cotangent, signal.shape[:-1])
