@@ -14,7 +14,7 @@ from libc.stdlib cimport free, malloc
 from blochsim._events cimport EventStream, Pools, Property, Tissue, cuda_error_base, lineshape_g, status_message
 from blochsim._host cimport (host_adjoint2_dispatch, host_adjoint_dispatch, host_forward_dispatch, host_forward_registers, host_isa,
                              host_jacobian_dispatch, host_jacobian_registers, host_pooled_adjoint_dispatch,
-                             host_pooled_dispatch)
+                             host_pooled_dispatch, host_pooled_registers)
 cimport blochsim._launcher as L
 
 # Order of the tissue entries handed to the forward functions.
@@ -214,9 +214,12 @@ cdef list _host_pools(Pools* p, tuple pools, int n_exchanging, bint bound, int l
 
 
 def pooled(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bint bound, int lineshape,
-           int64_t n, fields, seeds, float complex[:, ::1] out, jac, int threads, bint gpu=False):
+           int64_t n, fields, seeds, float complex[:, ::1] out, jac, int threads, bint gpu=False,
+           bint registers=False):
     """Signal (and Jacobian) of a packed stream with pools: on the host, or
     with ``gpu`` moved through the device (host arrays in and out).
+    ``registers`` (host, no fields): the device's register team emulated on
+    the host, for tests.
 
     ``tissue`` as in :func:`forward_host`; ``pools`` holds one float32 array
     (length n or 1) or None per name of POOL_FIELDS, in SI units;
@@ -256,6 +259,8 @@ def pooled(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bint bo
     with nogil:
         if gpu:
             st = L.pooled(ps.s, t, p, cf, nd, cs, outp, jacp, err, ERRLEN)
+        elif registers:
+            st = host_pooled_registers(ps.s, t, p, outp)
         else:
             st = host_pooled_dispatch(ps.s, t, p, cf, nd, cs, outp, jacp, threads)
     _raise(st, err)

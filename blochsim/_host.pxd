@@ -15,6 +15,7 @@ cdef extern from "dispatch.hpp" namespace "blochsim" nogil:
     int host_jacobian_registers(const EventStream& s, const Tissue& t, const int* fields, int n_dirs,
                                 float* out, float* jac, const float* seeds)
     int host_forward_registers(const EventStream& s, const Tissue& t, float* out, int team)
+    int host_pooled_registers(const EventStream& s, const Tissue& t, const Pools& p, float* out)
     int host_pooled_dispatch(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_dirs,
                              const float* seeds, float* out, float* jac, int threads)
     int host_pooled_adjoint_dispatch(const EventStream& s, const Tissue& t, const Pools& p, const int* fields,

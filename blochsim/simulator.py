@@ -165,7 +165,8 @@ class Simulator(_Base):
             k for k in _pools.POOL_PROPERTIES if k not in cls.tissue_properties)
     _common = PLAYED_COMMON
     # 0: the host backend; 1 or 4: the device's register path emulated on the
-    # host with that many team members (tests of the device templates)
+    # host with that many team members (tests of the device templates); with
+    # pools, any non-zero value: the device's pooled team of 4 members
     _host_variant = 0
 
     def preparation(self, p: dict):
@@ -805,7 +806,7 @@ class Simulator(_Base):
         threads = self.threads if self.threads is not None else _dispatch.default_threads()
         _core.pooled(ps, _host_si(arrays, shape), V.si_planes(arrays, shape, _core.POOL_FIELDS), n_exchanging,
                      bound, _pools.LINESHAPES.index(p["lineshape"]), n, fields, seeds, signal.reshape(n, ns), jac,
-                     threads, gpu)
+                     threads, gpu, bool(self._host_variant) and not names and not gpu)
         return signal, (jac.reshape(shape + (len(names), ns)) if names else None)
 
     def _simulate_resident(self, ps, arrays, ifaces, shape, want, out, jacobian=None, jac_out=None):

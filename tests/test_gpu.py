@@ -467,6 +467,50 @@ def test_pools_parity_with_host(name, sim, tissue):
     assert rel(out, ref) <= RTOL
 
 
+class _RectTrain(Simulator):
+    """Exact off-resonance pulses between hard pulses, shifts both ways and
+    a spoiler: the register team's exact-pulse and shift paths."""
+
+    def repetition(self, p):
+        from blochsim import RectPulse, Spoil
+        return Sequence([RectPulse(300.0, 4.0, phase=20.0, offset=600.0), Readout(), Excitation(60.0, 30.0),
+                         Dephase(), Delay(4.0), Readout(), Pulse(120.0, 90.0, duration=1.0, offset=900.0),
+                         Dephase(-2), Delay(3.0), Readout(), Spoil(), Delay(2.0), Excitation(40.0), Dephase(3),
+                         Readout()])
+
+
+def _team_cases():
+    pooled = dict(T1=np.array([600.0, 1000.0, 1800.0]), T2=np.array([40.0, 70.0, 120.0]), B1=np.array([0.9, 1.0, 1.1]))
+    both = {**pooled, "bound_fraction": 0.1, "bound_exchange": 20.0, "poolB_fraction": 0.15, "poolB_exchange": 30.0,
+            "poolB_T2": 12.0, "poolB_shift": 40.0}
+    k = np.arange(len(FLIPS))
+    phases = (0.5 * 117.0 * k * (k + 1)) % 360.0
+    return [
+        ("mrf-poolB-real", MRFSimulator(flip=FLIPS, TR=10.0, TI=20.0, states=32),
+         {**pooled, "poolB_fraction": 0.2, "poolB_exchange": 15.0, "poolB_T2": 15.0}),
+        ("mrf-bound-complex-K13", MRFSimulator(flip=FLIPS, TR=10.0, phases=phases, states=13),
+         {**pooled, "bound_fraction": 0.12, "bound_exchange": 25.0}),
+        ("mrf-both-K50", MRFSimulator(flip=FLIPS, TR=10.0, states=50), both),
+        ("rect-both", _RectTrain(states=20, repetitions=6), {**both, "B0": np.array([-8.0, 0.0, 15.0])}),
+        ("rect-bound", _RectTrain(states=8, repetitions=6), {**pooled, "bound_fraction": 0.1,
+                                                             "bound_exchange": 20.0}),
+        ("mrf-bound-K300-general", MRFSimulator(flip=FLIPS[:60], TR=10.0, states=300),
+         {**pooled, "bound_fraction": 0.12, "bound_exchange": 25.0}),
+    ]
+
+
+@pytest.mark.parametrize("name,sim,tissue", _team_cases(), ids=[c[0] for c in _team_cases()])
+def test_pooled_register_team_parity_with_host(name, sim, tissue):
+    """The device's pooled register team (and, past its orders, the general
+    kernel) against the host backend: real and complex planes, truncated
+    teams, exact pulses, shifts both ways."""
+    ref = sim.simulate(**tissue)
+    sim.device = "cuda"
+    out = sim.simulate(**tissue)
+    sim.device = None
+    assert rel(out, ref) <= RTOL
+
+
 def test_pools_on_device_at_the_reference_size():
     # enough problems for several blocks; lanes past the end write nothing
     n = 4099

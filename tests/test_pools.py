@@ -1103,3 +1103,87 @@ def test_real_planes_equal_the_complex_path(pools):
     real = sim.simulate(T1=T1, T2=T2, **pools)
     complex_path = sim.jacobian("T1", T1=T1, T2=T2, **pools)[0]  # double precision, complex planes
     np.testing.assert_allclose(real, complex_path, atol=3e-6)
+
+
+# --------------------------------------------------------------------------
+# The device's pooled register team (pools_registers.hpp), run on the host
+# with four members (the lanes of a vector), so that the shifts cross
+# members as on the GPU: 8 orders a member on the real planes, 4 on the
+# complex ones.
+
+def _team(sim, **kw):
+    sim._host_variant = 4
+    try:
+        return sim.simulate(**kw)
+    finally:
+        sim._host_variant = 0
+
+
+class BothWays(Simulator):
+    """Shifts both ways, several of them at once, a spoiler, inversion, and
+    pulses at several phases with saturating durations."""
+
+    def repetition(self, p):
+        from blochsim.sequence import Sequence
+        return Sequence([Inversion(), Delay(20.0), Excitation(90.0, 90.0), Dephase(), Delay(5.0),
+                         Refocusing(150.0), Dephase(-1), Delay(3.0), Readout(), Dephase(2), Delay(4.0),
+                         Pulse(60.0, 33.0, duration=1.5, offset=700.0), Dephase(-1), Readout(), Spoil(), Readout(),
+                         Delay(2.0), Pulse(40.0, -20.0), Dephase(3), Readout(), Dephase(-3), Readout(60.0)])
+
+
+MT_POOL = dict(bound_fraction=0.12, bound_exchange=25.0, bound_T1=700.0, bound_T2=0.011)
+B_POOL = dict(poolB_fraction=0.2, poolB_exchange=15.0, poolB_T1=450.0, poolB_T2=20.0)
+MRF_FLIPS = np.concatenate([np.linspace(5, 60, 40), np.linspace(60, 2, 40)])
+MRF_PHASES = (37.0 * np.arange(80)) % 360.0
+TEAM_CASES = [
+    ("mrf real, MT, K = 32", lambda: MRFSimulator(flip=MRF_FLIPS, TR=10.0, TI=20.0, states=32), MT_POOL),
+    ("mrf real, MT, K = 13 (truncated team)", lambda: MRFSimulator(flip=MRF_FLIPS, TR=10.0, states=13), MT_POOL),
+    ("mrf real, poolB, B1, K = 27", lambda: MRFSimulator(flip=MRF_FLIPS, TR=10.0, TI=20.0, states=27),
+     {**B_POOL, "B1": np.array([0.8, 1.1, 1.0])}),
+    ("mrf complex (phases), MT, K = 16",
+     lambda: MRFSimulator(flip=MRF_FLIPS, TR=10.0, phases=MRF_PHASES, states=16), MT_POOL),
+    ("mrf complex, poolB shift, K = 11", lambda: MRFSimulator(flip=MRF_FLIPS, TR=10.0, states=11),
+     {**B_POOL, "poolB_shift": 50.0}),
+    ("saturating train, both pools, K = 16", lambda: MTTrain(states=16), POOLED),
+    ("saturating train, MT, K = 9", lambda: MTTrain(states=9), {**MT_POOL, "B0": np.array([0.0, 30.0, -5.0])}),
+    ("shifts both ways, both pools, K = 14", lambda: BothWays(states=14), POOLED),
+    ("shifts both ways, poolB, K = 16", lambda: BothWays(states=16), {**B_POOL, "poolB_shift": -80.0}),
+    ("exact pulses, both pools, K = 12", lambda: EveryEvent(states=12), EVERY_TISSUE),
+    ("exact pulses, MT, K = 16", lambda: EveryEvent(states=16), {**MT_POOL, "B0": 8.0}),
+]
+
+
+@pytest.mark.parametrize("name,make,pools", TEAM_CASES, ids=[c[0] for c in TEAM_CASES])
+def test_pooled_register_team_equals_host_backend(name, make, pools):
+    sim = make()
+    kw = {"T1": np.array([600.0, 1100.0, 1700.0]), "T2": np.array([40.0, 80.0, 150.0]), **pools}
+    ref = sim.simulate(**kw)
+    out = _team(sim, **kw)
+    assert np.max(np.abs(ref)) > 0.01
+    np.testing.assert_allclose(out, ref, atol=3e-6 * np.max(np.abs(ref)))
+
+
+def test_pooled_register_team_against_oracles():
+    """The team against the expm oracle: the exchanging pool's FID and the
+    semisolid pool's inversion recovery."""
+    tissue = dict(T1=900.0, T2=50.0, B0=12.0, poolB_fraction=0.3, poolB_exchange=20.0, poolB_T2=10.0,
+                  poolB_T1=500.0, poolB_shift=100.0)
+    s = _team(FIDAll(phase=30.0, dt=1.0, n=12), **tissue)
+    o = Oracle(900.0, 50.0, B0=12.0, pools=[(0.3, 20.0, 500.0, 10.0, 100.0)])
+    np.testing.assert_allclose(s, _fid_oracle(o, 90.0, 30.0, 1.0, 12), atol=2e-6)
+    tissue = dict(T1=1200.0, T2=80.0, bound_fraction=0.15, bound_exchange=30.0, bound_T1=300.0)
+    s = _team(InversionProbe(TI=250.0), **tissue)
+    o = Oracle(1200.0, 80.0, bound=(0.15, 30.0, 300.0))
+    x = o.evolve(o.invert(o.equilibrium()), 250.0)
+    np.testing.assert_allclose(s, [-1j * o.longitudinal(x)], atol=2e-6)
+
+
+def test_pooled_register_team_refusals():
+    # complex planes: 16 orders on the host's team
+    sim = MRFSimulator(flip=MRF_FLIPS, TR=10.0, phases=MRF_PHASES, states=17)
+    with pytest.raises(ValueError, match="states exceed what the register team holds"):
+        _team(sim, T1=900.0, T2=60.0, **MT_POOL)
+    # two exchanging pools: no team (the device plays them with the general kernel)
+    with pytest.raises(ValueError, match="pool"):
+        _team(MRFSimulator(flip=MRF_FLIPS, TR=10.0, states=8), T1=900.0, T2=60.0, **B_POOL, poolC_fraction=0.1,
+              poolC_exchange=5.0)

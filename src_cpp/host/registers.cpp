@@ -10,6 +10,7 @@
 // directions, as the device's Jacobian kernel does.
 #include <blochsim/epg_registers.hpp>
 #include <blochsim/jacobian.hpp>
+#include <blochsim/pools_registers.hpp>
 
 #include <algorithm>
 #include <vector>
@@ -60,6 +61,24 @@ int host_jacobian_registers(const EventStream& s, const Tissue& t, const int* fi
         std::copy_n(part.data() + (i * m + j) * ns * 2, ns * 2, jac + (i * n_dirs + j0 + j) * ns * 2);
   }
   return ok;
+}
+
+int host_pooled_registers(const EventStream& s, const Tissue& t, const Pools& p, float* out) {
+  const int v = validate(s, t, true);
+  if (v != ok) return v;
+  const int vp = validate_pools(s, t, p);
+  if (vp != ok) return vp;
+  const bool real = pooled_real_path(s, t, p);
+  switch (pooled_team_kind(p)) {
+    case 1:
+      return real ? pooled_team_host<vfloat4, 1, true, true>(s, t, p, out)
+                  : pooled_team_host<vfloat4, 1, true, false>(s, t, p, out);
+    case 2:
+      return real ? pooled_team_host<vfloat4, 2, false, true>(s, t, p, out)
+                  : pooled_team_host<vfloat4, 2, false, false>(s, t, p, out);
+    case 3: return pooled_team_host<vfloat4, 2, true, false>(s, t, p, out);
+    default: return bad_pools;
+  }
 }
 
 }  // namespace blochsim

@@ -38,6 +38,7 @@
 #include "jacobian.hpp"
 #include "pools.hpp"
 #include "pools_adjoint.hpp"
+#include "pools_registers.hpp"
 
 namespace blochsim {
 namespace cuda {
@@ -1143,6 +1144,34 @@ __global__ void pooled_kernel(EventStream s, Tissue t, Pools p, LineshapeTable l
   if (st != ok) atomicExch(status, st);
 }
 
+// One thread a problem: the operator table of pools_registers.hpp
+// (pooled_table), value j of problem first + c at table[j * count + c].
+// (Templates, like pooled_from_host, so that only programs that call them
+// compile them.)
+template <int Unused = 0>
+__global__ void pooled_table_kernel(EventStream s, Tissue t, Pools p, LineshapeTable ls, int64_t first,
+                                    int64_t count, float* table) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= count) return;
+  pooled_table(s, t, p, ls, first + c, table + c, count);
+}
+
+// A team of T lanes of a warp a problem (pools_registers.hpp PooledTeam),
+// 32 / T teams a warp; the spare lanes and the teams past the last problem
+// replay it and write nothing.
+template <int N, bool Bound, bool Real>
+__global__ void __launch_bounds__(128) pooled_team_kernel(EventStream s, Tissue t, Pools p, LineshapeTable ls,
+                                                          int64_t first, int64_t count, const float* table,
+                                                          float* out, int T) {
+  constexpr int R = pooled_team_orders<N, Bound, Real>();
+  const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const Seat at = seat(g / 32, static_cast<int>(g % 32), 32, T, 32 / T, count);
+  PooledTeam<float, N, Bound, R, Real, WarpTeam<false>> st;
+  DeviceSink sink{reinterpret_cast<float2*>(out) + (first + at.problem) * s.n_samples, at.writer};
+  st.play(s, t, p, ls, first + at.problem, table + at.problem, count,
+          WarpTeam<false>{at.rank, T, at.rank * R, at.last, SharedRecords{nullptr, 0, 0}}, sink);
+}
+
 // Directions of one pass of the pooled Jacobian kernel.
 struct PooledDirs {
   int field[4];
@@ -1302,12 +1331,14 @@ inline int pooled_from_host(const EventStream& s, const Tissue& t, const Pools& 
   DeviceStream d;
   void* props = nullptr;
   V* work = nullptr;
+  float* table = nullptr;
   float* dout = nullptr;
   float* djac = nullptr;
   int* status = nullptr;
   int r = ok;
   auto finish = [&](int result) {
     if (work) cudaFreeAsync(work, st);
+    if (table) cudaFreeAsync(table, st);
     if (dout) cudaFreeAsync(dout, st);
     if (djac) cudaFreeAsync(djac, st);
     if (props) cudaFreeAsync(props, st);
@@ -1372,13 +1403,42 @@ inline int pooled_from_host(const EventStream& s, const Tissue& t, const Pools& 
     r = run(Dual<double, 4>{});
     if (r != ok) return finish(r);
   }
+  // The signal by the single-precision kernels unless the Jacobian wrote
+  // it: a register team a problem for the pools it is compiled for and up
+  // to 32 members' orders, else one thread a problem, its state in memory.
+  const bool real = pooled_real_path(s, t, p);
+  const int kind = pooled_team_kind(p);
+  const int R = real ? pooled_team_orders<1, true, true>() : pooled_team_orders<1, true, false>();
+  if (n_dirs == 0 && kind != 0 && s.states <= 32 * R) {
+    const int T = (s.states + R - 1) / R, per_warp = 32 / T;
+    const int64_t floats = std::max<int64_t>(1, pooled_table_floats(s, p));
+    const int64_t tchunk = std::max<int64_t>(
+        1, std::min<int64_t>(t.n, static_cast<int64_t>(free_b / 2) / (floats * static_cast<int64_t>(sizeof(float)))));
+    BLOCHSIM_POOLED_TRY(pool_malloc(reinterpret_cast<void**>(&table), static_cast<size_t>(tchunk * floats) * 4, st),
+                        "cudaMallocFromPoolAsync (operator table)");
+    for (int64_t first = 0; first < t.n; first += tchunk) {
+      const int64_t count = std::min<int64_t>(tchunk, t.n - first);
+      pooled_table_kernel<0><<<static_cast<unsigned>((count + threads - 1) / threads), threads, 0, st>>>(
+          d.ds, dt, dp, dl, first, count, table);
+      BLOCHSIM_POOLED_TRY(cudaGetLastError(), "pooled_table_kernel launch");
+      const int64_t warps = (count + per_warp - 1) / per_warp;
+      const unsigned blocks = static_cast<unsigned>((warps * 32 + threads - 1) / threads);
+      auto go = [&](auto kernel) { kernel<<<blocks, threads, 0, st>>>(d.ds, dt, dp, dl, first, count, table, dout, T); };
+      if (kind == 1 && real) go(pooled_team_kernel<1, true, true>);
+      else if (kind == 1) go(pooled_team_kernel<1, true, false>);
+      else if (kind == 2 && real) go(pooled_team_kernel<2, false, true>);
+      else if (kind == 2) go(pooled_team_kernel<2, false, false>);
+      else go(pooled_team_kernel<2, true, false>);
+      BLOCHSIM_POOLED_TRY(cudaGetLastError(), "pooled_team_kernel launch");
+    }
+  }
+  const bool general = n_dirs == 0 && table == nullptr;
   const int64_t per = pool_block_workspace(s, p) * static_cast<int64_t>(sizeof(V));
   const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(t.n, static_cast<int64_t>(free_b / 2) / per));
-  // the signal by the single-precision kernel unless the Jacobian wrote it
-  if (n_dirs == 0)
+  if (general)
     BLOCHSIM_POOLED_TRY(pool_malloc(reinterpret_cast<void**>(&work), static_cast<size_t>(chunk * per), st),
                         "cudaMallocFromPoolAsync (workspace)");
-  for (int64_t first = 0; n_dirs == 0 && first < t.n; first += chunk) {
+  for (int64_t first = 0; general && first < t.n; first += chunk) {
     const int64_t count = std::min<int64_t>(chunk, t.n - first);
     const unsigned blocks = static_cast<unsigned>((count + threads - 1) / threads);
     pooled_kernel<V><<<blocks, threads, 0, st>>>(d.ds, dt, dp, dl, first, count, work, dout, status);

@@ -1,0 +1,409 @@
+// The forward pooled EPG of one problem over a team of threads, its state
+// in registers: the device's pooled kernel for the pool configurations it
+// is compiled for (the semisolid pool, one exchanging pool, both).  The
+// host instantiates the same template over the lanes of a vector (the
+// members of epg::LaneTeam) to test the cross-member logic without a GPU.
+//
+// Member j of a team of T holds orders [j R, (j + 1) R) of every family
+// (F+, F-, Z of each liquid pool and the semisolid Z), as
+// epg::RegisterStore holds the single pool's; a shift passes the boundary
+// orders of the transverse families to the neighbouring members.  The
+// per-problem operators (each distinct interval's exponentials, each exact
+// pulse's matrix) do not depend on the order: they are formed once per
+// problem in double precision (pooled_table, a separate pass), stored in
+// single precision in a table the team reads, so that the event loop holds
+// no exponential code and a team does not form them T times.
+#pragma once
+
+#include <cmath>
+#include <vector>
+
+#include "epg_registers.hpp"
+#include "pools.hpp"
+
+namespace blochsim {
+inline namespace BLOCHSIM_ISA {
+
+// Floats per problem of pooled_table: per distinct interval P (n × n
+// complex), L (m × m) and r (m); per distinct exact pulse M (d × d complex)
+// and c (d complex).
+BLOCHSIM_HD inline int64_t pooled_table_floats(const EventStream& s, const Pools& p) {
+  const int64_t n = 1 + p.n_exchanging, m = n + (p.bound ? 1 : 0), d = 3 * n + (p.bound ? 1 : 0);
+  return (2 * n * n + m * m + m) * s.n_intervals + (s.driven ? 2 * d * (d + 1) * s.n_driven : 0);
+}
+
+// Problem i's operators (pools.hpp pool_interval, pool_driven) in the
+// order pooled_table_floats counts, value j at table[j * stride].
+BLOCHSIM_HD inline void pooled_table(const EventStream& s, const Tissue& t, const Pools& p, const LineshapeTable& ls,
+                                     int64_t i, float* table, int64_t stride) {
+  const PoolTissue<double> q = pool_tissue<double>(t, p, i, nullptr, 0, nullptr);
+  const int n = q.n, m = q.m, d = 3 * n + (q.bound ? 1 : 0);
+  int64_t j = 0;
+  auto put = [&](double v) { table[(j++) * stride] = static_cast<float>(v); };
+  for (int64_t v = 0; v < s.n_intervals; ++v) {
+    Cx<double> P[max_liquid_pools * max_liquid_pools];
+    double L[max_longitudinal_pools * max_longitudinal_pools], r[max_longitudinal_pools];
+    pool_interval(q, s.duration_s[v], P, L, r);
+    for (int a = 0; a < n * n; ++a) {
+      put(P[a].re);
+      put(P[a].im);
+    }
+    for (int a = 0; a < m * m; ++a) put(L[a]);
+    for (int a = 0; a < m; ++a) put(r[a]);
+  }
+  if (!s.driven) return;
+  for (int64_t v = 0; v < s.n_driven; ++v) {
+    Cx<double> M[max_driven_size * max_driven_size], c[max_driven_size];
+    pool_driven(q, p.lineshape, ls, driven_pulse<double>(s.driven_table + v * driven_fields), M, c);
+    for (int a = 0; a < d * d; ++a) {
+      put(M[a].re);
+      put(M[a].im);
+    }
+    for (int a = 0; a < d; ++a) {
+      put(c[a].re);
+      put(c[a].im);
+    }
+  }
+}
+
+// Orders a member holds for the pool counts N (liquid pools), Bound, on
+// the real planes or the complex ones: 32 to 56 state registers a thread.
+template <int N, bool Bound, bool Real>
+BLOCHSIM_HD constexpr int pooled_team_orders() {
+  return Real ? 8 : 4;
+}
+
+// The state of one problem over a team (members of R orders each) and its
+// event loop.  Real: the stream's phases are 0 or pi and nothing turns the
+// transverse states (pooled_real_path), so one plane a family is kept: the
+// imaginary part of F+ and F-, the real part of Z.  Otherwise plane 0 is
+// the real part and plane 1 the imaginary part.
+template <class V, int N, bool Bound, int R, bool Real, class Team>
+struct PooledTeam {
+  static constexpr int n = N, m = N + (Bound ? 1 : 0), d = 3 * N + (Bound ? 1 : 0);
+  static constexpr int NP = Real ? 1 : 2;
+  V fp[n][NP][R], fm[n][NP][R], z[m][NP][R];
+  Team team;
+  int K;
+  bool truncate;  // the team holds orders past K - 1, which shifts must drop
+
+  // Move `up` one order up and `dn` one order down across the team.
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void move(V* up, V* dn) {
+    const V top = up[R - 1];
+    const V bottom = dn[0];
+BLOCHSIM_UNROLL
+    for (int r = R - 1; r >= 1; --r) up[r] = up[r - 1];
+BLOCHSIM_UNROLL
+    for (int r = 0; r + 1 < R; ++r) dn[r] = dn[r + 1];
+    up[0] = team.from_below(top);
+    dn[R - 1] = team.from_above(bottom);
+    if (truncate) {
+BLOCHSIM_UNROLL
+      for (int r = 0; r < R; ++r) up[r] *= team.below(r, K);
+    }
+  }
+
+  // One order of dephasing (dir > 0) or rephasing (dir < 0) of every
+  // liquid pool; the row that moves up gains order 0 = conj of the other's.
+  // (Each direction names its arrays: a pointer chosen at run time would
+  // put them in the device's local memory.)
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void shift(int dir) {
+    const V f = team.first();
+BLOCHSIM_UNROLL
+    for (int j = 0; j < n; ++j) {
+      if (dir > 0) {
+        up_from(fp[j], fm[j], f);
+      } else {
+        up_from(fm[j], fp[j], f);
+      }
+    }
+  }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void up_from(V (&up)[NP][R], V (&dn)[NP][R], const V& f) {
+BLOCHSIM_UNROLL
+    for (int c = 0; c < NP; ++c) move(up[c], dn[c]);
+    if constexpr (Real) {
+      up[0][0] -= f * dn[0][0];
+    } else {
+      up[0][0] += f * dn[0][0];
+      up[1][0] -= f * dn[1][0];
+    }
+  }
+
+  // Plays the stream for problem i: table as pooled_table wrote it (stride
+  // between its values), sink.write(slot, re, im) takes each readout (its
+  // values meaningful in member 0).
+  template <class Sink>
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void play(const EventStream& s, const Tissue& t, const Pools& p,
+                                             const LineshapeTable& ls, int64_t i, const float* table, int64_t stride,
+                                             const Team& tm, Sink& sink) {
+    using std::cos;
+    using std::exp;
+    using std::sin;
+    team = tm;
+    K = s.states;
+    truncate = team.members() * R != K;
+    // the problem's values the event loop reads, out of PoolTissue (whose
+    // arrays the device keeps in local memory)
+    double B1, B1phase, B0, T2b;
+    float M0, eta, frac[m];
+    {
+      const PoolTissue<double> q = pool_tissue<double>(t, p, i, nullptr, 0, nullptr);
+      B1 = q.B1;
+      B1phase = q.B1phase;
+      B0 = q.B0;
+      T2b = Bound ? q.T2b : 0.0;
+      M0 = static_cast<float>(q.M0);
+      eta = static_cast<float>(q.eta);
+BLOCHSIM_UNROLL
+      for (int j = 0; j < m; ++j) frac[j] = static_cast<float>(q.f[j]);
+    }
+BLOCHSIM_UNROLL
+    for (int j = 0; j < n; ++j)
+BLOCHSIM_UNROLL
+      for (int c = 0; c < NP; ++c)
+BLOCHSIM_UNROLL
+        for (int r = 0; r < R; ++r) fp[j][c][r] = fm[j][c][r] = V{};
+BLOCHSIM_UNROLL
+    for (int j = 0; j < m; ++j) {
+BLOCHSIM_UNROLL
+      for (int c = 0; c < NP; ++c)
+BLOCHSIM_UNROLL
+        for (int r = 0; r < R; ++r) z[j][c][r] = V{};
+      z[j][0][0] = team.first() * frac[j];
+    }
+    constexpr int per_interval = 2 * n * n + m * m + m;
+    constexpr int per_driven = 2 * d * (d + 1);
+    const bool saturating = Bound && s.rf_duration_s != nullptr;
+    float Pv[2 * n * n], Lv[m * m], Rv[m];
+    int32_t cached_iv = -1;
+    float g_offset = 0.0f;
+    bool g_ready = false;
+    double g_T2b = 0.0;  // G(2 pi (offset - B0) T2b) T2b at g_offset
+    const V first = team.first();
+
+    for (int64_t e = 0; e < s.n_events; ++e) {
+      const uint32_t f = s.flags[e];
+      const int32_t iv = s.interval[e];
+      if (iv >= 0) {
+        if (iv != cached_iv) {
+          const float* o = table + static_cast<int64_t>(iv) * per_interval * stride;
+BLOCHSIM_UNROLL
+          for (int a = 0; a < 2 * n * n; ++a) Pv[a] = o[a * stride];
+BLOCHSIM_UNROLL
+          for (int a = 0; a < m * m; ++a) Lv[a] = o[(2 * n * n + a) * stride];
+BLOCHSIM_UNROLL
+          for (int a = 0; a < m; ++a) Rv[a] = o[(2 * n * n + m * m + a) * stride];
+          cached_iv = iv;
+        }
+BLOCHSIM_UNROLL
+        for (int r = 0; r < R; ++r) {
+          // F+ by P, F- by conj(P), Z by L
+          V a[n][NP], b[n][NP], c[m][NP];
+BLOCHSIM_UNROLL
+          for (int j = 0; j < n; ++j)
+BLOCHSIM_UNROLL
+            for (int h = 0; h < NP; ++h) {
+              a[j][h] = fp[j][h][r];
+              b[j][h] = fm[j][h][r];
+            }
+BLOCHSIM_UNROLL
+          for (int j = 0; j < m; ++j)
+BLOCHSIM_UNROLL
+            for (int h = 0; h < NP; ++h) c[j][h] = z[j][h][r];
+BLOCHSIM_UNROLL
+          for (int j = 0; j < n; ++j) {
+            if constexpr (Real) {
+              V x{}, y{};
+BLOCHSIM_UNROLL
+              for (int l = 0; l < n; ++l) {
+                x += Pv[2 * (j * n + l)] * a[l][0];
+                y += Pv[2 * (j * n + l)] * b[l][0];
+              }
+              fp[j][0][r] = x;
+              fm[j][0][r] = y;
+            } else {
+              V xr{}, xi{}, yr{}, yi{};
+BLOCHSIM_UNROLL
+              for (int l = 0; l < n; ++l) {
+                const float pr = Pv[2 * (j * n + l)], pim = Pv[2 * (j * n + l) + 1];
+                xr += pr * a[l][0] - pim * a[l][1];
+                xi += pr * a[l][1] + pim * a[l][0];
+                yr += pr * b[l][0] + pim * b[l][1];
+                yi += pr * b[l][1] - pim * b[l][0];
+              }
+              fp[j][0][r] = xr;
+              fp[j][1][r] = xi;
+              fm[j][0][r] = yr;
+              fm[j][1][r] = yi;
+            }
+          }
+BLOCHSIM_UNROLL
+          for (int j = 0; j < m; ++j)
+BLOCHSIM_UNROLL
+            for (int h = 0; h < NP; ++h) {
+              V x{};
+BLOCHSIM_UNROLL
+              for (int l = 0; l < m; ++l) x += Lv[j * m + l] * c[l][h];
+              z[j][h][r] = x;
+            }
+        }
+BLOCHSIM_UNROLL
+        for (int j = 0; j < m; ++j) z[j][0][0] += first * Rv[j];
+      }
+      for (int c = 0, sb = s.shift_before[e]; c < (sb > 0 ? sb : -sb); ++c) shift(sb > 0 ? 1 : -1);
+      if (saturating && (f & (event_rf | event_saturation)) && s.rf_duration_s[e] > 0.0f) {
+        const double tau_rf = s.rf_duration_s[e];
+        const float offset = s.rf_offset_hz ? s.rf_offset_hz[e] : 0.0f;
+        if (!g_ready || offset != g_offset) {
+          double g, dg;
+          lineshape_eval(p.lineshape, 2.0 * pi * (offset - B0) * T2b, ls, g, dg);
+          g_T2b = static_cast<double>(static_cast<float>(g * T2b));
+          g_offset = offset;
+          g_ready = true;
+        }
+        const double power = s.rf_power ? s.rf_power[e] : 1.0;
+        const double a = B1 * s.flip_rad[e];
+        const float decay = static_cast<float>(exp(-(pi * power / tau_rf) * g_T2b * a * a));
+BLOCHSIM_UNROLL
+        for (int h = 0; h < NP; ++h)
+BLOCHSIM_UNROLL
+          for (int r = 0; r < R; ++r) z[n][h][r] *= decay;
+      }
+      if (f & event_rf) {
+        const double al = B1 * static_cast<double>(s.flip_rad[e]);
+        const double ph = B1phase + static_cast<double>(s.phase_rad[e]);
+        const float ca = static_cast<float>(cos(al)), sa = static_cast<float>(sin(al));
+        const float cp = static_cast<float>(cos(ph)), sp = static_cast<float>(sin(ph));
+        const float c2 = (1.0f + ca) * 0.5f, s2 = (1.0f - ca) * 0.5f;
+        const float e2r = cp * cp - sp * sp, e2i = 2.0f * cp * sp;
+        // m = -i e^{i phi} sin(a)
+        const float mr = sp * sa, mi = -(cp * sa);
+BLOCHSIM_UNROLL
+        for (int j = 0; j < n; ++j)
+BLOCHSIM_UNROLL
+          for (int r = 0; r < R; ++r) {
+            if constexpr (Real) {
+              // e2 = 1 and m = i mi: F+, F- imaginary, Z real
+              const V ai = fp[j][0][r], bi = fm[j][0][r], zr = z[j][0][r];
+              fp[j][0][r] = c2 * ai + s2 * bi + mi * zr;
+              fm[j][0][r] = c2 * bi + s2 * ai - mi * zr;
+              z[j][0][r] = ca * zr - 0.5f * (mi * (ai - bi));
+            } else {
+              const V ar = fp[j][0][r], ai = fp[j][1][r], br = fm[j][0][r], bi = fm[j][1][r];
+              const V zr = z[j][0][r], zi = z[j][1][r];
+              // F+' = c2 F+ + s2 e2 F- + m Z; F-' = c2 F- + s2 conj(e2) F+ + conj(m) Z
+              fp[j][0][r] = c2 * ar + s2 * (e2r * br - e2i * bi) + (mr * zr - mi * zi);
+              fp[j][1][r] = c2 * ai + s2 * (e2r * bi + e2i * br) + (mr * zi + mi * zr);
+              fm[j][0][r] = c2 * br + s2 * (e2r * ar + e2i * ai) + (mr * zr + mi * zi);
+              fm[j][1][r] = c2 * bi + s2 * (e2r * ai - e2i * ar) + (mr * zi - mi * zr);
+              // Z' = cos(a) Z - (conj(m) F+ + m F-) / 2
+              z[j][0][r] = ca * zr - 0.5f * ((mr * ar + mi * ai) + (mr * br - mi * bi));
+              z[j][1][r] = ca * zi - 0.5f * ((mr * ai - mi * ar) + (mr * bi + mi * br));
+            }
+          }
+      }
+      if constexpr (!Real) {
+        if (f & event_driven) {
+          // the exact pulse's d × d matrix on the components of every order,
+          // its recovery column at order 0
+          const float* o = table + (static_cast<int64_t>(s.n_intervals) * per_interval +
+                                    static_cast<int64_t>(s.driven[e]) * per_driven) *
+                                       stride;
+          auto comp = [&](int a, int h, int r) -> V& {
+            if (a == 3 * n) return z[n][h][r];
+            const int j = a / 3, k = a % 3;
+            return k == 0 ? fp[j][h][r] : k == 1 ? fm[j][h][r] : z[j][h][r];
+          };
+BLOCHSIM_UNROLL
+          for (int r = 0; r < R; ++r) {
+            V vr[d], vi[d];
+BLOCHSIM_UNROLL
+            for (int a = 0; a < d; ++a) {
+              vr[a] = comp(a, 0, r);
+              vi[a] = comp(a, 1, r);
+            }
+BLOCHSIM_UNROLL
+            for (int a = 0; a < d; ++a) {
+              V xr{}, xi{};
+              if (r == 0) {
+                xr = first * o[(2 * d * d + 2 * a) * stride];
+                xi = first * o[(2 * d * d + 2 * a + 1) * stride];
+              }
+BLOCHSIM_UNROLL
+              for (int l = 0; l < d; ++l) {
+                const float mre = o[2 * (a * d + l) * stride], mim = o[(2 * (a * d + l) + 1) * stride];
+                xr += mre * vr[l] - mim * vi[l];
+                xi += mre * vi[l] + mim * vr[l];
+              }
+              comp(a, 0, r) = xr;
+              comp(a, 1, r) = xi;
+            }
+          }
+        }
+      }
+      if (f & event_inversion) {
+BLOCHSIM_UNROLL
+        for (int j = 0; j < n; ++j)
+BLOCHSIM_UNROLL
+          for (int h = 0; h < NP; ++h)
+BLOCHSIM_UNROLL
+            for (int r = 0; r < R; ++r) z[j][h][r] = -eta * z[j][h][r];
+      }
+      if (f & event_readout) {
+        V accr{}, acci{};
+BLOCHSIM_UNROLL
+        for (int j = 0; j < n; ++j) {
+          if constexpr (Real) {
+            acci += fp[j][0][0];
+          } else {
+            accr += fp[j][0][0];
+            acci += fp[j][1][0];
+          }
+        }
+        const float cr = static_cast<float>(cos(static_cast<double>(s.rx_phase_rad[e])));
+        const float sr = static_cast<float>(sin(static_cast<double>(s.rx_phase_rad[e])));
+        // M0 (F+) e^{-i rx}
+        sink.write(s.slot[e], M0 * (accr * cr + acci * sr), M0 * (acci * cr - accr * sr));
+      }
+      if (f & event_spoil) {
+BLOCHSIM_UNROLL
+        for (int j = 0; j < n; ++j)
+BLOCHSIM_UNROLL
+          for (int h = 0; h < NP; ++h)
+BLOCHSIM_UNROLL
+            for (int r = 0; r < R; ++r) fp[j][h][r] = fm[j][h][r] = V{};
+      } else {
+        for (int c = 0, sa = s.shift_after[e]; c < (sa > 0 ? sa : -sa); ++c) shift(sa > 0 ? 1 : -1);
+      }
+    }
+  }
+};
+
+// Which PooledTeam the pools p play on (0: none; the other configurations
+// take pooled_block): 1 the semisolid pool, 2 one exchanging pool, 3 both.
+BLOCHSIM_HD inline int pooled_team_kind(const Pools& p) {
+  if (p.n_exchanging == 0 && p.bound) return 1;
+  if (p.n_exchanging == 1) return p.bound ? 3 : 2;
+  return 0;
+}
+
+// Host instantiation of the device's pooled team for problems [0, t.n): one
+// problem at a time, its orders over the lanes of V (members of R orders).
+// K must be at most width * R; the pools one pooled_team_kind names.
+template <class V, int N, bool Bound, bool Real>
+inline int pooled_team_host(const EventStream& s, const Tissue& t, const Pools& p, float* out) {
+  constexpr int R = pooled_team_orders<N, Bound, Real>();
+  using Team = epg::LaneTeam<V, R>;
+  if (s.states > Lanes<V>::width * R) return states_exceed_team;
+  std::vector<float> table(static_cast<size_t>(pooled_table_floats(s, p)) + 1);
+  for (int64_t i = 0; i < t.n; ++i) {
+    pooled_table(s, t, p, host_lineshape_table(), i, table.data(), 1);
+    PooledTeam<V, N, Bound, R, Real, Team> st;
+    epg::TeamLaneSink<V> sink{out, i, s.n_samples};
+    st.play(s, t, p, host_lineshape_table(), i, table.data(), 1, Team{}, sink);
+  }
+  return ok;
+}
+
+}  // namespace BLOCHSIM_ISA
+}  // namespace blochsim
