@@ -266,6 +266,46 @@ def pooled(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bint bo
     _raise(st, err)
 
 
+cdef int _device_pools(Pools* p, tuple pools, int n_exchanging, bint bound, int lineshape) except -1:
+    """Point p at device float32 planes: one (pointer, stride) pair or None
+    per POOL_FIELDS entry."""
+    cdef Property* q
+    if len(pools) != len(POOL_FIELDS):
+        raise ValueError("blochsim internal error: pools tuple has the wrong length")
+    p.n_exchanging = n_exchanging
+    p.bound = 1 if bound else 0
+    p.lineshape = lineshape
+    for i in range(len(POOL_FIELDS)):
+        q = _pool_field(p, i)
+        q.data = NULL
+        q.stride = 0
+        if pools[i] is not None:
+            ptr, stride = pools[i]
+            q.data = <const float*> <uintptr_t> ptr
+            q.stride = stride
+    return 0
+
+
+def pooled_cuda(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bint bound, int lineshape,
+                int64_t n, uintptr_t out_ptr, uintptr_t stream):
+    """The pooled signal of device tissue and pool planes (one (pointer,
+    stride) pair or None per TISSUE_FIELDS and POOL_FIELDS entry, float32 SI
+    values, checked by the caller) into a device complex64 output, ordered
+    on ``stream`` and synchronised with it."""
+    cdef Tissue t
+    cdef Pools p
+    cdef int st
+    cdef char err[ERRLEN]
+    err[0] = 0
+    _device_tissue(&t, tissue, n)
+    _device_pools(&p, pools, n_exchanging, bound, lineshape)
+    if n == 0 or ps.s.n_samples == 0:
+        return
+    with nogil:
+        st = L.pooled_resident(ps.s, t, p, <float*> out_ptr, <void*> stream, err, ERRLEN)
+    _raise(st, err)
+
+
 def pooled_adjoint(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bint bound, int lineshape,
                    int64_t n, fields, const float complex[:, ::1] cot, double[:, ::1] ev_grad,
                    float[:, ::1] tgrad, int threads, unsigned mask=31, bint gpu=False):

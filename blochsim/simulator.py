@@ -771,6 +771,8 @@ class Simulator(_Base):
         NumPy in and out (on the GPU with device='cuda'); device arrays in or
         out are moved through the host and come back as device arrays."""
         owner = type(self).__name__
+        if not names and gpu is None and (on_device or V.is_device_array(out)):
+            return self._pooled_resident(p, tissue, on_device, out), None
         tissue, use_gpu, library, device_out = self._pooled_backend(tissue, on_device, out)
         if library is not None and out is not None and not device_out:
             raise TypeError("out must be a device array when tissue properties are device arrays")
@@ -809,10 +811,32 @@ class Simulator(_Base):
                      threads, gpu, bool(self._host_variant) and not names and not gpu)
         return signal, (jac.reshape(shape + (len(names), ns)) if names else None)
 
-    def _simulate_resident(self, ps, arrays, ifaces, shape, want, out, jacobian=None, jac_out=None):
+    def _pooled_resident(self, p, tissue, on_device, out):
+        """simulate() with pools for device-array inputs or output: the
+        pooled kernels read the device arrays and write a device result (the
+        pool fractions alone were checked on the host, by drop_idle())."""
+        on_device = [k for k in on_device if k != "out"]
+        device = _dispatch.resolve_device(self.device, on_device[0] if on_device else "out")
+        if device == "cpu":
+            raise ValueError(f"device='cpu' was asked for, but {on_device[0] if on_device else 'out'} is a "
+                             f"device array")
+        from blochsim._device import Interface
+
+        n_exchanging, bound = _pools.configuration(tissue, type(self).__name__)
+        arrays = {k: V.tissue_array(k, v) for k, v in tissue.items() if k not in on_device}
+        ifaces = {k: Interface(k, tissue[k]) for k in on_device}
+        shapes = {**arrays, **{k: _Shaped(i.shape) for k, i in ifaces.items()}}
+        shape = V.broadcast_voxels(shapes) if shapes else ()
+        s, ps, _, _ = self._stream_for(p, set(arrays) | set(ifaces))
+        return self._simulate_resident(ps, arrays, ifaces, shape, shape + (s.n_samples,), out,
+                                       pools=(n_exchanging, bound, _pools.LINESHAPES.index(p["lineshape"])))
+
+    def _simulate_resident(self, ps, arrays, ifaces, shape, want, out, jacobian=None, jac_out=None, pools=None):
         """The device path for device-array inputs (results stay on the device).
         With ``jacobian`` = (fields, scale, count) it returns (signal, J), J
-        into ``jac_out`` = (name, device array, shape) if given."""
+        into ``jac_out`` = (name, device array, shape) if given.  With
+        ``pools`` = (n_exchanging, bound, lineshape index) the pooled
+        kernels play it."""
         from blochsim._device import Interface, new_output
 
         n = int(np.prod(shape, dtype=np.int64))
@@ -866,6 +890,10 @@ class Simulator(_Base):
             _core.jacobian_cuda(ps, tuple(dev), n, fields, scale, out_ptr, jac_ptr, stream)
             _core.stream_synchronize(stream)
             return result, jac
+        if pools is not None:
+            planes, keep_pools = _resident_tissue(arrays, ifaces, shape, n, own, stream, _core.POOL_FIELDS)
+            _core.pooled_cuda(ps, tuple(dev), tuple(planes), *pools, n, out_ptr, stream)
+            return result
         _core.forward_cuda(ps, tuple(dev), n, out_ptr, stream)
         # The work is ordered after the producer's on its stream (if it gave
         # one); waiting for it hands back a result any stream may read.
@@ -937,15 +965,16 @@ def _work_stream(streams):
     return own, own.handle
 
 
-def _resident_tissue(arrays, ifaces, shape, n, own, stream):
-    """Device float32 SI planes of the tissue in TISSUE_FIELDS order, as
-    (pointer, stride) or None, and the buffers that hold them."""
+def _resident_tissue(arrays, ifaces, shape, n, own, stream, fields=None):
+    """Device float32 SI planes of the tissue in the order of the SI names
+    ``fields`` (default TISSUE_FIELDS), as (pointer, stride) or None, and
+    the buffers that hold them."""
     # temporaries are allocated and freed in the stream's order; each holds
     # the stream blochsim made, so it outlives them
     order = own if own is not None else stream
     keep = []
     dev = []
-    for field in _core.TISSUE_FIELDS:
+    for field in (_core.TISSUE_FIELDS if fields is None else fields):
         name = _SI_TO_PUBLIC.get(field)
         factor = V.TISSUE_UNITS[name][0] if name else 1.0
         if name in ifaces:

@@ -188,6 +188,11 @@ int pooled(const EventStream& s, const Tissue& t, const Pools& p, const int* fie
   return pooled_from_host(s, t, p, out, err, n, fields, n_dirs, seeds, jac);
 }
 
+int pooled_resident(const EventStream& s, const Tissue& t, const Pools& p, float* out, void* stream, char* err,
+                    int n) {
+  return pooled_device(s, t, p, out, as_stream(stream), err, n);
+}
+
 int pooled_adjoint(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_tdirs,
                    const float* cot, double* ev_grad, float* tgrad, unsigned mask, char* err, int n) {
   return pooled_adjoint_from_host(s, t, p, fields, n_tdirs, cot, ev_grad, tgrad, err, n, mask);

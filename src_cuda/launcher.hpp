@@ -92,6 +92,14 @@ int forward_streamed(const EventStream& s, const Tissue& t, float* out, std::siz
 int pooled(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_dirs, const float* seeds,
            float* out, float* jac, char* err, int n);
 
+// The forward pooled EPG of device properties into a device output
+// (cuda.cuh pooled_device): the stream's arrays are host pointers; t's and
+// p's Property pointers and out are device pointers whose values the caller
+// has checked (fractions, rates, times).  Ordered on `stream` and
+// synchronised with it.
+int pooled_resident(const EventStream& s, const Tissue& t, const Pools& p, float* out, void* stream, char* err,
+                    int n);
+
 // Reverse mode with pools on the device for host inputs and outputs
 // (cuda.cuh pooled_adjoint_from_host; arguments and results as
 // host_pooled_adjoint_dispatch).  Synchronous.

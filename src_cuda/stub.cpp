@@ -54,6 +54,9 @@ int pooled(const EventStream&, const Tissue&, const Pools&, const int*, int, con
            int n) {
   return no(err, n);
 }
+int pooled_resident(const EventStream&, const Tissue&, const Pools&, float*, void*, char* err, int n) {
+  return no(err, n);
+}
 int pooled_adjoint(const EventStream&, const Tissue&, const Pools&, const int*, int, const float*, double*, float*,
                    unsigned, char* err, int n) {
   return no(err, n);

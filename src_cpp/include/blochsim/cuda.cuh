@@ -1172,6 +1172,66 @@ __global__ void __launch_bounds__(128) pooled_team_kernel(EventStream s, Tissue 
           WarpTeam<false>{at.rank, T, at.rank * R, at.last, SharedRecords{nullptr, 0, 0}}, sink);
 }
 
+// The pooled forward's kernels on stream st, for the uploaded stream ds
+// and the device properties dt, dp and lineshape table dl (their values
+// checked; only their configuration is read here), into dout (device),
+// kernel failures into *status: a register team a problem
+// (pools_registers.hpp) for the pools it is compiled for and up to 32
+// members' orders, its operator table formed first by pooled_table_kernel;
+// else one thread a problem, its state in device memory (pooled_kernel).
+// Launches of as many problems as fit in half the free memory; their
+// buffers are freed in the stream's order.
+template <class V = float>
+inline int pooled_forward_launches(const EventStream& ds, const Tissue& dt, const Pools& dp, const LineshapeTable& dl,
+                                   float* dout, int* status, cudaStream_t st, char* err, int n) {
+  constexpr int threads = 128;
+  size_t free_b = 0, total_b = 0;
+  BLOCHSIM_CUDA(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+  const bool real = pooled_real_path(ds, dt, dp);
+  const int kind = pooled_team_kind(dp);
+  const int R = real ? pooled_team_orders<1, true, true>() : pooled_team_orders<1, true, false>();
+  const bool team = kind != 0 && ds.states <= 32 * R;
+  const int64_t per = team ? std::max<int64_t>(1, pooled_table_floats(ds, dp)) * static_cast<int64_t>(sizeof(float))
+                           : pool_block_workspace(ds, dp) * static_cast<int64_t>(sizeof(V));
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(dt.n, static_cast<int64_t>(free_b / 2) / per));
+  void* work = nullptr;
+  BLOCHSIM_CUDA(pool_malloc(&work, static_cast<size_t>(chunk * per), st), "cudaMallocFromPoolAsync (workspace)");
+  auto check = [&](const char* what) -> int {
+    const cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) return ok;
+    cudaFreeAsync(work, st);
+    return fail(e, what, err, n);
+  };
+  for (int64_t first = 0; first < dt.n; first += chunk) {
+    const int64_t count = std::min<int64_t>(chunk, dt.n - first);
+    if (!team) {
+      const unsigned blocks = static_cast<unsigned>((count + threads - 1) / threads);
+      pooled_kernel<V><<<blocks, threads, 0, st>>>(ds, dt, dp, dl, first, count, static_cast<V*>(work), dout, status);
+      const int c = check("pooled_kernel launch");
+      if (c != ok) return c;
+      continue;
+    }
+    float* table = static_cast<float*>(work);
+    pooled_table_kernel<0><<<static_cast<unsigned>((count + threads - 1) / threads), threads, 0, st>>>(
+        ds, dt, dp, dl, first, count, table);
+    int c = check("pooled_table_kernel launch");
+    if (c != ok) return c;
+    const int T = (ds.states + R - 1) / R, per_warp = 32 / T;
+    const int64_t warps = (count + per_warp - 1) / per_warp;
+    const unsigned blocks = static_cast<unsigned>((warps * 32 + threads - 1) / threads);
+    auto go = [&](auto kernel) { kernel<<<blocks, threads, 0, st>>>(ds, dt, dp, dl, first, count, table, dout, T); };
+    if (kind == 1 && real) go(pooled_team_kernel<1, true, true>);
+    else if (kind == 1) go(pooled_team_kernel<1, true, false>);
+    else if (kind == 2 && real) go(pooled_team_kernel<2, false, true>);
+    else if (kind == 2) go(pooled_team_kernel<2, false, false>);
+    else go(pooled_team_kernel<2, true, false>);
+    c = check("pooled_team_kernel launch");
+    if (c != ok) return c;
+  }
+  BLOCHSIM_CUDA(cudaFreeAsync(work, st), "cudaFreeAsync");
+  return ok;
+}
+
 // Directions of one pass of the pooled Jacobian kernel.
 struct PooledDirs {
   int field[4];
@@ -1330,15 +1390,11 @@ inline int pooled_from_host(const EventStream& s, const Tissue& t, const Pools& 
   BLOCHSIM_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "cudaStreamCreate");
   DeviceStream d;
   void* props = nullptr;
-  V* work = nullptr;
-  float* table = nullptr;
   float* dout = nullptr;
   float* djac = nullptr;
   int* status = nullptr;
   int r = ok;
   auto finish = [&](int result) {
-    if (work) cudaFreeAsync(work, st);
-    if (table) cudaFreeAsync(table, st);
     if (dout) cudaFreeAsync(dout, st);
     if (djac) cudaFreeAsync(djac, st);
     if (props) cudaFreeAsync(props, st);
@@ -1403,46 +1459,9 @@ inline int pooled_from_host(const EventStream& s, const Tissue& t, const Pools& 
     r = run(Dual<double, 4>{});
     if (r != ok) return finish(r);
   }
-  // The signal by the single-precision kernels unless the Jacobian wrote
-  // it: a register team a problem for the pools it is compiled for and up
-  // to 32 members' orders, else one thread a problem, its state in memory.
-  const bool real = pooled_real_path(s, t, p);
-  const int kind = pooled_team_kind(p);
-  const int R = real ? pooled_team_orders<1, true, true>() : pooled_team_orders<1, true, false>();
-  if (n_dirs == 0 && kind != 0 && s.states <= 32 * R) {
-    const int T = (s.states + R - 1) / R, per_warp = 32 / T;
-    const int64_t floats = std::max<int64_t>(1, pooled_table_floats(s, p));
-    const int64_t tchunk = std::max<int64_t>(
-        1, std::min<int64_t>(t.n, static_cast<int64_t>(free_b / 2) / (floats * static_cast<int64_t>(sizeof(float)))));
-    BLOCHSIM_POOLED_TRY(pool_malloc(reinterpret_cast<void**>(&table), static_cast<size_t>(tchunk * floats) * 4, st),
-                        "cudaMallocFromPoolAsync (operator table)");
-    for (int64_t first = 0; first < t.n; first += tchunk) {
-      const int64_t count = std::min<int64_t>(tchunk, t.n - first);
-      pooled_table_kernel<0><<<static_cast<unsigned>((count + threads - 1) / threads), threads, 0, st>>>(
-          d.ds, dt, dp, dl, first, count, table);
-      BLOCHSIM_POOLED_TRY(cudaGetLastError(), "pooled_table_kernel launch");
-      const int64_t warps = (count + per_warp - 1) / per_warp;
-      const unsigned blocks = static_cast<unsigned>((warps * 32 + threads - 1) / threads);
-      auto go = [&](auto kernel) { kernel<<<blocks, threads, 0, st>>>(d.ds, dt, dp, dl, first, count, table, dout, T); };
-      if (kind == 1 && real) go(pooled_team_kernel<1, true, true>);
-      else if (kind == 1) go(pooled_team_kernel<1, true, false>);
-      else if (kind == 2 && real) go(pooled_team_kernel<2, false, true>);
-      else if (kind == 2) go(pooled_team_kernel<2, false, false>);
-      else go(pooled_team_kernel<2, true, false>);
-      BLOCHSIM_POOLED_TRY(cudaGetLastError(), "pooled_team_kernel launch");
-    }
-  }
-  const bool general = n_dirs == 0 && table == nullptr;
-  const int64_t per = pool_block_workspace(s, p) * static_cast<int64_t>(sizeof(V));
-  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(t.n, static_cast<int64_t>(free_b / 2) / per));
-  if (general)
-    BLOCHSIM_POOLED_TRY(pool_malloc(reinterpret_cast<void**>(&work), static_cast<size_t>(chunk * per), st),
-                        "cudaMallocFromPoolAsync (workspace)");
-  for (int64_t first = 0; general && first < t.n; first += chunk) {
-    const int64_t count = std::min<int64_t>(chunk, t.n - first);
-    const unsigned blocks = static_cast<unsigned>((count + threads - 1) / threads);
-    pooled_kernel<V><<<blocks, threads, 0, st>>>(d.ds, dt, dp, dl, first, count, work, dout, status);
-    BLOCHSIM_POOLED_TRY(cudaGetLastError(), "pooled_kernel launch");
+  if (n_dirs == 0) {
+    r = pooled_forward_launches<V>(d.ds, dt, dp, dl, dout, status, st, err, n);
+    if (r != ok) return finish(r);
   }
   int hs = 0;
   BLOCHSIM_POOLED_TRY(cudaMemcpyAsync(&hs, status, sizeof(int), cudaMemcpyDeviceToHost, st), "copy of the status");
@@ -1452,6 +1471,58 @@ inline int pooled_from_host(const EventStream& s, const Tissue& t, const Pools& 
   BLOCHSIM_POOLED_TRY(cudaStreamSynchronize(st), "pooled_kernel");
   if (hs != ok) return finish(say(hs, err, n));
   return finish(ok);
+}
+
+// The forward pooled EPG for device properties: t and p point at device
+// arrays (length t.n or 1, float32 SI values, already checked: fractions
+// each >= 0 and summing to at most 1, rates >= 0, times > 0; only the
+// configuration is checked here), out at (t.n, s.n_samples) complex64 on
+// the device; s is a host stream.  Ordered on `stream`, and synchronous
+// with it (the kernels' status is read back).  Returns 0, a blochsim
+// Status, or cuda_error_base + cudaError_t with a message in err.
+inline int pooled_device(const EventStream& s, const Tissue& t, const Pools& p, float* out, cudaStream_t stream,
+                         char* err = nullptr, int n = 0) {
+  using namespace detail;
+  const int v = validate(s, t, true);
+  if (v != ok) return say(v, err, n);
+  const int vp = validate_pool_config(s, t, p);
+  if (vp != ok) return say(vp, err, n);
+  if (t.n == 0 || s.n_samples == 0) return ok;
+  no_stale_error();
+  cudaStream_t st = stream;
+  DeviceStream d;
+  void* props = nullptr;
+  int* status = nullptr;
+  auto finish = [&](int result) {
+    if (props) cudaFreeAsync(props, st);
+    if (d.buf) cudaFreeAsync(d.buf, st);
+    return result;
+  };
+  int r = upload_stream(s, d, st, err, n);
+  if (r != ok) return finish(r);
+  // the super-Lorentzian table and the status word
+  const LineshapeTable hl = host_lineshape_table();
+  std::vector<unsigned char> h;
+  const size_t o_g = put(h, hl.g, lineshape_detail::table_points);
+  const size_t o_dg = put(h, hl.dg_dt, lineshape_detail::table_points);
+  const int zero = 0;
+  const size_t o_status = put(h, &zero, 1);
+  BLOCHSIM_POOLED_TRY(pool_malloc(&props, h.size(), st), "cudaMallocFromPoolAsync");
+  BLOCHSIM_POOLED_TRY(cudaMemcpyAsync(props, h.data(), h.size(), cudaMemcpyHostToDevice, st), "cudaMemcpyAsync");
+  unsigned char* b = static_cast<unsigned char*>(props);
+  LineshapeTable dl = hl;
+  dl.g = reinterpret_cast<const double*>(b + o_g);
+  dl.dg_dt = reinterpret_cast<const double*>(b + o_dg);
+  status = reinterpret_cast<int*>(b + o_status);
+  r = pooled_forward_launches<float>(d.ds, t, p, dl, out, status, st, err, n);
+  if (r != ok) {
+    cudaStreamSynchronize(st);
+    return finish(r);
+  }
+  int hs = 0;
+  BLOCHSIM_POOLED_TRY(cudaMemcpyAsync(&hs, status, sizeof(int), cudaMemcpyDeviceToHost, st), "copy of the status");
+  BLOCHSIM_POOLED_TRY(cudaStreamSynchronize(st), "pooled kernels");
+  return finish(hs != ok ? say(hs, err, n) : ok);
 }
 
 // Reverse mode with pools on the device for host inputs and outputs

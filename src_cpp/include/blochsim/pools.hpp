@@ -1102,9 +1102,10 @@ inline int pooled_block_host(const EventStream& s, const Tissue& t, const Pools&
   return pooled_block<V, WS>(s, t, p, ls, first, work, ws, out);
 }
 
-// Checks the pool configuration and every problem's fractions (each >= 0,
-// their sum <= 1) and rates; kernels assume it passed.
-inline int validate_pools(const EventStream& s, const Tissue& t, const Pools& p) {
+// Checks the pool configuration against the stream (host arrays), without
+// reading the properties' values: what validate_pools checks of device
+// properties, whose values the caller checks.
+inline int validate_pool_config(const EventStream& s, const Tissue& t, const Pools& p) {
   if (p.n_exchanging < 0 || p.n_exchanging > max_exchanging_pools || p.lineshape < 0 ||
       p.lineshape >= lineshape_count)
     return bad_pools;
@@ -1113,6 +1114,14 @@ inline int validate_pools(const EventStream& s, const Tissue& t, const Pools& p)
     for (int64_t e = 0; e < s.n_events; ++e)
       if (!(s.rf_duration_s[e] >= 0.0f)) return bad_pools;
   }
+  return ok;
+}
+
+// Checks the pool configuration and every problem's fractions (each >= 0,
+// their sum <= 1) and rates; kernels assume it passed.
+inline int validate_pools(const EventStream& s, const Tissue& t, const Pools& p) {
+  const int c = validate_pool_config(s, t, p);
+  if (c != ok) return c;
   for (int64_t i = 0; i < t.n; ++i) {
     double sum = 0.0;
     for (int j = 0; j < p.n_exchanging; ++j) {
