@@ -119,6 +119,24 @@ def test_device_mrf_forward_pools_from_numpy(benchmark, n, pool):
     benchmark.extra_info["atoms_per_s_median"] = n / benchmark.stats.stats.median
 
 
+@pytest.mark.parametrize("pool", sorted(FORWARD_POOLS))
+@pytest.mark.parametrize("n", SIZES)
+def test_device_mrf_forward_pools_resident(benchmark, n, pool):
+    """Forward with one pool added, CuPy in and out (the pooled kernels on
+    resident arrays), against test_device_mrf_forward_real_path and
+    test_device_mrf_forward_complex_path."""
+    cp = pytest.importorskip("cupy")
+    T1, T2 = reference_tissues(n)
+    T1, T2 = cp.asarray(T1, cp.float32), cp.asarray(T2, cp.float32)
+    sim = MRFSimulator(flip=reference_flips(500), TR=10.0, states=32)
+    out = cp.empty((n, 500), cp.complex64)
+    sim.simulate(T1=T1, T2=T2, out=out, **FORWARD_POOLS[pool])
+    benchmark.pedantic(sim.simulate, kwargs={"T1": T1, "T2": T2, "out": out, **FORWARD_POOLS[pool]}, rounds=5,
+                       warmup_rounds=1)
+    benchmark.extra_info["atoms"] = n
+    benchmark.extra_info["atoms_per_s_median"] = n / benchmark.stats.stats.median
+
+
 @pytest.mark.parametrize("pool", sorted(POOLS))
 def test_device_mrf_vjp_pools_1e4(benchmark, pool):
     """Pullback to (flip, TR, T1, T2) with one pool added on the device (the
