@@ -1162,19 +1162,19 @@ __global__ void pooled_table_kernel(EventStream s, Tissue t, Pools p, LineshapeT
 template <int N, bool Bound, bool Real>
 __global__ void __launch_bounds__(128) pooled_team_kernel(EventStream s, Tissue t, Pools p, LineshapeTable ls,
                                                           int64_t first, int64_t count, const float* table,
-                                                          float* out, int T) {
+                                                          const float* ev, bool uniform_rf, float* out, int T) {
   constexpr int R = pooled_team_orders<N, Bound, Real>();
   const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const Seat at = seat(g / 32, static_cast<int>(g % 32), 32, T, 32 / T, count);
   PooledTeam<float, N, Bound, R, Real, WarpTeam<false>> st;
   DeviceSink sink{reinterpret_cast<float2*>(out) + (first + at.problem) * s.n_samples, at.writer};
-  st.play(s, t, p, ls, first + at.problem, table + at.problem, count,
+  st.play(s, t, p, ls, first + at.problem, table + at.problem, count, ev, uniform_rf,
           WarpTeam<false>{at.rank, T, at.rank * R, at.last, SharedRecords{nullptr, 0, 0}}, sink);
 }
 
-// The pooled forward's kernels on stream st, for the uploaded stream ds
-// and the device properties dt, dp and lineshape table dl (their values
-// checked; only their configuration is read here), into dout (device),
+// The pooled forward's kernels on stream st, for the stream s (host) and
+// its upload ds, and the device properties dt, dp and lineshape table dl
+// (their values checked; only their configuration is read here), into dout (device),
 // kernel failures into *status: a register team a problem
 // (pools_registers.hpp) for the pools it is compiled for and up to 32
 // members' orders, its operator table formed first by pooled_table_kernel;
@@ -1182,8 +1182,9 @@ __global__ void __launch_bounds__(128) pooled_team_kernel(EventStream s, Tissue 
 // Launches of as many problems as fit in half the free memory; their
 // buffers are freed in the stream's order.
 template <class V = float>
-inline int pooled_forward_launches(const EventStream& ds, const Tissue& dt, const Pools& dp, const LineshapeTable& dl,
-                                   float* dout, int* status, cudaStream_t st, char* err, int n) {
+inline int pooled_forward_launches(const EventStream& s, const EventStream& ds, const Tissue& dt, const Pools& dp,
+                                   const LineshapeTable& dl, float* dout, int* status, cudaStream_t st, char* err,
+                                   int n) {
   constexpr int threads = 128;
   size_t free_b = 0, total_b = 0;
   BLOCHSIM_CUDA(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
@@ -1191,17 +1192,29 @@ inline int pooled_forward_launches(const EventStream& ds, const Tissue& dt, cons
   const int kind = pooled_team_kind(dp);
   const int R = real ? pooled_team_orders<1, true, true>() : pooled_team_orders<1, true, false>();
   const bool team = kind != 0 && ds.states <= 32 * R;
-  const int64_t per = team ? std::max<int64_t>(1, pooled_table_floats(ds, dp)) * static_cast<int64_t>(sizeof(float))
-                           : pool_block_workspace(ds, dp) * static_cast<int64_t>(sizeof(V));
+  const int64_t per = team ? std::max<int64_t>(1, pooled_table_floats(s, dp)) * static_cast<int64_t>(sizeof(float))
+                           : pool_block_workspace(s, dp) * static_cast<int64_t>(sizeof(V));
   const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(dt.n, static_cast<int64_t>(free_b / 2) / per));
+  // the event table (team), then the launches' workspace
+  const int64_t ev_floats = team ? s.n_events * pooled_event_floats + 1 : 0;
+  std::vector<float> hev(static_cast<size_t>(ev_floats));
+  const bool uniform_rf = team && pooled_event_table(s, dt, hev.data());
   void* work = nullptr;
-  BLOCHSIM_CUDA(pool_malloc(&work, static_cast<size_t>(chunk * per), st), "cudaMallocFromPoolAsync (workspace)");
+  BLOCHSIM_CUDA(pool_malloc(&work, static_cast<size_t>(chunk * per + ev_floats * 4), st),
+                "cudaMallocFromPoolAsync (workspace)");
   auto check = [&](const char* what) -> int {
     const cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess) return ok;
     cudaFreeAsync(work, st);
     return fail(e, what, err, n);
   };
+  float* ev = static_cast<float*>(work) + chunk * per / 4;
+  if (team) {
+    // (pageable: the call returns once hev is staged)
+    cudaMemcpyAsync(ev, hev.data(), static_cast<size_t>(ev_floats) * 4, cudaMemcpyHostToDevice, st);
+    const int c = check("cudaMemcpyAsync (event table)");
+    if (c != ok) return c;
+  }
   for (int64_t first = 0; first < dt.n; first += chunk) {
     const int64_t count = std::min<int64_t>(chunk, dt.n - first);
     if (!team) {
@@ -1219,7 +1232,9 @@ inline int pooled_forward_launches(const EventStream& ds, const Tissue& dt, cons
     const int T = (ds.states + R - 1) / R, per_warp = 32 / T;
     const int64_t warps = (count + per_warp - 1) / per_warp;
     const unsigned blocks = static_cast<unsigned>((warps * 32 + threads - 1) / threads);
-    auto go = [&](auto kernel) { kernel<<<blocks, threads, 0, st>>>(ds, dt, dp, dl, first, count, table, dout, T); };
+    auto go = [&](auto kernel) {
+      kernel<<<blocks, threads, 0, st>>>(ds, dt, dp, dl, first, count, table, ev, uniform_rf, dout, T);
+    };
     if (kind == 1 && real) go(pooled_team_kernel<1, true, true>);
     else if (kind == 1) go(pooled_team_kernel<1, true, false>);
     else if (kind == 2 && real) go(pooled_team_kernel<2, false, true>);
@@ -1460,7 +1475,7 @@ inline int pooled_from_host(const EventStream& s, const Tissue& t, const Pools& 
     if (r != ok) return finish(r);
   }
   if (n_dirs == 0) {
-    r = pooled_forward_launches<V>(d.ds, dt, dp, dl, dout, status, st, err, n);
+    r = pooled_forward_launches<V>(s, d.ds, dt, dp, dl, dout, status, st, err, n);
     if (r != ok) return finish(r);
   }
   int hs = 0;
@@ -1514,7 +1529,7 @@ inline int pooled_device(const EventStream& s, const Tissue& t, const Pools& p, 
   dl.g = reinterpret_cast<const double*>(b + o_g);
   dl.dg_dt = reinterpret_cast<const double*>(b + o_dg);
   status = reinterpret_cast<int*>(b + o_status);
-  r = pooled_forward_launches<float>(d.ds, t, p, dl, out, status, st, err, n);
+  r = pooled_forward_launches<float>(s, d.ds, t, p, dl, out, status, st, err, n);
   if (r != ok) {
     cudaStreamSynchronize(st);
     return finish(r);
