@@ -494,7 +494,9 @@ def _team_cases():
         ("rect-both", _RectTrain(states=20, repetitions=6), {**both, "B0": np.array([-8.0, 0.0, 15.0])}),
         ("rect-bound", _RectTrain(states=8, repetitions=6), {**pooled, "bound_fraction": 0.1,
                                                              "bound_exchange": 20.0}),
-        ("mrf-bound-K300-general", MRFSimulator(flip=FLIPS[:60], TR=10.0, states=300),
+        ("mrf-bound-K300-team", MRFSimulator(flip=FLIPS[:60], TR=10.0, states=300),
+         {**pooled, "bound_fraction": 0.12, "bound_exchange": 25.0}),
+        ("mrf-bound-complex-K300-general", MRFSimulator(flip=FLIPS[:60], TR=10.0, phases=phases[:60], states=300),
          {**pooled, "bound_fraction": 0.12, "bound_exchange": 25.0}),
     ]
 

@@ -1108,8 +1108,8 @@ def test_real_planes_equal_the_complex_path(pools):
 # --------------------------------------------------------------------------
 # The device's pooled register team (pools_registers.hpp), run on the host
 # with four members (the lanes of a vector), so that the shifts cross
-# members as on the GPU: 8 orders a member on the real planes, 4 on the
-# complex ones.
+# members as on the GPU: 16 orders a member on the real planes, 8 on the
+# complex ones (4 with both pool kinds).
 
 def _team(sim, **kw):
     sim._host_variant = 4
@@ -1138,16 +1138,17 @@ MRF_PHASES = (37.0 * np.arange(80)) % 360.0
 TEAM_CASES = [
     ("mrf real, MT, K = 32", lambda: MRFSimulator(flip=MRF_FLIPS, TR=10.0, TI=20.0, states=32), MT_POOL),
     ("mrf real, MT, K = 13 (truncated team)", lambda: MRFSimulator(flip=MRF_FLIPS, TR=10.0, states=13), MT_POOL),
+    ("mrf real, MT, K = 60 (four members)", lambda: MRFSimulator(flip=MRF_FLIPS, TR=10.0, states=60), MT_POOL),
     ("mrf real, poolB, B1, K = 27", lambda: MRFSimulator(flip=MRF_FLIPS, TR=10.0, TI=20.0, states=27),
      {**B_POOL, "B1": np.array([0.8, 1.1, 1.0])}),
-    ("mrf complex (phases), MT, K = 16",
-     lambda: MRFSimulator(flip=MRF_FLIPS, TR=10.0, phases=MRF_PHASES, states=16), MT_POOL),
+    ("mrf complex (phases), MT, K = 30",
+     lambda: MRFSimulator(flip=MRF_FLIPS, TR=10.0, phases=MRF_PHASES, states=30), MT_POOL),
     ("mrf complex, poolB shift, K = 11", lambda: MRFSimulator(flip=MRF_FLIPS, TR=10.0, states=11),
      {**B_POOL, "poolB_shift": 50.0}),
     ("saturating train, both pools, K = 16", lambda: MTTrain(states=16), POOLED),
     ("saturating train, MT, K = 9", lambda: MTTrain(states=9), {**MT_POOL, "B0": np.array([0.0, 30.0, -5.0])}),
     ("shifts both ways, both pools, K = 14", lambda: BothWays(states=14), POOLED),
-    ("shifts both ways, poolB, K = 16", lambda: BothWays(states=16), {**B_POOL, "poolB_shift": -80.0}),
+    ("shifts both ways, poolB, K = 29", lambda: BothWays(states=29), {**B_POOL, "poolB_shift": -80.0}),
     ("exact pulses, both pools, K = 12", lambda: EveryEvent(states=12), EVERY_TISSUE),
     ("exact pulses, MT, K = 16", lambda: EveryEvent(states=16), {**MT_POOL, "B0": 8.0}),
 ]
@@ -1179,8 +1180,8 @@ def test_pooled_register_team_against_oracles():
 
 
 def test_pooled_register_team_refusals():
-    # complex planes: 16 orders on the host's team
-    sim = MRFSimulator(flip=MRF_FLIPS, TR=10.0, phases=MRF_PHASES, states=17)
+    # complex planes: 32 orders on the host's team
+    sim = MRFSimulator(flip=MRF_FLIPS, TR=10.0, phases=MRF_PHASES, states=33)
     with pytest.raises(ValueError, match="states exceed what the register team holds"):
         _team(sim, T1=900.0, T2=60.0, **MT_POOL)
     # two exchanging pools: no team (the device plays them with the general kernel)

@@ -42,10 +42,9 @@ int host_jacobian_registers(const EventStream& s, const Tissue& t, const int* fi
                             float* jac, const float* seeds);
 
 // The device's pooled register path (pools_registers.hpp) run on the host
-// for testing, a team of 4 members with the device's orders a member (8 on
-// the real planes, 4 on the complex ones), for the pools pooled_team_kind
-// names; returns states_exceed_team past 32 (16) states and bad_pools for
-// other pools.
+// for testing, a team of 4 members with the device's orders a member
+// (pooled_team_orders), for the pools pooled_team_kind names; returns
+// states_exceed_team past 4 members' orders and bad_pools for other pools.
 int host_pooled_registers(const EventStream& s, const Tissue& t, const Pools& p, float* out);
 
 // Signal (and, with n_dirs > 0, Jacobian) of every problem of t with the

@@ -1190,7 +1190,7 @@ inline int pooled_forward_launches(const EventStream& s, const EventStream& ds, 
   BLOCHSIM_CUDA(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
   const bool real = pooled_real_path(ds, dt, dp);
   const int kind = pooled_team_kind(dp);
-  const int R = real ? pooled_team_orders<1, true, true>() : pooled_team_orders<1, true, false>();
+  const int R = pooled_team_orders_of(kind, real);
   const bool team = kind != 0 && ds.states <= 32 * R;
   const int64_t per = team ? std::max<int64_t>(1, pooled_table_floats(s, dp)) * static_cast<int64_t>(sizeof(float))
                            : pool_block_workspace(s, dp) * static_cast<int64_t>(sizeof(V));

@@ -94,10 +94,12 @@ inline bool pooled_event_table(const EventStream& s, const Tissue& t, float* ev)
 }
 
 // Orders a member holds for the pool counts N (liquid pools), Bound, on
-// the real planes or the complex ones: 32 to 56 state registers a thread.
+// the real planes or the complex ones: 56 to 96 state registers a thread
+// (as many orders as fit, so that the per-event work each member repeats is
+// shared by more orders).
 template <int N, bool Bound, bool Real>
 BLOCHSIM_HD constexpr int pooled_team_orders() {
-  return Real ? 8 : 4;
+  return Real ? 16 : (N == 2 && Bound ? 4 : 8);
 }
 
 // The state of one problem over a team (members of R orders each) and its
@@ -156,7 +158,8 @@ BLOCHSIM_UNROLL
     }
   }
 
-  // Plays the stream for problem i: table as pooled_table wrote it (stride
+  // Plays the stream for problem i (its records, EventStream::records, and
+  // the arrays the records do not hold): table as pooled_table wrote it (stride
   // between its values), ev as pooled_event_table wrote it (uniform_rf its
   // verdict; otherwise each problem turns its own flip and phase, in single
   // precision), sink.write(slot, re, im) takes each readout (its values
@@ -212,8 +215,9 @@ BLOCHSIM_UNROLL
     const V first = team.first();
 
     for (int64_t e = 0; e < s.n_events; ++e) {
-      const uint32_t f = s.flags[e];
-      const int32_t iv = s.interval[e];
+      const EventRecord& rec = s.records[e];
+      const uint32_t f = rec.flags;
+      const int32_t iv = rec.interval;
       if (iv >= 0) {
         if (iv != cached_iv) {
           const float* o = table + static_cast<int64_t>(iv) * per_interval * stride;
@@ -280,7 +284,7 @@ BLOCHSIM_UNROLL
 BLOCHSIM_UNROLL
         for (int j = 0; j < m; ++j) z[j][0][0] += first * Rv[j];
       }
-      for (int c = 0, sb = s.shift_before[e]; c < (sb > 0 ? sb : -sb); ++c) shift(sb > 0 ? 1 : -1);
+      for (int c = 0, sb = rec.shift_before; c < (sb > 0 ? sb : -sb); ++c) shift(sb > 0 ? 1 : -1);
       if (saturating && (f & (event_rf | event_saturation)) && s.rf_duration_s[e] > 0.0f) {
         const double tau_rf = s.rf_duration_s[e];
         const float offset = s.rf_offset_hz ? s.rf_offset_hz[e] : 0.0f;
@@ -292,7 +296,7 @@ BLOCHSIM_UNROLL
           g_ready = true;
         }
         const double power = s.rf_power ? s.rf_power[e] : 1.0;
-        const double a = B1 * s.flip_rad[e];
+        const double a = B1 * rec.flip_rad;
         const float decay = exp(static_cast<float>(-(pi * power / tau_rf) * g_T2b * a * a));
 BLOCHSIM_UNROLL
         for (int h = 0; h < NP; ++h)
@@ -308,8 +312,8 @@ BLOCHSIM_UNROLL
           cp = er[2];
           sp = er[3];
         } else {
-          const float al = static_cast<float>(B1 * static_cast<double>(s.flip_rad[e]));
-          const float ph = static_cast<float>(B1phase + static_cast<double>(s.phase_rad[e]));
+          const float al = static_cast<float>(B1 * static_cast<double>(rec.flip_rad));
+          const float ph = static_cast<float>(B1phase + static_cast<double>(rec.phase_rad));
           ca = cos(al);
           sa = sin(al);
           cp = cos(ph);
@@ -403,7 +407,7 @@ BLOCHSIM_UNROLL
         }
         const float cr = er[4], sr = er[5];
         // M0 (F+) e^{-i rx}
-        sink.write(s.slot[e], M0 * (accr * cr + acci * sr), M0 * (acci * cr - accr * sr));
+        sink.write(rec.slot, M0 * (accr * cr + acci * sr), M0 * (acci * cr - accr * sr));
       }
       if (f & event_spoil) {
 BLOCHSIM_UNROLL
@@ -413,7 +417,7 @@ BLOCHSIM_UNROLL
 BLOCHSIM_UNROLL
             for (int r = 0; r < R; ++r) fp[j][h][r] = fm[j][h][r] = V{};
       } else {
-        for (int c = 0, sa = s.shift_after[e]; c < (sa > 0 ? sa : -sa); ++c) shift(sa > 0 ? 1 : -1);
+        for (int c = 0, sa = rec.shift_after; c < (sa > 0 ? sa : -sa); ++c) shift(sa > 0 ? 1 : -1);
       }
     }
   }
@@ -427,6 +431,13 @@ BLOCHSIM_HD inline int pooled_team_kind(const Pools& p) {
   return 0;
 }
 
+// pooled_team_orders of a pooled_team_kind (real: on the real planes).
+BLOCHSIM_HD inline int pooled_team_orders_of(int kind, bool real) {
+  if (kind == 1) return real ? pooled_team_orders<1, true, true>() : pooled_team_orders<1, true, false>();
+  if (kind == 2) return real ? pooled_team_orders<2, false, true>() : pooled_team_orders<2, false, false>();
+  return pooled_team_orders<2, true, false>();
+}
+
 // Host instantiation of the device's pooled team for problems [0, t.n): one
 // problem at a time, its orders over the lanes of V (members of R orders).
 // K must be at most width * R; the pools one pooled_team_kind names.
@@ -435,6 +446,11 @@ inline int pooled_team_host(const EventStream& s, const Tissue& t, const Pools& 
   constexpr int R = pooled_team_orders<N, Bound, Real>();
   using Team = epg::LaneTeam<V, R>;
   if (s.states > Lanes<V>::width * R) return states_exceed_team;
+  // the event records, as the device launcher packs them
+  std::vector<EventRecord> records(static_cast<size_t>(s.n_events + 1));
+  pack_events(s, records.data());
+  EventStream sr = s;
+  sr.records = records.data();
   std::vector<float> table(static_cast<size_t>(pooled_table_floats(s, p)) + 1);
   std::vector<float> ev(static_cast<size_t>(s.n_events * pooled_event_floats) + 1);
   const bool uniform_rf = pooled_event_table(s, t, ev.data());
@@ -442,7 +458,7 @@ inline int pooled_team_host(const EventStream& s, const Tissue& t, const Pools& 
     pooled_table(s, t, p, host_lineshape_table(), i, table.data(), 1);
     PooledTeam<V, N, Bound, R, Real, Team> st;
     epg::TeamLaneSink<V> sink{out, i, s.n_samples};
-    st.play(s, t, p, host_lineshape_table(), i, table.data(), 1, ev.data(), uniform_rf, Team{}, sink);
+    st.play(sr, t, p, host_lineshape_table(), i, table.data(), 1, ev.data(), uniform_rf, Team{}, sink);
   }
   return ok;
 }
