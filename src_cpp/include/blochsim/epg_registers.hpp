@@ -94,6 +94,24 @@ struct LaneTeam {
   }
 };
 
+// Moves `up` (R orders a member) one order up and `dn` one order down
+// across the team; with truncate, drops what moves up past order K - 1.
+template <int R, class V, class Team>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE void team_move(const Team& team, V* up, V* dn, bool truncate, int K) {
+  const V top = up[R - 1];
+  const V bottom = dn[0];
+BLOCHSIM_UNROLL
+  for (int r = R - 1; r >= 1; --r) up[r] = up[r - 1];
+BLOCHSIM_UNROLL
+  for (int r = 0; r + 1 < R; ++r) dn[r] = dn[r + 1];
+  up[0] = team.from_below(top);
+  dn[R - 1] = team.from_above(bottom);
+  if (truncate) {
+BLOCHSIM_UNROLL
+    for (int r = 0; r < R; ++r) up[r] *= team.below(r, K);
+  }
+}
+
 template <class V, int R, bool Complex, class Team>
 struct RegisterStore : FusedOps<V, Complex> {
   static constexpr int RI = Complex ? R : 1;
@@ -284,20 +302,7 @@ BLOCHSIM_UNROLL
   }
 
   // Move `up` one order up and `dn` one order down across the team.
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void move(V* up, V* dn) {
-    const V top = up[R - 1];
-    const V bottom = dn[0];
-BLOCHSIM_UNROLL
-    for (int r = R - 1; r >= 1; --r) up[r] = up[r - 1];
-BLOCHSIM_UNROLL
-    for (int r = 0; r + 1 < R; ++r) dn[r] = dn[r + 1];
-    up[0] = team.from_below(top);
-    dn[R - 1] = team.from_above(bottom);
-    if (truncate) {
-BLOCHSIM_UNROLL
-      for (int r = 0; r < R; ++r) up[r] *= team.below(r, K);
-    }
-  }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void move(V* up, V* dn) { team_move<R>(team, up, dn, truncate, K); }
 
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void shift_once(int dir, int) {
     const V f = team.first();

@@ -116,22 +116,6 @@ struct PooledTeam {
   int K;
   bool truncate;  // the team holds orders past K - 1, which shifts must drop
 
-  // Move `up` one order up and `dn` one order down across the team.
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void move(V* up, V* dn) {
-    const V top = up[R - 1];
-    const V bottom = dn[0];
-BLOCHSIM_UNROLL
-    for (int r = R - 1; r >= 1; --r) up[r] = up[r - 1];
-BLOCHSIM_UNROLL
-    for (int r = 0; r + 1 < R; ++r) dn[r] = dn[r + 1];
-    up[0] = team.from_below(top);
-    dn[R - 1] = team.from_above(bottom);
-    if (truncate) {
-BLOCHSIM_UNROLL
-      for (int r = 0; r < R; ++r) up[r] *= team.below(r, K);
-    }
-  }
-
   // One order of dephasing (dir > 0) or rephasing (dir < 0) of every
   // liquid pool; the row that moves up gains order 0 = conj of the other's.
   // (Each direction names its arrays: a pointer chosen at run time would
@@ -149,7 +133,7 @@ BLOCHSIM_UNROLL
   }
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void up_from(V (&up)[NP][R], V (&dn)[NP][R], const V& f) {
 BLOCHSIM_UNROLL
-    for (int c = 0; c < NP; ++c) move(up[c], dn[c]);
+    for (int c = 0; c < NP; ++c) epg::team_move<R>(team, up[c], dn[c], truncate, K);
     if constexpr (Real) {
       up[0][0] -= f * dn[0][0];
     } else {
