@@ -94,12 +94,12 @@ inline bool pooled_event_table(const EventStream& s, const Tissue& t, float* ev)
 }
 
 // Orders a member holds for the pool counts N (liquid pools), Bound, on
-// the real planes or the complex ones: 56 to 96 state registers a thread
-// (as many orders as fit, so that the per-event work each member repeats is
-// shared by more orders).
+// the real planes or the complex ones: 48 to 96 state registers a thread
+// (as many orders as fit without spilling at sm_90, so that the per-event
+// work each member repeats is shared by more orders).
 template <int N, bool Bound, bool Real>
 BLOCHSIM_HD constexpr int pooled_team_orders() {
-  return Real ? 16 : (N == 2 && Bound ? 4 : 8);
+  return Real ? 16 : (N == 1 ? 8 : 4);
 }
 
 // The state of one problem over a team (members of R orders each) and its
