@@ -748,8 +748,8 @@ class Simulator(_Base):
     def _pooled_backend(self, tissue, on_device, out=None):
         """Where a pooled call runs: (tissue with device arrays copied to the
         host, gpu, library of the device inputs or None, device outputs).
-        The pooled kernels take host arrays; device-array inputs (and
-        outputs) are moved through the host and run on the GPU."""
+        The pooled Jacobian and adjoint take host arrays: their device-array
+        inputs (and outputs) are moved through the host and run on the GPU."""
         outs = [o for o in (out if isinstance(out, tuple) else (out,)) if o is not None]
         device_out = any(V.is_device_array(o) for o in outs)
         on_device = [k for k in on_device if k != "out"]
@@ -768,8 +768,9 @@ class Simulator(_Base):
     def _pooled(self, p, tissue, on_device, names, out, gpu=None):
         """simulate() or jacobian() with pools or exact rectangular pulses:
         (signal, J), J (*voxels, len(names), samples) or None without names.
-        NumPy in and out (on the GPU with device='cuda'); device arrays in or
-        out are moved through the host and come back as device arrays."""
+        NumPy in and out (on the GPU with device='cuda'); the signal of device
+        arrays is computed on the device (_pooled_resident), their Jacobian
+        is moved through the host and comes back as device arrays."""
         owner = type(self).__name__
         if not names and gpu is None and (on_device or V.is_device_array(out)):
             return self._pooled_resident(p, tissue, on_device, out), None
@@ -813,8 +814,10 @@ class Simulator(_Base):
 
     def _pooled_resident(self, p, tissue, on_device, out):
         """simulate() with pools for device-array inputs or output: the
-        pooled kernels read the device arrays and write a device result (the
-        pool fractions alone were checked on the host, by drop_idle())."""
+        pooled kernels read the device arrays and write a device result.  The
+        pool properties were copied to the host and checked there by
+        drop_idle() (fractions and their sum); the tissue properties are
+        checked on the device."""
         on_device = [k for k in on_device if k != "out"]
         device = _dispatch.resolve_device(self.device, on_device[0] if on_device else "out")
         if device == "cpu":

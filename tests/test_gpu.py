@@ -526,8 +526,8 @@ def test_pools_on_device_at_the_reference_size():
 
 
 def test_pools_take_device_arrays():
-    """CuPy in, CuPy out (moved through the host to the pooled kernels):
-    simulate, out=, jacobian and vjp against the NumPy host results."""
+    """CuPy in, CuPy out (simulate and out= on the device arrays; jacobian
+    and vjp moved through the host) against the NumPy host results."""
     cp = pytest.importorskip("cupy")
     mrf = MRFSimulator(flip=FLIPS[:60], TR=10.0, states=16)
     T1 = np.array([700.0, 1100.0, 1600.0])

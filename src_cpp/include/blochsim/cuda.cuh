@@ -1157,8 +1157,9 @@ __global__ void pooled_table_kernel(EventStream s, Tissue t, Pools p, LineshapeT
 }
 
 // A team of T lanes of a warp a problem (pools_registers.hpp PooledTeam),
-// 32 / T teams a warp; the spare lanes and the teams past the last problem
-// replay it and write nothing.
+// 32 / T teams a warp; the spare lanes replay their warp's last team's
+// problem, the teams past the last problem replay that one, and neither
+// writes.
 template <int N, bool Bound, bool Real>
 __global__ void __launch_bounds__(128) pooled_team_kernel(EventStream s, Tissue t, Pools p, LineshapeTable ls,
                                                           int64_t first, int64_t count, const float* table,
@@ -1211,9 +1212,12 @@ inline int pooled_forward_launches(const EventStream& s, const EventStream& ds, 
   float* ev = static_cast<float*>(work) + chunk * per / 4;
   if (team) {
     // (pageable: the call returns once hev is staged)
-    cudaMemcpyAsync(ev, hev.data(), static_cast<size_t>(ev_floats) * 4, cudaMemcpyHostToDevice, st);
-    const int c = check("cudaMemcpyAsync (event table)");
-    if (c != ok) return c;
+    const cudaError_t e =
+        cudaMemcpyAsync(ev, hev.data(), static_cast<size_t>(ev_floats) * 4, cudaMemcpyHostToDevice, st);
+    if (e != cudaSuccess) {
+      cudaFreeAsync(work, st);
+      return fail(e, "cudaMemcpyAsync (event table)", err, n);
+    }
   }
   for (int64_t first = 0; first < dt.n; first += chunk) {
     const int64_t count = std::min<int64_t>(chunk, dt.n - first);
