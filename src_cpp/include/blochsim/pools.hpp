@@ -733,6 +733,9 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
     LT::set(eta, l, static_cast<float>(q[l].eta));
     uniform_rf = uniform_rf && q[l].B1 == q[0].B1 && q[l].B1phase == q[0].B1phase;
   }
+  // every lane at B1 = 1 and no transmit phase: the stream's table holds
+  // each pulse's cos and sin (formed once per sequence)
+  const bool nominal_rf = uniform_rf && q[0].B1 == 1.0 && q[0].B1phase == 0.0 && s.rf_table != nullptr;
   // workspace: F+ (re, im), F- (re, im) of each liquid pool (rows of R
   // elements), Z (re, im) of every longitudinal family (rows of K); then
   // the operators
@@ -841,7 +844,13 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
     }
     const bool rf = (f & event_rf) != 0;
     V ca{}, sa{}, cp{}, sp{};
-    if (rf) {
+    if (rf && nominal_rf) {
+      const float* row = s.rf_table + e * rf_table_fields;
+      ca = V{} + row[rft_cos];
+      sa = V{} + row[rft_sin];
+      cp = V{} + row[rft_cos_phase];
+      sp = V{} + row[rft_sin_phase];
+    } else if (rf) {
       for (int l = 0; l < (uniform_rf ? 1 : W); ++l) {
         const double a = q[l].B1 * static_cast<double>(s.flip_rad[e]);
         const double ph = q[l].B1phase + static_cast<double>(s.phase_rad[e]);
@@ -957,7 +966,13 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
       }
     };
     const int32_t sb = s.shift_before[e];
-    if (sb == 0) {
+    if (sb == 0 && iv >= 0 && rf && !sat) {
+      // the common event, without branches between the orders
+      for (int k = 0; k < band; ++k) {
+        interval_at(k);
+        rotate_at(k);
+      }
+    } else if (sb == 0) {
       for (int k = 0; k < band; ++k) {
         if (iv >= 0) interval_at(k);
         if (sat) saturate_at(k);
@@ -1028,8 +1043,10 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
         accr += at(fpr + xp(j, 0));
         acci += at(fpi + xp(j, 0));
       }
-      const float cr = static_cast<float>(std::cos(static_cast<double>(s.rx_phase_rad[e])));
-      const float sr = static_cast<float>(std::sin(static_cast<double>(s.rx_phase_rad[e])));
+      const float cr = s.rf_table ? s.rf_table[e * rf_table_fields + rft_cos_rx]
+                                  : static_cast<float>(std::cos(static_cast<double>(s.rx_phase_rad[e])));
+      const float sr = s.rf_table ? s.rf_table[e * rf_table_fields + rft_sin_rx]
+                                  : static_cast<float>(std::sin(static_cast<double>(s.rx_phase_rad[e])));
       // M0 (F+) e^{-i rx}
       const V re = M0 * (accr * cr + acci * sr), im = M0 * (acci * cr - accr * sr);
       const int32_t slot = s.slot[e];
