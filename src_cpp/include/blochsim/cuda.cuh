@@ -1163,13 +1163,13 @@ __global__ void pooled_table_kernel(EventStream s, Tissue t, Pools p, LineshapeT
 template <int N, bool Bound, bool Real>
 __global__ void __launch_bounds__(128) pooled_team_kernel(EventStream s, Tissue t, Pools p, LineshapeTable ls,
                                                           int64_t first, int64_t count, const float* table,
-                                                          const float* ev, bool uniform_rf, float* out, int T) {
+                                                          float* out, int T) {
   constexpr int R = pooled_team_orders<N, Bound, Real>();
   const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const Seat at = seat(g / 32, static_cast<int>(g % 32), 32, T, 32 / T, count);
   PooledTeam<float, N, Bound, R, Real, WarpTeam<false>> st;
   DeviceSink sink{reinterpret_cast<float2*>(out) + (first + at.problem) * s.n_samples, at.writer};
-  st.play(s, t, p, ls, first + at.problem, table + at.problem, count, ev, uniform_rf,
+  st.play(s, t, p, ls, first + at.problem, table + at.problem, count,
           WarpTeam<false>{at.rank, T, at.rank * R, at.last, SharedRecords{nullptr, 0, 0}}, sink);
 }
 
@@ -1196,29 +1196,14 @@ inline int pooled_forward_launches(const EventStream& s, const EventStream& ds, 
   const int64_t per = team ? std::max<int64_t>(1, pooled_table_floats(s, dp)) * static_cast<int64_t>(sizeof(float))
                            : pool_block_workspace(s, dp) * static_cast<int64_t>(sizeof(V));
   const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(dt.n, static_cast<int64_t>(free_b / 2) / per));
-  // the event table (team), then the launches' workspace
-  const int64_t ev_floats = team ? s.n_events * pooled_event_floats + 1 : 0;
-  std::vector<float> hev(static_cast<size_t>(ev_floats));
-  const bool uniform_rf = team && pooled_event_table(s, dt, hev.data());
   void* work = nullptr;
-  BLOCHSIM_CUDA(pool_malloc(&work, static_cast<size_t>(chunk * per + ev_floats * 4), st),
-                "cudaMallocFromPoolAsync (workspace)");
+  BLOCHSIM_CUDA(pool_malloc(&work, static_cast<size_t>(chunk * per), st), "cudaMallocFromPoolAsync (workspace)");
   auto check = [&](const char* what) -> int {
     const cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess) return ok;
     cudaFreeAsync(work, st);
     return fail(e, what, err, n);
   };
-  float* ev = static_cast<float*>(work) + chunk * per / 4;
-  if (team) {
-    // (pageable: the call returns once hev is staged)
-    const cudaError_t e =
-        cudaMemcpyAsync(ev, hev.data(), static_cast<size_t>(ev_floats) * 4, cudaMemcpyHostToDevice, st);
-    if (e != cudaSuccess) {
-      cudaFreeAsync(work, st);
-      return fail(e, "cudaMemcpyAsync (event table)", err, n);
-    }
-  }
   for (int64_t first = 0; first < dt.n; first += chunk) {
     const int64_t count = std::min<int64_t>(chunk, dt.n - first);
     if (!team) {
@@ -1237,7 +1222,7 @@ inline int pooled_forward_launches(const EventStream& s, const EventStream& ds, 
     const int64_t warps = (count + per_warp - 1) / per_warp;
     const unsigned blocks = static_cast<unsigned>((warps * 32 + threads - 1) / threads);
     auto go = [&](auto kernel) {
-      kernel<<<blocks, threads, 0, st>>>(ds, dt, dp, dl, first, count, table, ev, uniform_rf, dout, T);
+      kernel<<<blocks, threads, 0, st>>>(ds, dt, dp, dl, first, count, table, dout, T);
     };
     if (kind == 1 && real) go(pooled_team_kernel<1, true, true>);
     else if (kind == 1) go(pooled_team_kernel<1, true, false>);

@@ -66,33 +66,6 @@ BLOCHSIM_HD inline void pooled_table(const EventStream& s, const Tissue& t, cons
   }
 }
 
-// Per-event values of the pooled team that do not depend on the problem,
-// formed on the host in double precision: cos and sin of the receiver
-// phase, and, when no problem has its own B1 or B1phase (neither is
-// present in t), cos and sin of the effective flip and of the pulse phase.
-// Floats an event: (cos a, sin a, cos phi, sin phi, cos rx, sin rx).
-constexpr int pooled_event_floats = 6;
-
-// Writes the table (s.n_events rows) into ev; returns whether its RF
-// columns hold (B1 and B1phase uniform).
-inline bool pooled_event_table(const EventStream& s, const Tissue& t, float* ev) {
-  const bool uniform = !t.B1.present() && !t.B1phase_rad.present();
-  const double B1 = t.B1.fallback, B1phase = t.B1phase_rad.fallback;
-  for (int64_t e = 0; e < s.n_events; ++e) {
-    float* r = ev + e * pooled_event_floats;
-    const double al = B1 * static_cast<double>(s.flip_rad[e]);
-    const double ph = B1phase + static_cast<double>(s.phase_rad[e]);
-    const double rx = static_cast<double>(s.rx_phase_rad[e]);
-    r[0] = uniform ? static_cast<float>(std::cos(al)) : 0.0f;
-    r[1] = uniform ? static_cast<float>(std::sin(al)) : 0.0f;
-    r[2] = uniform ? static_cast<float>(std::cos(ph)) : 0.0f;
-    r[3] = uniform ? static_cast<float>(std::sin(ph)) : 0.0f;
-    r[4] = static_cast<float>(std::cos(rx));
-    r[5] = static_cast<float>(std::sin(rx));
-  }
-  return uniform;
-}
-
 // Orders a member holds for the pool counts N (liquid pools), Bound, on
 // the real planes or the complex ones: 48 to 96 state registers a thread
 // (as many orders as fit without spilling at sm_90, so that the per-event
@@ -143,16 +116,17 @@ BLOCHSIM_UNROLL
   }
 
   // Plays the stream for problem i (its records, EventStream::records, and
-  // the arrays the records do not hold): table as pooled_table wrote it (stride
-  // between its values), ev as pooled_event_table wrote it (uniform_rf its
-  // verdict; otherwise each problem turns its own flip and phase, in single
-  // precision), sink.write(slot, re, im) takes each readout (its values
-  // meaningful in member 0).  No double-precision function runs per event
-  // but the semisolid pool's saturation.
+  // the arrays the records do not hold): table as pooled_table wrote it
+  // (stride between its values), sink.write(slot, re, im) takes each
+  // readout (its values meaningful in member 0).  A problem at B1 = 1 with
+  // no transmit phase takes each pulse's cos and sin from its record (the
+  // stream's rf table, formed once per sequence); others turn their own
+  // flip and phase in single precision.  No double-precision function runs
+  // per event but the semisolid pool's saturation.
   template <class Sink>
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void play(const EventStream& s, const Tissue& t, const Pools& p,
                                              const LineshapeTable& ls, int64_t i, const float* table, int64_t stride,
-                                             const float* ev, bool uniform_rf, const Team& tm, Sink& sink) {
+                                             const Team& tm, Sink& sink) {
     using std::cos;
     using std::exp;
     using std::sin;
@@ -197,6 +171,7 @@ BLOCHSIM_UNROLL
     bool g_ready = false;
     double g_T2b = 0.0;  // G(2 pi (offset - B0) T2b) T2b at g_offset
     const V first = team.first();
+    const bool nominal_rf = B1 == 1.0 && B1phase == 0.0;
 
     for (int64_t e = 0; e < s.n_events; ++e) {
       const EventRecord& rec = s.records[e];
@@ -287,14 +262,13 @@ BLOCHSIM_UNROLL
 BLOCHSIM_UNROLL
           for (int r = 0; r < R; ++r) z[n][h][r] *= decay;
       }
-      const float* er = ev + e * pooled_event_floats;
       if (f & event_rf) {
         float ca, sa, cp, sp;
-        if (uniform_rf) {
-          ca = er[0];
-          sa = er[1];
-          cp = er[2];
-          sp = er[3];
+        if (nominal_rf) {
+          ca = rec.rf[rft_cos];
+          sa = rec.rf[rft_sin];
+          cp = rec.rf[rft_cos_phase];
+          sp = rec.rf[rft_sin_phase];
         } else {
           const float al = static_cast<float>(B1 * static_cast<double>(rec.flip_rad));
           const float ph = static_cast<float>(B1phase + static_cast<double>(rec.phase_rad));
@@ -389,7 +363,7 @@ BLOCHSIM_UNROLL
             acci += fp[j][1][0];
           }
         }
-        const float cr = er[4], sr = er[5];
+        const float cr = rec.rf[rft_cos_rx], sr = rec.rf[rft_sin_rx];
         // M0 (F+) e^{-i rx}
         sink.write(rec.slot, M0 * (accr * cr + acci * sr), M0 * (acci * cr - accr * sr));
       }
@@ -436,13 +410,11 @@ inline int pooled_team_host(const EventStream& s, const Tissue& t, const Pools& 
   EventStream sr = s;
   sr.records = records.data();
   std::vector<float> table(static_cast<size_t>(pooled_table_floats(s, p)) + 1);
-  std::vector<float> ev(static_cast<size_t>(s.n_events * pooled_event_floats) + 1);
-  const bool uniform_rf = pooled_event_table(s, t, ev.data());
   for (int64_t i = 0; i < t.n; ++i) {
     pooled_table(s, t, p, host_lineshape_table(), i, table.data(), 1);
     PooledTeam<V, N, Bound, R, Real, Team> st;
     epg::TeamLaneSink<V> sink{out, i, s.n_samples};
-    st.play(sr, t, p, host_lineshape_table(), i, table.data(), 1, ev.data(), uniform_rf, Team{}, sink);
+    st.play(sr, t, p, host_lineshape_table(), i, table.data(), 1, Team{}, sink);
   }
   return ok;
 }
