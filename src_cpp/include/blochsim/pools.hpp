@@ -688,6 +688,43 @@ inline int64_t pool_block_workspace(const EventStream& s, const Pools& p) {
   return states + per_interval * s.n_intervals + per_driven * (s.driven ? s.n_driven : 0) + 8;
 }
 
+// A hard pulse (SPEC §2) on one order of one liquid pool, from the cos and
+// sin of its effective flip a and phase phi (C: scalars, or lanes of
+// problems).  Real: the real planes of pooled_real_path (phi 0 or pi), where
+// F+ and F- are imaginary (ai, bi) and Z real (zr); otherwise every part.
+template <class C>
+struct PoolRotation {
+  C ca, c2, s2, e2r, e2i, mr, mi;  // m = -i e^{i phi} sin(a) = mr + i mi, e2 = e^{2 i phi}
+  BLOCHSIM_HD PoolRotation(const C& cos_a, const C& sin_a, const C& cos_phi, const C& sin_phi)
+      : ca(cos_a),
+        c2((1.0f + cos_a) * 0.5f),
+        s2((1.0f - cos_a) * 0.5f),
+        e2r(cos_phi * cos_phi - sin_phi * sin_phi),
+        e2i(2.0f * cos_phi * sin_phi),
+        mr(sin_phi * sin_a),
+        mi(-(cos_phi * sin_a)) {}
+  template <class V>
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void real(V& ai, V& bi, V& zr) const {
+    // e2 = 1 and m = i mi
+    const V a = ai, b = bi, z = zr;
+    ai = c2 * a + s2 * b + mi * z;
+    bi = c2 * b + s2 * a - mi * z;
+    zr = ca * z - 0.5f * (mi * (a - b));
+  }
+  template <class V>
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void apply(V& ar, V& ai, V& br, V& bi, V& zr, V& zi) const {
+    const V a = ar, b = ai, c = br, d = bi, x = zr, y = zi;
+    // F+' = c2 F+ + s2 e2 F- + m Z; F-' = c2 F- + s2 conj(e2) F+ + conj(m) Z
+    ar = c2 * a + s2 * (e2r * c - e2i * d) + (mr * x - mi * y);
+    ai = c2 * b + s2 * (e2r * d + e2i * c) + (mr * y + mi * x);
+    br = c2 * c + s2 * (e2r * a + e2i * b) + (mr * x + mi * y);
+    bi = c2 * d + s2 * (e2r * b - e2i * a) + (mr * y - mi * x);
+    // Z' = cos(a) Z - (conj(m) F+ + m F-) / 2
+    zr = ca * x - 0.5f * ((mr * a + mi * b) + (mr * c - mi * d));
+    zi = ca * y - 0.5f * ((mr * b - mi * a) + (mr * d + mi * c));
+  }
+};
+
 // The forward pooled EPG of problems [first, first + width) of t in the
 // lanes of V (16 problems a SIMD vector on the host, one a thread on the
 // device), in single precision: the same physics as pooled_problem, with
@@ -866,11 +903,7 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
         sp = V{} + LT::get(sp, 0);
       }
     }
-    const V half = V{} + 0.5f;
-    const V c2 = (V{} + 1.0f + ca) * half, s2 = (V{} + 1.0f - ca) * half;
-    const V e2r = cp * cp - sp * sp, e2i = (V{} + 2.0f) * cp * sp;
-    // m = -i e^{i phi} sin(a)
-    const V mr = sp * sa, mi = -(cp * sa);
+    const PoolRotation<V> rot(ca, sa, cp, sp);
 
     auto interval_at = [&](int k) {
       if constexpr (Real) {
@@ -940,29 +973,13 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
       if constexpr (!Real) at(zi + n * K + k) *= decay;
     };
     auto rotate_at = [&](int k) {
-      if constexpr (Real) {
-        // e2 = 1 and m = i mi (sin(phi) = 0): F+, F- imaginary, Z real
-        for (int j = 0; j < n; ++j) {
-          const V ai = at(fpi + xp(j, k)), bi = at(fmi + xm(j, k)), zr_ = at(zr + j * K + k);
-          at(fpi + xp(j, k)) = c2 * ai + s2 * bi + mi * zr_;
-          at(fmi + xm(j, k)) = c2 * bi + s2 * ai - mi * zr_;
-          at(zr + j * K + k) = ca * zr_ - half * (mi * (ai - bi));
-        }
-        return;
-      }
       for (int j = 0; j < n; ++j) {
-        const V ar = at(fpr + xp(j, k)), ai = at(fpi + xp(j, k));
-        const V br = at(fmr + xm(j, k)), bi = at(fmi + xm(j, k));
-        const V zr_ = at(zr + j * K + k), zi_ = at(zi + j * K + k);
-        // F+' = c2 F+ + s2 e2 F- + m Z
-        at(fpr + xp(j, k)) = c2 * ar + s2 * (e2r * br - e2i * bi) + (mr * zr_ - mi * zi_);
-        at(fpi + xp(j, k)) = c2 * ai + s2 * (e2r * bi + e2i * br) + (mr * zi_ + mi * zr_);
-        // F-' = c2 F- + s2 conj(e2) F+ + conj(m) Z
-        at(fmr + xm(j, k)) = c2 * br + s2 * (e2r * ar + e2i * ai) + (mr * zr_ + mi * zi_);
-        at(fmi + xm(j, k)) = c2 * bi + s2 * (e2r * ai - e2i * ar) + (mr * zi_ - mi * zr_);
-        // Z' = cos(a) Z - (conj(m) F+ + m F-) / 2
-        at(zr + j * K + k) = ca * zr_ - half * ((mr * ar + mi * ai) + (mr * br - mi * bi));
-        at(zi + j * K + k) = ca * zi_ - half * ((mr * ai - mi * ar) + (mr * bi + mi * br));
+        if constexpr (Real) {
+          rot.real(at(fpi + xp(j, k)), at(fmi + xm(j, k)), at(zr + j * K + k));
+        } else {
+          rot.apply(at(fpr + xp(j, k)), at(fpi + xp(j, k)), at(fmr + xm(j, k)), at(fmi + xm(j, k)),
+                    at(zr + j * K + k), at(zi + j * K + k));
+        }
       }
     };
     const int32_t sb = s.shift_before[e];

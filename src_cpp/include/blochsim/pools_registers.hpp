@@ -277,31 +277,15 @@ BLOCHSIM_UNROLL
           cp = cos(ph);
           sp = sin(ph);
         }
-        const float c2 = (1.0f + ca) * 0.5f, s2 = (1.0f - ca) * 0.5f;
-        const float e2r = cp * cp - sp * sp, e2i = 2.0f * cp * sp;
-        // m = -i e^{i phi} sin(a)
-        const float mr = sp * sa, mi = -(cp * sa);
+        const PoolRotation<float> rot(ca, sa, cp, sp);
 BLOCHSIM_UNROLL
         for (int j = 0; j < n; ++j)
 BLOCHSIM_UNROLL
           for (int r = 0; r < R; ++r) {
             if constexpr (Real) {
-              // e2 = 1 and m = i mi: F+, F- imaginary, Z real
-              const V ai = fp[j][0][r], bi = fm[j][0][r], zr = z[j][0][r];
-              fp[j][0][r] = c2 * ai + s2 * bi + mi * zr;
-              fm[j][0][r] = c2 * bi + s2 * ai - mi * zr;
-              z[j][0][r] = ca * zr - 0.5f * (mi * (ai - bi));
+              rot.real(fp[j][0][r], fm[j][0][r], z[j][0][r]);
             } else {
-              const V ar = fp[j][0][r], ai = fp[j][1][r], br = fm[j][0][r], bi = fm[j][1][r];
-              const V zr = z[j][0][r], zi = z[j][1][r];
-              // F+' = c2 F+ + s2 e2 F- + m Z; F-' = c2 F- + s2 conj(e2) F+ + conj(m) Z
-              fp[j][0][r] = c2 * ar + s2 * (e2r * br - e2i * bi) + (mr * zr - mi * zi);
-              fp[j][1][r] = c2 * ai + s2 * (e2r * bi + e2i * br) + (mr * zi + mi * zr);
-              fm[j][0][r] = c2 * br + s2 * (e2r * ar + e2i * ai) + (mr * zr + mi * zi);
-              fm[j][1][r] = c2 * bi + s2 * (e2r * ai - e2i * ar) + (mr * zi - mi * zr);
-              // Z' = cos(a) Z - (conj(m) F+ + m F-) / 2
-              z[j][0][r] = ca * zr - 0.5f * ((mr * ar + mi * ai) + (mr * br - mi * bi));
-              z[j][1][r] = ca * zi - 0.5f * ((mr * ai - mi * ar) + (mr * bi + mi * br));
+              rot.apply(fp[j][0][r], fp[j][1][r], fm[j][0][r], fm[j][1][r], z[j][0][r], z[j][1][r]);
             }
           }
       }
