@@ -802,28 +802,35 @@ EVERY_TISSUE = dict(T1=900.0, T2=60.0, M0=1.3, B1=0.95, B0=8.0, bound_fraction=0
                     poolB_T2=12.0, poolB_shift=60.0)
 
 
-def _every_event_oracle(p, t):
-    """EveryEvent's samples in float64 by the Cartesian oracle, in the test."""
-    pools = [(t["poolB_fraction"], t["poolB_exchange"], t["poolB_T1"], t["poolB_T2"], t["poolB_shift"])]
-    bound = (t["bound_fraction"], t["bound_exchange"], t["bound_T1"])
-    o = Oracle(t["T1"], t["T2"], B0=t["B0"], pools=pools, bound=bound)
-    B1, B0, zb = t["B1"], t["B0"], 3 * o.n
-    # the exact pulse in its frame (RF phase by conjugation with Rz), then
-    # back to the water frame: F+ turned by -2 pi offset duration
+def _rect_oracle(x, p, t, pools, bound):
+    """An exact rectangular pulse (p["rect_*"], Lorentzian semisolid line)
+    on the Cartesian state x: in its frame (RF phase by conjugation with
+    Rz), then back to the water frame (F+ turned by -2 pi offset duration)."""
+    B1, B0 = t["B1"], t["B0"]
     rect = Oracle(t["T1"], t["T2"], B0=B0 - p["rect_offset"], pools=pools, bound=bound)
     tau = p["rect_duration"] * 1e-3
     w1 = np.radians(p["rect_flip"]) * B1 / tau
     G = rect.generator(w1=w1, W=np.pi * w1 ** 2 * oracle_lineshape("lorentzian", p["rect_offset"] - B0,
                                                                      t["bound_T2"]))
     c, sn = np.cos(np.radians(p["rect_phase"])), np.sin(np.radians(p["rect_phase"]))
-    Rz = np.eye(o.size)
-    for j in range(o.n):
+    Rz = np.eye(rect.size)
+    for j in range(rect.n):
         Rz[3 * j:3 * j + 2, 3 * j:3 * j + 2] = [[c, -sn], [sn, c]]
-    x = expm(Rz @ G @ Rz.T * tau) @ o.equilibrium()
+    x = expm(Rz @ G @ Rz.T * tau) @ x
     th = -2 * np.pi * p["rect_offset"] * tau
-    for j in range(o.n):
+    for j in range(rect.n):
         mx, my = x[3 * j], x[3 * j + 1]
         x[3 * j], x[3 * j + 1] = mx * np.cos(th) - my * np.sin(th), mx * np.sin(th) + my * np.cos(th)
+    return x
+
+
+def _every_event_oracle(p, t):
+    """EveryEvent's samples in float64 by the Cartesian oracle, in the test."""
+    pools = [(t["poolB_fraction"], t["poolB_exchange"], t["poolB_T1"], t["poolB_T2"], t["poolB_shift"])]
+    bound = (t["bound_fraction"], t["bound_exchange"], t["bound_T1"])
+    o = Oracle(t["T1"], t["T2"], B0=t["B0"], pools=pools, bound=bound)
+    B1, B0, zb = t["B1"], t["B0"], 3 * o.n
+    x = _rect_oracle(o.equilibrium(), p, t, pools, bound)
     rx = np.exp(-1j * np.radians(p["rx"]))
     out = [t["M0"] * o.transverse(x) * rx]
     g_sat = oracle_lineshape("lorentzian", p["sat_offset"] - B0, t["bound_T2"])
@@ -1088,6 +1095,52 @@ def test_shaped_cest_refusals():
         CESTSimulator(offsets=[1.0], pulse_shape=np.ones(4)).vjp("pulse_shape", T1=1000.0, T2=80.0)
     with pytest.raises(ValueError, match="CESTSimulator takes NumPy tissue arrays.*T1 is a device array"):
         CESTSimulator(offsets=[1.0]).simulate(T1=_FakeDeviceArray(), T2=80.0)
+
+
+class PhaseTrain(Simulator):
+    """Pulses at changing phases, each after a delay, read at once; then an
+    exact rectangular pulse, a pulse straight after it and two more pulses
+    after delays: every way the host's complex planes change their frame."""
+    protocol = {"flips": np.array([30.0, 55.0, 80.0, 20.0, 45.0, 60.0, 35.0]),
+                "phases": np.array([0.0, 117.0, 351.0, 225.0, 40.0, 300.0, 75.0]), "TR": 6.0,
+                "rect_flip": 150.0, "rect_duration": 2.0, "rect_phase": 50.0, "rect_offset": 120.0, "rx": 25.0}
+
+    def repetition(self, p):
+        from blochsim.sequence import Sequence
+        f, ph = p["flips"], p["phases"]
+        ops = []
+        for i in range(4):
+            ops += [Delay(p["TR"]), Pulse(f[i], ph[i]), Readout(p["rx"])]
+        ops += [RectPulse(p["rect_flip"], p["rect_duration"], phase=p["rect_phase"], offset=p["rect_offset"]),
+                Readout(p["rx"]), Pulse(f[4], ph[4]), Readout(p["rx"])]
+        for i in (5, 6):
+            ops += [Delay(p["TR"]), Pulse(f[i], ph[i]), Readout(p["rx"])]
+        return Sequence(ops)
+
+
+@pytest.mark.parametrize("bound", [False, True])
+def test_phase_train_against_oracle(bound):
+    t = dict(EVERY_TISSUE)
+    if not bound:
+        for key in ("bound_fraction", "bound_exchange", "bound_T1", "bound_T2"):
+            t.pop(key)
+    sim = PhaseTrain(lineshape="lorentzian")
+    p = sim.protocol
+    pools = [(t["poolB_fraction"], t["poolB_exchange"], t["poolB_T1"], t["poolB_T2"], t["poolB_shift"])]
+    b = (t["bound_fraction"], t["bound_exchange"], t["bound_T1"]) if bound else None
+    o = Oracle(t["T1"], t["T2"], B0=t["B0"], pools=pools, bound=b)
+    rx = t["M0"] * np.exp(-1j * np.radians(p["rx"]))
+    x, ref = o.equilibrium(), []
+    for i in range(7):
+        if i == 4:
+            x = _rect_oracle(x, p, {"bound_T2": 0.012, **t}, pools, b)
+            ref.append(rx * o.transverse(x))
+        else:
+            x = o.evolve(x, p["TR"])
+        x = o.rotate(x, p["flips"][i] * t["B1"], p["phases"][i])
+        ref.append(rx * o.transverse(x))
+    out = sim.simulate(**t, states=4)
+    np.testing.assert_allclose(out, np.array(ref), atol=2e-6 * t["M0"])
 
 
 @pytest.mark.parametrize("pools", [dict(bound_fraction=0.12, bound_exchange=25.0),

@@ -723,6 +723,17 @@ struct PoolRotation {
     zr = ca * x - 0.5f * ((mr * a + mi * b) + (mr * c - mi * d));
     zi = ca * y - 0.5f * ((mr * b - mi * a) + (mr * d + mi * c));
   }
+  // apply() of a pulse at phase 0 (e2 = 1, m = i mi) on every part
+  template <class V>
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void in_phase(V& ar, V& ai, V& br, V& bi, V& zr, V& zi) const {
+    const V a = ar, b = ai, c = br, d = bi, x = zr, y = zi;
+    ar = c2 * a + s2 * c - mi * y;
+    ai = c2 * b + s2 * d + mi * x;
+    br = c2 * c + s2 * a + mi * y;
+    bi = c2 * d + s2 * b - mi * x;
+    zr = ca * x - 0.5f * (mi * (b - d));
+    zi = ca * y + 0.5f * (mi * (a - c));
+  }
 };
 
 // The forward pooled EPG of problems [first, first + width) of t in the
@@ -802,6 +813,7 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
   bool g_ready = false;
   V g_lane{};
   int band = 1;
+  V frame_c = V{} + 1.0f, frame_s{};  // the complex planes' frame (below)
 
   // F+ row j, order k (plus fpr or fpi); F- likewise (plus fmr or fmi)
   auto xp = [&](int j, int k) { return j * R + bp + k; };
@@ -903,70 +915,124 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
         sp = V{} + LT::get(sp, 0);
       }
     }
-    const PoolRotation<V> rot(ca, sa, cp, sp);
-
-    auto interval_at = [&](int k) {
-      if constexpr (Real) {
-        // P is real here: imaginary F+ and F- by P, real Z by L
-        V ai[n], bi[n], cr[m];
-        for (int j = 0; j < n; ++j) {
-          ai[j] = at(fpi + xp(j, k));
-          bi[j] = at(fmi + xm(j, k));
-        }
-        for (int j = 0; j < m; ++j) cr[j] = at(zr + j * K + k);
-        for (int j = 0; j < n; ++j) {
-          V xi{}, yi{};
-          for (int l = 0; l < n; ++l) {
-            xi += Pv[2 * (j * n + l)] * ai[l];
-            yi += Pv[2 * (j * n + l)] * bi[l];
-          }
-          at(fpi + xp(j, k)) = xi;
-          at(fmi + xm(j, k)) = yi;
-        }
-        for (int j = 0; j < m; ++j) {
-          V xr = k == 0 ? Rv[j] : V{};
-          for (int l = 0; l < m; ++l) xr += Lv[j * m + l] * cr[l];
-          at(zr + j * K + k) = xr;
-        }
-        return;
+    const int32_t sb = s.shift_before[e];
+    const bool common = sb == 0 && iv >= 0 && rf && !sat;
+    // The complex planes hold the state in the frame of the last common
+    // event's pulse phase theta (F+ stored times e^{-i theta}, F- times
+    // e^{i theta}; Z and the shifts are unchanged by it).  The interval's
+    // P commutes with the frame, so the common event folds the step from
+    // theta to its own phase phi into P (a scalar a lane) and turns the
+    // orders by the cheaper in-phase pulse.  Other pulses turn by phi -
+    // theta; readouts add theta to the receiver; exact pulses leave the
+    // frame first.
+    V rel_c{}, rel_s{};  // e^{i (theta - phi)}
+    if (!Real && rf) {
+      rel_c = frame_c * cp + frame_s * sp;
+      rel_s = frame_s * cp - frame_c * sp;
+    }
+    const bool in_phase = !Real && common;
+    if (in_phase) {
+      for (int i = 0; i < n * n; ++i) {
+        const V pr = Pv[2 * i], pim = Pv[2 * i + 1];
+        Pv[2 * i] = pr * rel_c - pim * rel_s;
+        Pv[2 * i + 1] = pr * rel_s + pim * rel_c;
       }
-      V ar[n], ai[n], br[n], bi[n];
-      V cr[m], ci[m];
+      frame_c = cp;
+      frame_s = sp;
+    }
+    const PoolRotation<V> rot = in_phase       ? PoolRotation<V>(ca, sa, V{} + 1.0f, V{})
+                                : Real || !rf ? PoolRotation<V>(ca, sa, cp, sp)
+                                              : PoolRotation<V>(ca, sa, rel_c, V{} - rel_s);
+
+    // One order's state in locals: F+ (ar, ai) and F- (br, bi) of each
+    // liquid pool, Z (cr, ci) of each longitudinal family; on the real
+    // planes only ai, bi and cr.  The common event loads an order once,
+    // relaxes and turns it in registers and stores it once.
+    struct Order {
+      V ar[n], ai[n], br[n], bi[n], cr[m], ci[m];
+    };
+    auto load = [&](int k, Order& o) {
       for (int j = 0; j < n; ++j) {
-        ar[j] = at(fpr + xp(j, k));
-        ai[j] = at(fpi + xp(j, k));
-        br[j] = at(fmr + xm(j, k));
-        bi[j] = at(fmi + xm(j, k));
+        if constexpr (!Real) {
+          o.ar[j] = at(fpr + xp(j, k));
+          o.br[j] = at(fmr + xm(j, k));
+        }
+        o.ai[j] = at(fpi + xp(j, k));
+        o.bi[j] = at(fmi + xm(j, k));
       }
       for (int j = 0; j < m; ++j) {
-        cr[j] = at(zr + j * K + k);
-        ci[j] = at(zi + j * K + k);
+        o.cr[j] = at(zr + j * K + k);
+        if constexpr (!Real) o.ci[j] = at(zi + j * K + k);
       }
+    };
+    auto store = [&](int k, const Order& o) {
       for (int j = 0; j < n; ++j) {
-        V xr{}, xi{}, yr{}, yi{};
-        for (int l = 0; l < n; ++l) {
-          const V pr = Pv[2 * (j * n + l)], pi_ = Pv[2 * (j * n + l) + 1];
-          xr += pr * ar[l] - pi_ * ai[l];
-          xi += pr * ai[l] + pi_ * ar[l];
-          // F- evolves by conj(P)
-          yr += pr * br[l] + pi_ * bi[l];
-          yi += pr * bi[l] - pi_ * br[l];
+        if constexpr (!Real) {
+          at(fpr + xp(j, k)) = o.ar[j];
+          at(fmr + xm(j, k)) = o.br[j];
         }
-        at(fpr + xp(j, k)) = xr;
-        at(fpi + xp(j, k)) = xi;
-        at(fmr + xm(j, k)) = yr;
-        at(fmi + xm(j, k)) = yi;
+        at(fpi + xp(j, k)) = o.ai[j];
+        at(fmi + xm(j, k)) = o.bi[j];
+      }
+      for (int j = 0; j < m; ++j) {
+        at(zr + j * K + k) = o.cr[j];
+        if constexpr (!Real) at(zi + j * K + k) = o.ci[j];
+      }
+    };
+    auto relax = [&](int k, Order& o) {
+      Order x;
+      for (int j = 0; j < n; ++j) {
+        if constexpr (Real) {
+          // P is real here: imaginary F+ and F- by P
+          V xi{}, yi{};
+          for (int l = 0; l < n; ++l) {
+            xi += Pv[2 * (j * n + l)] * o.ai[l];
+            yi += Pv[2 * (j * n + l)] * o.bi[l];
+          }
+          x.ai[j] = xi;
+          x.bi[j] = yi;
+        } else {
+          V xr{}, xi{}, yr{}, yi{};
+          for (int l = 0; l < n; ++l) {
+            const V pr = Pv[2 * (j * n + l)], pi_ = Pv[2 * (j * n + l) + 1];
+            xr += pr * o.ar[l] - pi_ * o.ai[l];
+            xi += pr * o.ai[l] + pi_ * o.ar[l];
+            // F- evolves by conj(P)
+            yr += pr * o.br[l] + pi_ * o.bi[l];
+            yi += pr * o.bi[l] - pi_ * o.br[l];
+          }
+          x.ar[j] = xr;
+          x.ai[j] = xi;
+          x.br[j] = yr;
+          x.bi[j] = yi;
+        }
       }
       for (int j = 0; j < m; ++j) {
         V xr = k == 0 ? Rv[j] : V{}, xi{};
         for (int l = 0; l < m; ++l) {
           const V c = Lv[j * m + l];
-          xr += c * cr[l];
-          xi += c * ci[l];
+          xr += c * o.cr[l];
+          if constexpr (!Real) xi += c * o.ci[l];
         }
-        at(zr + j * K + k) = xr;
-        at(zi + j * K + k) = xi;
+        x.cr[j] = xr;
+        if constexpr (!Real) x.ci[j] = xi;
       }
+      o = x;
+    };
+    auto turn = [&](Order& o) {  // the common event's pulse
+      for (int j = 0; j < n; ++j) {
+        if constexpr (Real) {
+          rot.real(o.ai[j], o.bi[j], o.cr[j]);
+        } else {
+          rot.in_phase(o.ar[j], o.ai[j], o.br[j], o.bi[j], o.cr[j], o.ci[j]);
+        }
+      }
+    };
+    auto interval_at = [&](int k) {
+      Order o;
+      load(k, o);
+      relax(k, o);
+      store(k, o);
     };
     auto saturate_at = [&](int k) {
       at(zr + n * K + k) *= decay;
@@ -982,12 +1048,14 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
         }
       }
     };
-    const int32_t sb = s.shift_before[e];
-    if (sb == 0 && iv >= 0 && rf && !sat) {
+    if (common) {
       // the common event, without branches between the orders
       for (int k = 0; k < band; ++k) {
-        interval_at(k);
-        rotate_at(k);
+        Order o;
+        load(k, o);
+        relax(k, o);
+        turn(o);
+        store(k, o);
       }
     } else if (sb == 0) {
       for (int k = 0; k < band; ++k) {
@@ -1005,6 +1073,21 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
       }
     }
     if (!Real && (f & event_driven)) {
+      // leave the frame: F+ times e^{i theta}, F- times e^{-i theta}
+      for (int j = 0; j < n; ++j)
+        for (int k = 0; k < band; ++k) {
+          V& ar = at(fpr + xp(j, k));
+          V& ai = at(fpi + xp(j, k));
+          V& br = at(fmr + xm(j, k));
+          V& bi = at(fmi + xm(j, k));
+          const V a = ar, b = ai, c = br, d = bi;
+          ar = a * frame_c - b * frame_s;
+          ai = b * frame_c + a * frame_s;
+          br = c * frame_c + d * frame_s;
+          bi = d * frame_c - c * frame_s;
+        }
+      frame_c = V{} + 1.0f;
+      frame_s = V{};
       const int32_t id = s.driven[e];
       const int64_t o = drv + id * per_driven, Mo = o + 1, Co = Mo + 2 * d * d;
       if (LT::get(at(o), 0) == 0.0f) {
@@ -1059,6 +1142,11 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
       for (int j = 1; j < n; ++j) {
         accr += at(fpr + xp(j, 0));
         acci += at(fpi + xp(j, 0));
+      }
+      if constexpr (!Real) {  // out of the frame
+        const V a = accr;
+        accr = a * frame_c - acci * frame_s;
+        acci = acci * frame_c + a * frame_s;
       }
       const float cr = s.rf_table ? s.rf_table[e * rf_table_fields + rft_cos_rx]
                                   : static_cast<float>(std::cos(static_cast<double>(s.rx_phase_rad[e])));
