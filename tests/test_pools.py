@@ -482,7 +482,6 @@ def test_jacobian_in_passes_equals_single_directions():
     sim = MTTrain(states=16)
     s, J = sim.jacobian(names, **POOLED)
     assert J.shape == (len(names), 12)
-    # the Jacobian's signal is computed in double precision, simulate's in single
     np.testing.assert_allclose(s, sim.simulate(**POOLED), atol=2e-6)
     for i, k in enumerate(names):
         np.testing.assert_allclose(J[i], sim.jacobian(k, **POOLED)[1], rtol=1e-6, atol=1e-7)
@@ -1118,16 +1117,11 @@ class PhaseTrain(Simulator):
         return Sequence(ops)
 
 
-@pytest.mark.parametrize("bound", [False, True])
-def test_phase_train_against_oracle(bound):
-    t = dict(EVERY_TISSUE)
-    if not bound:
-        for key in ("bound_fraction", "bound_exchange", "bound_T1", "bound_T2"):
-            t.pop(key)
-    sim = PhaseTrain(lineshape="lorentzian")
-    p = sim.protocol
+def _phase_train_oracle(p, t):
+    """PhaseTrain's samples in float64 by the Cartesian oracle; the
+    semisolid pool when t names bound_fraction."""
     pools = [(t["poolB_fraction"], t["poolB_exchange"], t["poolB_T1"], t["poolB_T2"], t["poolB_shift"])]
-    b = (t["bound_fraction"], t["bound_exchange"], t["bound_T1"]) if bound else None
+    b = (t["bound_fraction"], t["bound_exchange"], t["bound_T1"]) if "bound_fraction" in t else None
     o = Oracle(t["T1"], t["T2"], B0=t["B0"], pools=pools, bound=b)
     rx = t["M0"] * np.exp(-1j * np.radians(p["rx"]))
     x, ref = o.equilibrium(), []
@@ -1139,8 +1133,38 @@ def test_phase_train_against_oracle(bound):
             x = o.evolve(x, p["TR"])
         x = o.rotate(x, p["flips"][i] * t["B1"], p["phases"][i])
         ref.append(rx * o.transverse(x))
+    return np.array(ref)
+
+
+def _without_bound(t):
+    return {k: v for k, v in t.items() if not k.startswith("bound_")}
+
+
+@pytest.mark.parametrize("bound", [False, True])
+def test_phase_train_against_oracle(bound):
+    t = EVERY_TISSUE if bound else _without_bound(EVERY_TISSUE)
+    sim = PhaseTrain(lineshape="lorentzian")
     out = sim.simulate(**t, states=4)
-    np.testing.assert_allclose(out, np.array(ref), atol=2e-6 * t["M0"])
+    np.testing.assert_allclose(out, _phase_train_oracle(sim.protocol, t), atol=2e-6 * t["M0"])
+
+
+@pytest.mark.parametrize("bound", [False, True])
+def test_phase_train_jacobian_against_oracle_differences(bound):
+    """The single-precision Jacobian on lanes (one exchanging pool, with and
+    without the semisolid pool) against central differences of the float64
+    oracle, through pulses at changing phases, an exact pulse and B0."""
+    t = EVERY_TISSUE if bound else _without_bound(EVERY_TISSUE)
+    names = ["T1", "T2", "M0", "B1", "B0", "poolB_fraction", "poolB_exchange", "poolB_T1", "poolB_T2", "poolB_shift"]
+    if bound:
+        names += ["bound_fraction", "bound_exchange", "bound_T1", "bound_T2"]
+    sim = PhaseTrain(lineshape="lorentzian")
+    s, J = sim.jacobian(tuple(names), **t, states=4)
+    np.testing.assert_allclose(s, _phase_train_oracle(sim.protocol, t), atol=2e-6 * t["M0"])
+    for i, k in enumerate(names):
+        h = 1e-6 * abs(t[k])
+        fd = (_phase_train_oracle(sim.protocol, {**t, k: t[k] + h})
+              - _phase_train_oracle(sim.protocol, {**t, k: t[k] - h})) / (2 * h)
+        np.testing.assert_allclose(J[i], fd, rtol=0, atol=2e-5 * np.max(np.abs(fd)) + 1e-9, err_msg=k)
 
 
 @pytest.mark.parametrize("pools", [dict(bound_fraction=0.12, bound_exchange=25.0),

@@ -15,6 +15,7 @@ struct Kernels {
   host::AdjointRangeFn adjoint;
   host::Adjoint2RangeFn adjoint2;
   host::PooledRangeFn pooled;
+  host::PooledJacobianRangeFn pooled_jacobian;
   const char* isa;
 };
 
@@ -24,18 +25,18 @@ Kernels pick() {
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
     return {&kernels::range_real_v4, &kernels::range_complex_v4, &kernels::jacobian_range_v4,
-            &kernels::adjoint_range_v4, &kernels::adjoint2_range_v4, &kernels::pooled_range_v4,
+            &kernels::adjoint_range_v4, &kernels::adjoint2_range_v4, &kernels::pooled_range_v4, &kernels::pooled_jacobian_range_v4,
             "x86-64-v4"};
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
     return {&kernels::range_real_v3, &kernels::range_complex_v3, &kernels::jacobian_range_v3,
-            &kernels::adjoint_range_v3, &kernels::adjoint2_range_v3, &kernels::pooled_range_v3,
+            &kernels::adjoint_range_v3, &kernels::adjoint2_range_v3, &kernels::pooled_range_v3, &kernels::pooled_jacobian_range_v3,
             "x86-64-v3"};
   return {&kernels::range_real_default, &kernels::range_complex_default, &kernels::jacobian_range_default,
-          &kernels::adjoint_range_default, &kernels::adjoint2_range_default, &kernels::pooled_range_default,
+          &kernels::adjoint_range_default, &kernels::adjoint2_range_default, &kernels::pooled_range_default, &kernels::pooled_jacobian_range_default,
           "x86-64"};
 #else
   return {&kernels::range_real_default, &kernels::range_complex_default, &kernels::jacobian_range_default,
-          &kernels::adjoint_range_default, &kernels::adjoint2_range_default, &kernels::pooled_range_default,
+          &kernels::adjoint_range_default, &kernels::adjoint2_range_default, &kernels::pooled_range_default, &kernels::pooled_jacobian_range_default,
           "generic"};
 #endif
 }
@@ -69,7 +70,8 @@ int host_adjoint2_dispatch(const EventStream& s, const Tissue& t, int outer_fiel
 
 int host_pooled_dispatch(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_dirs,
                          const float* seeds, float* out, float* jac, int threads) {
-  return host::pooled_status(s, t, p, fields, n_dirs, seeds, out, jac, threads, chosen().pooled);
+  return host::pooled_status(s, t, p, fields, n_dirs, seeds, out, jac, threads, chosen().pooled,
+                             chosen().pooled_jacobian);
 }
 
 int host_pooled_adjoint_dispatch(const EventStream& s, const Tissue& t, const Pools& p, const int* fields,

@@ -71,7 +71,9 @@ namespace kernels {
                              const float*, const int32_t*, double*, float*);                       \
   int adjoint2_range_##suffix(const EventStream&, const Tissue&, int, int64_t, int64_t, void*, const float*, \
                               int64_t, const int32_t*, double*);                                         \
-  int pooled_range_##suffix(const EventStream&, const Tissue&, const Pools&, int64_t, int64_t, void*, float*);
+  int pooled_range_##suffix(const EventStream&, const Tissue&, const Pools&, int64_t, int64_t, void*, float*); \
+  int pooled_jacobian_range_##suffix(const EventStream&, const Tissue&, const Pools&, const PooledJacobianOut&, \
+                                     int64_t, int64_t, void*, float*);
 BLOCHSIM_DECLARE_KERNELS(default)
 BLOCHSIM_DECLARE_KERNELS(v3)
 BLOCHSIM_DECLARE_KERNELS(v4)

@@ -14,16 +14,21 @@
 // came out wrong on sm_90 (nvcc 13.0), while the host results were right.
 #define BLOCHSIM_NOINLINE inline
 #define BLOCHSIM_RESTRICT __restrict__
+#define BLOCHSIM_LAMBDA_INLINE
 #elif defined(__GNUC__) || defined(__clang__)
 #define BLOCHSIM_HD
 #define BLOCHSIM_FORCEINLINE inline __attribute__((always_inline))
 #define BLOCHSIM_NOINLINE __attribute__((noinline))
 #define BLOCHSIM_RESTRICT __restrict__
+// on a lambda, after its parameters: GCC does not inline large lambdas of
+// the kernels' event loops on lanes of duals by itself
+#define BLOCHSIM_LAMBDA_INLINE __attribute__((always_inline))
 #else
 #define BLOCHSIM_HD
 #define BLOCHSIM_FORCEINLINE inline
 #define BLOCHSIM_NOINLINE
 #define BLOCHSIM_RESTRICT
+#define BLOCHSIM_LAMBDA_INLINE
 #endif
 
 // Marks a loop over the lanes of a tile as free of loop-carried dependences,

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 
 #include "tile.hpp"
 
@@ -145,6 +146,17 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE Dual<V, N> operator/(const Dual<V, N>& a, const
 BLOCHSIM_DUAL_SCALAR_OPS(float)
 BLOCHSIM_DUAL_SCALAR_OPS(double)
 #undef BLOCHSIM_DUAL_SCALAR_OPS
+
+// A lane vector with no derivative times a dual of such vectors (a
+// coefficient constant along every direction): a third of a dual product.
+// For lane vectors only; floats and doubles take the overloads above.
+template <class V, int N, typename std::enable_if<!std::is_arithmetic<V>::value, int>::type = 0>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE Dual<V, N> operator*(const V& b, const Dual<V, N>& a) {
+  Dual<V, N> r;
+  r.v = b * a.v;
+  for (int j = 0; j < N; ++j) r.d[j] = b * a.d[j];
+  return r;
+}
 
 // Comparisons look at the value only (branches of the kernels do not depend
 // on the derivatives); through every level of a dual of duals.

@@ -24,6 +24,13 @@ constexpr int pooled_pass_directions = 4;
 using PooledRangeFn = int (*)(const EventStream& s, const Tissue& t, const Pools& p, int64_t b0, int64_t b1,
                               void* work, float* out);
 
+// Signature of a function that plays a pooled Jacobian pass (jo's
+// directions, at most pooled_lane_directions) over blocks [b0, b1) of
+// `lanes` problems (pooled_jacobian_block) with a workspace of
+// pool_block_workspace(s, p) lane vectors of duals.
+using PooledJacobianRangeFn = int (*)(const EventStream& s, const Tissue& t, const Pools& p,
+                                      const PooledJacobianOut& jo, int64_t b0, int64_t b1, void* work, float* out);
+
 inline int pooled_range_any(const EventStream& s, const Tissue& t, const Pools& p, int64_t b0, int64_t b1,
                             void* work, float* out) {
   for (int64_t b = b0; b < b1; ++b) {
@@ -80,11 +87,12 @@ inline int pooled_pass(const EventStream& s, const Tissue& t, const Pools& p, co
 // pooled_pass_directions a pass.
 //
 // The signal alone is computed in single precision, 16 problems a SIMD
-// vector (pooled_block, through fn); with directions, in double precision
-// one problem at a time (pooled_problem on duals).
+// vector (pooled_block, through fn); with directions, likewise on lanes of
+// duals through jfn for the pools of pooled_lane_jacobian, else in double
+// precision one problem at a time (pooled_problem on duals).
 inline int pooled_status(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_dirs,
                          const float* seeds, float* out, float* jac, int threads,
-                         PooledRangeFn fn = &pooled_range_any) {
+                         PooledRangeFn fn = &pooled_range_any, PooledJacobianRangeFn jfn = nullptr) {
   const int v = validate(s, t, true);
   if (v != ok) return v;
   const int vp = validate_pools(s, t, p);
@@ -99,6 +107,25 @@ inline int pooled_status(const EventStream& s, const Tissue& t, const Pools& p, 
   if (n_dirs == 0)
     return run_blocks_with(t, threads, static_cast<std::size_t>(pool_block_workspace(s, p)) * lanes,
                            [&](int64_t b0, int64_t b1, float* work) { return fn(s, t, p, b0, b1, work, out); });
+  if (jfn && pooled_lane_jacobian(p)) {
+    // single precision on lanes of duals, pooled_lane_directions a pass
+    using V = Dual<Vec, pooled_lane_directions>;
+    const std::size_t per = static_cast<std::size_t>(pool_block_workspace(s, p)) * sizeof(V) / sizeof(float);
+    for (int first = 0; first < n_dirs; first += pooled_lane_directions) {
+      PooledJacobianOut jo;
+      jo.fields = fields + first;
+      jo.n_dirs = n_dirs - first < pooled_lane_directions ? n_dirs - first : pooled_lane_directions;
+      jo.seeds = seeds ? seeds + first : nullptr;
+      jo.jac = jac;
+      jo.jac_dirs = n_dirs;
+      jo.first_dir = first;
+      const int st = run_blocks_with(t, threads, per, [&](int64_t b0, int64_t b1, float* work) {
+        return jfn(s, t, p, jo, b0, b1, work, out);
+      });
+      if (st != ok) return st;
+    }
+    return ok;
+  }
   for (int first = 0; first < n_dirs; first += pooled_pass_directions) {
     const int nd = n_dirs - first < pooled_pass_directions ? n_dirs - first : pooled_pass_directions;
     const int* f = fields + first;

@@ -44,6 +44,22 @@ constexpr int max_longitudinal_pools = max_liquid_pools + 1;
 // each liquid pool, the semisolid Z, and a constant 1 for recovery
 constexpr int max_driven_size = 3 * max_liquid_pools + 2;
 
+// Directions of pooled_block_of on duals (a Jacobian pass): pooled_status's
+// fields and seeds, and where the derivatives go: jac (t.n, jac_dirs,
+// n_samples) complex64 interleaved, this pass's first direction at
+// first_dir.
+struct PooledJacobianOut {
+  const int* fields = nullptr;
+  int n_dirs = 0;
+  const float* seeds = nullptr;
+  float* jac = nullptr;
+  int64_t jac_dirs = 0, first_dir = 0;
+};
+
+// Directions a host pooled Jacobian pass on lanes carries (more go in
+// passes; each pass plays the signal again).
+constexpr int pooled_lane_directions = 2;
+
 // Tissue field indices of the pool properties, after the nine fields of
 // Tissue (T1_s, T2_s, M0, B1, B1phase_rad, B0_hz, D_m2_s, v_m_s,
 // inv_efficiency = 0 .. 8), for Jacobian directions.
@@ -736,6 +752,7 @@ struct PoolRotation {
   }
 };
 
+
 // The forward pooled EPG of problems [first, first + width) of t in the
 // lanes of V (16 problems a SIMD vector on the host, one a thread on the
 // device), in single precision: the same physics as pooled_problem, with
@@ -760,30 +777,43 @@ struct PoolRotation {
 // the loops over pools unroll; WS > 0 is the workspace stride at compile
 // time, WS = 0 takes it from ws.  ls: the super-Lorentzian table in memory
 // the caller can read (host_lineshape_table() on the host).
+//
+// On lanes of duals (V = Dual<lanes, D>) the same pass carries the
+// derivatives along jo's directions (the per-lane operators are formed on
+// Dual<double, D>) and writes them to jo.jac.
 template <class V, int N, bool Bound, int64_t WS, bool Real = false>
 BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, const Pools& p,
                                        const LineshapeTable& ls, int64_t first, V* work, int64_t ws_runtime,
-                                       float* out) {
+                                       float* out, const PooledJacobianOut& jo = PooledJacobianOut{}) {
   using LT = Lanes<V>;
+  using Sc = typename LT::Scalar;                    // one lane's value
+  using QS = typename LT::template Wide<double>;  // one lane's value in double precision
   constexpr int W = LT::width;
   constexpr int n = N, m = N + (Bound ? 1 : 0), d = 3 * N + (Bound ? 1 : 0);
   constexpr bool bound = Bound;
   const int64_t ws = WS > 0 ? WS : ws_runtime;
   int64_t idx[W];
   for (int l = 0; l < W; ++l) idx[l] = first + l < t.n ? first + l : t.n - 1;
-  PoolTissue<double> q[W];
-  for (int l = 0; l < W; ++l) q[l] = pool_tissue<double>(t, p, idx[l], nullptr, 0, nullptr);
+  PoolTissue<QS> q[W];
+  for (int l = 0; l < W; ++l) q[l] = pool_tissue<QS>(t, p, idx[l], jo.fields, jo.n_dirs, jo.seeds);
   const int K = s.states;
   V M0{}, eta{};
   bool uniform_rf = true;
   for (int l = 0; l < W; ++l) {
-    LT::set(M0, l, static_cast<float>(q[l].M0));
-    LT::set(eta, l, static_cast<float>(q[l].eta));
-    uniform_rf = uniform_rf && q[l].B1 == q[0].B1 && q[l].B1phase == q[0].B1phase;
+    LT::set(M0, l, static_cast<Sc>(q[l].M0));
+    LT::set(eta, l, static_cast<Sc>(q[l].eta));
+    uniform_rf = uniform_rf && value_of(q[l].B1) == value_of(q[0].B1) &&
+                 value_of(q[l].B1phase) == value_of(q[0].B1phase);
   }
+  // B1 and B1phase carry no derivative (the lanes of a dual share their
+  // seeds, so lane 0 stands for all)
+  bool constant_rf = true;
+  if constexpr (IsDual<QS>::value)
+    for (int j = 0; j < jo.n_dirs; ++j) constant_rf = constant_rf && q[0].B1.d[j] == 0.0 && q[0].B1phase.d[j] == 0.0;
   // every lane at B1 = 1 and no transmit phase: the stream's table holds
   // each pulse's cos and sin (formed once per sequence)
-  const bool nominal_rf = uniform_rf && q[0].B1 == 1.0 && q[0].B1phase == 0.0 && s.rf_table != nullptr;
+  const bool nominal_rf = uniform_rf && constant_rf && value_of(q[0].B1) == 1.0 && value_of(q[0].B1phase) == 0.0 &&
+                          s.rf_table != nullptr;
   // workspace: F+ (re, im), F- (re, im) of each liquid pool (rows of R
   // elements), Z (re, im) of every longitudinal family (rows of K); then
   // the operators
@@ -801,7 +831,7 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
   for (int64_t i = 0; i < ops; ++i) at(i) = V{};
   for (int j = 0; j < m; ++j) {
     V f{};
-    for (int l = 0; l < W; ++l) LT::set(f, l, static_cast<float>(q[l].f[j]));
+    for (int l = 0; l < W; ++l) LT::set(f, l, static_cast<Sc>(q[l].f[j]));
     at(zr + j * K) = f;
   }
   for (int64_t v = 0; v < s.n_intervals; ++v) at(ops + v * per_interval) = V{};
@@ -811,7 +841,7 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
   // T2b G(offset - B0) per lane for the last pulse offset seen
   float g_offset = 0.0f;
   bool g_ready = false;
-  V g_lane{};
+  QS g_lane[W];
   int band = 1;
   V frame_c = V{} + 1.0f, frame_s{};  // the complex planes' frame (below)
 
@@ -850,17 +880,17 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
     if (iv >= 0) {
       const int64_t o = ops + iv * per_interval;
       const int64_t P = o + 1, L = P + 2 * n * n, R = L + m * m;
-      if (LT::get(at(o), 0) == 0.0f) {
+      if (value_of(LT::get(at(o), 0)) == 0.0f) {
         for (int l = 0; l < W; ++l) {
-          Cx<double> Pl[max_liquid_pools * max_liquid_pools];
-          double Ll[max_longitudinal_pools * max_longitudinal_pools], rl[max_longitudinal_pools];
-          pool_interval(q[l], s.duration_s[iv], Pl, Ll, rl);
+          Cx<QS> Pl[max_liquid_pools * max_liquid_pools];
+          QS Ll[max_longitudinal_pools * max_longitudinal_pools], rl[max_longitudinal_pools];
+          pool_interval(q[l], QS(s.duration_s[iv]), Pl, Ll, rl);
           for (int i = 0; i < n * n; ++i) {
-            LT::set(at(P + 2 * i), l, static_cast<float>(Pl[i].re));
-            LT::set(at(P + 2 * i + 1), l, static_cast<float>(Pl[i].im));
+            LT::set(at(P + 2 * i), l, static_cast<Sc>(Pl[i].re));
+            LT::set(at(P + 2 * i + 1), l, static_cast<Sc>(Pl[i].im));
           }
-          for (int i = 0; i < m * m; ++i) LT::set(at(L + i), l, static_cast<float>(Ll[i]));
-          for (int i = 0; i < m; ++i) LT::set(at(R + i), l, static_cast<float>(rl[i]));
+          for (int i = 0; i < m * m; ++i) LT::set(at(L + i), l, static_cast<Sc>(Ll[i]));
+          for (int i = 0; i < m; ++i) LT::set(at(R + i), l, static_cast<Sc>(rl[i]));
           LT::set(at(o), l, 1.0f);
         }
       }
@@ -878,17 +908,18 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
       if (!g_ready || offset != g_offset) {
         for (int l = 0; l < W; ++l) {
           double g, dg;
-          lineshape_eval(p.lineshape, 2.0 * pi * (offset - q[l].B0) * q[l].T2b, ls, g, dg);
-          LT::set(g_lane, l, static_cast<float>(g * q[l].T2b));
+          const QS xg = (QS(offset) - q[l].B0) * q[l].T2b * (2.0 * pi);
+          lineshape_eval(p.lineshape, value_of(xg), ls, g, dg);
+          g_lane[l] = q[l].T2b * lift(xg, g, dg);
         }
         g_offset = offset;
         g_ready = true;
       }
       const double power = s.rf_power ? s.rf_power[e] : 1.0;
       for (int l = 0; l < W; ++l) {
-        const double a = q[l].B1 * s.flip_rad[e];
+        const QS a = q[l].B1 * static_cast<double>(s.flip_rad[e]);
         using std::exp;
-        LT::set(decay, l, static_cast<float>(exp(-(pi * power / tau_rf) * LT::get(g_lane, l) * a * a)));
+        LT::set(decay, l, static_cast<Sc>(exp(-(pi * power / tau_rf) * g_lane[l] * (a * a))));
       }
     }
     const bool rf = (f & event_rf) != 0;
@@ -900,19 +931,21 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
       cp = V{} + row[rft_cos_phase];
       sp = V{} + row[rft_sin_phase];
     } else if (rf) {
+      using std::cos;
+      using std::sin;
       for (int l = 0; l < (uniform_rf ? 1 : W); ++l) {
-        const double a = q[l].B1 * static_cast<double>(s.flip_rad[e]);
-        const double ph = q[l].B1phase + static_cast<double>(s.phase_rad[e]);
-        LT::set(ca, l, static_cast<float>(std::cos(a)));
-        LT::set(sa, l, static_cast<float>(std::sin(a)));
-        LT::set(cp, l, static_cast<float>(std::cos(ph)));
-        LT::set(sp, l, static_cast<float>(std::sin(ph)));
+        const QS a = q[l].B1 * static_cast<double>(s.flip_rad[e]);
+        const QS ph = q[l].B1phase + static_cast<double>(s.phase_rad[e]);
+        LT::set(ca, l, static_cast<Sc>(cos(a)));
+        LT::set(sa, l, static_cast<Sc>(sin(a)));
+        LT::set(cp, l, static_cast<Sc>(cos(ph)));
+        LT::set(sp, l, static_cast<Sc>(sin(ph)));
       }
       if (uniform_rf) {
-        ca = V{} + LT::get(ca, 0);
-        sa = V{} + LT::get(sa, 0);
-        cp = V{} + LT::get(cp, 0);
-        sp = V{} + LT::get(sp, 0);
+        ca = LT::splat(LT::get(ca, 0));
+        sa = LT::splat(LT::get(sa, 0));
+        cp = LT::splat(LT::get(cp, 0));
+        sp = LT::splat(LT::get(sp, 0));
       }
     }
     const int32_t sb = s.shift_before[e];
@@ -951,7 +984,7 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
     struct Order {
       V ar[n], ai[n], br[n], bi[n], cr[m], ci[m];
     };
-    auto load = [&](int k, Order& o) {
+    auto load = [&](int k, Order& o) BLOCHSIM_LAMBDA_INLINE {
       for (int j = 0; j < n; ++j) {
         if constexpr (!Real) {
           o.ar[j] = at(fpr + xp(j, k));
@@ -965,7 +998,7 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
         if constexpr (!Real) o.ci[j] = at(zi + j * K + k);
       }
     };
-    auto store = [&](int k, const Order& o) {
+    auto store = [&](int k, const Order& o) BLOCHSIM_LAMBDA_INLINE {
       for (int j = 0; j < n; ++j) {
         if constexpr (!Real) {
           at(fpr + xp(j, k)) = o.ar[j];
@@ -979,8 +1012,8 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
         if constexpr (!Real) at(zi + j * K + k) = o.ci[j];
       }
     };
-    auto relax = [&](int k, Order& o) {
-      Order x;
+    // x = the interval's operators on o (x is not o)
+    auto relax = [&](int k, const Order& o, Order& x) BLOCHSIM_LAMBDA_INLINE {
       for (int j = 0; j < n; ++j) {
         if constexpr (Real) {
           // P is real here: imaginary F+ and F- by P
@@ -1017,28 +1050,36 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
         x.cr[j] = xr;
         if constexpr (!Real) x.ci[j] = xi;
       }
-      o = x;
     };
-    auto turn = [&](Order& o) {  // the common event's pulse
+    auto turn = [&](Order& o, const auto& r) BLOCHSIM_LAMBDA_INLINE {  // the common event's pulse r
       for (int j = 0; j < n; ++j) {
         if constexpr (Real) {
-          rot.real(o.ai[j], o.bi[j], o.cr[j]);
+          r.real(o.ai[j], o.bi[j], o.cr[j]);
         } else {
-          rot.in_phase(o.ar[j], o.ai[j], o.br[j], o.bi[j], o.cr[j], o.ci[j]);
+          r.in_phase(o.ar[j], o.ai[j], o.br[j], o.bi[j], o.cr[j], o.ci[j]);
         }
       }
     };
-    auto interval_at = [&](int k) {
-      Order o;
-      load(k, o);
-      relax(k, o);
-      store(k, o);
+    auto common_pass = [&](const auto& r) BLOCHSIM_LAMBDA_INLINE {
+      for (int k = 0; k < band; ++k) {
+        Order o, x;
+        load(k, o);
+        relax(k, o, x);
+        turn(x, r);
+        store(k, x);
+      }
     };
-    auto saturate_at = [&](int k) {
+    auto interval_at = [&](int k) BLOCHSIM_LAMBDA_INLINE {
+      Order o, x;
+      load(k, o);
+      relax(k, o, x);
+      store(k, x);
+    };
+    auto saturate_at = [&](int k) BLOCHSIM_LAMBDA_INLINE {
       at(zr + n * K + k) *= decay;
       if constexpr (!Real) at(zi + n * K + k) *= decay;
     };
-    auto rotate_at = [&](int k) {
+    auto rotate_at = [&](int k) BLOCHSIM_LAMBDA_INLINE {
       for (int j = 0; j < n; ++j) {
         if constexpr (Real) {
           rot.real(at(fpi + xp(j, k)), at(fmi + xm(j, k)), at(zr + j * K + k));
@@ -1050,12 +1091,19 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
     };
     if (common) {
       // the common event, without branches between the orders
-      for (int k = 0; k < band; ++k) {
-        Order o;
-        load(k, o);
-        relax(k, o);
-        turn(o);
-        store(k, o);
+      if constexpr (IsDual<V>::value) {
+        if (constant_rf) {
+          // the pulse carries no derivative: its coefficients as plain
+          // lanes, multiplying each dual at a third of a dual product
+          using B = decltype(V{}.v);
+          const PoolRotation<B> plain = in_phase ? PoolRotation<B>(ca.v, sa.v, B{} + 1.0f, B{})
+                                                 : PoolRotation<B>(ca.v, sa.v, cp.v, sp.v);
+          common_pass(plain);
+        } else {
+          common_pass(rot);
+        }
+      } else {
+        common_pass(rot);
       }
     } else if (sb == 0) {
       for (int k = 0; k < band; ++k) {
@@ -1090,17 +1138,17 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
       frame_s = V{};
       const int32_t id = s.driven[e];
       const int64_t o = drv + id * per_driven, Mo = o + 1, Co = Mo + 2 * d * d;
-      if (LT::get(at(o), 0) == 0.0f) {
+      if (value_of(LT::get(at(o), 0)) == 0.0f) {
         for (int l = 0; l < W; ++l) {
-          Cx<double> Ml[max_driven_size * max_driven_size], cl[max_driven_size];
-          pool_driven(q[l], p.lineshape, ls, driven_pulse<double>(s.driven_table + id * driven_fields), Ml, cl);
+          Cx<QS> Ml[max_driven_size * max_driven_size], cl[max_driven_size];
+          pool_driven(q[l], p.lineshape, ls, driven_pulse<QS>(s.driven_table + id * driven_fields), Ml, cl);
           for (int i = 0; i < d * d; ++i) {
-            LT::set(at(Mo + 2 * i), l, static_cast<float>(Ml[i].re));
-            LT::set(at(Mo + 2 * i + 1), l, static_cast<float>(Ml[i].im));
+            LT::set(at(Mo + 2 * i), l, static_cast<Sc>(Ml[i].re));
+            LT::set(at(Mo + 2 * i + 1), l, static_cast<Sc>(Ml[i].im));
           }
           for (int i = 0; i < d; ++i) {
-            LT::set(at(Co + 2 * i), l, static_cast<float>(cl[i].re));
-            LT::set(at(Co + 2 * i + 1), l, static_cast<float>(cl[i].im));
+            LT::set(at(Co + 2 * i), l, static_cast<Sc>(cl[i].re));
+            LT::set(at(Co + 2 * i + 1), l, static_cast<Sc>(cl[i].im));
           }
           LT::set(at(o), l, 1.0f);
         }
@@ -1157,9 +1205,16 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
       const int32_t slot = s.slot[e];
       for (int l = 0; l < W; ++l) {
         if (first + l >= t.n) break;
+        const Sc vr = LT::get(re, l), vi = LT::get(im, l);
         float* o = out + ((first + l) * s.n_samples + slot) * 2;
-        o[0] = LT::get(re, l);
-        o[1] = LT::get(im, l);
+        o[0] = value_of(vr);
+        o[1] = value_of(vi);
+        if constexpr (IsDual<Sc>::value)
+          for (int j = 0; j < jo.n_dirs; ++j) {
+            float* dj = jo.jac + (((first + l) * jo.jac_dirs + jo.first_dir + j) * s.n_samples + slot) * 2;
+            dj[0] = vr.d[j];
+            dj[1] = vi.d[j];
+          }
       }
     }
     if (f & event_spoil) {
@@ -1222,6 +1277,29 @@ inline int pooled_block_host(const EventStream& s, const Tissue& t, const Pools&
   if (real && p.n_exchanging == 0) return pooled_block_of<V, 1, true, WS, true>(s, t, p, ls, first, work, ws, out);
   if (real) return pooled_block_of<V, 2, false, WS, true>(s, t, p, ls, first, work, ws, out);
   return pooled_block<V, WS>(s, t, p, ls, first, work, ws, out);
+}
+
+// Whether pooled_jacobian_block plays these pools: the semisolid pool
+// alone, or one exchanging pool with or without it.
+BLOCHSIM_HD inline bool pooled_lane_jacobian(const Pools& p) {
+  return p.n_exchanging == 1 || (p.n_exchanging == 0 && p.bound);
+}
+
+// A pooled Jacobian pass on lanes of duals (V = Dual<lanes, D>, jo.n_dirs
+// <= D): pooled_block_of for the pools of pooled_lane_jacobian (bad_pools
+// for others), on the real planes when real.
+template <class V, int64_t WS = 0>
+inline int pooled_jacobian_block(const EventStream& s, const Tissue& t, const Pools& p, const LineshapeTable& ls,
+                                 int64_t first, V* work, int64_t ws, float* out, bool real,
+                                 const PooledJacobianOut& jo) {
+  if (!pooled_lane_jacobian(p)) return bad_pools;
+  if (p.n_exchanging == 0) {
+    return real ? pooled_block_of<V, 1, true, WS, true>(s, t, p, ls, first, work, ws, out, jo)
+                : pooled_block_of<V, 1, true, WS>(s, t, p, ls, first, work, ws, out, jo);
+  }
+  if (p.bound) return pooled_block_of<V, 2, true, WS>(s, t, p, ls, first, work, ws, out, jo);
+  return real ? pooled_block_of<V, 2, false, WS, true>(s, t, p, ls, first, work, ws, out, jo)
+              : pooled_block_of<V, 2, false, WS>(s, t, p, ls, first, work, ws, out, jo);
 }
 
 // Checks the pool configuration against the stream (host arrays), without
