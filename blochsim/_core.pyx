@@ -12,6 +12,7 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 
 from blochsim._events cimport EventStream, Pools, Property, Tissue, cuda_error_base, lineshape_g, status_message
+from blochsim._host cimport PerkModel, host_perk_dispatch, perk_max_outputs
 from blochsim._host cimport (host_adjoint2_dispatch, host_adjoint_dispatch, host_forward_dispatch, host_forward_registers, host_isa,
                              host_jacobian_dispatch, host_jacobian_registers, host_pooled_adjoint_dispatch,
                              host_pooled_dispatch, host_pooled_registers)
@@ -829,3 +830,44 @@ def dlpack_capsule(owner, uintptr_t ptr, tuple shape, int type_code, int bits, i
     m.manager_ctx = <void*> owner
     m.deleter = _dl_deleter
     return PyCapsule_New(m, b"dltensor", _capsule_deleter)
+
+
+PERK_MAX_OUTPUTS = perk_max_outputs
+
+
+def perk(const float[:, ::1] omega, const float[::1] phase, const float[:, ::1] weight, const float[::1] offset,
+         const float[:, ::1] x, float[:, ::1] out, g=None, xbar=None, int threads=1):
+    """PERK's fused map on the host (perk.hpp): out (n, p) = offset +
+    weight @ cos(omega @ x.T + phase) per voxel row of x (n, d), without
+    the (n, F) feature matrix.  With a cotangent ``g`` (n, p) of the
+    estimates, also writes its pullback to x into ``xbar`` (n, d)."""
+    cdef PerkModel m
+    cdef const float[:, ::1] gv
+    cdef float[:, ::1] xv
+    cdef const float* gp = NULL
+    cdef float* xp = NULL
+    cdef int st
+    m.F = omega.shape[0]
+    m.d = omega.shape[1]
+    m.p = weight.shape[0]
+    if (phase.shape[0] != m.F or weight.shape[1] != m.F or offset.shape[0] != m.p or x.shape[1] != m.d
+            or out.shape[0] != x.shape[0] or out.shape[1] != m.p):
+        raise ValueError("blochsim internal error: perk array shapes")
+    m.omega = &omega[0, 0]
+    m.phase = &phase[0]
+    m.weight = &weight[0, 0]
+    m.offset = &offset[0]
+    cdef int64_t n = x.shape[0]
+    if g is not None:
+        gv = g
+        xv = xbar
+        if gv.shape[0] != n or gv.shape[1] != m.p or xv.shape[0] != n or xv.shape[1] != m.d:
+            raise ValueError("blochsim internal error: perk pullback shapes")
+        if n > 0:
+            gp = &gv[0, 0]
+            xp = &xv[0, 0]
+    cdef const float* xin = &x[0, 0] if n > 0 else NULL
+    cdef float* op = &out[0, 0] if n > 0 else NULL
+    with nogil:
+        st = host_perk_dispatch(m, xin, gp, n, op, xp, threads)
+    _raise(st, b"")

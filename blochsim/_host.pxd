@@ -4,6 +4,19 @@ from libc.stdint cimport int64_t
 from blochsim._events cimport EventStream, Pools, Tissue
 
 
+cdef extern from "blochsim/perk.hpp" namespace "blochsim" nogil:
+    const int perk_max_outputs
+
+    cdef cppclass PerkModel:
+        int64_t d
+        int64_t F
+        int64_t p
+        const float* omega
+        const float* phase
+        const float* weight
+        const float* offset
+
+
 cdef extern from "dispatch.hpp" namespace "blochsim" nogil:
     int host_forward_dispatch(const EventStream& s, const Tissue& t, float* out, int threads)
     int host_jacobian_dispatch(const EventStream& s, const Tissue& t, const int* fields, int n_dirs,
@@ -21,4 +34,6 @@ cdef extern from "dispatch.hpp" namespace "blochsim" nogil:
     int host_pooled_adjoint_dispatch(const EventStream& s, const Tissue& t, const Pools& p, const int* fields,
                                      int n_tdirs, const float* cot, double* ev_grad, float* tgrad, int threads,
                                      unsigned mask)
+    int host_perk_dispatch(const PerkModel& m, const float* x, const float* g, int64_t n, float* out,
+                           float* xbar, int threads)
     const char* host_isa()

@@ -3,6 +3,7 @@
 #include "dispatch.hpp"
 
 #include <blochsim/host.hpp>
+#include <blochsim/host_perk.hpp>
 #include <blochsim/host_pools.hpp>
 
 namespace blochsim {
@@ -16,6 +17,7 @@ struct Kernels {
   host::Adjoint2RangeFn adjoint2;
   host::PooledRangeFn pooled;
   host::PooledJacobianRangeFn pooled_jacobian;
+  host::PerkRangeFn perk;
   const char* isa;
 };
 
@@ -25,18 +27,18 @@ Kernels pick() {
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
     return {&kernels::range_real_v4, &kernels::range_complex_v4, &kernels::jacobian_range_v4,
-            &kernels::adjoint_range_v4, &kernels::adjoint2_range_v4, &kernels::pooled_range_v4, &kernels::pooled_jacobian_range_v4,
+            &kernels::adjoint_range_v4, &kernels::adjoint2_range_v4, &kernels::pooled_range_v4, &kernels::pooled_jacobian_range_v4, &kernels::perk_range_v4,
             "x86-64-v4"};
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
     return {&kernels::range_real_v3, &kernels::range_complex_v3, &kernels::jacobian_range_v3,
-            &kernels::adjoint_range_v3, &kernels::adjoint2_range_v3, &kernels::pooled_range_v3, &kernels::pooled_jacobian_range_v3,
+            &kernels::adjoint_range_v3, &kernels::adjoint2_range_v3, &kernels::pooled_range_v3, &kernels::pooled_jacobian_range_v3, &kernels::perk_range_v3,
             "x86-64-v3"};
   return {&kernels::range_real_default, &kernels::range_complex_default, &kernels::jacobian_range_default,
-          &kernels::adjoint_range_default, &kernels::adjoint2_range_default, &kernels::pooled_range_default, &kernels::pooled_jacobian_range_default,
+          &kernels::adjoint_range_default, &kernels::adjoint2_range_default, &kernels::pooled_range_default, &kernels::pooled_jacobian_range_default, &kernels::perk_range_default,
           "x86-64"};
 #else
   return {&kernels::range_real_default, &kernels::range_complex_default, &kernels::jacobian_range_default,
-          &kernels::adjoint_range_default, &kernels::adjoint2_range_default, &kernels::pooled_range_default, &kernels::pooled_jacobian_range_default,
+          &kernels::adjoint_range_default, &kernels::adjoint2_range_default, &kernels::pooled_range_default, &kernels::pooled_jacobian_range_default, &kernels::perk_range_default,
           "generic"};
 #endif
 }
@@ -78,6 +80,11 @@ int host_pooled_adjoint_dispatch(const EventStream& s, const Tissue& t, const Po
                                  int n_tdirs, const float* cot, double* ev_grad, float* tgrad, int threads,
                                  unsigned mask) {
   return host::pooled_adjoint_status(s, t, p, fields, n_tdirs, cot, ev_grad, tgrad, threads, mask);
+}
+
+int host_perk_dispatch(const PerkModel& m, const float* x, const float* g, int64_t n, float* out, float* xbar,
+                       int threads) {
+  return host::perk_status(m, x, g, n, out, xbar, threads, chosen().perk);
 }
 
 const char* host_isa() { return chosen().isa; }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <blochsim/events.hpp>
+#include <blochsim/perk.hpp>
 #include <blochsim/pools.hpp>
 
 namespace blochsim {
@@ -58,6 +59,12 @@ int host_pooled_adjoint_dispatch(const EventStream& s, const Tissue& t, const Po
                                  int n_tdirs, const float* cot, double* ev_grad, float* tgrad, int threads,
                                  unsigned mask);
 
+// PERK estimates of n voxels from their inputs x (n, m.d), out (n, m.p);
+// with a cotangent g (n, m.p), also its pullback xbar (n, m.d)
+// (host::perk_status); returns a Status.
+int host_perk_dispatch(const PerkModel& m, const float* x, const float* g, int64_t n, float* out, float* xbar,
+                       int threads);
+
 // Name of the instruction set the block kernels run with ("x86-64-v4", ...).
 const char* host_isa();
 
@@ -73,7 +80,9 @@ namespace kernels {
                               int64_t, const int32_t*, double*);                                         \
   int pooled_range_##suffix(const EventStream&, const Tissue&, const Pools&, int64_t, int64_t, void*, float*); \
   int pooled_jacobian_range_##suffix(const EventStream&, const Tissue&, const Pools&, const PooledJacobianOut&, \
-                                     int64_t, int64_t, void*, float*);
+                                     int64_t, int64_t, void*, float*); \
+  int perk_range_##suffix(const PerkModel&, const float*, const float*, int64_t, int64_t, int64_t, void*, float*, \
+                          float*);
 BLOCHSIM_DECLARE_KERNELS(default)
 BLOCHSIM_DECLARE_KERNELS(v3)
 BLOCHSIM_DECLARE_KERNELS(v4)

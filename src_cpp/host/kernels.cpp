@@ -6,6 +6,7 @@
 #include <blochsim/adjoint.hpp>
 #include <blochsim/epg.hpp>
 #include <blochsim/jacobian.hpp>
+#include <blochsim/perk.hpp>
 #include <blochsim/pools.hpp>
 
 #include "dispatch.hpp"
@@ -73,6 +74,11 @@ int BLOCHSIM_CAT(pooled_jacobian_range_, BLOCHSIM_ISA_SUFFIX)(const EventStream&
     if (st != ok) return st;
   }
   return ok;
+}
+
+int BLOCHSIM_CAT(perk_range_, BLOCHSIM_ISA_SUFFIX)(const PerkModel& m, const float* x, const float* g, int64_t n,
+                                                   int64_t b0, int64_t b1, void* work, float* xbar, float* out) {
+  return perk_blocks<vfloat16>(m, x, g, n, b0, b1, work, xbar, out);
 }
 
 int BLOCHSIM_CAT(range_real_, BLOCHSIM_ISA_SUFFIX)(const EventStream& s, const Tissue& t, int64_t b0,

@@ -10,8 +10,10 @@
 #include "epg.hpp"
 #include "events.hpp"
 #include "host.hpp"
+#include "host_perk.hpp"
 #include "host_pools.hpp"
 #include "lineshape.hpp"
+#include "perk.hpp"
 #include "pools.hpp"
 #include "tile.hpp"
 
