@@ -606,6 +606,8 @@ class DictionaryMatcher:
 
     def _search_all(self, qc, k):
         """Top-k over every atom, atoms in chunks; (indices, inner products)."""
+        if k == 1:
+            return self._search_best(qc)
         best_i = np.zeros((len(qc), 0), np.int64)
         best_d = np.zeros((len(qc), 0), np.complex128)
         for b in range(0, len(self._atoms), self.chunk):
@@ -619,6 +621,23 @@ class DictionaryMatcher:
             best_d = np.take_along_axis(cand_d, top, 1)
         order = np.argsort(-np.abs(best_d), axis=1, kind="stable")
         return np.take_along_axis(best_i, order, 1), np.take_along_axis(best_d, order, 1)
+
+    def _search_best(self, qc):
+        """The best atom over every atom, atoms in chunks."""
+        rows = np.arange(len(qc))
+        best_i = np.zeros(len(qc), np.int64)
+        best_d = np.zeros(len(qc), np.complex128)
+        best_p = np.full(len(qc), -1.0, np.float32)
+        for b in range(0, len(self._atoms), self.chunk):
+            d = qc @ self._atoms[b:b + self.chunk].conj().T  # (queries, atoms) <atom, s>
+            power = d.real * d.real + d.imag * d.imag
+            j = np.argmax(power, axis=1)
+            pj = power[rows, j]
+            better = pj > best_p
+            best_p[better] = pj[better]
+            best_i[better] = b + j[better]
+            best_d[better] = d[rows[better], j[better]]
+        return best_i[:, None], best_d[:, None]
 
     def _search_groups(self, qc, k):
         """Top-k over the atoms of each signal's ``search`` best groups."""

@@ -2,6 +2,9 @@
 in float64 NumPy (features, then regression) and its central differences;
 the inverse of the inversion-recovery closed form; SciPy's least squares;
 Monte-Carlo scatter; known dictionary atoms and complex scales."""
+import pathlib
+import runpy
+
 import numpy as np
 import pytest
 from scipy.optimize import least_squares
@@ -304,3 +307,11 @@ def test_other_refusals():
         LookupTable(sim).fit(T1=1000.0, T2=np.linspace(20.0, 200.0, 10))
     with pytest.raises(ValueError, match="init names 'T1'"):
         NonlinearLeastSquares(sim).fit(init={"T1": 900.0}, T1=1000.0, T2=(20.0, 200.0))
+
+
+def test_mrf_maps_example_runs(capsys):
+    path = pathlib.Path(__file__).resolve().parents[1] / "examples" / "mrf_maps.py"
+    runpy.run_path(str(path), run_name="example")["main"](12)
+    out = capsys.readouterr().out
+    for name in ("PERK", "dictionary", "least squares", "lookup"):
+        assert name in out
