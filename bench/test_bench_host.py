@@ -121,3 +121,43 @@ def test_mrf_vjp_pools_1k(benchmark, pool):
     assert g["flip"].shape == (500,)
     benchmark.extra_info["atoms"] = 1_000
     benchmark.extra_info["atoms_per_s_median"] = 1_000 / benchmark.stats.stats.median
+
+
+# Estimators (SPEC §5-6): PERK's fused map and dictionary matching at the
+# issue's shapes (500 complex contrasts, 1000 features), fewer voxels.
+def _perk_model(d, F, p, seed=0):
+    rng = np.random.default_rng(seed)
+    return ((rng.standard_normal((F, d)) / np.sqrt(d)).astype(np.float32),
+            rng.uniform(0, 2 * np.pi, F).astype(np.float32),
+            (rng.standard_normal((p, F)) / F).astype(np.float32), np.zeros(p, np.float32))
+
+
+@pytest.mark.parametrize("pullback", [False, True])
+def test_perk_map_100k(benchmark, pullback):
+    """Fused features + regression (and its pullback) of 1e5 voxels, d =
+    1000 inputs (500 complex contrasts), F = 1000 features, 2 estimates."""
+    from blochsim import _core, _dispatch
+    n, d, F, p = 100_000, 1000, 1000, 2
+    om, ph, W, off = _perk_model(d, F, p)
+    x = np.random.default_rng(1).standard_normal((n, d)).astype(np.float32)
+    out = np.empty((n, p), np.float32)
+    kw = {"threads": _dispatch.default_threads()}
+    if pullback:
+        kw.update(g=np.ones((n, p), np.float32), xbar=np.empty_like(x))
+    benchmark.pedantic(_core.perk, args=(om, ph, W, off, x, out), kwargs=kw, rounds=3, warmup_rounds=1)
+    benchmark.extra_info["voxels_per_s_median"] = n / benchmark.stats.stats.median
+    benchmark.extra_info["gflops_median"] = (2 if pullback else 1) * 2 * n * d * F / benchmark.stats.stats.median / 1e9
+
+
+def test_dictionary_match_10k(benchmark):
+    """Best atom of 1e4 signals among 1e4 atoms × 500 contrasts."""
+    from blochsim.estimators import DictionaryMatcher
+    T1, T2 = reference_tissues(10_000)
+    sim = MRFSimulator(flip=reference_flips(500), TR=10.0, states=32)
+    atoms = sim.simulate(T1=T1, T2=T2)
+    dm = DictionaryMatcher(sim).fit(dictionary=(atoms, {"T1": T1, "T2": T2}))
+    m = benchmark.pedantic(dm.map, args=(atoms * 1.5,), rounds=3, warmup_rounds=1)
+    assert np.all(m["index"] == np.arange(10_000))
+    pairs = 10_000 * 10_000
+    benchmark.extra_info["pairs_per_s_median"] = pairs / benchmark.stats.stats.median
+    benchmark.extra_info["gflops_median"] = 8 * pairs * 500 / benchmark.stats.stats.median / 1e9
