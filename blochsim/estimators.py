@@ -76,6 +76,10 @@ def _signals(signals, contrasts, what):
                          f"axis (shape {s.shape}); the fitted simulator gives {contrasts}")
     if not np.issubdtype(s.dtype, np.number) or np.issubdtype(s.dtype, np.bool_):
         raise TypeError(f"{what}: signals must be numeric, got dtype {s.dtype}")
+    bad = ~np.isfinite(s).all(axis=-1)
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"{what}: signals are not finite at voxel {at} ({s[at]!r:.60})")
     return s
 
 

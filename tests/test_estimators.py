@@ -145,6 +145,32 @@ def test_perk_learns_t2_and_m0_no_worse_than_the_dictionary():
     assert 0.6 < np.mean(m["T2_std"]) / err_t2 < 1.5
 
 
+def test_loss_on_perk_maps_pulls_back_to_the_flip_train():
+    """L = sum (T2_hat - T2)^2 over a few voxels of an FSE train, through
+    PERK's pullback and the simulator's adjoint, against central
+    differences of the whole chain (simulate, then map) in the flips."""
+    from blochsim.simulators import FSESimulator
+    flips = np.linspace(120.0, 180.0, 12)
+    fse = FSESimulator(ESP=8.0, flip=flips)
+    perk = PERK(fse, n_features=300, complex_mode="magnitude", feature_seed=2).fit(
+        noise_std=0.002, samples=5000, T1=1000.0, T2=(30.0, 200.0), M0=(0.5, 1.5))
+    tissue = dict(T1=1000.0, T2=np.array([50.0, 90.0, 140.0]), M0=1.0)
+
+    def loss(f):
+        return float(np.sum((perk.map(fse.simulate(flip=f, **tissue))["T2"].astype(np.float64) - tissue["T2"]) ** 2))
+
+    s, pull_signal = fse.vjp("flip", flip=flips, **tissue)
+    maps, pull_maps = perk.vjp(s)
+    grad = pull_signal(pull_maps({"T2": 2 * (maps["T2"] - tissue["T2"])}))["flip"]
+    h = 0.5
+    for i in (0, 5, 11):
+        up, dn = flips.copy(), flips.copy()
+        up[i] += h
+        dn[i] -= h
+        fd = (loss(up) - loss(dn)) / (2 * h)
+        np.testing.assert_allclose(grad[i], fd, rtol=0.02, atol=1e-3 * np.max(np.abs(grad)))
+
+
 # --------------------------------------------------------------------------
 # Dictionary matching
 
@@ -274,15 +300,26 @@ def test_ranges_with_low_not_below_high_are_refused(make):
         make().fit(T1=1000.0, T2=(20.0, 200.0), M0=(1.0, 1.0))
 
 
-def test_mismatched_contrast_counts_are_refused():
+def _fitted():
     sim = _se()
-    perk = PERK(sim, n_features=50).fit(samples=200, T1=1000.0, T2=(20.0, 200.0))
-    dm = DictionaryMatcher(sim).fit(T1=1000.0, T2=np.linspace(20.0, 200.0, 10))
-    nls = NonlinearLeastSquares(sim).fit(T1=1000.0, T2=(20.0, 200.0))
-    lut = LookupTable(InversionRecoverySimulator(TI=[400.0])).fit(T1=np.linspace(100.0, 3000.0, 50))
-    for est in (perk, dm, nls, lut):
+    return [PERK(sim, n_features=50).fit(samples=200, T1=1000.0, T2=(20.0, 200.0)),
+            DictionaryMatcher(sim).fit(T1=1000.0, T2=np.linspace(20.0, 200.0, 10)),
+            NonlinearLeastSquares(sim).fit(T1=1000.0, T2=(20.0, 200.0)),
+            LookupTable(InversionRecoverySimulator(TI=[400.0])).fit(T1=np.linspace(100.0, 3000.0, 50))]
+
+
+def test_mismatched_contrast_counts_are_refused():
+    for est in _fitted():
         with pytest.raises(ValueError, match="signals have 15 contrasts"):
             est.map(np.ones((2, 15), np.complex64))
+
+
+def test_non_finite_signals_are_refused():
+    for est in _fitted():
+        bad = np.ones((3, est.contrasts), np.complex64)
+        bad[2, 0] = np.nan
+        with pytest.raises(ValueError, match=r"signals are not finite at voxel \(2,\)"):
+            est.map(bad)
 
 
 def test_other_refusals():
