@@ -610,58 +610,77 @@ class DictionaryMatcher:
 
     def _search_all(self, qc, k):
         """Top-k over every atom, atoms in chunks; (indices, inner products)."""
-        if k == 1:
-            return self._search_best(qc)
-        best_i = np.zeros((len(qc), 0), np.int64)
-        best_d = np.zeros((len(qc), 0), np.complex128)
-        for b in range(0, len(self._atoms), self.chunk):
-            A = self._atoms[b:b + self.chunk]
-            d = (qc @ A.conj().T).astype(np.complex128)  # (queries, atoms) <atom, s>
-            cand_i = np.concatenate([best_i, np.broadcast_to(np.arange(b, b + len(A)), d.shape)], axis=1)
-            cand_d = np.concatenate([best_d, d], axis=1)
-            kk = min(k, cand_d.shape[1])
-            top = np.argpartition(-np.abs(cand_d), kk - 1, axis=1)[:, :kk]
-            best_i = np.take_along_axis(cand_i, top, 1)
-            best_d = np.take_along_axis(cand_d, top, 1)
-        order = np.argsort(-np.abs(best_d), axis=1, kind="stable")
-        return np.take_along_axis(best_i, order, 1), np.take_along_axis(best_d, order, 1)
-
-    def _search_best(self, qc):
-        """The best atom over every atom, atoms in chunks."""
+        top = _TopK(len(qc), k)
         rows = np.arange(len(qc))
-        best_i = np.zeros(len(qc), np.int64)
-        best_d = np.zeros(len(qc), np.complex128)
-        best_p = np.full(len(qc), -1.0, np.float32)
         for b in range(0, len(self._atoms), self.chunk):
-            d = qc @ self._atoms[b:b + self.chunk].conj().T  # (queries, atoms) <atom, s>
-            power = d.real * d.real + d.imag * d.imag
-            j = np.argmax(power, axis=1)
-            pj = power[rows, j]
-            better = pj > best_p
-            best_p[better] = pj[better]
-            best_i[better] = b + j[better]
-            best_d[better] = d[rows[better], j[better]]
-        return best_i[:, None], best_d[:, None]
+            top.update(rows, qc @ self._atoms[b:b + self.chunk].conj().T, b)
+        return top.result()
 
     def _search_groups(self, qc, k):
-        """Top-k over the atoms of each signal's ``search`` best groups."""
+        """Top-k over the atoms of each signal's ``search`` best groups: per
+        group, one product with the signals that search it."""
         gs = np.abs(qc @ self._centers.conj().T)
         ng = min(self.search, self.groups)
         top_groups = np.argsort(-gs, axis=1)[:, :ng]
-        idx = np.empty((len(qc), k), np.int64)
-        dots = np.empty((len(qc), k), np.complex128)
-        for r in range(len(qc)):
-            cand = np.concatenate([self._members[g] for g in top_groups[r]])
-            if len(cand) < k:
-                cand = np.arange(len(self._atoms))
-            d = (self._atoms[cand].conj() @ qc[r]).astype(np.complex128)
-            top = np.argsort(-np.abs(d), kind="stable")[:k]
-            idx[r], dots[r] = cand[top], d[top]
-        return idx, dots
+        top = _TopK(len(qc), k)
+        for g in range(self.groups):
+            rows = np.flatnonzero((top_groups == g).any(axis=1))
+            members = self._members[g]
+            if len(rows) and len(members):
+                top.update(rows, qc[rows] @ self._atoms[members].conj().T, members)
+        short = np.flatnonzero(top.count < k)
+        if len(short):  # groups too small for k: search these signals everywhere
+            return_all = self._search_all(qc[short], k)
+            idx, dot = top.result()
+            idx[short], dot[short] = return_all
+            return idx, dot
+        return top.result()
 
     def map(self, signals):
         """Parameter maps of the best atom (:meth:`match` with k = 1)."""
         return self.match(signals, k=1)
+
+
+class _TopK:
+    """The k largest |<atom, s>| per signal, merged chunk by chunk: atom
+    indices and inner products, best first from :meth:`result`; ``count``
+    says how many of the k are filled."""
+
+    def __init__(self, n, k):
+        self.k = k
+        self.idx = np.zeros((n, k), np.int64)
+        self.dot = np.zeros((n, k), np.complex128)
+        self.power = np.full((n, k), -1.0)
+        self.count = np.zeros(n, np.int64)
+
+    def update(self, rows, d, atoms):
+        """Merge d (len(rows), m), the <atom, s> of signals ``rows`` with m
+        atoms: ``atoms`` their indices, or the first index of a run."""
+        power = d.real.astype(np.float64) ** 2 + d.imag.astype(np.float64) ** 2
+        if np.ndim(atoms) == 0:
+            atoms = np.arange(atoms, atoms + d.shape[1])
+        if self.k == 1:
+            j = np.argmax(power, axis=1)
+            r = np.arange(len(rows))
+            pj = power[r, j]
+            better = pj > self.power[rows, 0]
+            sel = rows[better]
+            self.power[sel, 0] = pj[better]
+            self.idx[sel, 0] = atoms[j[better]]
+            self.dot[sel, 0] = d[r[better], j[better]]
+        else:
+            cand_p = np.concatenate([self.power[rows], power], axis=1)
+            cand_i = np.concatenate([self.idx[rows], np.broadcast_to(atoms, power.shape)], axis=1)
+            cand_d = np.concatenate([self.dot[rows], d], axis=1)
+            top = np.argpartition(-cand_p, self.k - 1, axis=1)[:, :self.k]
+            self.power[rows] = np.take_along_axis(cand_p, top, 1)
+            self.idx[rows] = np.take_along_axis(cand_i, top, 1)
+            self.dot[rows] = np.take_along_axis(cand_d, top, 1)
+        self.count[rows] = np.minimum(self.count[rows] + d.shape[1], self.k)
+
+    def result(self):
+        order = np.argsort(-self.power, axis=1, kind="stable")
+        return np.take_along_axis(self.idx, order, 1), np.take_along_axis(self.dot, order, 1)
 
 
 # --------------------------------------------------------------------------
