@@ -520,7 +520,8 @@ class DictionaryMatcher:
             atoms = _simulate_table(self.simulator, params, fixed, self.chunk)
         atoms = atoms.astype(np.complex64)
         norms = np.linalg.norm(atoms, axis=1)
-        keep = norms > 0
+        keep = norms > 0  # a null atom matches nothing
+        self._original = np.flatnonzero(keep)
         self.params = {k: v[keep] for k, v in params.items()}
         self._norms = norms[keep].astype(np.float64)
         unit = atoms[keep] / self._norms[:, None].astype(np.float32)
@@ -555,6 +556,7 @@ class DictionaryMatcher:
                 ph = members @ centers[g].conj()
                 c = (members * np.exp(-1j * np.angle(ph))[:, None]).sum(0)
                 centers[g] = c / max(np.linalg.norm(c), 1e-30)
+        label = np.argmax(np.abs(A @ centers.conj().T), axis=1)  # members of the final centres
         self._centers = centers.astype(np.complex64)
         self._group_of = label
         self._members = [np.flatnonzero(label == g) for g in range(self.groups)]
@@ -575,7 +577,8 @@ class DictionaryMatcher:
             indices), ``"score"`` (normalised inner-product magnitude, 1 for
             a perfect match) and ``"M0"`` (complex least-squares scale of
             the atom, ⟨atom, s⟩/‖atom‖²), each shaped ``voxels`` for k = 1
-            and ``(*voxels, k)`` otherwise.
+            and ``(*voxels, k)`` otherwise.  Indices count the atoms as
+            fitted (a given dictionary's rows).
         """
         if self._atoms is None:
             raise RuntimeError("DictionaryMatcher.match needs a fitted matcher: call fit() first")
@@ -603,7 +606,7 @@ class DictionaryMatcher:
         # <atom, s> of the raw atom = norm * <unit, s>; M0 = that / norm^2
         m0 = dots / self._norms[idx]
         out = {name: v[idx] for name, v in self.params.items()}
-        out.update(index=idx, score=score, M0=m0)
+        out.update(index=self._original[idx], score=score, M0=m0)
         if k == 1:
             return {name: v[:, 0].reshape(shape) for name, v in out.items()}
         return {name: v.reshape(shape + (k,)) for name, v in out.items()}
@@ -760,6 +763,9 @@ class LookupTable:
         s = _simulate_table(self.simulator, {name: values}, fixed, 65536)
         self.contrasts = s.shape[1]
         f = self._feature(s, "LookupTable.fit")
+        if not np.all(np.isfinite(f)):
+            bad = int(np.flatnonzero(~np.isfinite(f))[0])
+            raise ValueError(f"LookupTable.fit: the feature is not finite at {name} = {float(values[bad])!r}")
         # the longest strictly monotonic run
         step = np.sign(np.diff(f))
         best, start = (0, 0), 0

@@ -202,6 +202,10 @@ def test_dictionary_given_atoms_and_voxel_shape():
     m = dm.map(s)
     assert m["T1"].shape == (2, 2)
     np.testing.assert_allclose(m["T1"], T1G[:5][[[1, 4], [0, 2]]])
+    # a null atom is skipped, and indices still count the given rows
+    atoms[1] = 0
+    m = DictionaryMatcher(MRF).fit(dictionary=(atoms, {"T1": T1G[:5]})).map(atoms[[4, 2]])
+    np.testing.assert_array_equal(m["index"], [4, 2])
 
 
 # --------------------------------------------------------------------------
@@ -340,6 +344,10 @@ def test_other_refusals():
         dm.match(np.ones((1, 16), np.complex64), k=11)
     with pytest.raises(ValueError, match="exactly one unknown"):
         LookupTable(sim).fit(T1=np.linspace(500, 900, 5), T2=np.linspace(20, 90, 5))
+    with pytest.raises(ValueError, match="feature is not finite at T1 = 3000.0"):
+        LookupTable(InversionRecoverySimulator(TI=[400.0]),
+                    feature=lambda x: np.where(np.real(x[:, 0]) > 0, np.real(x[:, 0]), np.nan)).fit(
+            T1=np.array([500.0, 3000.0]))
     with pytest.raises(ValueError, match="reduces them"):
         LookupTable(sim).fit(T1=1000.0, T2=np.linspace(20.0, 200.0, 10))
     with pytest.raises(ValueError, match="init names 'T1'"):

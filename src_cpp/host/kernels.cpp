@@ -67,7 +67,7 @@ int BLOCHSIM_CAT(pooled_jacobian_range_, BLOCHSIM_ISA_SUFFIX)(const EventStream&
                                                               const PooledJacobianOut& jo, int64_t b0, int64_t b1,
                                                               void* work, float* out) {
   using V = Dual<vfloat16, pooled_lane_directions>;
-  const bool real = pooled_real_path(s, t, p);
+  const bool real = pooled_real_path(s, t, p) && !pooled_dirs_turn(jo);
   for (int64_t b = b0; b < b1; ++b) {
     const int st = pooled_jacobian_block<V, 1>(s, t, p, host_lineshape_table(), b * Lanes<V>::width,
                                                static_cast<V*>(work), 1, out, real, jo);

@@ -1,5 +1,8 @@
-// The host backend of the pooled EPG (pools.hpp): one problem at a time in
-// double precision, problems split into one contiguous range per thread.
+// The host backend of the pooled EPG (pools.hpp): blocks of problems on SIMD
+// lanes (the signal, and Jacobians for up to one exchanging pool with the
+// semisolid pool), or one problem at a time in double precision (the other
+// Jacobians, the adjoint); problems split into one contiguous range per
+// thread.
 #pragma once
 
 #include <complex>
@@ -84,7 +87,8 @@ inline int pooled_pass(const EventStream& s, const Tissue& t, const Pools& p, co
 // complex64 interleaved, the derivative of each sample with respect to field
 // fields[j] (0 .. 8: the Tissue fields; PoolField for the pools) in its SI
 // unit, times seeds[j] when seeds is given.  Directions go
-// pooled_pass_directions a pass.
+// pooled_lane_directions a pass on lanes, pooled_pass_directions a pass in
+// double precision.
 //
 // The signal alone is computed in single precision, 16 problems a SIMD
 // vector (pooled_block, through fn); with directions, likewise on lanes of

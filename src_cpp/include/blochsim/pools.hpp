@@ -1285,6 +1285,18 @@ BLOCHSIM_HD inline bool pooled_lane_jacobian(const Pools& p) {
   return p.n_exchanging == 1 || (p.n_exchanging == 0 && p.bound);
 }
 
+// Whether a Jacobian pass along jo's directions turns the transverse states
+// off the real planes (B1phase, B0, a chemical shift): its derivatives need
+// the complex planes even where the values stay real.
+BLOCHSIM_HD inline bool pooled_dirs_turn(const PooledJacobianOut& jo) {
+  for (int j = 0; j < jo.n_dirs; ++j) {
+    const int f = jo.fields[j];
+    if (f == 4 || f == 5 || (f >= field_pool_first && (f - field_pool_first) % pool_columns == pool_shift_hz))
+      return true;
+  }
+  return false;
+}
+
 // A pooled Jacobian pass on lanes of duals (V = Dual<lanes, D>, jo.n_dirs
 // <= D): pooled_block_of for the pools of pooled_lane_jacobian (bad_pools
 // for others), on the real planes when real.
