@@ -1,0 +1,149 @@
+"""The sequence library's protocols against oracles written here: closed
+forms derived in the test, the longitudinal recursion stepped pulse by
+pulse, and the same protocol played through the EPG engine."""
+import numpy as np
+import pytest
+
+from blochsim import Delay, Inversion, Pulse, Readout, Simulator, Spoil
+from blochsim.sequence import Sequence
+from blochsim.simulators import MP2RAGESimulator, MPnRAGESimulator, MPRAGESimulator, mp2rage_sim
+
+MP2 = dict(TI=[700.0, 2500.0], flip=[4.0, 5.0], TR=5000.0, TR_gre=7.0, n_readouts=160)
+
+
+def _geometric_oracle(T1, TI, flip, TR, TR_gre, n, eta=1.0, B1=1.0, M0=1.0):
+    """The MPnRAGE steady state in closed form (the MP2RAGE equation of
+    Marques et al. 2010 generalised to any number of blocks): per block the
+    n pulses act as Z -> Z r^n + (1 - E1)(1 - r^n)/(1 - r), r = cos(a) E1;
+    the inversion, the gaps and the blocks compose to Z -> A Z + B over one
+    TR, whose fixed point is the steady state."""
+    TI, flip = np.atleast_1d(TI), np.broadcast_to(np.radians(flip), np.shape(np.atleast_1d(TI)))
+    c = n // 2
+    E1 = np.exp(-TR_gre / T1)
+    starts, ends = TI - c * TR_gre, TI - c * TR_gre + n * TR_gre
+    gaps = np.diff(np.concatenate([[0.0], np.ravel(np.stack([starts, ends], 1)), [TR]]))[0::2]
+    A, B = -eta, 0.0
+    for i in range(len(TI)):
+        E = np.exp(-gaps[i] / T1)
+        A, B = A * E, B * E + 1 - E
+        r = np.cos(B1 * flip[i]) * E1
+        A, B = A * r ** n, B * r ** n + (1 - E1) * (1 - r ** n) / (1 - r)
+    E = np.exp(-gaps[-1] / T1)
+    A, B = A * E, B * E + 1 - E
+    z = B / (1 - A)
+    out, zc = [], -eta * z  # Z after the inversion
+    for i in range(len(TI)):
+        E = np.exp(-gaps[i] / T1)
+        zc = zc * E + 1 - E
+        r = np.cos(B1 * flip[i]) * E1
+        out.append(M0 * np.sin(B1 * flip[i]) * (zc * r ** c + (1 - E1) * (1 - r ** c) / (1 - r)))
+        zc = zc * r ** n + (1 - E1) * (1 - r ** n) / (1 - r)
+    return np.array(out)
+
+
+def _stepped_oracle(T1, TI, flip, TR, TR_gre, n, eta=1.0, repetitions=40):
+    """The same protocol stepped pulse by pulse on the longitudinal
+    magnetisation (ideal spoiling), repeated until periodic."""
+    TI, flip = np.atleast_1d(TI), np.broadcast_to(np.radians(flip), np.shape(np.atleast_1d(TI)))
+    c = n // 2
+    z = 1.0
+    for _ in range(repetitions):
+        z, t, out = -eta * z, 0.0, []
+        for i in range(len(TI)):
+            t_pulse = TI[i] - c * TR_gre
+            for k in range(n):
+                z = 1 + (z - 1) * np.exp(-(t_pulse - t) / T1)
+                if k == c:
+                    out.append(np.sin(flip[i]) * z)
+                z, t = z * np.cos(flip[i]), t_pulse
+                t_pulse += TR_gre
+            z, t = 1 + (z - 1) * np.exp(-(t_pulse - t) / T1), t_pulse
+        z = 1 + (z - 1) * np.exp(-(TR - t) / T1)
+    return np.array(out)
+
+
+class PlayedMP2RAGE(Simulator):
+    """MP2RAGE through the EPG engine: inversion, two blocks of pulse,
+    readout, spoil, relaxation; the samples at the k-space centres."""
+    protocol = dict(MP2)
+    tissue_properties = ("T1", "T2", "M0", "B1", "inv_efficiency")
+
+    def repetition(self, p):
+        n, c, tr = p["n_readouts"], p["n_readouts"] // 2, p["TR_gre"]
+        ops, now = [Inversion()], 0.0
+        for i, TI in enumerate(p["TI"]):
+            start = TI - c * tr
+            ops.append(Delay(start - now))
+            for k in range(n):
+                ops += [Pulse(p["flip"][i]), Readout(), Spoil(), Delay(tr)]
+            now = start + n * tr
+        ops.append(Delay(p["TR"] - now))
+        return Sequence(ops)
+
+
+@pytest.mark.parametrize("T1", [300.0, 800.0, 1400.0, 3500.0])
+def test_mp2rage_against_the_closed_form_and_the_stepped_recursion(T1):
+    s = MP2RAGESimulator(**MP2).simulate(T1=T1)
+    args = (T1, MP2["TI"], MP2["flip"], MP2["TR"], MP2["TR_gre"], MP2["n_readouts"])
+    np.testing.assert_allclose(s, _geometric_oracle(*args), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(s, _stepped_oracle(*args), rtol=1e-9, atol=1e-12)
+
+
+def test_mp2rage_played_through_the_epg_engine():
+    T1 = np.array([600.0, 1200.0, 2000.0])
+    eta, B1 = 0.96, 0.9
+    closed = MP2RAGESimulator(**MP2).simulate(T1=T1, inv_efficiency=eta, B1=B1, M0=1.3)
+    played = PlayedMP2RAGE(repetitions=6, states=2).simulate(T1=T1, T2=50.0, inv_efficiency=eta, B1=B1, M0=1.3)
+    c = MP2["n_readouts"] // 2
+    centre = 1j * played[:, [c, MP2["n_readouts"] + c]]  # the readout after a phase-0 pulse is -i sin(a) Z
+    np.testing.assert_allclose(centre, closed, atol=2e-6)
+
+
+def test_mprage_and_mpnrage_blocks():
+    one = MPRAGESimulator(TI=900.0, flip=8.0, TR=2300.0, TR_gre=7.0, n_readouts=176)
+    np.testing.assert_allclose(one.simulate(T1=1000.0), _geometric_oracle(1000.0, 900.0, 8.0, 2300.0, 7.0, 176),
+                               rtol=1e-12)
+    three = MPnRAGESimulator(TI=[500.0, 1500.0, 2600.0], flip=[3.0, 4.0, 6.0], TR=4000.0, TR_gre=6.0,
+                             n_readouts=100)
+    s = three.simulate(T1=np.array([700.0, 1600.0]), inv_efficiency=0.9)
+    assert s.shape == (2, 3)
+    for v, T1 in enumerate([700.0, 1600.0]):
+        np.testing.assert_allclose(s[v], _stepped_oracle(T1, [500.0, 1500.0, 2600.0], [3.0, 4.0, 6.0], 4000.0, 6.0,
+                                                         100, eta=0.9), rtol=1e-9)
+
+
+def test_mp2rage_uni_is_free_of_m0_and_bounded():
+    mp2 = MP2RAGESimulator(**MP2)
+    T1 = np.geomspace(200.0, 4000.0, 50)
+    u = mp2.uni(mp2.simulate(T1=T1, M0=3.7))
+    np.testing.assert_allclose(u, mp2.uni(mp2.simulate(T1=T1)), rtol=1e-12)
+    assert np.all(np.abs(u) <= 0.5)
+    # Marques et al.: UNI falls monotonically with T1 over the brain's range
+    assert np.all(np.diff(u[(T1 > 700) & (T1 < 3000)]) < 0)
+
+
+def test_mp2rage_jacobian_against_differences():
+    mp2 = MP2RAGESimulator(**MP2)
+    t = dict(T1=np.array([800.0, 1500.0]), B1=0.9, inv_efficiency=0.95, M0=1.2)
+    names = ("T1", "B1", "inv_efficiency", "M0")
+    s, J = mp2.jacobian(names, **t)
+    assert J.shape == (2, 4, 2)
+    for i, k in enumerate(names):
+        h = 1e-6 * np.max(np.abs(t[k]))
+        fd = (mp2.simulate(**{**t, k: t[k] + h}) - mp2.simulate(**{**t, k: t[k] - h})) / (2 * h)
+        np.testing.assert_allclose(J[:, i], fd, rtol=1e-6, atol=1e-12)
+    s2, J2 = mp2rage_sim(**MP2, T1=800.0, diff="T1")
+    np.testing.assert_allclose(J2, mp2.jacobian("T1", T1=800.0)[1], rtol=1e-14)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(TI=[700.0, 600.0]), "TI must increase"),
+    (dict(TI=[300.0, 2500.0]), r"TI\[0\] = 300 ms leaves no room"),
+    (dict(TI=[700.0, 1500.0]), "readout blocks 0 and 1 overlap"),
+    (dict(TR=3000.0), "ends at 3060 ms, after TR = 3000 ms"),
+    (dict(TI=[700.0]), "MP2RAGESimulator takes 2 inversion time"),
+    (dict(flip=[4.0, -5.0]), "flip"),
+])
+def test_mp2rage_refusals(kw, match):
+    with pytest.raises(ValueError, match=match):
+        MP2RAGESimulator(**{**MP2, **kw})
