@@ -6,7 +6,8 @@ import pytest
 
 from blochsim import Delay, Inversion, Pulse, Readout, Simulator, Spoil
 from blochsim.sequence import Sequence
-from blochsim.simulators import MP2RAGESimulator, MPnRAGESimulator, MPRAGESimulator, mp2rage_sim
+from blochsim.simulators import (LookLockerSimulator, MP2RAGESimulator, MPnRAGESimulator, MPRAGESimulator, ll_sim,
+                                 mp2rage_sim)
 
 MP2 = dict(TI=[700.0, 2500.0], flip=[4.0, 5.0], TR=5000.0, TR_gre=7.0, n_readouts=160)
 
@@ -147,3 +148,81 @@ def test_mp2rage_jacobian_against_differences():
 def test_mp2rage_refusals(kw, match):
     with pytest.raises(ValueError, match=match):
         MP2RAGESimulator(**{**MP2, **kw})
+
+
+# --------------------------------------------------------------------------
+# Look-Locker
+
+def _ll_recursion(T1, flip, spacing, n, TI, TR=None, eta=1.0, B1=1.0, repetitions=60):
+    """Look-Locker stepped event by event: inversion, TI, then pulse
+    (sampled), spacing, ...; repeated every TR until periodic."""
+    a = np.radians(flip) * B1
+    z, out = 1.0, []
+    for _ in range(repetitions if TR is not None else 1):
+        z = 1 + (-eta * z - 1) * np.exp(-TI / T1)
+        out = []
+        for k in range(n):
+            out.append(np.sin(a) * z)
+            z = z * np.cos(a)
+            if k < n - 1:
+                z = 1 + (z - 1) * np.exp(-spacing / T1)
+        if TR is not None:
+            z = 1 + (z - 1) * np.exp(-(TR - TI - (n - 1) * spacing) / T1)
+    return np.array(out)
+
+
+@pytest.mark.parametrize("TR", [None, 3000.0, 8000.0])
+def test_look_locker_against_its_recursion(TR):
+    ll = LookLockerSimulator(flip=7.0, spacing=90.0, n=25, TI=40.0, TR=TR)
+    for T1 in (400.0, 1300.0):
+        s = ll.simulate(T1=T1, inv_efficiency=0.92, B1=1.1, M0=0.8)
+        np.testing.assert_allclose(s.real, 0.8 * _ll_recursion(T1, 7.0, 90.0, 25, 40.0, TR, 0.92, 1.1),
+                                   rtol=1e-10, atol=1e-14)
+
+
+def test_look_locker_recovers_at_the_apparent_t1():
+    """Deichmann & Haase 1992: the samples recover towards their limit at
+    1/T1* = 1/T1 - ln(cos a)/spacing."""
+    flip, spacing, T1 = 10.0, 50.0, 1100.0
+    s = LookLockerSimulator(flip=flip, spacing=spacing, n=200, TI=20.0).simulate(T1=T1).real
+    t1_star = 1 / (1 / T1 - np.log(np.cos(np.radians(flip))) / spacing)
+    a, E = np.radians(flip), np.exp(-spacing / T1)
+    d = s - np.sin(a) * (1 - E) / (1 - np.cos(a) * E)  # distance from the limit
+    np.testing.assert_allclose(d[1:] / d[:-1], np.exp(-spacing / t1_star), rtol=1e-9)
+
+
+class PlayedLookLocker(Simulator):
+    protocol = {"flip": 7.0, "spacing": 90.0, "n": 25, "TI": 40.0, "TR": 3000.0}
+    tissue_properties = ("T1", "T2", "M0", "B1", "inv_efficiency")
+
+    def repetition(self, p):
+        ops = [Inversion(), Delay(p["TI"])]
+        for k in range(p["n"]):
+            ops += [Pulse(p["flip"]), Readout(), Spoil()]
+            if k < p["n"] - 1:
+                ops.append(Delay(p["spacing"]))
+        ops.append(Delay(p["TR"] - p["TI"] - (p["n"] - 1) * p["spacing"]))
+        return Sequence(ops)
+
+
+def test_look_locker_played_through_the_epg_engine():
+    T1 = np.array([500.0, 1500.0])
+    closed = LookLockerSimulator(flip=7.0, spacing=90.0, n=25, TI=40.0, TR=3000.0).simulate(
+        T1=T1, B1=0.95, inv_efficiency=0.9)
+    played = PlayedLookLocker(repetitions=8, states=2).simulate(T1=T1, T2=60.0, B1=0.95, inv_efficiency=0.9)
+    np.testing.assert_allclose(1j * played, closed, atol=2e-6)
+
+
+def test_look_locker_jacobian_and_refusals():
+    t = dict(T1=np.array([700.0, 1400.0]), B1=1.05, inv_efficiency=0.9, M0=1.1)
+    names = ("T1", "B1", "inv_efficiency", "M0")
+    s, J = ll_sim(flip=6.0, spacing=80.0, n=12, TI=30.0, TR=2500.0, **t, diff=names)
+    ll = LookLockerSimulator(flip=6.0, spacing=80.0, n=12, TI=30.0, TR=2500.0)
+    for i, k in enumerate(names):
+        h = 1e-6 * np.max(np.abs(t[k]))
+        fd = (ll.simulate(**{**t, k: t[k] + h}) - ll.simulate(**{**t, k: t[k] - h})) / (2 * h)
+        np.testing.assert_allclose(J[:, i], fd, rtol=1e-6, atol=1e-12)
+    with pytest.raises(ValueError, match="TR = 500 ms is shorter than the last pulse's time 910 ms"):
+        LookLockerSimulator(flip=6.0, spacing=80.0, n=12, TI=30.0, TR=500.0)
+    with pytest.raises(ValueError, match="spacing"):
+        LookLockerSimulator(flip=6.0, spacing=0.0, n=12, TI=30.0)
