@@ -6,7 +6,7 @@ import pytest
 
 from blochsim import Delay, Inversion, Pulse, Readout, Simulator, Spoil
 from blochsim.sequence import Sequence
-from blochsim.simulators import (LookLockerSimulator, MP2RAGESimulator, MPnRAGESimulator, MPRAGESimulator, ll_sim,
+from blochsim.simulators import (FLASHSimulator, LookLockerSimulator, MP2RAGESimulator, MPnRAGESimulator, MPRAGESimulator, ll_sim,
                                  mp2rage_sim)
 
 MP2 = dict(TI=[700.0, 2500.0], flip=[4.0, 5.0], TR=5000.0, TR_gre=7.0, n_readouts=160)
@@ -226,3 +226,65 @@ def test_look_locker_jacobian_and_refusals():
         LookLockerSimulator(flip=6.0, spacing=80.0, n=12, TI=30.0, TR=500.0)
     with pytest.raises(ValueError, match="spacing"):
         LookLockerSimulator(flip=6.0, spacing=0.0, n=12, TI=30.0)
+
+
+# --------------------------------------------------------------------------
+# RF-spoiled FLASH
+
+def _flash_isochromats(flip, TR, TE, n, inc, T1, T2, B1=1.0, B0=0.0, M0=1.0, inversion=False, TI=0.0, N=512):
+    """FLASH by an ensemble of N isochromats whose dephasing per TR is
+    2 pi j / N (Bloch rotations about (cos phi, sin phi, 0), relaxation,
+    B0 precession), averaged at each echo."""
+    theta = 2 * np.pi * np.arange(N) / N
+    fp = np.zeros(N, complex)  # Mx + i My per isochromat
+    mz = np.ones(N)
+
+    def relax(fp, mz, t):
+        return fp * np.exp(-t / T2) * np.exp(-2j * np.pi * B0 * t * 1e-3), 1 + (mz - 1) * np.exp(-t / T1)
+
+    if inversion:
+        fp, mz = relax(fp, -mz, TI)
+    out = []
+    for k in range(n):
+        phi = np.radians(inc * k * (k + 1) / 2)
+        a = np.radians(np.broadcast_to(flip, (n,))[k]) * B1
+        u = np.array([np.cos(phi), np.sin(phi), 0.0])
+        K = np.array([[0, -u[2], u[1]], [u[2], 0, -u[0]], [-u[1], u[0], 0]])
+        R = np.eye(3) + np.sin(a) * K + (1 - np.cos(a)) * K @ K
+        m = R @ np.stack([fp.real, fp.imag, mz])
+        fp, mz = m[0] + 1j * m[1], m[2]
+        fp, mz = relax(fp, mz, TE)
+        out.append(M0 * np.mean(fp) * np.exp(-1j * (phi - np.pi / 2)))
+        fp = fp * np.exp(1j * theta)
+        fp, mz = relax(fp, mz, TR - TE)
+    return np.array(out)
+
+
+@pytest.mark.parametrize("inc,inversion", [(117.0, False), (50.0, True), (0.0, False)])
+def test_flash_against_an_isochromat_ensemble(inc, inversion):
+    flips = np.linspace(5.0, 30.0, 40)
+    t = dict(T1=900.0, T2=70.0, B1=0.9, B0=12.0, M0=1.2)
+    sim = FLASHSimulator(flip=flips, TR=9.0, TE=4.0, rf_spoiling=inc, inversion="ideal" if inversion else None,
+                         TI=20.0)
+    s = sim.simulate(**t)
+    ref = _flash_isochromats(flips, 9.0, 4.0, 40, inc, 900.0, 70.0, 0.9, 12.0, 1.2, inversion, 20.0)
+    np.testing.assert_allclose(s, ref, atol=3e-6 * 1.2)
+
+
+def test_flash_jacobian_and_refusals():
+    sim = FLASHSimulator(flip=12.0, TR=8.0, TE=3.0, n=30)
+    t = dict(T1=np.array([800.0, 1500.0]), T2=np.array([60.0, 90.0]))
+    s, J = sim.jacobian(("T1", "T2"), **t)
+    for v in range(2):
+        for i, k in enumerate(("T1", "T2")):
+            x = {"T1": t["T1"][v], "T2": t["T2"][v]}
+            h = 1e-3 * x[k]
+            up = _flash_isochromats(12.0, 8.0, 3.0, 30, 117.0, **{**x, k: x[k] + h}, N=128)
+            dn = _flash_isochromats(12.0, 8.0, 3.0, 30, 117.0, **{**x, k: x[k] - h}, N=128)
+            np.testing.assert_allclose(J[v, i], (up - dn) / (2 * h), rtol=1e-3, atol=1e-8)
+    with pytest.raises(ValueError, match="needs n"):
+        FLASHSimulator(flip=12.0, TR=8.0)
+    with pytest.raises(ValueError, match="TE = 9 ms must be at most TR = 8 ms"):
+        FLASHSimulator(flip=12.0, TR=8.0, TE=9.0, n=3)
+    with pytest.raises(ValueError, match="inversion must be None or 'ideal'"):
+        FLASHSimulator(flip=12.0, TR=8.0, n=3, inversion="adiabatic")
