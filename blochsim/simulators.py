@@ -18,6 +18,7 @@ __all__ = [
     "fse_sim", "mrf_sim", "spgr_sim", "bssfp_sim", "truefisp_sim", "ir_sim", "se_sim", "ste_sim", "cest_sim",
     "mt_sim", "MPnRAGESimulator", "MPRAGESimulator", "MP2RAGESimulator", "mpnrage_sim", "mprage_sim",
     "mp2rage_sim", "LookLockerSimulator", "ll_sim", "FLASHSimulator", "flash_sim",
+    "DiffusionSimulator", "dwi_sim",
 ]
 
 
@@ -587,6 +588,60 @@ class SpinEchoSimulator(ClosedFormSimulator):
         if "TR" in names:
             d["TR"] = (2 * ea - eR) / T1 * e2
         return d
+
+
+class DiffusionSimulator(ClosedFormSimulator):
+    """Diffusion-weighted spin echo (Stejskal & Tanner 1965, J Chem Phys
+    42:288): S = M0 · A · e^{−b·D}, with A the spin echo's weighting,
+    e^{−TE/T2} for one shot (TR None) or (1 − 2e^{−(TR−TE/2)/T1} +
+    e^{−TR/T1}) e^{−TE/T2} with repetition.  ``b`` is in s/mm² and D in
+    µm²/ms (b·D = b·D·1e-3).
+
+    Parameters
+    ----------
+    b : array_like, s/mm²
+        b-value per contrast.
+    TE : float, ms
+    TR : float, ms, optional
+
+    Tissue: T2, D (µm²/ms, required), T1 (ms, needed with TR), M0.
+
+    Examples
+    --------
+    >>> from blochsim.simulators import DiffusionSimulator
+    >>> DiffusionSimulator(b=[0.0, 1000.0], TE=80.0).simulate(T2=80.0, D=0.7).real.round(4)
+    array([0.3679, 0.1827])
+    """
+
+    protocol = {"b": None, "TE": None, "TR": None}
+    tissue_properties = ("T1", "T2", "M0", "D")
+    required = ("T2", "D")
+
+    def check_protocol(self, p):
+        if p["b"] is None or p["TE"] is None:
+            return p
+        p["b"] = np.atleast_1d(V.protocol_array("b", p["b"], low=0.0, unit="s/mm^2"))
+        p["TE"] = float(V.protocol_array("TE", p["TE"], low=0.0, unit="ms", ndim_max=0))
+        if p["TR"] is not None:
+            p["TR"] = float(V.protocol_array("TR", p["TR"], low=0.0, strict=True, unit="ms", ndim_max=0))
+            if p["TE"] > p["TR"]:
+                raise ValueError(f"TE = {p['TE']:g} ms must be at most TR = {p['TR']:g} ms")
+        return p
+
+    def signal(self, p, t):
+        for k in ("b", "TE"):
+            if p[k] is None:
+                raise TypeError(f"DiffusionSimulator needs protocol parameter {k!r}")
+        a = np.exp(-p["TE"] / t["T2"])
+        if p["TR"] is not None:
+            if "T1" not in t:
+                raise TypeError("DiffusionSimulator needs tissue property 'T1' with a TR")
+            T1 = t["T1"]
+            a = a * (1 - 2 * np.exp(-(p["TR"] - p["TE"] / 2) / T1) + np.exp(-p["TR"] / T1))
+        return t.get("M0", 1.0) * a * np.exp(-1e-3 * p["b"] * t["D"])
+
+    def derivatives(self, p, t, names, s):
+        return _complex_step(self, p, t, names)
 
 
 # --------------------------------------------------------------------------
@@ -1212,3 +1267,4 @@ mprage_sim = _function_form(MPRAGESimulator, "mprage_sim")
 mp2rage_sim = _function_form(MP2RAGESimulator, "mp2rage_sim")
 ll_sim = _function_form(LookLockerSimulator, "ll_sim")
 flash_sim = _function_form(FLASHSimulator, "flash_sim")
+dwi_sim = _function_form(DiffusionSimulator, "dwi_sim")

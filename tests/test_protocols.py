@@ -4,9 +4,9 @@ pulse, and the same protocol played through the EPG engine."""
 import numpy as np
 import pytest
 
-from blochsim import Delay, Inversion, Pulse, Readout, Simulator, Spoil
+from blochsim import Delay, Dephase, Excitation, Inversion, Pulse, Readout, Refocusing, Simulator, Spoil
 from blochsim.sequence import Sequence
-from blochsim.simulators import (FLASHSimulator, LookLockerSimulator, MP2RAGESimulator, MPnRAGESimulator, MPRAGESimulator, ll_sim,
+from blochsim.simulators import (DiffusionSimulator, FLASHSimulator, LookLockerSimulator, MP2RAGESimulator, MPnRAGESimulator, MPRAGESimulator, ll_sim,
                                  mp2rage_sim)
 
 MP2 = dict(TI=[700.0, 2500.0], flip=[4.0, 5.0], TR=5000.0, TR_gre=7.0, n_readouts=160)
@@ -288,3 +288,54 @@ def test_flash_jacobian_and_refusals():
         FLASHSimulator(flip=12.0, TR=8.0, TE=9.0, n=3)
     with pytest.raises(ValueError, match="inversion must be None or 'ideal'"):
         FLASHSimulator(flip=12.0, TR=8.0, n=3, inversion="adiabatic")
+
+
+# --------------------------------------------------------------------------
+# Diffusion
+
+class PGSE(Simulator):
+    """A pulsed-gradient spin echo through the EPG engine: two narrow
+    gradient lobes (one shift each) Delta apart around the refocusing
+    pulse; diffusion acts on the dephased orders (SPEC §2)."""
+    protocol = {"TE": 80.0, "Delta": 30.0}
+    tissue_properties = ("T1", "T2", "M0", "D")
+
+    def preparation(self, p):
+        return Excitation(90.0, phase=90.0)
+
+    def repetition(self, p):
+        half, t1 = p["TE"] / 2, p["TE"] / 2 - p["Delta"] / 2
+        t2 = half + p["Delta"] / 2
+        return (Readout() @ Delay(p["TE"] - t2) @ Dephase() @ Delay(t2 - half) @ Refocusing(180.0)
+                @ Delay(half - t1) @ Dephase() @ Delay(t1))
+
+
+@pytest.mark.parametrize("b", [0.0, 500.0, 1000.0, 2500.0])
+def test_diffusion_stejskal_tanner_against_the_played_pgse(b):
+    """Narrow lobes of wavenumber dk, Delta apart: b = dk^2 Delta."""
+    TE, Delta, voxel = 80.0, 30.0, 1e-3
+    dk = np.sqrt(b * 1e6 / (Delta * 1e-3))  # rad/m from b in s/mm^2
+    t = dict(T1=1000.0, T2=np.array([60.0, 90.0]), D=np.array([0.7, 2.0]), M0=1.1)
+    played = PGSE(TE=TE, Delta=Delta, crusher_dephasing_rad=max(dk * voxel, 1e-9), voxel_size_m=voxel,
+                  states=4).simulate(**t)
+    closed = DiffusionSimulator(b=b, TE=TE).simulate(T2=t["T2"], D=t["D"], M0=t["M0"])
+    np.testing.assert_allclose(np.abs(played[:, -1]), np.abs(closed[:, 0]), rtol=2e-6)
+
+
+def test_diffusion_with_repetition_jacobian_and_refusals():
+    sim = DiffusionSimulator(b=[0.0, 800.0, 1600.0], TE=70.0, TR=3000.0)
+    t = dict(T1=np.array([900.0, 1400.0]), T2=80.0, D=np.array([0.5, 1.5]), M0=1.3)
+    s = sim.simulate(**t)
+    se = (1 - 2 * np.exp(-(3000.0 - 35.0) / t["T1"]) + np.exp(-3000.0 / t["T1"])) * np.exp(-70.0 / 80.0)
+    np.testing.assert_allclose(s, 1.3 * se[:, None] * np.exp(-1e-3 * np.outer(t["D"], [0.0, 800.0, 1600.0])),
+                               rtol=1e-13)
+    names = ("T1", "T2", "D", "M0")
+    _, J = sim.jacobian(names, **t)
+    for i, k in enumerate(names):
+        h = 1e-6 * np.max(np.abs(t[k]))
+        fd = (sim.simulate(**{**t, k: t[k] + h}) - sim.simulate(**{**t, k: t[k] - h})) / (2 * h)
+        np.testing.assert_allclose(J[:, i], fd, rtol=1e-6, atol=1e-12)
+    with pytest.raises(TypeError, match="needs tissue property 'T1' with a TR"):
+        sim.simulate(T2=80.0, D=1.0)
+    with pytest.raises(ValueError, match="b"):
+        DiffusionSimulator(b=[-1.0], TE=70.0)
