@@ -6,7 +6,7 @@ import pytest
 
 from blochsim import Delay, Dephase, Excitation, Inversion, Pulse, Readout, Refocusing, Simulator, Spoil
 from blochsim.sequence import Sequence
-from blochsim.simulators import (DiffusionSimulator, FLASHSimulator, LookLockerSimulator, MP2RAGESimulator, MPnRAGESimulator, MPRAGESimulator, ll_sim,
+from blochsim.simulators import (DiffusionSimulator, FLASHSimulator, IRbSSFPSimulator, bSSFPSimulator, LookLockerSimulator, MP2RAGESimulator, MPnRAGESimulator, MPRAGESimulator, ll_sim,
                                  mp2rage_sim)
 
 MP2 = dict(TI=[700.0, 2500.0], flip=[4.0, 5.0], TR=5000.0, TR_gre=7.0, n_readouts=160)
@@ -339,3 +339,47 @@ def test_diffusion_with_repetition_jacobian_and_refusals():
         sim.simulate(T2=80.0, D=1.0)
     with pytest.raises(ValueError, match="b"):
         DiffusionSimulator(b=[-1.0], TE=70.0)
+
+
+# --------------------------------------------------------------------------
+# IR-bSSFP
+
+def _irbssfp_isochromat(flip, TR, TE, n, TI, T1, T2, B0=0.0, B1=1.0, eta=1.0, M0=1.0):
+    """One isochromat (the train is balanced): inversion, TI, -a/2 at phase
+    180, TR/2, then pulses of alternating phase sampled TE after each with
+    the receiver following; times i."""
+    m = np.array([0.0, 0.0, -eta])
+
+    def rot(m, a_deg, phi_deg):
+        a, phi = np.radians(a_deg) * B1, np.radians(phi_deg)
+        u = np.array([np.cos(phi), np.sin(phi), 0.0])
+        K = np.array([[0, -u[2], u[1]], [u[2], 0, -u[0]], [-u[1], u[0], 0]])
+        return (np.eye(3) + np.sin(a) * K + (1 - np.cos(a)) * K @ K) @ m
+
+    def free(m, t):
+        f = (m[0] + 1j * m[1]) * np.exp(-t / T2) * np.exp(-2j * np.pi * B0 * t * 1e-3)
+        return np.array([f.real, f.imag, 1 + (m[2] - 1) * np.exp(-t / T1)])
+
+    m = free(m, TI)
+    m = free(rot(m, flip / 2, 180.0), TR / 2)
+    out = []
+    for k in range(n):
+        ph = 180.0 * (k % 2)
+        m = free(rot(m, flip, ph), TE)
+        out.append(1j * M0 * (m[0] + 1j * m[1]) * np.exp(-1j * np.radians(ph)))
+        m = free(m, TR - TE)
+    return np.array(out)
+
+
+@pytest.mark.parametrize("B0", [0.0, 37.0])
+def test_irbssfp_against_a_single_isochromat(B0):
+    t = dict(T1=1100.0, T2=85.0, B0=B0, B1=0.93, inv_efficiency=0.95, M0=1.2)
+    s = IRbSSFPSimulator(flip=45.0, TR=5.0, nshots=200, TI=15.0).simulate(**t)
+    ref = _irbssfp_isochromat(45.0, 5.0, 2.5, 200, 15.0, 1100.0, 85.0, B0, 0.93, 0.95, 1.2)
+    np.testing.assert_allclose(s, ref, atol=3e-6)
+
+
+def test_irbssfp_reaches_the_balanced_steady_state():
+    s = IRbSSFPSimulator(flip=40.0, TR=4.0, nshots=6000, TI=10.0).simulate(T1=600.0, T2=60.0)
+    ss = bSSFPSimulator(flip=40.0, TR=4.0).simulate(T1=600.0, T2=60.0)
+    np.testing.assert_allclose(s[-1], ss[..., 0], atol=2e-5)
