@@ -6,7 +6,7 @@ import pytest
 
 from blochsim import Delay, Dephase, Excitation, Inversion, Pulse, Readout, Refocusing, Simulator, Spoil
 from blochsim.sequence import Sequence
-from blochsim.simulators import (DiffusionSimulator, FLASHSimulator, IRbSSFPSimulator, bSSFPSimulator, LookLockerSimulator, MP2RAGESimulator, MPnRAGESimulator, MPRAGESimulator, ll_sim,
+from blochsim.simulators import (DESSSimulator, DiffusionSimulator, FLASHSimulator, IRbSSFPSimulator, bSSFPSimulator, LookLockerSimulator, MP2RAGESimulator, MPnRAGESimulator, MPRAGESimulator, ll_sim,
                                  mp2rage_sim)
 
 MP2 = dict(TI=[700.0, 2500.0], flip=[4.0, 5.0], TR=5000.0, TR_gre=7.0, n_readouts=160)
@@ -383,3 +383,43 @@ def test_irbssfp_reaches_the_balanced_steady_state():
     s = IRbSSFPSimulator(flip=40.0, TR=4.0, nshots=6000, TI=10.0).simulate(T1=600.0, T2=60.0)
     ss = bSSFPSimulator(flip=40.0, TR=4.0).simulate(T1=600.0, T2=60.0)
     np.testing.assert_allclose(s[-1], ss[..., 0], atol=2e-5)
+
+
+# --------------------------------------------------------------------------
+# DESS
+
+def _dess_isochromats(flip, TR, TE, n, T1, T2, B0=0.0, B1=1.0, M0=1.0, N=1024):
+    """DESS by an ensemble of N isochromats dephased 2 pi j / N by each TR's
+    gradient: the two echoes of the n-th TR, times i."""
+    theta = 2 * np.pi * np.arange(N) / N
+    fp, mz = np.zeros(N, complex), np.ones(N)
+    a = np.radians(flip) * B1
+
+    def free(fp, mz, t):
+        return fp * np.exp(-t / T2 - 2j * np.pi * B0 * t * 1e-3), 1 + (mz - 1) * np.exp(-t / T1)
+
+    for _ in range(n):
+        # a phase-0 pulse about x: F+ = Mx + i My
+        mx, my = fp.real, fp.imag
+        my, mz = my * np.cos(a) - mz * np.sin(a), my * np.sin(a) + mz * np.cos(a)
+        fp = mx + 1j * my
+        fp, mz = free(fp, mz, TE)
+        s1 = 1j * M0 * np.mean(fp)
+        fp = fp * np.exp(1j * theta)
+        fp, mz = free(fp, mz, TR - 2 * TE)
+        s2 = 1j * M0 * np.mean(fp)
+        fp, mz = free(fp, mz, TE)
+    return np.array([s1, s2])
+
+
+@pytest.mark.parametrize("B0", [0.0, 9.0])
+def test_dess_against_an_isochromat_ensemble(B0):
+    t = dict(T1=800.0, T2=45.0, B0=B0, B1=0.95, M0=1.1)
+    s = DESSSimulator(flip=35.0, TR=18.0, TE=4.0, repetitions=150).simulate(**t)
+    ref = _dess_isochromats(35.0, 18.0, 4.0, 150, 800.0, 45.0, B0, 0.95, 1.1)
+    np.testing.assert_allclose(s, ref, atol=3e-6)
+
+
+def test_dess_refusals():
+    with pytest.raises(ValueError, match="TE = 10 ms must be at most TR/2 = 9 ms"):
+        DESSSimulator(flip=30.0, TR=18.0, TE=10.0)
