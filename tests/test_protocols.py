@@ -6,7 +6,7 @@ import pytest
 
 from blochsim import Delay, Dephase, Excitation, Inversion, Pulse, Readout, Refocusing, Simulator, Spoil
 from blochsim.sequence import Sequence
-from blochsim.simulators import (DESSSimulator, DiffusionSimulator, FLASHSimulator, IRbSSFPSimulator, bSSFPSimulator, LookLockerSimulator, MP2RAGESimulator, MPnRAGESimulator, MPRAGESimulator, ll_sim,
+from blochsim.simulators import (DESSSimulator, HyperechoSimulator, DiffusionSimulator, FLASHSimulator, IRbSSFPSimulator, bSSFPSimulator, LookLockerSimulator, MP2RAGESimulator, MPnRAGESimulator, MPRAGESimulator, ll_sim,
                                  mp2rage_sim)
 
 MP2 = dict(TI=[700.0, 2500.0], flip=[4.0, 5.0], TR=5000.0, TR_gre=7.0, n_readouts=160)
@@ -423,3 +423,24 @@ def test_dess_against_an_isochromat_ensemble(B0):
 def test_dess_refusals():
     with pytest.raises(ValueError, match="TE = 10 ms must be at most TR/2 = 9 ms"):
         DESSSimulator(flip=30.0, TR=18.0, TE=10.0)
+
+
+# --------------------------------------------------------------------------
+# Hyperecho
+
+@pytest.mark.parametrize("seed,B0,exc_phase", [(1, 0.0, 90.0), (2, 25.0, 90.0), (3, -7.0, 20.0)])
+def test_hyperecho_refocuses_every_pathway(seed, B0, exc_phase):
+    """Hennig & Scheffler 2001: without relaxation the hyperecho holds the
+    whole excited magnetisation, whatever the flips, phases and
+    off-resonance, while the echoes before it do not."""
+    rng = np.random.default_rng(seed)
+    flips, phases = rng.uniform(10.0, 170.0, 7), rng.uniform(0.0, 360.0, 7)
+    s = HyperechoSimulator(flip=flips, phases=phases, ESP=6.0, exc_phase=exc_phase).simulate(
+        T1=1e12, T2=1e12, B0=B0)
+    assert s.shape == (15,)
+    np.testing.assert_allclose(abs(s[-1]), 1.0, atol=3e-6)
+    assert np.all(np.abs(s[:-1]) < 0.999)
+    # with T2 decay alone the hyperecho is the plain spin echo's (the
+    # pathways spend different times in Z, where T1 = inf keeps them)
+    with_t2 = HyperechoSimulator(flip=np.full(7, 180.0), ESP=6.0).simulate(T1=1e12, T2=80.0)
+    np.testing.assert_allclose(abs(with_t2[-1]), np.exp(-15 * 6.0 / 80.0), rtol=1e-5)
