@@ -20,6 +20,7 @@ __all__ = [
     "mp2rage_sim", "LookLockerSimulator", "ll_sim", "FLASHSimulator", "flash_sim",
     "DiffusionSimulator", "dwi_sim", "IRbSSFPSimulator", "irbssfp_sim",
     "DESSSimulator", "dess_sim", "HyperechoSimulator", "hyperecho_sim",
+    "fmSSFPSimulator", "fmssfp_sim",
 ]
 
 
@@ -287,6 +288,63 @@ class DESSSimulator(Simulator):
                 raise TypeError(f"DESSSimulator needs protocol parameter {k!r}")
         return Sequence([Pulse(p["flip"]), Delay(p["TE"]), Readout(-90.0), Dephase(),
                          Delay(p["TR"] - 2 * p["TE"]), Readout(-90.0), Delay(p["TE"])])
+
+
+class fmSSFPSimulator(Simulator):
+    """Frequency-modulated balanced SSFP (Foxall 2002, MRM 48:502) played
+    through the EPG engine from equilibrium: ``n`` pulses every TR whose RF
+    phase increment sweeps linearly, φ_k = φ_{k−1} + ``phase_inc`` + k ·
+    ``sweep`` (so the bSSFP off-resonance profile moves by sweep/360/TR Hz
+    per TR), each sampled TE after it with the receiver following the RF
+    phase, times i.
+
+    Parameters
+    ----------
+    flip : float, deg
+    TR : float, ms
+    n : int
+    TE : float, ms, optional (default TR/2)
+    phase_inc : float, deg
+        The first phase increment (180: alternating).
+    sweep : float, deg
+        Change of the increment per TR.
+
+    Tissue: T1, T2 (ms), M0, B1, B0 (Hz).
+
+    Examples
+    --------
+    >>> from blochsim.simulators import fmSSFPSimulator
+    >>> fmSSFPSimulator(flip=40.0, TR=5.0, n=400, sweep=0.9).simulate(T1=1000.0, T2=100.0).shape
+    (400,)
+    """
+
+    protocol = {"flip": None, "TR": None, "n": None, "TE": None, "phase_inc": 180.0, "sweep": 0.0}
+    tissue_properties = ("T1", "T2", "M0", "B1", "B0")
+
+    def check_protocol(self, p):
+        if p["flip"] is None or p["TR"] is None or p["n"] is None:
+            return p
+        p["flip"] = float(V.protocol_array("flip", p["flip"], low=0.0, unit="deg", ndim_max=0))
+        p["TR"] = float(V.protocol_array("TR", p["TR"], low=0.0, strict=True, unit="ms", ndim_max=0))
+        p["n"] = V.positive_int("n", p["n"])
+        te = p["TR"] / 2.0 if p["TE"] is None else p["TE"]
+        p["TE"] = float(V.protocol_array("TE", te, low=0.0, unit="ms", ndim_max=0))
+        if p["TE"] > p["TR"]:
+            raise ValueError(f"TE = {p['TE']:g} ms must be at most TR = {p['TR']:g} ms")
+        p["phase_inc"] = float(V.protocol_array("phase_inc", p["phase_inc"], ndim_max=0))
+        p["sweep"] = float(V.protocol_array("sweep", p["sweep"], ndim_max=0))
+        return p
+
+    def repetition(self, p):
+        for k in ("flip", "TR", "n"):
+            if p[k] is None:
+                raise TypeError(f"fmSSFPSimulator needs protocol parameter {k!r}")
+        k = np.arange(p["n"])
+        phases = (k * p["phase_inc"] + p["sweep"] * k * (k + 1) / 2) % 360.0
+        ops = []
+        for ph in phases:
+            ops += [Pulse(p["flip"], ph), Delay(p["TE"]), Readout(ph - 90.0), Delay(p["TR"] - p["TE"])]
+        return Sequence(ops)
 
 
 class IRbSSFPSimulator(TrueFISPSimulator):
@@ -1396,3 +1454,4 @@ dwi_sim = _function_form(DiffusionSimulator, "dwi_sim")
 irbssfp_sim = _function_form(IRbSSFPSimulator, "irbssfp_sim")
 dess_sim = _function_form(DESSSimulator, "dess_sim")
 hyperecho_sim = _function_form(HyperechoSimulator, "hyperecho_sim")
+fmssfp_sim = _function_form(fmSSFPSimulator, "fmssfp_sim")

@@ -6,7 +6,7 @@ import pytest
 
 from blochsim import Delay, Dephase, Excitation, Inversion, Pulse, Readout, Refocusing, Simulator, Spoil
 from blochsim.sequence import Sequence
-from blochsim.simulators import (DESSSimulator, HyperechoSimulator, DiffusionSimulator, FLASHSimulator, IRbSSFPSimulator, bSSFPSimulator, LookLockerSimulator, MP2RAGESimulator, MPnRAGESimulator, MPRAGESimulator, ll_sim,
+from blochsim.simulators import (DESSSimulator, HyperechoSimulator, fmSSFPSimulator, DiffusionSimulator, FLASHSimulator, IRbSSFPSimulator, bSSFPSimulator, LookLockerSimulator, MP2RAGESimulator, MPnRAGESimulator, MPRAGESimulator, ll_sim,
                                  mp2rage_sim)
 
 MP2 = dict(TI=[700.0, 2500.0], flip=[4.0, 5.0], TR=5000.0, TR_gre=7.0, n_readouts=160)
@@ -444,3 +444,32 @@ def test_hyperecho_refocuses_every_pathway(seed, B0, exc_phase):
     # pathways spend different times in Z, where T1 = inf keeps them)
     with_t2 = HyperechoSimulator(flip=np.full(7, 180.0), ESP=6.0).simulate(T1=1e12, T2=80.0)
     np.testing.assert_allclose(abs(with_t2[-1]), np.exp(-15 * 6.0 / 80.0), rtol=1e-5)
+
+
+# --------------------------------------------------------------------------
+# fmSSFP
+
+def _fmssfp_isochromat(flip, TR, TE, n, inc, sweep, T1, T2, B0=0.0, B1=1.0):
+    """One isochromat under the swept-phase balanced train, times i."""
+    m = np.array([0.0, 0.0, 1.0])
+    out, phi = [], 0.0
+    for k in range(n):
+        if k:
+            phi += inc + sweep * k
+        a, ph = np.radians(flip) * B1, np.radians(phi)
+        u = np.array([np.cos(ph), np.sin(ph), 0.0])
+        K = np.array([[0, -u[2], u[1]], [u[2], 0, -u[0]], [-u[1], u[0], 0]])
+        m = (np.eye(3) + np.sin(a) * K + (1 - np.cos(a)) * K @ K) @ m
+        for t, record in ((TE, True), (TR - TE, False)):
+            f = (m[0] + 1j * m[1]) * np.exp(-t / T2 - 2j * np.pi * B0 * t * 1e-3)
+            m = np.array([f.real, f.imag, 1 + (m[2] - 1) * np.exp(-t / T1)])
+            if record:
+                out.append(1j * f * np.exp(-1j * ph))
+    return np.array(out)
+
+
+@pytest.mark.parametrize("sweep,B0", [(0.0, 0.0), (0.9, 0.0), (0.9, 31.0), (-2.0, 12.0)])
+def test_fmssfp_against_a_single_isochromat(sweep, B0):
+    s = fmSSFPSimulator(flip=35.0, TR=5.0, n=300, sweep=sweep).simulate(T1=900.0, T2=70.0, B0=B0, B1=1.05)
+    ref = _fmssfp_isochromat(35.0, 5.0, 2.5, 300, 180.0, sweep, 900.0, 70.0, B0, 1.05)
+    np.testing.assert_allclose(s, ref, atol=5e-6)
