@@ -21,6 +21,8 @@ TISSUE_UNITS = {
     "inv_efficiency": (1.0, "inv_efficiency", None, False),
     "D": (1e-9, "D_m2_s", 0.0, False),
     "v": (1.0, "v_m_s", None, False),
+    # water-fat imaging: the fat share of M0
+    "fat_fraction": (1.0, "fat_fraction", None, False),
     # pools (SPEC §3): fractions of the equilibrium magnetisation, exchange
     # rate constants in Hz, times in ms, chemical shifts in Hz
     "bound_fraction": (1.0, "bound_fraction", 0.0, False),
@@ -39,7 +41,7 @@ for _x in "BCDE":
 
 UNIT_NAMES = {
     "T1": "ms", "T2": "ms", "T2star": "ms", "M0": "", "B1": "", "B0": "Hz",
-    "B1phase": "deg", "inv_efficiency": "", "D": "um^2/ms", "v": "m/s",
+    "B1phase": "deg", "inv_efficiency": "", "D": "um^2/ms", "v": "m/s", "fat_fraction": "",
     "bound_fraction": "", "bound_exchange": "Hz", "bound_T1": "ms", "bound_T2": "ms",
 }
 for _x in "BCDE":

@@ -6,7 +6,7 @@ import pytest
 
 from blochsim import Delay, Dephase, Excitation, Inversion, Pulse, Readout, Refocusing, Simulator, Spoil
 from blochsim.sequence import Sequence
-from blochsim.simulators import (DESSSimulator, HyperechoSimulator, fmSSFPSimulator, DiffusionSimulator, FLASHSimulator, IRbSSFPSimulator, bSSFPSimulator, LookLockerSimulator, MP2RAGESimulator, MPnRAGESimulator, MPRAGESimulator, ll_sim,
+from blochsim.simulators import (DESSSimulator, HyperechoSimulator, WaterFatSimulator, fmSSFPSimulator, DiffusionSimulator, FLASHSimulator, IRbSSFPSimulator, bSSFPSimulator, LookLockerSimulator, MP2RAGESimulator, MPnRAGESimulator, MPRAGESimulator, ll_sim,
                                  mp2rage_sim)
 
 MP2 = dict(TI=[700.0, 2500.0], flip=[4.0, 5.0], TR=5000.0, TR_gre=7.0, n_readouts=160)
@@ -473,3 +473,51 @@ def test_fmssfp_against_a_single_isochromat(sweep, B0):
     s = fmSSFPSimulator(flip=35.0, TR=5.0, n=300, sweep=sweep).simulate(T1=900.0, T2=70.0, B0=B0, B1=1.05)
     ref = _fmssfp_isochromat(35.0, 5.0, 2.5, 300, 180.0, sweep, 900.0, 70.0, B0, 1.05)
     np.testing.assert_allclose(s, ref, atol=5e-6)
+
+
+# --------------------------------------------------------------------------
+# Water and fat
+
+GAMMA_BAR = 42.57747892e6  # Hz/T
+
+
+def test_water_fat_single_peak_in_and_opposed_phase():
+    """One fat peak at -3.4 ppm: opposed phase at TE = 1/(2|df|) gives
+    |1 - 2f|, in phase at 1/|df| gives 1."""
+    for B in (1.5, 3.0):
+        df = 3.4e-6 * GAMMA_BAR * B
+        TE = np.array([0.5, 1.0]) / df * 1e3
+        s = WaterFatSimulator(TE=TE, field_strength=B, fat_spectrum="single").simulate(
+            fat_fraction=np.array([0.1, 0.35, 0.8]))
+        np.testing.assert_allclose(abs(s[:, 0]), abs(1 - 2 * np.array([0.1, 0.35, 0.8])), atol=1e-12)
+        np.testing.assert_allclose(abs(s[:, 1]), 1.0, atol=1e-12)
+
+
+def test_water_fat_six_peak_spectrum_with_decay_and_field():
+    """The Hamilton et al. 2011 liver spectrum, written out here."""
+    ppm = [-3.80, -3.40, -2.60, -1.94, -0.39, 0.60]
+    amp = np.array([0.087, 0.693, 0.128, 0.004, 0.039, 0.048])
+    amp = amp / amp.sum()
+    TE = np.linspace(1.0, 12.0, 8)
+    t = dict(fat_fraction=0.22, T2star=25.0, B0=-35.0, M0=1.4)
+    s = WaterFatSimulator(TE=TE, field_strength=3.0).simulate(**t)
+    te = TE * 1e-3
+    fat = sum(a * np.exp(-2j * np.pi * p_ * 1e-6 * GAMMA_BAR * 3.0 * te) for p_, a in zip(ppm, amp))
+    ref = 1.4 * (0.78 + 0.22 * fat) * np.exp(-TE / 25.0) * np.exp(2j * np.pi * 35.0 * te)
+    np.testing.assert_allclose(s, ref, rtol=1e-12)
+    names = ("fat_fraction", "T2star", "B0", "M0")
+    _, J = WaterFatSimulator(TE=TE).jacobian(names, **t)
+    for i, k in enumerate(names):
+        h = 1e-6 * max(abs(t[k]), 1.0)
+        fd = (WaterFatSimulator(TE=TE).simulate(**{**t, k: t[k] + h})
+              - WaterFatSimulator(TE=TE).simulate(**{**t, k: t[k] - h})) / (2 * h)
+        np.testing.assert_allclose(J[i], fd, rtol=1e-6, atol=1e-10)
+
+
+def test_water_fat_refusals():
+    with pytest.raises(ValueError, match="fat_spectrum must be"):
+        WaterFatSimulator(TE=[1.0], fat_spectrum="olive")
+    with pytest.raises(ValueError, match="2 shifts and 1 amplitudes"):
+        WaterFatSimulator(TE=[1.0], fat_spectrum=([-3.4, -2.6], [1.0]))
+    with pytest.raises(TypeError, match="needs tissue property 'fat_fraction'"):
+        WaterFatSimulator(TE=[1.0]).simulate(M0=1.0)
