@@ -6,7 +6,7 @@ import pytest
 
 from blochsim import Delay, Dephase, Excitation, Inversion, Pulse, Readout, Refocusing, Simulator, Spoil
 from blochsim.sequence import Sequence
-from blochsim.simulators import (DESSSimulator, HyperechoSimulator, WaterFatSimulator, fmSSFPSimulator, DiffusionSimulator, FLASHSimulator, IRbSSFPSimulator, bSSFPSimulator, LookLockerSimulator, MP2RAGESimulator, MPnRAGESimulator, MPRAGESimulator, ll_sim,
+from blochsim.simulators import (DESSSimulator, DoubleAngleSimulator, HyperechoSimulator, WaterFatSimulator, fmSSFPSimulator, DiffusionSimulator, FLASHSimulator, IRbSSFPSimulator, bSSFPSimulator, LookLockerSimulator, MP2RAGESimulator, MPnRAGESimulator, MPRAGESimulator, ll_sim,
                                  mp2rage_sim)
 
 MP2 = dict(TI=[700.0, 2500.0], flip=[4.0, 5.0], TR=5000.0, TR_gre=7.0, n_readouts=160)
@@ -521,3 +521,35 @@ def test_water_fat_refusals():
         WaterFatSimulator(TE=[1.0], fat_spectrum=([-3.4, -2.6], [1.0]))
     with pytest.raises(TypeError, match="needs tissue property 'fat_fraction'"):
         WaterFatSimulator(TE=[1.0]).simulate(M0=1.0)
+
+
+# --------------------------------------------------------------------------
+# Double angle
+
+def test_double_angle_recovers_b1_and_its_bias_with_short_tr():
+    B1 = np.array([0.6, 0.85, 1.0, 1.2])
+    da = DoubleAngleSimulator(flip=60.0)
+    np.testing.assert_allclose(da.b1(da.simulate(B1=B1, M0=2.0), 60.0), B1, rtol=1e-12)
+    # with TR: the Ernst signals written out; the map is biased by T1
+    short = DoubleAngleSimulator(flip=60.0, TR=500.0)
+    s = short.simulate(B1=B1, T1=1000.0)
+    E1 = np.exp(-0.5)
+    for i, m in enumerate((1.0, 2.0)):
+        a = np.radians(60.0 * m) * B1
+        np.testing.assert_allclose(s[:, i], np.sin(a) * (1 - E1) / (1 - np.cos(a) * E1), rtol=1e-12)
+    assert np.all(np.abs(short.b1(s, 60.0) - B1) > 1e-3)
+
+
+def test_double_angle_jacobian_and_refusals():
+    sim = DoubleAngleSimulator(flip=50.0, TR=2000.0, TE=3.0)
+    t = dict(T1=np.array([700.0, 1500.0]), T2star=30.0, B1=0.9, M0=1.1)
+    names = ("T1", "T2star", "B1", "M0")
+    _, J = sim.jacobian(names, **t)
+    for i, k in enumerate(names):
+        h = 1e-6 * np.max(np.abs(t[k]))
+        fd = (sim.simulate(**{**t, k: t[k] + h}) - sim.simulate(**{**t, k: t[k] - h})) / (2 * h)
+        np.testing.assert_allclose(J[:, i], fd, rtol=1e-6, atol=1e-12)
+    with pytest.raises(TypeError, match="needs tissue property 'T1' with a TR"):
+        sim.simulate(B1=1.0)
+    with pytest.raises(ValueError, match="flip"):
+        DoubleAngleSimulator(flip=0.0)
