@@ -23,6 +23,10 @@ TISSUE_UNITS = {
     "v": (1.0, "v_m_s", None, False),
     # water-fat imaging: the fat share of M0
     "fat_fraction": (1.0, "fat_fraction", None, False),
+    # arterial spin labelling: cerebral blood flow (ml/100 g/min) and the
+    # arterial transit time (ms)
+    "CBF": (1.0, "CBF", 0.0, False),
+    "ATT": (1e-3, "ATT_s", 0.0, False),
     # pools (SPEC §3): fractions of the equilibrium magnetisation, exchange
     # rate constants in Hz, times in ms, chemical shifts in Hz
     "bound_fraction": (1.0, "bound_fraction", 0.0, False),
@@ -41,7 +45,7 @@ for _x in "BCDE":
 
 UNIT_NAMES = {
     "T1": "ms", "T2": "ms", "T2star": "ms", "M0": "", "B1": "", "B0": "Hz",
-    "B1phase": "deg", "inv_efficiency": "", "D": "um^2/ms", "v": "m/s", "fat_fraction": "",
+    "B1phase": "deg", "inv_efficiency": "", "D": "um^2/ms", "v": "m/s", "fat_fraction": "", "CBF": "ml/100g/min", "ATT": "ms",
     "bound_fraction": "", "bound_exchange": "Hz", "bound_T1": "ms", "bound_T2": "ms",
 }
 for _x in "BCDE":

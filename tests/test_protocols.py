@@ -6,7 +6,7 @@ import pytest
 
 from blochsim import Delay, Dephase, Excitation, Inversion, Pulse, Readout, Refocusing, Simulator, Spoil
 from blochsim.sequence import Sequence
-from blochsim.simulators import (DESSSimulator, DoubleAngleSimulator, HyperechoSimulator, WaterFatSimulator, fmSSFPSimulator, DiffusionSimulator, FLASHSimulator, IRbSSFPSimulator, bSSFPSimulator, LookLockerSimulator, MP2RAGESimulator, MPnRAGESimulator, MPRAGESimulator, ll_sim,
+from blochsim.simulators import (ASLSimulator, DESSSimulator, DoubleAngleSimulator, HyperechoSimulator, WaterFatSimulator, fmSSFPSimulator, DiffusionSimulator, FLASHSimulator, IRbSSFPSimulator, bSSFPSimulator, LookLockerSimulator, MP2RAGESimulator, MPnRAGESimulator, MPRAGESimulator, ll_sim,
                                  mp2rage_sim)
 
 MP2 = dict(TI=[700.0, 2500.0], flip=[4.0, 5.0], TR=5000.0, TR_gre=7.0, n_readouts=160)
@@ -553,3 +553,60 @@ def test_double_angle_jacobian_and_refusals():
         sim.simulate(B1=1.0)
     with pytest.raises(ValueError, match="flip"):
         DoubleAngleSimulator(flip=0.0)
+
+
+# --------------------------------------------------------------------------
+# Arterial spin labelling
+
+def _buxton_quad(t_ms, labeling, tau_ms, alpha, T1b_ms, lam, CBF, ATT_ms, T1_ms, M0):
+    """Buxton's convolution integral by quadrature, from its definition."""
+    from scipy.integrate import quad
+    f = CBF / 6000.0
+    t, tau, att, T1b = t_ms * 1e-3, tau_ms * 1e-3, ATT_ms * 1e-3, T1b_ms * 1e-3
+    k = 1 / (T1_ms * 1e-3) + f / lam
+
+    def c(tp):
+        return alpha * (np.exp(-att / T1b) if labeling == "pcasl" else np.exp(-tp / T1b))
+
+    hi = min(t, att + tau)
+    if hi <= att:
+        return 0.0
+    val = quad(lambda tp: c(tp) * np.exp(-(t - tp) * k), att, hi, epsabs=0, epsrel=1e-12)[0]
+    return 2 * M0 / lam * f * val
+
+
+@pytest.mark.parametrize("labeling", ["pcasl", "pasl"])
+def test_asl_against_the_convolution_integral(labeling):
+    times = np.array([200.0, 700.0, 1500.0, 2200.0, 3500.0])
+    tau = 1200.0 if labeling == "pasl" else 1800.0
+    sim = ASLSimulator(times=times, labeling=labeling, tau=tau)
+    for CBF, ATT, T1 in [(60.0, 900.0, 1300.0), (25.0, 1800.0, 1650.0)]:
+        s = sim.simulate(CBF=CBF, ATT=ATT, T1=T1, M0=1.3)
+        t_read = times + (tau if labeling == "pcasl" else 0.0)
+        ref = [_buxton_quad(tr, labeling, tau, 0.85, 1650.0, 0.9, CBF, ATT, T1, 1.3) for tr in t_read]
+        np.testing.assert_allclose(s.real, ref, rtol=1e-9, atol=1e-15)
+
+
+def test_asl_pcasl_inverts_the_white_paper_formula():
+    """Alsop et al. 2015 (MRM 73:102): with ATT <= PLD and tissue T1 =
+    T1blood, CBF = 6000 λ ΔM e^{PLD/T1b} / (2 α T1b M0 (1 - e^{-τ/T1b})),
+    exact up to the f/λ term of T1app."""
+    PLD, tau, T1b = 1800.0, 1800.0, 1650.0
+    dM = ASLSimulator(times=[PLD], tau=tau).simulate(CBF=50.0, ATT=1200.0, M0=1.0).real[0]
+    cbf = 6000 * 0.9 * dM * np.exp(PLD / T1b) / (2 * 0.85 * T1b * 1e-3 * (1 - np.exp(-tau / T1b)))
+    np.testing.assert_allclose(cbf, 50.0, rtol=0.02)
+
+
+def test_asl_jacobian_and_refusals():
+    sim = ASLSimulator(times=[300.0, 1000.0, 2500.0])
+    t = dict(CBF=np.array([40.0, 70.0]), ATT=np.array([800.0, 1500.0]), T1=1400.0, M0=1.2)
+    names = ("CBF", "ATT", "T1", "M0")
+    _, J = sim.jacobian(names, **t)
+    for i, k in enumerate(names):
+        h = 1e-5 * np.max(np.abs(t[k]))
+        fd = (sim.simulate(**{**t, k: t[k] + h}) - sim.simulate(**{**t, k: t[k] - h})) / (2 * h)
+        np.testing.assert_allclose(J[:, i], fd, rtol=1e-5, atol=1e-14)
+    with pytest.raises(ValueError, match="labeling must be 'pcasl' or 'pasl'"):
+        ASLSimulator(times=[1.0], labeling="vsasl")
+    with pytest.raises(ValueError, match="CBF"):
+        sim.simulate(CBF=-1.0)
