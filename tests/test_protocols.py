@@ -6,7 +6,7 @@ import pytest
 
 from blochsim import Delay, Dephase, Excitation, Inversion, Pulse, Readout, Refocusing, Simulator, Spoil
 from blochsim.sequence import Sequence
-from blochsim.simulators import (ASLSimulator, DESSSimulator, DoubleAngleSimulator, HyperechoSimulator, WaterFatSimulator, fmSSFPSimulator, DiffusionSimulator, FLASHSimulator, IRbSSFPSimulator, bSSFPSimulator, LookLockerSimulator, MP2RAGESimulator, MPnRAGESimulator, MPRAGESimulator, ll_sim,
+from blochsim.simulators import (ASLSimulator, HSFPSimulator, DESSSimulator, DoubleAngleSimulator, HyperechoSimulator, WaterFatSimulator, fmSSFPSimulator, DiffusionSimulator, FLASHSimulator, IRbSSFPSimulator, bSSFPSimulator, LookLockerSimulator, MP2RAGESimulator, MPnRAGESimulator, MPRAGESimulator, ll_sim,
                                  mp2rage_sim)
 
 MP2 = dict(TI=[700.0, 2500.0], flip=[4.0, 5.0], TR=5000.0, TR_gre=7.0, n_readouts=160)
@@ -610,3 +610,37 @@ def test_asl_jacobian_and_refusals():
         ASLSimulator(times=[1.0], labeling="vsasl")
     with pytest.raises(ValueError, match="CBF"):
         sim.simulate(CBF=-1.0)
+
+
+# --------------------------------------------------------------------------
+# HSFP
+
+def _balanced_isochromat(flips, TR, TE, inc, T1, T2, B0=0.0, B1=1.0, eta=None, TI=0.0):
+    """One isochromat under a balanced train of flips at phases k·inc
+    (after an inversion of efficiency eta when given), times i."""
+    m = np.array([0.0, 0.0, 1.0 if eta is None else -eta])
+
+    def free(m, t):
+        f = (m[0] + 1j * m[1]) * np.exp(-t / T2 - 2j * np.pi * B0 * t * 1e-3)
+        return np.array([f.real, f.imag, 1 + (m[2] - 1) * np.exp(-t / T1)])
+
+    if eta is not None:
+        m = free(m, TI)
+    out = []
+    for k, fl in enumerate(flips):
+        a, ph = np.radians(fl) * B1, np.radians(k * inc)
+        u = np.array([np.cos(ph), np.sin(ph), 0.0])
+        K = np.array([[0, -u[2], u[1]], [u[2], 0, -u[0]], [-u[1], u[0], 0]])
+        m = free((np.eye(3) + np.sin(a) * K + (1 - np.cos(a)) * K @ K) @ m, TE)
+        out.append(1j * (m[0] + 1j * m[1]) * np.exp(-1j * ph))
+        m = free(m, TR - TE)
+    return np.array(out)
+
+
+@pytest.mark.parametrize("inversion,B0", [(True, 0.0), (True, 23.0), (False, 8.0)])
+def test_hsfp_against_a_single_isochromat(inversion, B0):
+    flips = 5 + 60 * np.sin(np.linspace(0, np.pi, 250)) ** 2
+    t = dict(T1=1100.0, T2=70.0, B0=B0, B1=0.92, inv_efficiency=0.96)
+    s = HSFPSimulator(flip=flips, TR=4.5, TI=12.0, inversion=inversion).simulate(**t)
+    ref = _balanced_isochromat(flips, 4.5, 2.25, 180.0, 1100.0, 70.0, B0, 0.92, 0.96 if inversion else None, 12.0)
+    np.testing.assert_allclose(s, ref, atol=3e-6)
