@@ -22,7 +22,7 @@ __all__ = [
     "DESSSimulator", "dess_sim", "HyperechoSimulator", "hyperecho_sim",
     "fmSSFPSimulator", "fmssfp_sim", "WaterFatSimulator", "waterfat_sim", "FAT_PEAKS_PPM", "FAT_PEAK_AMPLITUDES",
     "DoubleAngleSimulator", "doubleangle_sim", "ASLSimulator", "asl_sim",
-    "HSFPSimulator", "hsfp_sim",
+    "HSFPSimulator", "hsfp_sim", "MOLLISimulator", "molli_sim",
 ]
 
 
@@ -405,6 +405,97 @@ class HSFPSimulator(Simulator):
         for k, f in enumerate(p["flip"]):
             ph = (k * p["phase_inc"]) % 360.0
             ops += [Pulse(f, ph), Delay(p["TE"]), Readout(ph - 90.0), Delay(p["TR"] - p["TE"])]
+        return Sequence(ops)
+
+
+class MOLLISimulator(Simulator):
+    """Modified Look-Locker inversion recovery (MOLLI; Messroghli et al.
+    2004, MRM 52:141) played through the EPG engine.  Inversion sets follow
+    ``scheme`` ((images, pause beats) per set; the default (5, 3), (3, 0) is
+    5(3)3): set j is inverted (Z ← −η Z) at the start of its first beat and
+    images at ``TI[j]`` after each beat's start, one image per heartbeat
+    ``RR``.  Each image is a single-shot balanced SSFP block: an α/2
+    preparation TR/2 before the first of ``n_readouts`` pulses of
+    alternating phase every ``TR``, sampled TE = TR/2 after the centre
+    pulse (number ``n_readouts // 2``, at the image time), then a spoiler.
+    One sample per image, in acquisition order, times i.
+
+    Parameters
+    ----------
+    TI : array_like, ms
+        Inversion to the first image's centre, one per set.
+    RR : float, ms
+    flip : float, deg
+    TR : float, ms
+    n_readouts : int
+    scheme : sequence of (images, pause beats)
+
+    Tissue: T1, T2 (ms), M0, B1, B0 (Hz), inv_efficiency.
+
+    Examples
+    --------
+    >>> from blochsim.simulators import MOLLISimulator
+    >>> molli = MOLLISimulator(TI=[120.0, 200.0], RR=1000.0, flip=35.0, TR=2.5, n_readouts=40)
+    >>> molli.simulate(T1=1100.0, T2=50.0).shape, molli.inversion_times()
+    ((8,), array([ 120., 1120., 2120., 3120., 4120.,  200., 1200., 2200.]))
+    """
+
+    protocol = {"TI": None, "RR": None, "flip": None, "TR": None, "n_readouts": None,
+                "scheme": ((5, 3), (3, 0))}
+    tissue_properties = ("T1", "T2", "M0", "B1", "B0", "inv_efficiency")
+
+    def check_protocol(self, p):
+        if any(p[k] is None for k in ("TI", "RR", "flip", "TR", "n_readouts")):
+            return p
+        try:
+            scheme = tuple((int(a), int(b)) for a, b in p["scheme"])
+        except (TypeError, ValueError):
+            raise ValueError(f"scheme must be (images, pause beats) pairs, got {p['scheme']!r}") from None
+        if not scheme or any(a < 1 or b < 0 for a, b in scheme):
+            raise ValueError(f"scheme needs sets of >= 1 image and >= 0 pause beats, got {p['scheme']!r}")
+        p["scheme"] = scheme
+        p["TI"] = _train("TI", p["TI"], len(scheme), low=0.0, unit="ms")
+        p["RR"] = float(V.protocol_array("RR", p["RR"], low=0.0, strict=True, unit="ms", ndim_max=0))
+        p["flip"] = float(V.protocol_array("flip", p["flip"], low=0.0, unit="deg", ndim_max=0))
+        p["TR"] = float(V.protocol_array("TR", p["TR"], low=0.0, strict=True, unit="ms", ndim_max=0))
+        p["n_readouts"] = V.positive_int("n_readouts", p["n_readouts"])
+        before = (p["n_readouts"] // 2 + 0.5) * p["TR"]
+        after = (p["n_readouts"] - p["n_readouts"] // 2 - 0.5) * p["TR"]
+        for j, TI in enumerate(p["TI"]):
+            if TI < before:
+                raise ValueError(f"TI[{j}] = {TI:g} ms leaves no room for the {before:g} ms of readout before "
+                                 f"the image centre")
+            if TI + after > p["RR"]:
+                raise ValueError(f"TI[{j}] = {TI:g} ms: the readout runs past the heartbeat (RR = {p['RR']:g} ms)")
+        return p
+
+    def inversion_times(self, **protocol):
+        """Each image's time after its set's inversion (ms), in acquisition
+        order."""
+        p = self._protocol_values(protocol)
+        return np.concatenate([TI + p["RR"] * np.arange(n) for TI, (n, _) in zip(p["TI"], p["scheme"])])
+
+    def repetition(self, p):
+        for k in ("TI", "RR", "flip", "TR", "n_readouts"):
+            if p[k] is None:
+                raise TypeError(f"MOLLISimulator needs protocol parameter {k!r}")
+        n, c, tr = p["n_readouts"], p["n_readouts"] // 2, p["TR"]
+        ops = []
+        for TI, (images, pause) in zip(p["TI"], p["scheme"]):
+            ops.append(Inversion())
+            now = 0.0  # time since this set's inversion
+            for i in range(images):
+                start = TI + i * p["RR"] - (c + 0.5) * tr  # the alpha/2 preparation
+                ops += [Delay(start - now), Pulse(p["flip"] / 2.0, 180.0), Delay(tr / 2.0)]
+                for k in range(n):
+                    ph = 180.0 * (k % 2)
+                    ops += [Pulse(p["flip"], ph), Delay(tr / 2.0)]
+                    if k == c:
+                        ops.append(Readout(ph - 90.0))
+                    ops.append(Delay(tr / 2.0))
+                ops.append(Spoil())
+                now = start + (n + 0.5) * tr
+            ops.append(Delay((images + pause) * p["RR"] - now))
         return Sequence(ops)
 
 
@@ -1762,3 +1853,4 @@ waterfat_sim = _function_form(WaterFatSimulator, "waterfat_sim")
 doubleangle_sim = _function_form(DoubleAngleSimulator, "doubleangle_sim")
 asl_sim = _function_form(ASLSimulator, "asl_sim")
 hsfp_sim = _function_form(HSFPSimulator, "hsfp_sim")
+molli_sim = _function_form(MOLLISimulator, "molli_sim")

@@ -6,7 +6,7 @@ import pytest
 
 from blochsim import Delay, Dephase, Excitation, Inversion, Pulse, Readout, Refocusing, Simulator, Spoil
 from blochsim.sequence import Sequence
-from blochsim.simulators import (ASLSimulator, HSFPSimulator, DESSSimulator, DoubleAngleSimulator, HyperechoSimulator, WaterFatSimulator, fmSSFPSimulator, DiffusionSimulator, FLASHSimulator, IRbSSFPSimulator, bSSFPSimulator, LookLockerSimulator, MP2RAGESimulator, MPnRAGESimulator, MPRAGESimulator, ll_sim,
+from blochsim.simulators import (ASLSimulator, HSFPSimulator, MOLLISimulator, DESSSimulator, DoubleAngleSimulator, HyperechoSimulator, WaterFatSimulator, fmSSFPSimulator, DiffusionSimulator, FLASHSimulator, IRbSSFPSimulator, bSSFPSimulator, LookLockerSimulator, MP2RAGESimulator, MPnRAGESimulator, MPRAGESimulator, ll_sim,
                                  mp2rage_sim)
 
 MP2 = dict(TI=[700.0, 2500.0], flip=[4.0, 5.0], TR=5000.0, TR_gre=7.0, n_readouts=160)
@@ -644,3 +644,58 @@ def test_hsfp_against_a_single_isochromat(inversion, B0):
     s = HSFPSimulator(flip=flips, TR=4.5, TI=12.0, inversion=inversion).simulate(**t)
     ref = _balanced_isochromat(flips, 4.5, 2.25, 180.0, 1100.0, 70.0, B0, 0.92, 0.96 if inversion else None, 12.0)
     np.testing.assert_allclose(s, ref, atol=3e-6)
+
+
+# --------------------------------------------------------------------------
+# MOLLI
+
+def _molli_isochromat(TI, RR, flip, TR, n, scheme, T1, T2, B0=0.0, B1=1.0, eta=1.0):
+    """MOLLI on one isochromat: each image an alpha/2-prepared balanced
+    block sampled at its centre pulse, spoiled after; times i."""
+    m = np.array([0.0, 0.0, 1.0])
+
+    def free(m, t):
+        f = (m[0] + 1j * m[1]) * np.exp(-t / T2 - 2j * np.pi * B0 * t * 1e-3)
+        return np.array([f.real, f.imag, 1 + (m[2] - 1) * np.exp(-t / T1)])
+
+    def rot(m, a_deg, ph_deg):
+        a, ph = np.radians(a_deg) * B1, np.radians(ph_deg)
+        u = np.array([np.cos(ph), np.sin(ph), 0.0])
+        K = np.array([[0, -u[2], u[1]], [u[2], 0, -u[0]], [-u[1], u[0], 0]])
+        return (np.eye(3) + np.sin(a) * K + (1 - np.cos(a)) * K @ K) @ m
+
+    out, c = [], n // 2
+    for ti, (images, pause) in zip(TI, scheme):
+        m = np.array([m[0], m[1], -eta * m[2]])
+        now = 0.0
+        for i in range(images):
+            start = ti + i * RR - (c + 0.5) * TR
+            m = free(rot(free(m, start - now), flip / 2, 180.0), TR / 2)
+            for k in range(n):
+                ph = 180.0 * (k % 2)
+                m = free(rot(m, flip, ph), TR / 2)
+                if k == c:
+                    out.append(1j * (m[0] + 1j * m[1]) * np.exp(-1j * np.radians(ph)))
+                m = free(m, TR / 2)
+            m = np.array([0.0, 0.0, m[2]])
+            now = start + (n + 0.5) * TR
+        m = free(m, (images + pause) * RR - now)
+    return np.array(out)
+
+
+@pytest.mark.parametrize("B0", [0.0, 45.0])
+def test_molli_against_a_single_isochromat(B0):
+    kw = dict(TI=[110.0, 190.0], RR=900.0, flip=35.0, TR=2.6, n_readouts=36)
+    t = dict(T1=1200.0, T2=48.0, B0=B0, B1=0.9, inv_efficiency=0.95)
+    s = MOLLISimulator(**kw).simulate(**t)
+    ref = _molli_isochromat([110.0, 190.0], 900.0, 35.0, 2.6, 36, ((5, 3), (3, 0)), 1200.0, 48.0, B0, 0.9, 0.95)
+    np.testing.assert_allclose(s, ref, atol=3e-6)
+
+
+def test_molli_refusals():
+    with pytest.raises(ValueError, match="leaves no room"):
+        MOLLISimulator(TI=[20.0, 200.0], RR=900.0, flip=35.0, TR=2.6, n_readouts=36)
+    with pytest.raises(ValueError, match="runs past the heartbeat"):
+        MOLLISimulator(TI=[890.0, 200.0], RR=900.0, flip=35.0, TR=2.6, n_readouts=36)
+    with pytest.raises(ValueError, match="scheme"):
+        MOLLISimulator(TI=[110.0], RR=900.0, flip=35.0, TR=2.6, n_readouts=36, scheme=((0, 3),))
