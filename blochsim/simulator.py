@@ -35,6 +35,11 @@ PLAYED_COMMON = {"states": None, "crusher_dephasing_rad": None, "voxel_size_m": 
                  "repetitions": 1, "budget_bytes": None, "lineshape": "super-lorentzian"}
 
 
+# repetitions="auto": the most playings tried, and the agreement asked for
+_MAX_AUTO_REPETITIONS = 65536
+_AUTO_TOLERANCE = 1e-5
+
+
 class _Base:
     """Protocol/tissue bookkeeping shared by played and closed-form simulators."""
 
@@ -125,8 +130,11 @@ class Simulator(_Base):
         Dephasing one shift puts across the voxel, rad; needed for D and v.
     voxel_size_m : float, optional
         Voxel size along the crusher, m; needed for D and v.
-    repetitions : int, optional
-        Playings of the repetition; only the last is recorded.
+    repetitions : int or "auto", optional
+        Playings of the repetition; only the last is recorded.  "auto"
+        plays 8, 16, 32, … until the last playing's samples change by less
+        than 1e-5 of their largest magnitude between doublings (the
+        periodic steady state), at most 65536, for the tissue of the call.
     lineshape : {"super-lorentzian", "lorentzian", "gaussian"}, optional
         Absorption lineshape of the semisolid pool (tissue ``bound_*``),
         through which pulses with a duration saturate it.
@@ -180,7 +188,11 @@ class Simulator(_Base):
     def _common_checks(self, p):
         if p["states"] is not None:
             p["states"] = V.positive_int("states", p["states"])
-        p["repetitions"] = V.positive_int("repetitions", p["repetitions"])
+        if isinstance(p["repetitions"], str):
+            if p["repetitions"] != "auto":
+                raise ValueError(f"repetitions must be a positive integer or 'auto', got {p['repetitions']!r}")
+        else:
+            p["repetitions"] = V.positive_int("repetitions", p["repetitions"])
         if p["budget_bytes"] is not None:
             p["budget_bytes"] = V.positive_int("budget_bytes", p["budget_bytes"])
         for g in ("crusher_dephasing_rad", "voxel_size_m"):
@@ -196,6 +208,8 @@ class Simulator(_Base):
 
     def _packed(self, p):
         """The event stream for protocol p, reused while p does not change."""
+        if p["repetitions"] == "auto":
+            raise ValueError("blochsim internal error: repetitions='auto' reached the packer unresolved")
         key = _protocol_key(p)
         cached = getattr(self, "_stream_cache", None)
         if cached is not None and cached[0] == key:
@@ -222,6 +236,29 @@ class Simulator(_Base):
             dk = p["crusher_dephasing_rad"] / p["voxel_size_m"]
             voxel = p["voxel_size_m"]
         return s, _core.PackedStream(s, states, dk, voxel, real, phi0), states, bool(real)
+
+    def _steady_repetitions(self, values):
+        """``values`` with repetitions='auto' (given or the default) replaced
+        by the playings that reach the periodic steady state for this call's
+        tissue: doubling from 8 until the last playing's samples agree to
+        1e-5 of their largest magnitude."""
+        if values.get("repetitions", self._given.get("repetitions", self._defaults.get("repetitions"))) != "auto":
+            return values
+        tissue = {k: v for k, v in values.items() if k != "repetitions"}
+        if any(V.is_device_array(v) for v in tissue.values()):
+            raise ValueError("repetitions='auto' needs host (NumPy) tissue values")
+        R = 8
+        prev = np.asarray(self.simulate(**tissue, repetitions=R))
+        while R < _MAX_AUTO_REPETITIONS:
+            R *= 2
+            cur = np.asarray(self.simulate(**tissue, repetitions=R))
+            scale = float(np.max(np.abs(cur))) if cur.size else 0.0
+            if cur.size == 0 or float(np.max(np.abs(cur - prev))) <= _AUTO_TOLERANCE * max(scale, 1e-30):
+                return {**values, "repetitions": R}
+            prev = cur
+        raise ValueError(f"repetitions='auto': {type(self).__name__} did not reach a periodic steady state within "
+                         f"{_MAX_AUTO_REPETITIONS} playings (the last doubling changed the samples by "
+                         f"{float(np.max(np.abs(cur - prev))):.3g}); give repetitions as a number")
 
     def jacobian(self, diff, order=1, out=None, **values):
         """Signal and its derivatives with respect to tissue properties, in one
@@ -251,6 +288,7 @@ class Simulator(_Base):
             the property's public unit (per ms of T1 and T2, per Hz of B0,
             per degree of B1phase, per µm²/ms of D, per m/s of v).
         """
+        values = self._steady_repetitions(values)
         names, proto, tissue = self._jacobian_request(diff, order, values)
         p = self._protocol_values(proto)
         on_device = [k for k, v in tissue.items() if V.is_device_array(v)]
@@ -376,6 +414,7 @@ class Simulator(_Base):
         ((16,), (), (2,))
         """
         names = (wrt,) if isinstance(wrt, str) else tuple(wrt)
+        values = self._steady_repetitions(values)
         proto, tissue = self._split(values)
         p = self._protocol_values(proto)
         protocol_names, tissue_names = self._vjp_names(names, p)
@@ -448,6 +487,7 @@ class Simulator(_Base):
         >>> pullback(WJ)["flip"].shape
         (8,)
         """
+        values = self._steady_repetitions(values)
         names, proto, tissue = self._jacobian_request(diff, 1, values)
         wrt_names = (wrt,) if isinstance(wrt, str) else tuple(wrt)
         p = self._protocol_values(proto)
@@ -587,6 +627,8 @@ class Simulator(_Base):
         traced = dict(p)
         for k in protocol_names:
             traced[k] = trace(k, p[k])
+        if p["repetitions"] == "auto":
+            raise ValueError("blochsim internal error: repetitions='auto' reached the packer unresolved")
         stream, prov = pack_with_provenance(self.preparation(traced), self.repetition(traced), p["repetitions"])
         pshapes = {k: (np.shape(p[k]) if np.ndim(raw[k]) > 0 else ()) for k in protocol_names}
         return device, on_device, stream, prov, pshapes
@@ -623,6 +665,8 @@ class Simulator(_Base):
         """The packed event stream of one call with these protocol overrides."""
         self._check_names(protocol)
         p = self._protocol_values(protocol)
+        if p["repetitions"] == "auto":
+            raise ValueError("stream() needs repetitions as a number: 'auto' depends on the tissue")
         return pack(self.preparation(p), self.repetition(p), p["repetitions"]), p
 
     def simulate(self, out=None, **values):
@@ -651,6 +695,7 @@ class Simulator(_Base):
         -------
         array, complex64, shape (*voxels, samples)
         """
+        values = self._steady_repetitions(values)
         proto, tissue = self._split(values)
         p = self._protocol_values(proto)
         on_device = [k for k, v in tissue.items() if V.is_device_array(v)]

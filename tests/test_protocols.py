@@ -699,3 +699,35 @@ def test_molli_refusals():
         MOLLISimulator(TI=[890.0, 200.0], RR=900.0, flip=35.0, TR=2.6, n_readouts=36)
     with pytest.raises(ValueError, match="scheme"):
         MOLLISimulator(TI=[110.0], RR=900.0, flip=35.0, TR=2.6, n_readouts=36, scheme=((0, 3),))
+
+
+# --------------------------------------------------------------------------
+# repetitions="auto"
+
+def test_auto_repetitions_reach_the_closed_form_steady_state():
+    T1 = np.array([600.0, 1200.0, 2000.0])
+    closed = MP2RAGESimulator(**MP2).simulate(T1=T1, inv_efficiency=0.96)
+    played = PlayedMP2RAGE(repetitions="auto", states=2).simulate(T1=T1, T2=50.0, inv_efficiency=0.96)
+    c = MP2["n_readouts"] // 2
+    np.testing.assert_allclose(1j * played[:, [c, MP2["n_readouts"] + c]], closed, atol=2e-6)
+    # the Jacobian and the pullback play as many
+    s, J = PlayedMP2RAGE(repetitions="auto", states=2).jacobian("T1", T1=T1, T2=50.0)
+    assert J.shape == s.shape
+    from blochsim.simulators import bSSFPSimulator, TrueFISPSimulator
+    ss = TrueFISPSimulator(flip=40.0, TR=5.0, nshots=2, repetitions="auto").simulate(T1=800.0, T2=60.0)
+    np.testing.assert_allclose(ss[-1], bSSFPSimulator(flip=40.0, TR=5.0).simulate(T1=800.0, T2=60.0)[..., 0],
+                               atol=3e-5)
+
+
+class Nutation(Simulator):
+    """A 37° pulse and a sample per repetition: without relaxation the
+    magnetisation turns for ever."""
+    def repetition(self, p):
+        return Readout() @ Pulse(37.0)
+
+
+def test_auto_repetitions_refuse_a_train_that_never_settles():
+    with pytest.raises(ValueError, match="did not reach a periodic steady state within 65536 playings"):
+        Nutation(repetitions="auto").simulate(T1=1e12, T2=1e12)
+    with pytest.raises(ValueError, match="repetitions must be a positive integer or 'auto', got 'often'"):
+        Nutation(repetitions="often")
