@@ -32,7 +32,7 @@ from blochsim.sequence import (_GRAD_DURATION, _GRAD_FLIP, _GRAD_PHASE, _GRAD_RF
 
 # Protocol keywords every played simulator takes.
 PLAYED_COMMON = {"states": None, "crusher_dephasing_rad": None, "voxel_size_m": None,
-                 "repetitions": 1, "budget_bytes": None, "lineshape": "super-lorentzian"}
+                 "repetitions": 1, "budget_bytes": None, "lineshape": "super-lorentzian", "slice_profile": None}
 
 
 # repetitions="auto": the most playings tried, and the agreement asked for
@@ -130,6 +130,11 @@ class Simulator(_Base):
         Dephasing one shift puts across the voxel, rad; needed for D and v.
     voxel_size_m : float, optional
         Voxel size along the crusher, m; needed for D and v.
+    slice_profile : (scales, weights), optional
+        A slice profile integrated ahead of time: the effective flip across
+        the slice as multiples ``scales`` of the nominal (times B1) with
+        their ``weights`` (normalised to sum 1); the signal is the weighted
+        average over them.  Needs a simulator modelling B1; host arrays.
     repetitions : int or "auto", optional
         Playings of the repetition; only the last is recorded.  "auto"
         plays 8, 16, 32, … until the last playing's samples change by less
@@ -200,6 +205,8 @@ class Simulator(_Base):
                 p[g] = float(V.protocol_array(g, p[g], low=0.0, strict=True, ndim_max=0))
         if p["lineshape"] not in _pools.LINESHAPES:
             raise ValueError(f"lineshape must be one of {list(_pools.LINESHAPES)}, got {p['lineshape']!r}")
+        if p["slice_profile"] is not None and not isinstance(p["slice_profile"], _SliceProfile):
+            p["slice_profile"] = _SliceProfile(p["slice_profile"], self)
         return p
 
     def _protocol_values(self, overrides):
@@ -236,6 +243,48 @@ class Simulator(_Base):
             dk = p["crusher_dephasing_rad"] / p["voxel_size_m"]
             voxel = p["voxel_size_m"]
         return s, _core.PackedStream(s, states, dk, voxel, real, phi0), states, bool(real)
+
+    def _profiled(self, values):
+        """The slice profile of a call (None without one) and ``values`` to
+        play it: every tissue value given a trailing profile axis, B1 times
+        the profile's scales, and no profile."""
+        raw = values.get("slice_profile", self._given.get("slice_profile"))
+        if raw is None:
+            return None, values
+        prof = raw if isinstance(raw, _SliceProfile) else _SliceProfile(raw, self)
+        out = {"slice_profile": None}
+        for k, v in values.items():
+            if k == "slice_profile":
+                continue
+            if k in self.tissue_properties:
+                if V.is_device_array(v):
+                    raise ValueError(f"slice_profile needs host (NumPy) tissue values; {k} is a device array")
+                out[k] = np.asarray(V.tissue_array(k, v))[..., None]
+            else:
+                out[k] = v
+        out["B1"] = out["B1"] * prof.scales if "B1" in out else prof.scales
+        return prof, out
+
+    def _profiled_vjp(self, names, prof, values, played):
+        """vjp() averaged over a slice profile: the played call's pullback
+        of the weighted cotangent, summed back over the profile (B1's
+        share times each scale)."""
+        s_p, pull = self.vjp(names, **played)  # s_p: (*voxels, P, samples)
+        signal = np.tensordot(s_p, prof.weights, axes=([-2], [0])).astype(np.complex64)
+
+        def pullback(cotangent):
+            g = _cotangent(cotangent, signal.shape, dtype=np.complex128)
+            grads = pull(g[..., None, :] * prof.weights[:, None])
+            out = {}
+            for k in names:
+                if k in self.tissue_properties:
+                    gk = grads[k] * (prof.scales if k == "B1" else 1.0)
+                    out[k] = _reduce_to(np.sum(gk, axis=-1), np.shape(V.tissue_array(k, values[k])))
+                else:
+                    out[k] = grads[k]
+            return out
+
+        return signal, pullback
 
     def _steady_repetitions(self, values):
         """``values`` with repetitions='auto' (given or the default) replaced
@@ -289,6 +338,18 @@ class Simulator(_Base):
             per degree of B1phase, per µm²/ms of D, per m/s of v).
         """
         values = self._steady_repetitions(values)
+        prof, played = self._profiled(values)
+        if prof is not None:
+            if out is not None:
+                raise ValueError("jacobian with a slice_profile returns new arrays: out must be None")
+            names = (diff,) if isinstance(diff, str) else tuple(diff)
+            s, J = self.jacobian(tuple(names), order, **played)  # J: (*voxels, P, names, samples)
+            # d/dB1 of s(B1 · scale) is scale times the played derivative
+            chain = np.array([[1.0] * len(prof.scales) if k != "B1" else prof.scales for k in names]).T
+            s = np.tensordot(s, prof.weights, axes=([-2], [0]))
+            J = np.einsum("...pns,p,pn->...ns", J, prof.weights, chain)
+            J = J.astype(np.complex64)
+            return s.astype(np.complex64), (J[..., 0, :] if isinstance(diff, str) else J)
         names, proto, tissue = self._jacobian_request(diff, order, values)
         p = self._protocol_values(proto)
         on_device = [k for k, v in tissue.items() if V.is_device_array(v)]
@@ -415,6 +476,9 @@ class Simulator(_Base):
         """
         names = (wrt,) if isinstance(wrt, str) else tuple(wrt)
         values = self._steady_repetitions(values)
+        prof, played = self._profiled(values)
+        if prof is not None:
+            return self._profiled_vjp(names, prof, values, played)
         proto, tissue = self._split(values)
         p = self._protocol_values(proto)
         protocol_names, tissue_names = self._vjp_names(names, p)
@@ -488,6 +552,9 @@ class Simulator(_Base):
         (8,)
         """
         values = self._steady_repetitions(values)
+        if self._profiled(values)[0] is not None:
+            raise ValueError("jacobian_vjp does not take a slice_profile; average jacobian_vjp over the "
+                             "profile's B1 scales instead")
         names, proto, tissue = self._jacobian_request(diff, 1, values)
         wrt_names = (wrt,) if isinstance(wrt, str) else tuple(wrt)
         p = self._protocol_values(proto)
@@ -696,6 +763,14 @@ class Simulator(_Base):
         array, complex64, shape (*voxels, samples)
         """
         values = self._steady_repetitions(values)
+        prof, played = self._profiled(values)
+        if prof is not None:
+            s = np.tensordot(self.simulate(**played), prof.weights, axes=([-2], [0])).astype(np.complex64)
+            if out is not None:
+                _check_host_out("out", out, s.shape)
+                out[...] = s
+                return out
+            return s
         proto, tissue = self._split(values)
         p = self._protocol_values(proto)
         on_device = [k for k, v in tissue.items() if V.is_device_array(v)]
@@ -1375,3 +1450,30 @@ class ClosedFormSimulator(_Base):
         J = np.stack([np.broadcast_to(d[k] if k == "M0" else m0 * d[k], shape + (samples,)) for k in names],
                      -2).astype(ctype)
         return out, (J[..., 0, :] if isinstance(diff, str) else J)
+
+
+class _SliceProfile:
+    """A checked slice profile: flip scales and weights summing to 1."""
+
+    def __init__(self, value, sim):
+        try:
+            scales, weights = value
+        except (TypeError, ValueError):
+            raise ValueError(f"slice_profile must be a pair (scales, weights), got {value!r}") from None
+        self.scales = np.atleast_1d(V.protocol_array("slice_profile scales", scales, low=0.0))
+        self.weights = np.atleast_1d(V.protocol_array("slice_profile weights", weights, low=0.0))
+        if self.scales.shape != self.weights.shape or self.scales.ndim != 1:
+            raise ValueError(f"slice_profile: {self.scales.size} scales and {self.weights.size} weights")
+        total = float(np.sum(self.weights))
+        if not total > 0:
+            raise ValueError("slice_profile weights must have a positive sum")
+        self.weights = self.weights / total
+        if "B1" not in sim.tissue_properties:
+            raise TypeError(f"slice_profile scales the flips through B1, which {type(sim).__name__} does not model")
+
+    def __eq__(self, other):
+        return (isinstance(other, _SliceProfile) and np.array_equal(self.scales, other.scales)
+                and np.array_equal(self.weights, other.weights))
+
+    def __hash__(self):
+        return hash((self.scales.tobytes(), self.weights.tobytes()))
