@@ -63,6 +63,15 @@ def _stepped_oracle(T1, TI, flip, TR, TR_gre, n, eta=1.0, repetitions=40):
     return np.array(out)
 
 
+def _jacobian_matches_differences(sim, t, names, J, step=1e-6, rtol=1e-6, atol=1e-12):
+    """J (voxels, names, samples) against central differences of
+    sim.simulate in each name, steps relative to the largest value."""
+    for i, k in enumerate(names):
+        h = step * np.max(np.abs(t[k]))
+        fd = (sim.simulate(**{**t, k: t[k] + h}).astype(complex) - sim.simulate(**{**t, k: t[k] - h})) / (2 * h)
+        np.testing.assert_allclose(J[:, i], fd, rtol=rtol, atol=atol, err_msg=k)
+
+
 class PlayedMP2RAGE(Simulator):
     """MP2RAGE through the EPG engine: inversion, two blocks of pulse,
     readout, spoil, relaxation; the samples at the k-space centres."""
@@ -129,10 +138,7 @@ def test_mp2rage_jacobian_against_differences():
     names = ("T1", "B1", "inv_efficiency", "M0")
     s, J = mp2.jacobian(names, **t)
     assert J.shape == (2, 4, 2)
-    for i, k in enumerate(names):
-        h = 1e-6 * np.max(np.abs(t[k]))
-        fd = (mp2.simulate(**{**t, k: t[k] + h}) - mp2.simulate(**{**t, k: t[k] - h})) / (2 * h)
-        np.testing.assert_allclose(J[:, i], fd, rtol=1e-6, atol=1e-12)
+    _jacobian_matches_differences(mp2, t, names, J)
     s2, J2 = mp2rage_sim(**MP2, T1=800.0, diff="T1")
     np.testing.assert_allclose(J2, mp2.jacobian("T1", T1=800.0)[1], rtol=1e-14)
 
@@ -218,10 +224,7 @@ def test_look_locker_jacobian_and_refusals():
     names = ("T1", "B1", "inv_efficiency", "M0")
     s, J = ll_sim(flip=6.0, spacing=80.0, n=12, TI=30.0, TR=2500.0, **t, diff=names)
     ll = LookLockerSimulator(flip=6.0, spacing=80.0, n=12, TI=30.0, TR=2500.0)
-    for i, k in enumerate(names):
-        h = 1e-6 * np.max(np.abs(t[k]))
-        fd = (ll.simulate(**{**t, k: t[k] + h}) - ll.simulate(**{**t, k: t[k] - h})) / (2 * h)
-        np.testing.assert_allclose(J[:, i], fd, rtol=1e-6, atol=1e-12)
+    _jacobian_matches_differences(ll, t, names, J)
     with pytest.raises(ValueError, match="TR = 500 ms is shorter than the last pulse's time 910 ms"):
         LookLockerSimulator(flip=6.0, spacing=80.0, n=12, TI=30.0, TR=500.0)
     with pytest.raises(ValueError, match="spacing"):
@@ -331,10 +334,7 @@ def test_diffusion_with_repetition_jacobian_and_refusals():
                                rtol=1e-13)
     names = ("T1", "T2", "D", "M0")
     _, J = sim.jacobian(names, **t)
-    for i, k in enumerate(names):
-        h = 1e-6 * np.max(np.abs(t[k]))
-        fd = (sim.simulate(**{**t, k: t[k] + h}) - sim.simulate(**{**t, k: t[k] - h})) / (2 * h)
-        np.testing.assert_allclose(J[:, i], fd, rtol=1e-6, atol=1e-12)
+    _jacobian_matches_differences(sim, t, names, J)
     with pytest.raises(TypeError, match="needs tissue property 'T1' with a TR"):
         sim.simulate(T2=80.0, D=1.0)
     with pytest.raises(ValueError, match="b"):
@@ -545,10 +545,7 @@ def test_double_angle_jacobian_and_refusals():
     t = dict(T1=np.array([700.0, 1500.0]), T2star=30.0, B1=0.9, M0=1.1)
     names = ("T1", "T2star", "B1", "M0")
     _, J = sim.jacobian(names, **t)
-    for i, k in enumerate(names):
-        h = 1e-6 * np.max(np.abs(t[k]))
-        fd = (sim.simulate(**{**t, k: t[k] + h}) - sim.simulate(**{**t, k: t[k] - h})) / (2 * h)
-        np.testing.assert_allclose(J[:, i], fd, rtol=1e-6, atol=1e-12)
+    _jacobian_matches_differences(sim, t, names, J)
     with pytest.raises(TypeError, match="needs tissue property 'T1' with a TR"):
         sim.simulate(B1=1.0)
     with pytest.raises(ValueError, match="flip"):
@@ -602,10 +599,7 @@ def test_asl_jacobian_and_refusals():
     t = dict(CBF=np.array([40.0, 70.0]), ATT=np.array([800.0, 1500.0]), T1=1400.0, M0=1.2)
     names = ("CBF", "ATT", "T1", "M0")
     _, J = sim.jacobian(names, **t)
-    for i, k in enumerate(names):
-        h = 1e-5 * np.max(np.abs(t[k]))
-        fd = (sim.simulate(**{**t, k: t[k] + h}) - sim.simulate(**{**t, k: t[k] - h})) / (2 * h)
-        np.testing.assert_allclose(J[:, i], fd, rtol=1e-5, atol=1e-14)
+    _jacobian_matches_differences(sim, t, names, J, step=1e-5, rtol=1e-5, atol=1e-14)
     with pytest.raises(ValueError, match="labeling must be 'pcasl' or 'pasl'"):
         ASLSimulator(times=[1.0], labeling="vsasl")
     with pytest.raises(ValueError, match="CBF"):
@@ -759,10 +753,7 @@ def test_slice_profile_jacobian_and_pullback_against_differences():
     t = dict(T1=np.array([900.0, 1400.0]), T2=60.0, B1=0.95)
     names = ("T1", "B1")
     s, J = sim.jacobian(names, **t)
-    for i, k in enumerate(names):
-        h = 1e-3 * np.max(np.abs(t[k]))
-        fd = (sim.simulate(**{**t, k: t[k] + h}).astype(complex) - sim.simulate(**{**t, k: t[k] - h})) / (2 * h)
-        np.testing.assert_allclose(J[:, i], fd, rtol=2e-3, atol=2e-6)
+    _jacobian_matches_differences(sim, t, names, J, step=1e-3, rtol=2e-3, atol=2e-6)
     s2, pullback = sim.vjp(("flip", "B1", "T1"), **t)
     np.testing.assert_allclose(s2, s, atol=1e-6)
     g = pullback(2 * s2)  # L = sum |s|^2: dL/dk = sum Re(conj(2 s) J_k)
