@@ -34,6 +34,24 @@ def _train(name, value, n=None, *, low=None, strict=False, unit=""):
     return np.broadcast_to(arr, (n,)).astype(np.float64)
 
 
+def _scalar(name, value, **bounds):
+    """A scalar protocol parameter as a float (bounds as V.protocol_array)."""
+    return float(V.protocol_array(name, value, ndim_max=0, **bounds))
+
+
+def _need(sim, p, keys):
+    """Refuse a call whose protocol lacks any of ``keys``."""
+    for k in keys:
+        if p[k] is None:
+            raise TypeError(f"{type(sim).__name__} needs protocol parameter {k!r}")
+
+
+def _echo_within(p, limit, what="TR"):
+    """Refuse an echo time TE past ``limit`` (ms)."""
+    if p["TE"] > limit:
+        raise ValueError(f"TE = {p['TE']:g} ms must be at most {what} = {limit:g} ms")
+
+
 class FSESimulator(Simulator):
     """Fast (turbo) spin echo / CPMG train.
 
@@ -75,24 +93,22 @@ class FSESimulator(Simulator):
 
     def check_protocol(self, p):
         if p["ESP"] is not None:
-            p["ESP"] = float(V.protocol_array("ESP", p["ESP"], low=0.0, strict=True, unit="ms", ndim_max=0))
+            p["ESP"] = _scalar("ESP", p["ESP"], low=0.0, strict=True, unit="ms")
         if p["flip"] is None or p["ESP"] is None:
             return p
         flip = _train("flip", p["flip"])
         n = flip.shape[0]
         p["flip"] = flip
         p["phases"] = _train("phases", p["phases"], n)
-        p["exc_flip"] = float(V.protocol_array("exc_flip", p["exc_flip"], ndim_max=0))
-        p["exc_phase"] = float(V.protocol_array("exc_phase", p["exc_phase"], ndim_max=0))
-        p["TR"] = float(V.protocol_array("TR", p["TR"], low=0.0, strict=True, unit="ms", ndim_max=0))
+        p["exc_flip"] = _scalar("exc_flip", p["exc_flip"])
+        p["exc_phase"] = _scalar("exc_phase", p["exc_phase"])
+        p["TR"] = _scalar("TR", p["TR"], low=0.0, strict=True, unit="ms")
         if p["TR"] < n * p["ESP"]:
             raise ValueError(f"TR must be >= n_echoes * ESP = {n * p['ESP']:g} ms, got {p['TR']:g}")
         return p
 
     def _need(self, p):
-        for k in ("flip", "ESP"):
-            if p[k] is None:
-                raise TypeError(f"FSESimulator needs protocol parameter {k!r}")
+        _need(self, p, ("flip", "ESP"))
 
     def repetition(self, p):
         self._need(p)
@@ -180,13 +196,11 @@ class MRFSimulator(Simulator):
         p["flip"] = flip
         p["TR"] = _train("TR", p["TR"], n, low=0.0, strict=True, unit="ms")
         p["phases"] = _train("phases", p["phases"], n)
-        p["TI"] = float(V.protocol_array("TI", p["TI"], low=0.0, unit="ms", ndim_max=0))
+        p["TI"] = _scalar("TI", p["TI"], low=0.0, unit="ms")
         return p
 
     def repetition(self, p):
-        for k in ("flip", "TR"):
-            if p[k] is None:
-                raise TypeError(f"MRFSimulator needs protocol parameter {k!r}")
+        _need(self, p, ("flip", "TR"))
         ops = [Inversion(), Delay(p["TI"])]
         for f, tr, ph in zip(p["flip"], p["TR"], p["phases"]):
             ops += [Pulse(f, ph), Readout(-90.0), Dephase(), Delay(tr)]
@@ -217,12 +231,12 @@ class TrueFISPSimulator(Simulator):
     def check_protocol(self, p):
         if p["flip"] is None or p["TR"] is None or p["nshots"] is None:
             return p
-        p["flip"] = float(V.protocol_array("flip", p["flip"], ndim_max=0))
-        p["TR"] = float(V.protocol_array("TR", p["TR"], low=0.0, strict=True, unit="ms", ndim_max=0))
+        p["flip"] = _scalar("flip", p["flip"])
+        p["TR"] = _scalar("TR", p["TR"], low=0.0, strict=True, unit="ms")
         p["nshots"] = V.positive_int("nshots", p["nshots"])
         p["_TE_is_half_TR"] = p["TE"] is None
         te = p["TR"] / 2.0 if p["TE"] is None else p["TE"]
-        p["TE"] = float(V.protocol_array("TE", te, low=0.0, unit="ms", ndim_max=0))
+        p["TE"] = _scalar("TE", te, low=0.0, unit="ms")
         if p["TE"] > p["TR"]:
             raise ValueError(f"TE must be <= TR = {p['TR']:g} ms, got {p['TE']:g}")
         return p
@@ -231,9 +245,7 @@ class TrueFISPSimulator(Simulator):
         return Delay(p["TR"] / 2.0) @ Pulse(p["flip"] / 2.0, 180.0)
 
     def repetition(self, p):
-        for k in ("flip", "TR", "nshots"):
-            if p[k] is None:
-                raise TypeError(f"TrueFISPSimulator needs protocol parameter {k!r}")
+        _need(self, p, ("flip", "TR", "nshots"))
         te = p["TE"]
         if p.get("_TE_is_half_TR"):
             # the default TE follows TR: TR's gradient (vjp) includes TE's
@@ -277,17 +289,14 @@ class DESSSimulator(Simulator):
     def check_protocol(self, p):
         if p["flip"] is None or p["TR"] is None:
             return p
-        p["flip"] = float(V.protocol_array("flip", p["flip"], low=0.0, unit="deg", ndim_max=0))
-        p["TR"] = float(V.protocol_array("TR", p["TR"], low=0.0, strict=True, unit="ms", ndim_max=0))
-        p["TE"] = float(V.protocol_array("TE", p["TE"], low=0.0, unit="ms", ndim_max=0))
-        if 2 * p["TE"] > p["TR"]:
-            raise ValueError(f"TE = {p['TE']:g} ms must be at most TR/2 = {p['TR'] / 2:g} ms")
+        p["flip"] = _scalar("flip", p["flip"], low=0.0, unit="deg")
+        p["TR"] = _scalar("TR", p["TR"], low=0.0, strict=True, unit="ms")
+        p["TE"] = _scalar("TE", p["TE"], low=0.0, unit="ms")
+        _echo_within(p, p["TR"] / 2, "TR/2")
         return p
 
     def repetition(self, p):
-        for k in ("flip", "TR"):
-            if p[k] is None:
-                raise TypeError(f"DESSSimulator needs protocol parameter {k!r}")
+        _need(self, p, ("flip", "TR"))
         return Sequence([Pulse(p["flip"]), Delay(p["TE"]), Readout(-90.0), Dephase(),
                          Delay(p["TR"] - 2 * p["TE"]), Readout(-90.0), Delay(p["TE"])])
 
@@ -326,21 +335,18 @@ class fmSSFPSimulator(Simulator):
     def check_protocol(self, p):
         if p["flip"] is None or p["TR"] is None or p["n"] is None:
             return p
-        p["flip"] = float(V.protocol_array("flip", p["flip"], low=0.0, unit="deg", ndim_max=0))
-        p["TR"] = float(V.protocol_array("TR", p["TR"], low=0.0, strict=True, unit="ms", ndim_max=0))
+        p["flip"] = _scalar("flip", p["flip"], low=0.0, unit="deg")
+        p["TR"] = _scalar("TR", p["TR"], low=0.0, strict=True, unit="ms")
         p["n"] = V.positive_int("n", p["n"])
         te = p["TR"] / 2.0 if p["TE"] is None else p["TE"]
-        p["TE"] = float(V.protocol_array("TE", te, low=0.0, unit="ms", ndim_max=0))
-        if p["TE"] > p["TR"]:
-            raise ValueError(f"TE = {p['TE']:g} ms must be at most TR = {p['TR']:g} ms")
-        p["phase_inc"] = float(V.protocol_array("phase_inc", p["phase_inc"], ndim_max=0))
-        p["sweep"] = float(V.protocol_array("sweep", p["sweep"], ndim_max=0))
+        p["TE"] = _scalar("TE", te, low=0.0, unit="ms")
+        _echo_within(p, p["TR"])
+        p["phase_inc"] = _scalar("phase_inc", p["phase_inc"])
+        p["sweep"] = _scalar("sweep", p["sweep"])
         return p
 
     def repetition(self, p):
-        for k in ("flip", "TR", "n"):
-            if p[k] is None:
-                raise TypeError(f"fmSSFPSimulator needs protocol parameter {k!r}")
+        _need(self, p, ("flip", "TR", "n"))
         k = np.arange(p["n"])
         phases = (k * p["phase_inc"] + p["sweep"] * k * (k + 1) / 2) % 360.0
         ops = []
@@ -386,21 +392,18 @@ class HSFPSimulator(Simulator):
         if p["flip"] is None or p["TR"] is None:
             return p
         p["flip"] = _train("flip", p["flip"], low=0.0, unit="deg")
-        p["TR"] = float(V.protocol_array("TR", p["TR"], low=0.0, strict=True, unit="ms", ndim_max=0))
+        p["TR"] = _scalar("TR", p["TR"], low=0.0, strict=True, unit="ms")
         te = p["TR"] / 2.0 if p["TE"] is None else p["TE"]
-        p["TE"] = float(V.protocol_array("TE", te, low=0.0, unit="ms", ndim_max=0))
-        if p["TE"] > p["TR"]:
-            raise ValueError(f"TE = {p['TE']:g} ms must be at most TR = {p['TR']:g} ms")
-        p["phase_inc"] = float(V.protocol_array("phase_inc", p["phase_inc"], ndim_max=0))
+        p["TE"] = _scalar("TE", te, low=0.0, unit="ms")
+        _echo_within(p, p["TR"])
+        p["phase_inc"] = _scalar("phase_inc", p["phase_inc"])
         if not isinstance(p["inversion"], (bool, np.bool_)):
             raise TypeError(f"inversion must be True or False, got {p['inversion']!r}")
-        p["TI"] = float(V.protocol_array("TI", p["TI"], low=0.0, unit="ms", ndim_max=0))
+        p["TI"] = _scalar("TI", p["TI"], low=0.0, unit="ms")
         return p
 
     def repetition(self, p):
-        for k in ("flip", "TR"):
-            if p[k] is None:
-                raise TypeError(f"HSFPSimulator needs protocol parameter {k!r}")
+        _need(self, p, ("flip", "TR"))
         ops = [Inversion(), Delay(p["TI"])] if p["inversion"] else []
         for k, f in enumerate(p["flip"]):
             ph = (k * p["phase_inc"]) % 360.0
@@ -455,9 +458,9 @@ class MOLLISimulator(Simulator):
             raise ValueError(f"scheme needs sets of >= 1 image and >= 0 pause beats, got {p['scheme']!r}")
         p["scheme"] = scheme
         p["TI"] = _train("TI", p["TI"], len(scheme), low=0.0, unit="ms")
-        p["RR"] = float(V.protocol_array("RR", p["RR"], low=0.0, strict=True, unit="ms", ndim_max=0))
-        p["flip"] = float(V.protocol_array("flip", p["flip"], low=0.0, unit="deg", ndim_max=0))
-        p["TR"] = float(V.protocol_array("TR", p["TR"], low=0.0, strict=True, unit="ms", ndim_max=0))
+        p["RR"] = _scalar("RR", p["RR"], low=0.0, strict=True, unit="ms")
+        p["flip"] = _scalar("flip", p["flip"], low=0.0, unit="deg")
+        p["TR"] = _scalar("TR", p["TR"], low=0.0, strict=True, unit="ms")
         p["n_readouts"] = V.positive_int("n_readouts", p["n_readouts"])
         before = (p["n_readouts"] // 2 + 0.5) * p["TR"]
         after = (p["n_readouts"] - p["n_readouts"] // 2 - 0.5) * p["TR"]
@@ -476,9 +479,7 @@ class MOLLISimulator(Simulator):
         return np.concatenate([TI + p["RR"] * np.arange(n) for TI, (n, _) in zip(p["TI"], p["scheme"])])
 
     def repetition(self, p):
-        for k in ("TI", "RR", "flip", "TR", "n_readouts"):
-            if p[k] is None:
-                raise TypeError(f"MOLLISimulator needs protocol parameter {k!r}")
+        _need(self, p, ("TI", "RR", "flip", "TR", "n_readouts"))
         n, c, tr = p["n_readouts"], p["n_readouts"] // 2, p["TR"]
         ops = []
         for TI, (images, pause) in zip(p["TI"], p["scheme"]):
@@ -528,7 +529,7 @@ class IRbSSFPSimulator(TrueFISPSimulator):
 
     def check_protocol(self, p):
         p = super().check_protocol(p)
-        p["TI"] = float(V.protocol_array("TI", p["TI"], low=0.0, unit="ms", ndim_max=0))
+        p["TI"] = _scalar("TI", p["TI"], low=0.0, unit="ms")
         return p
 
     def preparation(self, p):
@@ -560,16 +561,14 @@ class StimulatedEchoSimulator(Simulator):
         p["flip"] = _train("flip", p["flip"], 3)
         if p["TE"] is None or p["TM"] is None:
             return p
-        p["TE"] = float(V.protocol_array("TE", p["TE"], low=0.0, unit="ms", ndim_max=0))
-        p["TM"] = float(V.protocol_array("TM", p["TM"], low=0.0, unit="ms", ndim_max=0))
+        p["TE"] = _scalar("TE", p["TE"], low=0.0, unit="ms")
+        p["TM"] = _scalar("TM", p["TM"], low=0.0, unit="ms")
         if p["TM"] < p["TE"] / 2.0:
             raise ValueError(f"TM must be >= TE/2 = {p['TE'] / 2:g} ms, got {p['TM']:g}")
         return p
 
     def repetition(self, p):
-        for k in ("TE", "TM"):
-            if p[k] is None:
-                raise TypeError(f"StimulatedEchoSimulator needs protocol parameter {k!r}")
+        _need(self, p, ("TE", "TM"))
         a1, a2, a3 = p["flip"]
         h = Delay(p["TE"] / 2.0)
         return Sequence([Pulse(a1, 90.0), Dephase(), h, Pulse(a2, 90.0), Dephase(), h, Readout(),
@@ -620,9 +619,7 @@ class SPGRSimulator(ClosedFormSimulator):
         return p
 
     def signal(self, p, t):
-        for k in ("flip", "TR"):
-            if p[k] is None:
-                raise TypeError(f"SPGRSimulator needs protocol parameter {k!r}")
+        _need(self, p, ("flip", "TR"))
         flip, TR, TE = _contrasts(p, ("flip", "TR", "TE"))
         a = np.radians(flip)
         E1 = np.exp(-TR / t["T1"])
@@ -710,10 +707,10 @@ class DoubleAngleSimulator(ClosedFormSimulator):
     def check_protocol(self, p):
         if p["flip"] is None:
             return p
-        p["flip"] = float(V.protocol_array("flip", p["flip"], low=0.0, strict=True, unit="deg", ndim_max=0))
+        p["flip"] = _scalar("flip", p["flip"], low=0.0, strict=True, unit="deg")
         if p["TR"] is not None:
-            p["TR"] = float(V.protocol_array("TR", p["TR"], low=0.0, strict=True, unit="ms", ndim_max=0))
-        p["TE"] = float(V.protocol_array("TE", p["TE"], low=0.0, unit="ms", ndim_max=0))
+            p["TR"] = _scalar("TR", p["TR"], low=0.0, strict=True, unit="ms")
+        p["TE"] = _scalar("TE", p["TE"], low=0.0, unit="ms")
         return p
 
     def signal(self, p, t):
@@ -788,9 +785,7 @@ class bSSFPSimulator(ClosedFormSimulator):
 
     def _steady(self, p, t):
         """The signal and the pieces of its linear system (for derivatives)."""
-        for k in ("flip", "TR"):
-            if p[k] is None:
-                raise TypeError(f"bSSFPSimulator needs protocol parameter {k!r}")
+        _need(self, p, ("flip", "TR"))
         flip, TR, TE, inc = _contrasts(p, ("flip", "TR", "TE", "phase_inc"))
         T1, T2 = t["T1"], t["T2"]
         B0 = t.get("B0", 0.0)
@@ -910,7 +905,7 @@ class InversionRecoverySimulator(ClosedFormSimulator):
             return p
         p["TI"] = np.atleast_1d(V.protocol_array("TI", p["TI"], low=0.0, unit="ms"))
         if p["TR"] is not None:
-            p["TR"] = float(V.protocol_array("TR", p["TR"], low=0.0, strict=True, unit="ms", ndim_max=0))
+            p["TR"] = _scalar("TR", p["TR"], low=0.0, strict=True, unit="ms")
             if np.any(p["TI"] > p["TR"]):
                 raise ValueError(f"TI must be <= TR = {p['TR']:g} ms, got {p['TI']!r}")
         return p
@@ -961,15 +956,13 @@ class SpinEchoSimulator(ClosedFormSimulator):
         if p["TE"] is None or p["TR"] is None:
             return p
         p["TE"] = np.atleast_1d(V.protocol_array("TE", p["TE"], low=0.0, unit="ms"))
-        p["TR"] = float(V.protocol_array("TR", p["TR"], low=0.0, strict=True, unit="ms", ndim_max=0))
+        p["TR"] = _scalar("TR", p["TR"], low=0.0, strict=True, unit="ms")
         if np.any(p["TE"] > p["TR"]):
             raise ValueError(f"TE must be <= TR = {p['TR']:g} ms, got {p['TE']!r}")
         return p
 
     def signal(self, p, t):
-        for k in ("TE", "TR"):
-            if p[k] is None:
-                raise TypeError(f"SpinEchoSimulator needs protocol parameter {k!r}")
+        _need(self, p, ("TE", "TR"))
         TE, TR, T1 = p["TE"], p["TR"], t["T1"]
         s = (1 - 2 * np.exp(-(TR - TE / 2) / T1) + np.exp(-TR / T1)) * np.exp(-TE / t["T2"])
         return t.get("M0", 1.0) * s
@@ -1024,17 +1017,14 @@ class DiffusionSimulator(ClosedFormSimulator):
         if p["b"] is None or p["TE"] is None:
             return p
         p["b"] = np.atleast_1d(V.protocol_array("b", p["b"], low=0.0, unit="s/mm^2"))
-        p["TE"] = float(V.protocol_array("TE", p["TE"], low=0.0, unit="ms", ndim_max=0))
+        p["TE"] = _scalar("TE", p["TE"], low=0.0, unit="ms")
         if p["TR"] is not None:
-            p["TR"] = float(V.protocol_array("TR", p["TR"], low=0.0, strict=True, unit="ms", ndim_max=0))
-            if p["TE"] > p["TR"]:
-                raise ValueError(f"TE = {p['TE']:g} ms must be at most TR = {p['TR']:g} ms")
+            p["TR"] = _scalar("TR", p["TR"], low=0.0, strict=True, unit="ms")
+            _echo_within(p, p["TR"])
         return p
 
     def signal(self, p, t):
-        for k in ("b", "TE"):
-            if p[k] is None:
-                raise TypeError(f"DiffusionSimulator needs protocol parameter {k!r}")
+        _need(self, p, ("b", "TE"))
         a = np.exp(-p["TE"] / t["T2"])
         if p["TR"] is not None:
             if "T1" not in t:
@@ -1184,10 +1174,10 @@ class ASLSimulator(ClosedFormSimulator):
         p["times"] = np.atleast_1d(V.protocol_array("times", p["times"], low=0.0, unit="ms"))
         if p["labeling"] not in ("pcasl", "pasl"):
             raise ValueError(f"labeling must be 'pcasl' or 'pasl', got {p['labeling']!r}")
-        p["tau"] = float(V.protocol_array("tau", p["tau"], low=0.0, strict=True, unit="ms", ndim_max=0))
-        p["alpha"] = float(V.protocol_array("alpha", p["alpha"], low=0.0, ndim_max=0))
-        p["T1blood"] = float(V.protocol_array("T1blood", p["T1blood"], low=0.0, strict=True, unit="ms", ndim_max=0))
-        p["partition"] = float(V.protocol_array("partition", p["partition"], low=0.0, strict=True, ndim_max=0))
+        p["tau"] = _scalar("tau", p["tau"], low=0.0, strict=True, unit="ms")
+        p["alpha"] = _scalar("alpha", p["alpha"], low=0.0)
+        p["T1blood"] = _scalar("T1blood", p["T1blood"], low=0.0, strict=True, unit="ms")
+        p["partition"] = _scalar("partition", p["partition"], low=0.0, strict=True)
         return p
 
     def signal(self, p, t):
@@ -1278,20 +1268,17 @@ class FLASHSimulator(Simulator):
         else:
             p["n"] = V.positive_int("n", p["n"])
             p["flip"] = _train("flip", flip, p["n"], low=0.0, unit="deg")
-        p["TR"] = float(V.protocol_array("TR", p["TR"], low=0.0, strict=True, unit="ms", ndim_max=0))
-        p["TE"] = float(V.protocol_array("TE", p["TE"], low=0.0, unit="ms", ndim_max=0))
-        if p["TE"] > p["TR"]:
-            raise ValueError(f"TE = {p['TE']:g} ms must be at most TR = {p['TR']:g} ms")
-        p["rf_spoiling"] = float(V.protocol_array("rf_spoiling", p["rf_spoiling"], ndim_max=0))
+        p["TR"] = _scalar("TR", p["TR"], low=0.0, strict=True, unit="ms")
+        p["TE"] = _scalar("TE", p["TE"], low=0.0, unit="ms")
+        _echo_within(p, p["TR"])
+        p["rf_spoiling"] = _scalar("rf_spoiling", p["rf_spoiling"])
         if p["inversion"] not in (None, "ideal"):
             raise ValueError(f"inversion must be None or 'ideal', got {p['inversion']!r}")
-        p["TI"] = float(V.protocol_array("TI", p["TI"], low=0.0, unit="ms", ndim_max=0))
+        p["TI"] = _scalar("TI", p["TI"], low=0.0, unit="ms")
         return p
 
     def repetition(self, p):
-        for k in ("flip", "TR"):
-            if p[k] is None:
-                raise TypeError(f"FLASHSimulator needs protocol parameter {k!r}")
+        _need(self, p, ("flip", "TR"))
         k = np.arange(len(p["flip"]))
         phases = (p["rf_spoiling"] * k * (k + 1) / 2) % 360.0
         ops = [Inversion(), Delay(p["TI"])] if p["inversion"] == "ideal" else []
@@ -1352,21 +1339,19 @@ class LookLockerSimulator(ClosedFormSimulator):
     def check_protocol(self, p):
         if any(p[k] is None for k in ("flip", "spacing", "n", "TI")):
             return p
-        p["flip"] = float(V.protocol_array("flip", p["flip"], low=0.0, unit="deg", ndim_max=0))
-        p["spacing"] = float(V.protocol_array("spacing", p["spacing"], low=0.0, strict=True, unit="ms", ndim_max=0))
+        p["flip"] = _scalar("flip", p["flip"], low=0.0, unit="deg")
+        p["spacing"] = _scalar("spacing", p["spacing"], low=0.0, strict=True, unit="ms")
         p["n"] = V.positive_int("n", p["n"])
-        p["TI"] = float(V.protocol_array("TI", p["TI"], low=0.0, unit="ms", ndim_max=0))
+        p["TI"] = _scalar("TI", p["TI"], low=0.0, unit="ms")
         if p["TR"] is not None:
-            p["TR"] = float(V.protocol_array("TR", p["TR"], low=0.0, strict=True, unit="ms", ndim_max=0))
+            p["TR"] = _scalar("TR", p["TR"], low=0.0, strict=True, unit="ms")
             last = p["TI"] + (p["n"] - 1) * p["spacing"]
             if p["TR"] < last:
                 raise ValueError(f"TR = {p['TR']:g} ms is shorter than the last pulse's time {last:g} ms")
         return p
 
     def signal(self, p, t):
-        for k in ("flip", "spacing", "n", "TI"):
-            if p[k] is None:
-                raise TypeError(f"LookLockerSimulator needs protocol parameter {k!r}")
+        _need(self, p, ("flip", "spacing", "n", "TI"))
         T1 = t["T1"]
         B1 = t.get("B1", 1.0)
         eta = t.get("inv_efficiency", 1.0)
@@ -1452,8 +1437,8 @@ class MPnRAGESimulator(ClosedFormSimulator):
         if np.any(np.diff(p["TI"]) <= 0):
             raise ValueError(f"TI must increase from block to block, got {p['TI']!r}")
         p["flip"] = _train("flip", p["flip"], nb, low=0.0, unit="deg")
-        p["TR"] = float(V.protocol_array("TR", p["TR"], low=0.0, strict=True, unit="ms", ndim_max=0))
-        p["TR_gre"] = float(V.protocol_array("TR_gre", p["TR_gre"], low=0.0, strict=True, unit="ms", ndim_max=0))
+        p["TR"] = _scalar("TR", p["TR"], low=0.0, strict=True, unit="ms")
+        p["TR_gre"] = _scalar("TR_gre", p["TR_gre"], low=0.0, strict=True, unit="ms")
         p["n_readouts"] = V.positive_int("n_readouts", p["n_readouts"])
         n, c = p["n_readouts"], p["n_readouts"] // 2
         starts = p["TI"] - c * p["TR_gre"]
@@ -1602,11 +1587,11 @@ class CESTSimulator(Simulator):
         p["offsets"] = np.atleast_1d(V.protocol_array("offsets", p["offsets"]))
         p["field_strength"] = float(V.protocol_array("field_strength", p["field_strength"], low=0.0, strict=True,
                                                      unit="T", ndim_max=0))
-        p["B1sat"] = float(V.protocol_array("B1sat", p["B1sat"], low=0.0, unit="uT", ndim_max=0))
+        p["B1sat"] = _scalar("B1sat", p["B1sat"], low=0.0, unit="uT")
         p["n_pulses"] = V.positive_int("n_pulses", p["n_pulses"])
         p["pulse_duration"] = float(V.protocol_array("pulse_duration", p["pulse_duration"], low=0.0, strict=True,
                                                      unit="ms", ndim_max=0))
-        p["pulse_delay"] = float(V.protocol_array("pulse_delay", p["pulse_delay"], low=0.0, unit="ms", ndim_max=0))
+        p["pulse_delay"] = _scalar("pulse_delay", p["pulse_delay"], low=0.0, unit="ms")
         if not isinstance(p["spoil_between"], (bool, np.bool_)):
             raise TypeError(f"spoil_between must be True or False, got {p['spoil_between']!r}")
         if p["pulse_shape"] is not None:
@@ -1787,9 +1772,7 @@ class MTSimulator(Simulator):
         return p
 
     def repetition(self, p):
-        for k in ("flip", "TR"):
-            if p[k] is None:
-                raise TypeError(f"MTSimulator needs protocol parameter {k!r}")
+        _need(self, p, ("flip", "TR"))
         return Sequence(self._tr(p)[:2])
 
     def preparation(self, p):
