@@ -293,14 +293,14 @@ class Simulator(_Base):
         1e-5 of their largest magnitude."""
         if values.get("repetitions", self._given.get("repetitions", self._defaults.get("repetitions"))) != "auto":
             return values
-        tissue = {k: v for k, v in values.items() if k != "repetitions"}
-        if any(V.is_device_array(v) for v in tissue.values()):
+        rest = {k: v for k, v in values.items() if k != "repetitions"}
+        if any(V.is_device_array(v) for v in rest.values()):
             raise ValueError("repetitions='auto' needs host (NumPy) tissue values")
         R = 8
-        prev = np.asarray(self.simulate(**tissue, repetitions=R))
+        prev = np.asarray(self.simulate(**rest, repetitions=R))
         while R < _MAX_AUTO_REPETITIONS:
             R *= 2
-            cur = np.asarray(self.simulate(**tissue, repetitions=R))
+            cur = np.asarray(self.simulate(**rest, repetitions=R))
             scale = float(np.max(np.abs(cur))) if cur.size else 0.0
             if cur.size == 0 or float(np.max(np.abs(cur - prev))) <= _AUTO_TOLERANCE * max(scale, 1e-30):
                 return {**values, "repetitions": R}
@@ -345,7 +345,7 @@ class Simulator(_Base):
             names = (diff,) if isinstance(diff, str) else tuple(diff)
             s, J = self.jacobian(tuple(names), order, **played)  # J: (*voxels, P, names, samples)
             # d/dB1 of s(B1 · scale) is scale times the played derivative
-            chain = np.array([[1.0] * len(prof.scales) if k != "B1" else prof.scales for k in names]).T
+            chain = np.stack([prof.scales if k == "B1" else np.ones_like(prof.scales) for k in names], axis=1)
             s = np.tensordot(s, prof.weights, axes=([-2], [0]))
             J = np.einsum("...pns,p,pn->...ns", J, prof.weights, chain)
             J = J.astype(np.complex64)
