@@ -20,7 +20,8 @@ from blochsim._device import DeviceArray
 from blochsim._dispatch import backends
 from blochsim._pools import POOL_PROPERTIES, lineshape
 from blochsim.sequence import (Delay, Dephase, Excitation, Inversion, Operator, Pulse, Readout,
-                               RectPulse, Refocusing, SampledPulse, Saturation, Sequence, Spoil, power_factor)
+                               RectPulse, Refocusing, SampledPulse, Saturation, Sequence, Spoil, hyperbolic_secant,
+                               power_factor)
 from blochsim.simulator import ClosedFormSimulator, Simulator
 from blochsim.simulators import (bssfp_sim, fse_sim, ir_sim, mrf_sim, se_sim, spgr_sim, ste_sim,
                                  truefisp_sim)
@@ -30,7 +31,7 @@ __version__ = "0.1.0"
 __all__ = [
     "backends", "CudaError", "DeviceArray", "get_include", "get_pkgconfig_dir", "Simulator", "ClosedFormSimulator",
     "Operator", "Sequence", "Pulse", "Excitation", "Refocusing", "Inversion", "Delay", "Dephase",
-    "Spoil", "Readout", "SampledPulse", "Saturation", "RectPulse", "power_factor", "lineshape", "POOL_PROPERTIES", "fse_sim", "mrf_sim", "spgr_sim", "bssfp_sim",
+    "Spoil", "Readout", "SampledPulse", "hyperbolic_secant", "Saturation", "RectPulse", "power_factor", "lineshape", "POOL_PROPERTIES", "fse_sim", "mrf_sim", "spgr_sim", "bssfp_sim",
     "truefisp_sim", "ir_sim", "se_sim", "ste_sim",
 ]
 

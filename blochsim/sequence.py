@@ -432,30 +432,135 @@ class SampledPulse(Sequence):
         Duration of one sample.
     phase : float, optional
         Extra phase of the whole pulse, degrees.
+
+    See Also
+    --------
+    SampledPulse.normalised : a pulse shape scaled to a nominal flip angle.
+    hyperbolic_secant : the adiabatic inversion pulse.
     """
 
     def __init__(self, waveform, dwell: float, phase: float = 0.0):
         w = np.asarray(waveform)
         traced = w.dtype == object  # a traced protocol waveform (Simulator.vjp)
-        values = np.array([complex(x) if isinstance(x, TracedComplex) else _value(x) for x in w.reshape(-1)]
-                          ).reshape(w.shape) if traced else w
-        if w.ndim != 1 or w.size == 0:
-            raise ValueError(f"waveform must be a non-empty 1-D array, got shape {w.shape}")
-        if not (np.issubdtype(values.dtype, np.floating) or np.issubdtype(values.dtype, np.complexfloating)):
-            raise TypeError(f"waveform must be float or complex, got dtype {values.dtype}")
-        if not np.all(np.isfinite(values)):
-            raise ValueError("waveform must be finite")
-        d = float(V.protocol_array("dwell", dwell, low=0.0, strict=True, unit="us", ndim_max=0))
-        # flip = gamma |B1| dwell, in degrees per uT
-        deg_per_uT = np.degrees(GAMMA_RAD_PER_S_PER_T * 1e-6 * d * 1e-6)
-        half = Delay(0.5 * d * 1e-3)
-        ops = []
-        for x in (w if traced else values):
-            modulus, angle = _modulus_and_angle(x)
-            ops += [half, Pulse(deg_per_uT * modulus, np.degrees(1.0) * angle + phase), half]
-        super().__init__(ops)
+        values = _waveform_values("waveform", w)
+        d = _dwell_us(dwell)
+        deg_per_uT = np.degrees(GAMMA_RAD_PER_S_PER_T * 1e-6 * d * 1e-6)  # flip = gamma |B1| dwell
+        samples = [_modulus_and_angle(x) for x in (w if traced else values)]
+        super().__init__(_dwell_ops([deg_per_uT * m for m, _ in samples],
+                                    [np.degrees(1.0) * a + phase for _, a in samples], d))
         self.waveform = values
         self.dwell = d
+
+    @classmethod
+    def normalised(cls, shape, dwell: float, flip, phase=0.0):
+        """A pulse of the given shape scaled to a nominal flip angle.
+
+        Parameters
+        ----------
+        shape : array_like, shape (n,)
+            The envelope, any unit; complex samples carry their phase.  Its
+            area ``|sum(shape)|`` is scaled to ``flip``: the on-resonance
+            small-tip flip angle of the pulse.
+        dwell : float, µs
+        flip : float, deg
+            Nominal flip angle (a traced protocol value is allowed, so
+            :meth:`Simulator.vjp` reaches it).
+        phase : float, optional
+            Extra phase of the whole pulse, degrees.
+
+        Returns
+        -------
+        SampledPulse
+            ``waveform`` holds the B1 samples in µT.
+        """
+        values = _waveform_values("shape", np.asarray(shape))
+        area = abs(np.sum(values))
+        if area == 0:
+            raise ValueError("shape has zero area: it cannot be scaled to a flip angle")
+        d = _dwell_us(dwell)
+        frac = np.abs(values) / area
+        self = cls.__new__(cls)
+        Sequence.__init__(self, _dwell_ops([flip * float(f) for f in frac],
+                                           [float(np.degrees(a)) + phase for a in np.angle(values)], d))
+        deg_per_uT = np.degrees(GAMMA_RAD_PER_S_PER_T * 1e-6 * d * 1e-6)
+        self.waveform = values / area * float(_value(flip)) / deg_per_uT
+        self.dwell = d
+        return self
+
+    @property
+    def duration(self) -> float:
+        """Length of the pulse, ms."""
+        return self.waveform.size * self.dwell * 1e-3
+
+
+def _waveform_values(name, w):
+    """The numbers of a (possibly traced) 1-D waveform, checked."""
+    traced = w.dtype == object
+    values = np.array([complex(x) if isinstance(x, TracedComplex) else _value(x) for x in w.reshape(-1)]
+                      ).reshape(w.shape) if traced else w
+    if w.ndim != 1 or w.size == 0:
+        raise ValueError(f"{name} must be a non-empty 1-D array, got shape {w.shape}")
+    if not (np.issubdtype(values.dtype, np.floating) or np.issubdtype(values.dtype, np.complexfloating)):
+        raise TypeError(f"{name} must be float or complex, got dtype {values.dtype}")
+    if not np.all(np.isfinite(values)):
+        raise ValueError(f"{name} must be finite")
+    return values
+
+
+def _dwell_us(dwell):
+    return float(V.protocol_array("dwell", dwell, low=0.0, strict=True, unit="us", ndim_max=0))
+
+
+def _dwell_ops(flips_deg, phases_deg, dwell_us):
+    half = Delay(0.5 * dwell_us * 1e-3)
+    ops = []
+    for f, ph in zip(flips_deg, phases_deg):
+        ops += [half, Pulse(f, ph), half]
+    return ops
+
+
+def hyperbolic_secant(duration: float = 10.24, peak_B1: float = 13.5, mu: float = 5.0, beta: float = 800.0,
+                      dwell: float = 10.0) -> SampledPulse:
+    """The hyperbolic-secant adiabatic inversion pulse (Silver, Joseph and
+    Hoult 1984, Phys Rev A 31:2753), played sample by sample.
+
+    B1(t) = peak_B1 sech(beta t) with the frequency sweep
+    -mu beta tanh(beta t) (rad/s), i.e. the RF phase -mu ln cosh(beta t),
+    t from -duration/2 to duration/2.  It inverts every spin whose offset
+    lies well inside the sweep (+- mu beta / 2 pi Hz) once the adiabatic
+    condition gamma peak_B1 >> sqrt(mu) beta holds, nearly independent of
+    B1 above that threshold.
+
+    Parameters
+    ----------
+    duration : float, ms
+    peak_B1 : float, µT
+    mu : float
+        Dimensionless sweep factor.
+    beta : float, rad/s
+        Modulation rate.
+    dwell : float, µs
+        Sample spacing.
+
+    Returns
+    -------
+    SampledPulse
+
+    Examples
+    --------
+    >>> from blochsim.sequence import hyperbolic_secant
+    >>> hyperbolic_secant().waveform.shape
+    (1024,)
+    """
+    for name, v in (("duration", duration), ("peak_B1", peak_B1), ("mu", mu), ("beta", beta)):
+        V.protocol_array(name, v, low=0.0, strict=True, ndim_max=0)
+    d = _dwell_us(dwell)
+    n = int(round(float(duration) * 1e3 / d))
+    if n < 1:
+        raise ValueError(f"duration = {duration} ms is shorter than one dwell of {d} us")
+    t_s = (np.arange(n) + 0.5 - n / 2) * d * 1e-6
+    bt = float(beta) * t_s
+    return SampledPulse(float(peak_B1) / np.cosh(bt) * np.exp(-1j * float(mu) * np.log(np.cosh(bt))), d)
 
 
 # --------------------------------------------------------------------------

@@ -27,7 +27,7 @@ import numpy as np
 
 from blochsim import _core, _dispatch, _pools
 from blochsim import _validate as V
-from blochsim.sequence import (_GRAD_DURATION, _GRAD_FLIP, _GRAD_PHASE, _GRAD_RF_DURATION, _GRAD_RF_OFFSET, pack,
+from blochsim.sequence import (Operator, _GRAD_DURATION, _GRAD_FLIP, _GRAD_PHASE, _GRAD_RF_DURATION, _GRAD_RF_OFFSET, pack,
                                pack_with_provenance, trace)
 
 # Protocol keywords every played simulator takes.
@@ -1285,14 +1285,16 @@ _SI_TO_PUBLIC = {v[1]: k for k, v in V.TISSUE_UNITS.items()}
 
 def _protocol_key(p):
     """A hashable snapshot of a protocol dict (arrays by value)."""
-    items = []
-    for k in sorted(p):
-        v = p[k]
+    def snap(v):
         if isinstance(v, np.ndarray):
-            items.append((k, v.dtype.str, v.shape, v.tobytes()))
-        else:
-            items.append((k, repr(v)))
-    return tuple(items)
+            return (v.dtype.str, v.shape, v.tobytes())
+        if isinstance(v, (tuple, list)):
+            return (type(v).__name__,) + tuple(snap(x) for x in v)
+        if isinstance(v, Operator):  # a pulse given as protocol: its operators, not its short repr
+            return tuple(repr(o) for o in v.ops())
+        return repr(v)
+
+    return tuple((k, snap(p[k])) for k in sorted(p))
 
 
 class ClosedFormSimulator(_Base):

@@ -9,7 +9,7 @@ import numpy as np
 
 from blochsim import _validate as V
 from blochsim.sequence import (GAMMA_RAD_PER_S_PER_T, Delay, Dephase, Excitation, Inversion, Pulse, Readout,
-                               RectPulse, Refocusing, Sequence, Spoil)
+                               RectPulse, Refocusing, SampledPulse, Sequence, Spoil, hyperbolic_secant)
 from blochsim.simulator import ClosedFormSimulator, Simulator, _cotangent
 
 __all__ = [
@@ -1220,10 +1220,18 @@ class FLASHSimulator(Simulator):
     RF phase φ_k, the echo ``TE`` later (the receiver following φ_k), one
     unbalanced shift and relaxation to the next pulse.  RF spoiling
     increments the phase quadratically, φ_k = ``rf_spoiling``·k(k+1)/2
-    (Zur et al. 1991, MRM 21:251); 0 gives a gradient-spoiled train.  With
-    ``inversion="ideal"`` an inversion (Z ← −η Z) comes ``TI`` before the
-    first pulse.  The samples are multiplied by i, so a phase-0 train is
-    real.
+    (Zur et al. 1991, MRM 21:251); 0 gives a gradient-spoiled train.  The
+    samples are multiplied by i, so a phase-0 train is real.
+
+    The excitation is a hard pulse, or with ``pulse=(shape, dwell)`` a
+    shaped pulse played sample by sample (:meth:`SampledPulse.normalised`:
+    relaxation and off-resonance act between the samples), and TE and TR
+    are then counted from its centre.  An inversion ``TI`` before the first
+    pulse (centre to centre) is ideal (Z ← −η Z), or adiabatic: a
+    hyperbolic-secant pulse (:func:`blochsim.sequence.hyperbolic_secant`)
+    or any :class:`SampledPulse` given, played sample by sample and followed
+    by a spoiler; its result then depends on B1 and B0 as the pulse's does,
+    and ``inv_efficiency`` does not apply.
 
     Parameters
     ----------
@@ -1231,30 +1239,37 @@ class FLASHSimulator(Simulator):
         One flip angle, or one per TR.
     TR : float, ms
     TE : float, ms
-        Pulse to echo (at most TR).
+        Pulse (centre) to echo; at most TR.
     n : int, optional
         Number of TRs (default: the length of ``flip``, which must then be
         an array).
     rf_spoiling : float, deg
         Quadratic phase increment.
-    inversion : None or "ideal"
+    pulse : None or (array_like, float)
+        The excitation's shape (any unit, complex samples carry phase;
+        scaled so its area gives ``flip``) and its dwell, µs.
+    inversion : None, "ideal", "adiabatic" or SampledPulse
     TI : float, ms
         Inversion to the first pulse.
-    states, repetitions, device, threads
+    states, repetitions, device, threads, slice_profile
         See :class:`blochsim.Simulator`.
 
     Tissue: T1, T2 (ms), M0, B1, B0 (Hz), inv_efficiency.
 
     Examples
     --------
+    >>> import numpy as np
     >>> from blochsim.simulators import FLASHSimulator
     >>> s = FLASHSimulator(flip=10.0, TR=8.0, TE=3.0, n=200).simulate(T1=1000.0, T2=80.0)
     >>> s.shape
     (200,)
+    >>> sinc = np.sinc(np.linspace(-2, 2, 200))           # a 2 ms sinc pulse, 10 us dwell
+    >>> s = FLASHSimulator(flip=10.0, TR=8.0, TE=3.0, n=200, pulse=(sinc, 10.0),
+    ...                    inversion="adiabatic", TI=300.0).simulate(T1=1000.0, T2=80.0)
     """
 
-    protocol = {"flip": None, "TR": None, "TE": 0.0, "n": None, "rf_spoiling": 117.0, "inversion": None,
-                "TI": 0.0}
+    protocol = {"flip": None, "TR": None, "TE": 0.0, "n": None, "rf_spoiling": 117.0, "pulse": None,
+                "inversion": None, "TI": 0.0}
     tissue_properties = ("T1", "T2", "M0", "B1", "B0", "inv_efficiency")
 
     def check_protocol(self, p):
@@ -1272,18 +1287,49 @@ class FLASHSimulator(Simulator):
         p["TE"] = _scalar("TE", p["TE"], low=0.0, unit="ms")
         _echo_within(p, p["TR"])
         p["rf_spoiling"] = _scalar("rf_spoiling", p["rf_spoiling"])
-        if p["inversion"] not in (None, "ideal"):
-            raise ValueError(f"inversion must be None or 'ideal', got {p['inversion']!r}")
+        half = 0.0
+        if p["pulse"] is not None:
+            if not (isinstance(p["pulse"], tuple) and len(p["pulse"]) == 2):
+                raise ValueError(f"pulse must be a (shape, dwell_us) pair, got {p['pulse']!r}")
+            probe = SampledPulse.normalised(p["pulse"][0], p["pulse"][1], 1.0)
+            half = 0.5 * probe.duration
+            if p["TE"] < half or p["TR"] - p["TE"] < half:
+                raise ValueError(f"the pulse lasts {2 * half:g} ms: TE = {p['TE']:g} ms and TR - TE = "
+                                 f"{p['TR'] - p['TE']:g} ms must each be at least half of it")
+        inv = p["inversion"]
+        if isinstance(inv, str) and inv == "adiabatic":
+            p["_inversion"] = hyperbolic_secant()
+        elif isinstance(inv, SampledPulse):
+            p["_inversion"] = inv
+        elif inv is None or (isinstance(inv, str) and inv == "ideal"):
+            p["_inversion"] = inv
+        else:
+            raise ValueError(f"inversion must be None, 'ideal', 'adiabatic' or a SampledPulse, got {inv!r}")
         p["TI"] = _scalar("TI", p["TI"], low=0.0, unit="ms")
+        if isinstance(p["_inversion"], SampledPulse):
+            need = half + 0.5 * p["_inversion"].duration
+            if p["TI"] < need:
+                raise ValueError(f"TI = {p['TI']:g} ms is shorter than the half-durations of the inversion and "
+                                 f"the excitation ({need:g} ms)")
         return p
 
     def repetition(self, p):
         _need(self, p, ("flip", "TR"))
         k = np.arange(len(p["flip"]))
         phases = (p["rf_spoiling"] * k * (k + 1) / 2) % 360.0
-        ops = [Inversion(), Delay(p["TI"])] if p["inversion"] == "ideal" else []
+        half = 0.0
+        if p["pulse"] is not None:
+            shape, dwell = p["pulse"]
+            half = 0.5 * SampledPulse.normalised(shape, dwell, 1.0).duration
+        ops = []
+        inv = p["_inversion"]
+        if isinstance(inv, SampledPulse):
+            ops = [inv, Spoil(), Delay(p["TI"] - half - 0.5 * inv.duration)]
+        elif inv == "ideal":
+            ops = [Inversion(), Delay(p["TI"] - half)]
         for f, ph in zip(p["flip"], phases):
-            ops += [Pulse(f, ph), Delay(p["TE"]), Readout(ph - 90.0), Dephase(), Delay(p["TR"] - p["TE"])]
+            exc = Pulse(f, ph) if p["pulse"] is None else SampledPulse.normalised(shape, dwell, f, ph)
+            ops += [exc, Delay(p["TE"] - half), Readout(ph - 90.0), Dephase(), Delay(p["TR"] - p["TE"] - half)]
         return Sequence(ops)
 
 

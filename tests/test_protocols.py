@@ -289,8 +289,151 @@ def test_flash_jacobian_and_refusals():
         FLASHSimulator(flip=12.0, TR=8.0)
     with pytest.raises(ValueError, match="TE = 9 ms must be at most TR = 8 ms"):
         FLASHSimulator(flip=12.0, TR=8.0, TE=9.0, n=3)
-    with pytest.raises(ValueError, match="inversion must be None or 'ideal'"):
-        FLASHSimulator(flip=12.0, TR=8.0, n=3, inversion="adiabatic")
+    with pytest.raises(ValueError, match="inversion must be None, 'ideal', 'adiabatic' or a SampledPulse"):
+        FLASHSimulator(flip=12.0, TR=8.0, n=3, inversion="hyperbolic")
+
+
+def _bloch_dwell(m, b1_rad_per_ms, dwell_ms, T1, T2, B0):
+    """Isochromats m (3, N) through one dwell of constant RF (b1: complex
+    rad/ms, its angle the RF phase) by the exact exponential of the Bloch
+    equation with relaxation and off-resonance (4x4 affine generator)."""
+    from scipy.linalg import expm
+    w1, phi, w0 = abs(b1_rad_per_ms), np.angle(b1_rad_per_ms), 2 * np.pi * B0 * 1e-3
+    u = (np.cos(phi), np.sin(phi), 0.0)
+    G = np.zeros((4, 4))
+    G[:3, :3] = w1 * np.array([[0, -u[2], u[1]], [u[2], 0, -u[0]], [-u[1], u[0], 0]])
+    G[:3, :3] += np.array([[-1 / T2, w0, 0], [-w0, -1 / T2, 0], [0, 0, -1 / T1]])
+    G[2, 3] = 1 / T1
+    E = expm(G * dwell_ms)
+    return E[:3, :3] @ m + E[:3, 3:4]
+
+
+def _shaped_flash_isochromats(shape, dwell_us, flip, TR, TE, n, inc, T1, T2, B1=1.0, B0=0.0, inversion=None,
+                              TI=0.0, N=128):
+    """FLASH with a shaped excitation (its area giving the flip) and an
+    optional shaped inversion ((complex rad/ms per sample, dwell µs)) followed by a
+    spoiler, by an isochromat ensemble stepped dwell by dwell with the
+    Bloch equation's exponential; TE, TR and TI from the pulse centres."""
+    theta = 2 * np.pi * np.arange(N) / N
+    m = np.zeros((3, N))
+    m[2] = 1.0
+    dwell = dwell_us * 1e-3
+    half = 0.5 * len(shape) * dwell
+
+    def free(m, t):
+        return _bloch_dwell(m, 0.0, t, T1, T2, B0)
+
+    if inversion is not None:
+        samples, inv_dwell = inversion[0], inversion[1] * 1e-3
+        for b in samples:
+            m = _bloch_dwell(m, B1 * b, inv_dwell, T1, T2, B0)
+        m[:2] = 0.0
+        m = free(m, TI - half - 0.5 * len(samples) * inv_dwell)
+    rate = np.asarray(shape) / abs(np.sum(shape)) / dwell  # rad/ms per rad of flip
+    out = []
+    for k in range(n):
+        phi = np.radians(inc * k * (k + 1) / 2)
+        for r in rate:
+            m = _bloch_dwell(m, B1 * np.radians(flip[k]) * r * np.exp(1j * phi), dwell, T1, T2, B0)
+        m = free(m, TE - half)
+        out.append(np.mean(m[0] + 1j * m[1]) * np.exp(-1j * (phi - np.pi / 2)))
+        fp = (m[0] + 1j * m[1]) * np.exp(1j * theta)
+        m = free(np.stack([fp.real, fp.imag, m[2]]), TR - TE - half)
+    return np.array(out)
+
+
+def _hs_rad_per_ms(duration_ms=10.24, peak_uT=13.5, mu=5.0, beta=800.0, dwell_us=10.0):
+    """The hyperbolic-secant pulse of Silver, Joseph and Hoult (1984):
+    B1 sech(beta t), phase -mu ln cosh(beta t), as gamma B1 in rad/ms."""
+    n = int(round(duration_ms * 1e3 / dwell_us))
+    t = (np.arange(n) + 0.5 - n / 2) * dwell_us * 1e-6
+    gamma = 2 * np.pi * 42.57747892e6
+    return gamma * peak_uT * 1e-6 * 1e-3 / np.cosh(beta * t) * np.exp(-1j * mu * np.log(np.cosh(beta * t)))
+
+
+SINC = np.sinc(np.linspace(-2.0, 2.0, 48)) * np.hanning(48)
+
+
+@pytest.mark.parametrize("B0", [0.0, 150.0])
+def test_flash_shaped_pulse_against_the_bloch_equation_per_dwell(B0):
+    flips = np.linspace(8.0, 40.0, 25)
+    t = dict(T1=900.0, T2=70.0, B1=0.9, B0=B0)
+    sim = FLASHSimulator(flip=flips, TR=9.0, TE=4.0, pulse=(SINC, 40.0))
+    ref = _shaped_flash_isochromats(SINC, 40.0, flips, 9.0, 4.0, 25, 117.0, **t)
+    np.testing.assert_allclose(sim.simulate(**t), ref, atol=2e-5)
+    # the shaped pulse is not the hard pulse once off resonance within its band
+    hard = FLASHSimulator(flip=flips, TR=9.0, TE=4.0).simulate(**t)
+    assert (np.max(np.abs(hard - ref)) > 1e-3) == (B0 != 0.0)
+
+
+@pytest.mark.parametrize("B1,B0", [(1.0, 0.0), (0.7, 200.0), (1.4, -300.0)])
+def test_flash_adiabatic_inversion_against_the_bloch_equation_per_dwell(B1, B0):
+    flips = np.full(12, 10.0)
+    t = dict(T1=1200.0, T2=60.0, B1=B1, B0=B0)
+    sim = FLASHSimulator(flip=flips, TR=8.0, TE=3.0, pulse=(SINC, 20.0), inversion="adiabatic", TI=40.0)
+    ref = _shaped_flash_isochromats(SINC, 20.0, flips, 8.0, 3.0, 12, 117.0, **t, inversion=(_hs_rad_per_ms(), 10.0),
+                                    TI=40.0)
+    s = sim.simulate(**t)
+    np.testing.assert_allclose(s, ref, atol=2e-5)
+
+
+def test_hyperbolic_secant_inverts_across_b1_and_b0():
+    """Adiabatic: Mz after the pulse (read by a 90° pulse) stays near -1
+    for B1 from 0.8 to 1.5 and offsets inside the +-1.3 kHz sweep, where
+    a hard 180° pulse loses a third of it."""
+    from blochsim.sequence import hyperbolic_secant
+
+    class Probe(Simulator):
+        protocol = {"hs": True}
+        tissue_properties = ("T1", "T2", "B1", "B0")
+
+        def repetition(self, p):
+            inv = hyperbolic_secant() if p["hs"] else Pulse(180.0)
+            return Sequence([inv, Spoil(), Pulse(90.0), Readout()])
+
+    B1, B0 = np.meshgrid([0.8, 1.0, 1.2, 1.5], [-300.0, 0.0, 150.0, 300.0])
+    t = dict(T1=1e6, T2=1e6, B1=B1.ravel(), B0=B0.ravel())
+    read = np.sin(np.pi / 2 * t["B1"])  # the 90° probe scales with B1 too
+    mz = -Probe().simulate(**t)[:, 0].imag / read
+    assert np.all(mz < -0.97), mz.max()
+    assert np.max(-Probe(hs=False).simulate(**t)[:, 0].imag / read) > -0.1
+
+
+def test_flash_shaped_pulse_jacobian_and_flip_gradient():
+    flips = np.linspace(10.0, 30.0, 12)
+    sim = FLASHSimulator(flip=flips, TR=8.0, TE=3.0, pulse=(SINC, 20.0), inversion="adiabatic", TI=40.0)
+    t = dict(T1=np.array([800.0, 1500.0]), T2=np.array([60.0, 90.0]), B1=np.array([0.9, 1.1]),
+             B0=np.array([-30.0, 40.0]))
+    names = ("T1", "B1", "B0")
+    s, J = sim.jacobian(names, **t)
+    _jacobian_matches_differences(sim, t, names, J, step=1e-2, rtol=2e-3, atol=5e-5)
+    x = dict(T1=1000.0, T2=70.0, B1=0.95)
+    s, pullback = sim.vjp("flip", **x)
+    g = pullback(2 * s)["flip"]
+    for i in (0, 5, 11):
+        h = np.zeros_like(flips)
+        h[i] = 0.05  # float32 signals: a step well above their round-off
+        up = np.sum(np.abs(sim.simulate(**x, flip=flips + h).astype(complex)) ** 2)
+        dn = np.sum(np.abs(sim.simulate(**x, flip=flips - h).astype(complex)) ** 2)
+        np.testing.assert_allclose(g[i], (up - dn) / 0.1, rtol=1e-2)
+
+
+def test_flash_shaped_pulse_refusals():
+    with pytest.raises(ValueError, match="pulse must be a"):
+        FLASHSimulator(flip=10.0, TR=8.0, n=3, pulse=SINC)
+    with pytest.raises(ValueError, match="lasts 1.92 ms"):
+        FLASHSimulator(flip=10.0, TR=8.0, TE=0.5, n=3, pulse=(SINC, 40.0))
+    with pytest.raises(ValueError, match="zero area"):
+        FLASHSimulator(flip=10.0, TR=8.0, TE=3.0, n=3, pulse=(np.array([1.0, -1.0]), 40.0))
+    with pytest.raises(ValueError, match="dwell"):
+        FLASHSimulator(flip=10.0, TR=8.0, TE=3.0, n=3, pulse=(SINC, 0.0))
+    with pytest.raises(ValueError, match="TI = 3 ms is shorter"):
+        FLASHSimulator(flip=10.0, TR=8.0, TE=3.0, n=3, inversion="adiabatic", TI=3.0)
+    from blochsim import hyperbolic_secant
+    with pytest.raises(ValueError, match="mu"):
+        hyperbolic_secant(mu=-1.0)
+    with pytest.raises(ValueError, match="shorter than one dwell"):
+        hyperbolic_secant(duration=0.001)
 
 
 # --------------------------------------------------------------------------
