@@ -14,6 +14,8 @@ TISSUE_UNITS = {
     "T1": (1e-3, "T1_s", 0.0, True),
     "T2": (1e-3, "T2_s", 0.0, True),
     "T2star": (1e-3, "T2star_s", 0.0, True),
+    # reversible (Lorentzian) dephasing, applied to samples by their dephasing time
+    "T2prime": (1e-3, "T2prime_s", 0.0, True),
     "M0": (1.0, "M0", None, False),
     "B1": (1.0, "B1", None, False),
     "B0": (1.0, "B0_hz", None, False),
@@ -44,7 +46,7 @@ for _x in "BCDE":
     })
 
 UNIT_NAMES = {
-    "T1": "ms", "T2": "ms", "T2star": "ms", "M0": "", "B1": "", "B0": "Hz",
+    "T1": "ms", "T2": "ms", "T2star": "ms", "T2prime": "ms", "M0": "", "B1": "", "B0": "Hz",
     "B1phase": "deg", "inv_efficiency": "", "D": "um^2/ms", "v": "m/s", "fat_fraction": "", "CBF": "ml/100g/min", "ATT": "ms",
     "bound_fraction": "", "bound_exchange": "Hz", "bound_T1": "ms", "bound_T2": "ms",
 }

@@ -409,15 +409,25 @@ class Readout(Operator):
     ----------
     phase : float, optional
         Receiver phase, degrees.
+    dephasing : float, optional
+        Reversible dephasing time of the sample, ms: its distance from the
+        spin echo of the pathway it reads (TE for a gradient echo, 0 at a
+        spin echo).  With the tissue property ``T2prime`` the sample is
+        multiplied by exp(-dephasing / T2prime): the average over a
+        Lorentzian spread of off-resonance within the voxel.
     """
 
     phase: float = 0.0
+    dephasing: float = 0.0
 
     def __post_init__(self):
-        v = V.as_float_array("phase", _value(self.phase))
-        V.check_finite("phase", v)
-        if v.ndim != 0:
-            raise ValueError(f"phase of a Readout must be a scalar, got shape {v.shape}")
+        for name in ("phase", "dephasing"):
+            v = V.as_float_array(name, _value(getattr(self, name)))
+            V.check_finite(name, v)
+            if v.ndim != 0:
+                raise ValueError(f"{name} of a Readout must be a scalar, got shape {v.shape}")
+        if float(_value(self.dephasing)) < 0:
+            raise ValueError(f"dephasing of a Readout must be >= 0 ms, got {_value(self.dephasing)!r}")
 
 
 class SampledPulse(Sequence):

@@ -27,7 +27,7 @@ import numpy as np
 
 from blochsim import _core, _dispatch, _pools
 from blochsim import _validate as V
-from blochsim.sequence import (Operator, _GRAD_DURATION, _GRAD_FLIP, _GRAD_PHASE, _GRAD_RF_DURATION, _GRAD_RF_OFFSET, pack,
+from blochsim.sequence import (Operator, Readout, Traced, _GRAD_DURATION, _GRAD_FLIP, _GRAD_PHASE, _GRAD_RF_DURATION, _GRAD_RF_OFFSET, pack,
                                pack_with_provenance, trace)
 
 # Protocol keywords every played simulator takes.
@@ -169,7 +169,7 @@ class Simulator(_Base):
     ``device="cuda"``, on the GPU; they do not combine with D or v.
     """
 
-    tissue_properties = ("T1", "T2", "M0", "B1", "B0", "B1phase", "inv_efficiency", "D", "v")
+    tissue_properties = ("T1", "T2", "M0", "B1", "B0", "B1phase", "inv_efficiency", "D", "v", "T2prime")
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -286,6 +286,88 @@ class Simulator(_Base):
 
         return signal, pullback
 
+    def _t2prime(self, values):
+        """The call's T2prime (validated, ms) and ``values`` without it, or
+        (None, values) when it has none."""
+        if "T2prime" not in values or "T2prime" not in self.tissue_properties:
+            return None, values
+        on_device = [k for k, v in values.items() if V.is_device_array(v)]
+        if on_device:
+            raise ValueError(f"T2prime needs host (NumPy) values; {on_device[0]} is a device array")
+        t2p = V.tissue_array("T2prime", values["T2prime"])
+        V.broadcast_voxels({k: (t2p if k == "T2prime" else np.asarray(v)) for k, v in values.items()
+                            if k in self.tissue_properties})
+        return t2p, {k: v for k, v in values.items() if k != "T2prime"}
+
+    def _t2prime_factor(self, t2p, values, traced=()):
+        """exp(-dephasing / T2prime) per voxel and recorded sample, shape
+        (*T2prime.shape, samples), and each sample's Readout.dephasing (ms;
+        :class:`Traced` along the protocol names ``traced``)."""
+        proto, _ = self._split(values)
+        p = self._protocol_values(proto)
+        q = dict(p)
+        for k in traced:
+            q[k] = trace(k, p[k])
+        # only the repetition's readouts are recorded (its last playing)
+        tau = [op.dephasing for op in self.repetition(q).ops() if isinstance(op, Readout)]
+        tau_ms = np.array([float(t) for t in tau], dtype=np.float64)
+        return np.exp(-tau_ms / t2p[..., None]), tau
+
+    @staticmethod
+    def _t2prime_shape(signal_shape, t2p):
+        return np.broadcast_shapes(signal_shape, t2p.shape + signal_shape[-1:])
+
+    def _t2prime_jacobian(self, diff, order, t2p, values):
+        """jacobian() with T2prime: the played Jacobian times the factor,
+        and d/dT2prime = signal * factor * dephasing / T2prime^2."""
+        names = (diff,) if isinstance(diff, str) else tuple(diff)
+        _check_order(order)
+        other = tuple(k for k in names if k != "T2prime")
+        f, tau = self._t2prime_factor(t2p, values)
+        tau_ms = np.array([float(t) for t in tau])
+        s, J = self.jacobian(other, order, **values) if other else (self.simulate(**values), None)
+        shape = self._t2prime_shape(s.shape, t2p)
+        cols, i = [], 0
+        for k in names:
+            if k == "T2prime":
+                cols.append(s * f * tau_ms / t2p[..., None] ** 2)
+            else:
+                cols.append(J[..., i, :] * f)
+                i += 1
+        J = np.stack([np.broadcast_to(c, shape) for c in cols], axis=-2).astype(np.complex64)
+        s = np.broadcast_to(s * f, shape).astype(np.complex64)
+        return s, (J[..., 0, :] if isinstance(diff, str) else J)
+
+    def _t2prime_vjp(self, names, t2p, values):
+        """vjp() with T2prime: the played pullback of the cotangent times
+        the factor, plus the factor's own share through T2prime and through
+        the protocol values the samples' dephasing times come from."""
+        other = tuple(k for k in names if k != "T2prime")
+        protocol = tuple(k for k in other if k not in self.tissue_properties)
+        f, tau = self._t2prime_factor(t2p, values, protocol)
+        tau_ms = np.array([float(t) for t in tau])
+        s, pull = self.vjp(other, **values) if other else (self.simulate(**values), None)
+        shape = self._t2prime_shape(s.shape, t2p)
+        signal = np.broadcast_to(s * f, shape).astype(np.complex64)
+
+        def pullback(cotangent):
+            g = _cotangent(cotangent, signal.shape, dtype=np.complex128)
+            out = dict(pull(_reduce_to(g * f, s.shape))) if pull is not None else {}
+            w = np.real(np.conj(g) * s * f)  # dL/d(log factor), per voxel and sample
+            if "T2prime" in names:
+                out["T2prime"] = _reduce_to(np.sum(w * tau_ms / t2p[..., None] ** 2, axis=-1), t2p.shape)
+            dtau = -np.sum(w / t2p[..., None], axis=tuple(range(w.ndim - 1)))  # dL/d dephasing_j
+            for j, t in enumerate(tau):
+                if not isinstance(t, Traced):
+                    continue
+                for (name, idx, part), c in t.terms.items():
+                    a = np.array(out[name])
+                    a[idx] += c * dtau[j] * (1.0 if part == 0 else 1j)
+                    out[name] = a
+            return out
+
+        return signal, pullback
+
     def _steady_repetitions(self, values):
         """``values`` with repetitions='auto' (given or the default) replaced
         by the playings that reach the periodic steady state for this call's
@@ -337,6 +419,11 @@ class Simulator(_Base):
             the property's public unit (per ms of T1 and T2, per Hz of B0,
             per degree of B1phase, per µm²/ms of D, per m/s of v).
         """
+        t2p, values = self._t2prime(values)
+        if t2p is not None:
+            if out is not None:
+                raise ValueError("jacobian with T2prime returns new arrays: out must be None")
+            return self._t2prime_jacobian(diff, order, t2p, values)
         values = self._steady_repetitions(values)
         prof, played = self._profiled(values)
         if prof is not None:
@@ -475,6 +562,9 @@ class Simulator(_Base):
         ((16,), (), (2,))
         """
         names = (wrt,) if isinstance(wrt, str) else tuple(wrt)
+        t2p, values = self._t2prime(values)
+        if t2p is not None:
+            return self._t2prime_vjp(names, t2p, values)
         values = self._steady_repetitions(values)
         prof, played = self._profiled(values)
         if prof is not None:
@@ -551,6 +641,9 @@ class Simulator(_Base):
         >>> pullback(WJ)["flip"].shape
         (8,)
         """
+        if "T2prime" in values:
+            raise ValueError("jacobian_vjp does not take T2prime: its factor exp(-dephasing/T2prime) is "
+                             "per sample, so apply it to J and to the cotangents outside")
         values = self._steady_repetitions(values)
         if self._profiled(values)[0] is not None:
             raise ValueError("jacobian_vjp does not take a slice_profile; average jacobian_vjp over the "
@@ -762,6 +855,16 @@ class Simulator(_Base):
         -------
         array, complex64, shape (*voxels, samples)
         """
+        t2p, values = self._t2prime(values)
+        if t2p is not None:
+            f, _ = self._t2prime_factor(t2p, values)
+            s = self.simulate(**values)
+            s = (s * f).astype(np.complex64)
+            if out is not None:
+                _check_host_out("out", out, s.shape)
+                out[...] = s
+                return out
+            return s
         values = self._steady_repetitions(values)
         prof, played = self._profiled(values)
         if prof is not None:

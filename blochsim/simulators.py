@@ -23,6 +23,7 @@ __all__ = [
     "fmSSFPSimulator", "fmssfp_sim", "WaterFatSimulator", "waterfat_sim", "FAT_PEAKS_PPM", "FAT_PEAK_AMPLITUDES",
     "DoubleAngleSimulator", "doubleangle_sim", "ASLSimulator", "asl_sim",
     "HSFPSimulator", "hsfp_sim", "MOLLISimulator", "molli_sim",
+    "MultiEchoGRESimulator", "megre_sim", "MultiEchoSESimulator", "mese_sim",
 ]
 
 
@@ -1254,7 +1255,9 @@ class FLASHSimulator(Simulator):
     states, repetitions, device, threads, slice_profile
         See :class:`blochsim.Simulator`.
 
-    Tissue: T1, T2 (ms), M0, B1, B0 (Hz), inv_efficiency.
+    Tissue: T1, T2 (ms), M0, B1, B0 (Hz), inv_efficiency, T2prime (ms: the
+    echoes are multiplied by exp(-TE/T2prime), a Lorentzian spread of
+    off-resonance within the voxel).
 
     Examples
     --------
@@ -1270,7 +1273,7 @@ class FLASHSimulator(Simulator):
 
     protocol = {"flip": None, "TR": None, "TE": 0.0, "n": None, "rf_spoiling": 117.0, "pulse": None,
                 "inversion": None, "TI": 0.0}
-    tissue_properties = ("T1", "T2", "M0", "B1", "B0", "inv_efficiency")
+    tissue_properties = ("T1", "T2", "M0", "B1", "B0", "inv_efficiency", "T2prime")
 
     def check_protocol(self, p):
         if p["flip"] is None or p["TR"] is None:
@@ -1329,8 +1332,119 @@ class FLASHSimulator(Simulator):
             ops = [Inversion(), Delay(p["TI"] - half)]
         for f, ph in zip(p["flip"], phases):
             exc = Pulse(f, ph) if p["pulse"] is None else SampledPulse.normalised(shape, dwell, f, ph)
-            ops += [exc, Delay(p["TE"] - half), Readout(ph - 90.0), Dephase(), Delay(p["TR"] - p["TE"] - half)]
+            ops += [exc, Delay(p["TE"] - half), Readout(ph - 90.0, dephasing=p["TE"]), Dephase(),
+                    Delay(p["TR"] - p["TE"] - half)]
         return Sequence(ops)
+
+
+class MultiEchoGRESimulator(Simulator):
+    """Multi-echo spoiled gradient echo for T2* mapping, played through the
+    EPG engine: ``n`` TRs of a pulse at the RF-spoiling phase φ_k (as in
+    :class:`FLASHSimulator`), gradient echoes at each ``TE`` (refocused
+    readout lobes: no net shift between them), then one unbalanced shift,
+    or an ideal spoiler with ``rf_spoiling=None``.  The echoes of the last
+    TR are returned, multiplied by i (real for B0 = 0).  T2* decay comes from T2 in the
+    states and from ``T2prime`` on the samples (exp(-TE/T2prime), a
+    Lorentzian spread of off-resonance within the voxel: 1/T2* = 1/T2 +
+    1/T2prime); B0 turns the echoes by exp(-2πi B0 TE).
+
+    Parameters
+    ----------
+    flip : float, deg
+    TR : float, ms
+    TE : array_like, ms, shape (n_echoes,)
+        Increasing echo times, from the pulse, at most TR.
+    n : int
+        TRs played (default 200), the last one recorded.
+    rf_spoiling : float or None, deg
+        Quadratic phase increment (default 117); None: ideal spoiling.
+    states, repetitions, device, threads, slice_profile
+        See :class:`blochsim.Simulator`.
+
+    Tissue: T1, T2, T2prime (ms), M0, B1, B0 (Hz).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from blochsim.simulators import MultiEchoGRESimulator
+    >>> sim = MultiEchoGRESimulator(flip=20.0, TR=40.0, TE=np.arange(4.0, 37.0, 4.0), rf_spoiling=None)
+    >>> s = sim.simulate(T1=1000.0, T2=60.0, T2prime=40.0)
+    >>> s.shape
+    (9,)
+    """
+
+    protocol = {"flip": None, "TR": None, "TE": None, "n": 200, "rf_spoiling": 117.0}
+    tissue_properties = ("T1", "T2", "M0", "B1", "B0", "T2prime")
+
+    def check_protocol(self, p):
+        if p["flip"] is None or p["TR"] is None or p["TE"] is None:
+            return p
+        p["flip"] = _scalar("flip", p["flip"], low=0.0, unit="deg")
+        p["TR"] = _scalar("TR", p["TR"], low=0.0, strict=True, unit="ms")
+        p["TE"] = _train("TE", p["TE"], low=0.0, unit="ms")
+        if np.any(np.diff(p["TE"]) <= 0):
+            raise ValueError(f"TE must increase, got {p['TE']}")
+        if p["TE"][-1] > p["TR"]:
+            raise ValueError(f"TE = {p['TE'][-1]:g} ms must be at most TR = {p['TR']:g} ms")
+        p["n"] = V.positive_int("n", p["n"])
+        if p["rf_spoiling"] is not None:
+            p["rf_spoiling"] = _scalar("rf_spoiling", p["rf_spoiling"])
+        return p
+
+    def _tr(self, p, k, record):
+        ph = 0.0 if p["rf_spoiling"] is None else (p["rf_spoiling"] * k * (k + 1) / 2) % 360.0
+        ops, t = [Pulse(p["flip"], ph)], 0.0
+        for te in p["TE"]:
+            ops.append(Delay(te - t))
+            if record:
+                ops.append(Readout(ph - 90.0, dephasing=te))
+            t = te
+        return ops + [Spoil() if p["rf_spoiling"] is None else Dephase(), Delay(p["TR"] - t)]
+
+    def preparation(self, p):
+        _need(self, p, ("flip", "TR", "TE"))
+        return Sequence([op for k in range(p["n"] - 1) for op in self._tr(p, k, False)])
+
+    def repetition(self, p):
+        _need(self, p, ("flip", "TR", "TE"))
+        return Sequence(self._tr(p, p["n"] - 1, True))
+
+
+class MultiEchoSESimulator(FSESimulator):
+    """Multi-echo spin echo (CPMG) for T2 mapping: :class:`FSESimulator`
+    with ``n_echoes`` refocusing pulses of one flip ``refocusing``.  With
+    ideal 180° pulses the echoes are M0 e^{-TE/T2} at TE = ESP, 2 ESP, ...;
+    below 180° (B1) stimulated pathways add to them (Lebel & Wilman 2010,
+    MRM 64:1005, fit T2 with this model).
+
+    Parameters
+    ----------
+    n_echoes : int
+    ESP : float, ms
+    refocusing : float, deg (default 180)
+    exc_flip, exc_phase, TR, states, ...
+        As for :class:`FSESimulator`.
+
+    Tissue: T1, T2 (ms), M0, B1, B0 (Hz), D (µm²/ms, needs the geometry).
+
+    Examples
+    --------
+    >>> from blochsim.simulators import MultiEchoSESimulator
+    >>> s = MultiEchoSESimulator(n_echoes=32, ESP=10.0).simulate(T1=1000.0, T2=80.0, B1=0.9)
+    >>> s.shape
+    (32,)
+    """
+
+    protocol = {**FSESimulator.protocol, "n_echoes": None, "refocusing": 180.0}
+
+    def check_protocol(self, p):
+        if p["n_echoes"] is not None:
+            if p["flip"] is not None:
+                raise ValueError("give n_echoes (with refocusing) or a flip train, not both")
+            p["n_echoes"] = V.positive_int("n_echoes", p["n_echoes"])
+            p["refocusing"] = _scalar("refocusing", p["refocusing"], low=0.0, unit="deg")
+            p["flip"] = np.full(p["n_echoes"], p["refocusing"])
+        return super().check_protocol(p)
 
 
 def _complex_step(sim, p, t, names):
@@ -1883,3 +1997,5 @@ doubleangle_sim = _function_form(DoubleAngleSimulator, "doubleangle_sim")
 asl_sim = _function_form(ASLSimulator, "asl_sim")
 hsfp_sim = _function_form(HSFPSimulator, "hsfp_sim")
 molli_sim = _function_form(MOLLISimulator, "molli_sim")
+megre_sim = _function_form(MultiEchoGRESimulator, "megre_sim")
+mese_sim = _function_form(MultiEchoSESimulator, "mese_sim")

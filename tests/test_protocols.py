@@ -6,7 +6,7 @@ import pytest
 
 from blochsim import Delay, Dephase, Excitation, Inversion, Pulse, Readout, Refocusing, Simulator, Spoil
 from blochsim.sequence import Sequence
-from blochsim.simulators import (ASLSimulator, HSFPSimulator, MOLLISimulator, DESSSimulator, DoubleAngleSimulator, HyperechoSimulator, WaterFatSimulator, fmSSFPSimulator, DiffusionSimulator, FLASHSimulator, IRbSSFPSimulator, bSSFPSimulator, LookLockerSimulator, MP2RAGESimulator, MPnRAGESimulator, MPRAGESimulator, ll_sim,
+from blochsim.simulators import (FSESimulator, MultiEchoGRESimulator, MultiEchoSESimulator, SPGRSimulator, ASLSimulator, HSFPSimulator, MOLLISimulator, DESSSimulator, DoubleAngleSimulator, HyperechoSimulator, WaterFatSimulator, fmSSFPSimulator, DiffusionSimulator, FLASHSimulator, IRbSSFPSimulator, bSSFPSimulator, LookLockerSimulator, MP2RAGESimulator, MPnRAGESimulator, MPRAGESimulator, ll_sim,
                                  mp2rage_sim)
 
 MP2 = dict(TI=[700.0, 2500.0], flip=[4.0, 5.0], TR=5000.0, TR_gre=7.0, n_readouts=160)
@@ -434,6 +434,98 @@ def test_flash_shaped_pulse_refusals():
         hyperbolic_secant(mu=-1.0)
     with pytest.raises(ValueError, match="shorter than one dwell"):
         hyperbolic_secant(duration=0.001)
+
+
+# --------------------------------------------------------------------------
+# Multi-echo: T2* (gradient echoes, T2') and T2 (spin echoes)
+
+TES = np.array([3.0, 8.0, 14.0, 25.0])
+
+
+def test_megre_t2prime_is_the_lorentzian_average_and_the_spgr_closed_form():
+    """Ideally spoiled: the played echoes averaged over a Lorentzian spread
+    of B0 (HWHM 1/(2 pi T2'), quadrature in the test) equal the echoes with
+    T2prime, and the SPGR closed form with 1/T2* = 1/T2 + 1/T2'."""
+    sim = MultiEchoGRESimulator(flip=25.0, TR=30.0, TE=TES, rf_spoiling=None)
+    T2, T2p, B0 = 50.0, 30.0, 7.0
+    theta = (np.arange(20000) + 0.5) / 20000 * np.pi - np.pi / 2
+    offsets = np.tan(theta) / (2 * np.pi * T2p * 1e-3)  # Lorentzian quantiles, Hz
+    spread = sim.simulate(T1=900.0, T2=T2, B0=B0 + offsets, M0=1.3).astype(complex).mean(axis=0)
+    s = sim.simulate(T1=900.0, T2=T2, B0=B0, M0=1.3, T2prime=T2p)
+    np.testing.assert_allclose(s, spread, atol=2e-4)
+    closed = SPGRSimulator(flip=25.0, TR=30.0, TE=TES).simulate(T1=900.0, T2star=1 / (1 / T2 + 1 / T2p), B0=B0,
+                                                                M0=1.3)
+    np.testing.assert_allclose(s, closed, atol=2e-6)
+
+
+def test_megre_rf_spoiled_against_the_isochromat_ensemble():
+    sim = MultiEchoGRESimulator(flip=15.0, TR=30.0, TE=TES, n=60)
+    t = dict(T1=900.0, T2=70.0, B1=0.9, B0=12.0)
+    s = sim.simulate(**t)
+    for j, te in enumerate(TES):
+        ref = _flash_isochromats(np.full(60, 15.0), 30.0, te, 60, 117.0, **t)
+        np.testing.assert_allclose(s[j], ref[-1], atol=3e-6)
+
+
+def test_t2prime_jacobian_and_pullback_against_differences():
+    sim = MultiEchoGRESimulator(flip=20.0, TR=30.0, TE=TES, n=40)
+    t = dict(T1=np.array([800.0, 1400.0]), T2=np.array([60.0, 90.0]), T2prime=np.array([25.0, 60.0]),
+             B0=np.array([-5.0, 20.0]))
+    names = ("T2prime", "T1", "B0")
+    s, J = sim.jacobian(names, **t)
+    _jacobian_matches_differences(sim, t, names, J, step=1e-4, rtol=2e-3, atol=1e-6)
+    s1, J1 = sim.jacobian("T2prime", **t)
+    np.testing.assert_allclose(J1, J[:, 0], rtol=1e-6)
+    # a loss of the echoes pulled back to the echo times, the flip and T2prime
+    s, pullback = sim.vjp(("TE", "flip", "T2prime"), **t)
+    g = pullback(2 * s)
+
+    def loss(**kw):
+        return np.sum(np.abs(sim.simulate(**{**t, **kw}).astype(complex)) ** 2)
+
+    for j in range(len(TES)):
+        h = np.zeros(len(TES))
+        h[j] = 1e-2
+        fd = (loss(TE=TES + h) - loss(TE=TES - h)) / 2e-2
+        np.testing.assert_allclose(g["TE"][j], fd, rtol=5e-3)
+    np.testing.assert_allclose(g["flip"], (loss(flip=20.05) - loss(flip=19.95)) / 0.1, rtol=5e-3)
+    dT = t["T2prime"] * 1e-3
+    for v in range(2):
+        e = np.eye(2)[v] * dT
+        fd = (loss(T2prime=t["T2prime"] + e) - loss(T2prime=t["T2prime"] - e)) / (2 * dT[v])
+        np.testing.assert_allclose(g["T2prime"][v], fd, rtol=5e-3)
+
+
+def test_t2prime_refusals():
+    sim = MultiEchoGRESimulator(flip=20.0, TR=30.0, TE=TES)
+    with pytest.raises(ValueError, match="T2prime must be > 0 ms"):
+        sim.simulate(T1=800.0, T2=60.0, T2prime=0.0)
+    with pytest.raises(ValueError, match="do not broadcast to one voxel shape: T1"):
+        sim.simulate(T1=np.ones(3) * 800.0, T2=60.0, T2prime=np.ones(2) * 30.0)
+    with pytest.raises(ValueError, match="jacobian_vjp does not take T2prime"):
+        sim.jacobian_vjp("T1", "flip", T1=800.0, T2=60.0, T2prime=30.0)
+    with pytest.raises(TypeError, match="T2prime"):
+        FSESimulator(ESP=5.0, flip=np.full(4, 180.0)).simulate(T1=800.0, T2=60.0, T2prime=30.0)
+    with pytest.raises(ValueError, match="TE must increase"):
+        MultiEchoGRESimulator(flip=20.0, TR=30.0, TE=[5.0, 3.0])
+    with pytest.raises(ValueError, match="dephasing of a Readout must be >= 0 ms"):
+        Readout(dephasing=-1.0)
+
+
+def test_mese_ideal_refocusing_decays_at_t2_and_below_180_adds_stimulated_echoes():
+    sim = MultiEchoSESimulator(n_echoes=16, ESP=10.0)
+    s = sim.simulate(T1=1000.0, T2=np.array([40.0, 90.0]), M0=2.0)
+    te = 10.0 * np.arange(1, 17)
+    np.testing.assert_allclose(np.abs(s), 2.0 * np.exp(-te / np.array([[40.0], [90.0]])), rtol=2e-5)
+    # second echo after two alpha refocusings (ideal crushers, ESP = 20 ms):
+    # the spin echo sin^4(a/2) e^{-40/T2} plus the stimulated echo
+    # (1/2) sin^2 a, transverse for 20 ms and stored on Z for 20 ms
+    a = np.radians(150.0)
+    second = np.sin(a / 2) ** 4 * np.exp(-40.0 / 60.0) + 0.5 * np.sin(a) ** 2 * np.exp(-20.0 / 60.0 - 20.0 / 1000.0)
+    s = MultiEchoSESimulator(n_echoes=2, ESP=20.0, refocusing=150.0).simulate(T1=1000.0, T2=60.0)
+    np.testing.assert_allclose(abs(s[1]), second, rtol=1e-5)
+    with pytest.raises(ValueError, match="not both"):
+        MultiEchoSESimulator(n_echoes=4, ESP=10.0, flip=np.full(4, 180.0))
 
 
 # --------------------------------------------------------------------------
