@@ -23,6 +23,13 @@ TISSUE_UNITS = {
     "inv_efficiency": (1.0, "inv_efficiency", None, False),
     "D": (1e-9, "D_m2_s", 0.0, False),
     "v": (1.0, "v_m_s", None, False),
+    # the diffusion tensor's components (µm²/ms) in the scanner frame
+    "Dxx": (1e-9, "Dxx_m2_s", 0.0, False),
+    "Dyy": (1e-9, "Dyy_m2_s", 0.0, False),
+    "Dzz": (1e-9, "Dzz_m2_s", 0.0, False),
+    "Dxy": (1e-9, "Dxy_m2_s", None, False),
+    "Dxz": (1e-9, "Dxz_m2_s", None, False),
+    "Dyz": (1e-9, "Dyz_m2_s", None, False),
     # water-fat imaging: the fat share of M0
     "fat_fraction": (1.0, "fat_fraction", None, False),
     # arterial spin labelling: cerebral blood flow (ml/100 g/min) and the
@@ -47,7 +54,8 @@ for _x in "BCDE":
 
 UNIT_NAMES = {
     "T1": "ms", "T2": "ms", "T2star": "ms", "T2prime": "ms", "M0": "", "B1": "", "B0": "Hz",
-    "B1phase": "deg", "inv_efficiency": "", "D": "um^2/ms", "v": "m/s", "fat_fraction": "", "CBF": "ml/100g/min", "ATT": "ms",
+    "B1phase": "deg", "inv_efficiency": "", "D": "um^2/ms", "v": "m/s", "Dxx": "um^2/ms", "Dyy": "um^2/ms", "Dzz": "um^2/ms",
+    "Dxy": "um^2/ms", "Dxz": "um^2/ms", "Dyz": "um^2/ms", "fat_fraction": "", "CBF": "ml/100g/min", "ATT": "ms",
     "bound_fraction": "", "bound_exchange": "Hz", "bound_T1": "ms", "bound_T2": "ms",
 }
 for _x in "BCDE":

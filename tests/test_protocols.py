@@ -6,7 +6,7 @@ import pytest
 
 from blochsim import Delay, Dephase, Excitation, Inversion, Pulse, Readout, Refocusing, Simulator, Spoil
 from blochsim.sequence import Sequence
-from blochsim.simulators import (FSESimulator, MultiEchoGRESimulator, MultiEchoSESimulator, SPGRSimulator, ASLSimulator, HSFPSimulator, MOLLISimulator, DESSSimulator, DoubleAngleSimulator, HyperechoSimulator, WaterFatSimulator, fmSSFPSimulator, DiffusionSimulator, FLASHSimulator, IRbSSFPSimulator, bSSFPSimulator, LookLockerSimulator, MP2RAGESimulator, MPnRAGESimulator, MPRAGESimulator, ll_sim,
+from blochsim.simulators import (DiffusionTensorSimulator, FSESimulator, MultiEchoGRESimulator, MultiEchoSESimulator, SPGRSimulator, ASLSimulator, HSFPSimulator, MOLLISimulator, DESSSimulator, DoubleAngleSimulator, HyperechoSimulator, WaterFatSimulator, fmSSFPSimulator, DiffusionSimulator, FLASHSimulator, IRbSSFPSimulator, bSSFPSimulator, LookLockerSimulator, MP2RAGESimulator, MPnRAGESimulator, MPRAGESimulator, ll_sim,
                                  mp2rage_sim)
 
 MP2 = dict(TI=[700.0, 2500.0], flip=[4.0, 5.0], TR=5000.0, TR_gre=7.0, n_readouts=160)
@@ -558,6 +558,74 @@ def test_diffusion_stejskal_tanner_against_the_played_pgse(b):
                   states=4).simulate(**t)
     closed = DiffusionSimulator(b=b, TE=TE).simulate(T2=t["T2"], D=t["D"], M0=t["M0"])
     np.testing.assert_allclose(np.abs(played[:, -1]), np.abs(closed[:, 0]), rtol=2e-6)
+
+
+def _dirs(n, seed):
+    g = np.random.default_rng(seed).normal(size=(n, 3))
+    return g / np.linalg.norm(g, axis=1, keepdims=True)
+
+
+def test_diffusion_tensor_against_the_axially_symmetric_adc_and_the_played_pgse():
+    """A fibre along u with diffusivities l_par and l_perp: the ADC along g
+    is l_perp + (l_par - l_perp)(g.u)^2; one direction played through the
+    EPG as a PGSE with that D."""
+    u = np.array([0.3, -0.5, 0.81])
+    u /= np.linalg.norm(u)
+    l_par, l_perp = 1.8, 0.35
+    D = l_perp * np.eye(3) + (l_par - l_perp) * np.outer(u, u)
+    t = dict(T2=70.0, M0=1.2, Dxx=D[0, 0], Dyy=D[1, 1], Dzz=D[2, 2], Dxy=D[0, 1], Dxz=D[0, 2], Dyz=D[1, 2])
+    g = _dirs(30, 3)
+    b = np.linspace(0.0, 3000.0, 30)
+    s = DiffusionTensorSimulator(b=b, directions=g, TE=80.0).simulate(**t)
+    adc = l_perp + (l_par - l_perp) * (g @ u) ** 2
+    np.testing.assert_allclose(s.real, 1.2 * np.exp(-80.0 / 70.0) * np.exp(-1e-3 * b * adc), rtol=1e-12)
+    # the isotropic tensor is the scalar Stejskal-Tanner signal
+    iso = DiffusionTensorSimulator(b=b, directions=g, TE=80.0, TR=3000.0).simulate(
+        T1=900.0, T2=70.0, Dxx=0.8, Dyy=0.8, Dzz=0.8)
+    np.testing.assert_allclose(iso, DiffusionSimulator(b=b, TE=80.0, TR=3000.0).simulate(T1=900.0, T2=70.0, D=0.8),
+                               rtol=1e-12)
+    Delta, voxel, j = 30.0, 1e-3, 20
+    dk = np.sqrt(b[j] * 1e6 / (Delta * 1e-3))
+    played = PGSE(TE=80.0, Delta=Delta, crusher_dephasing_rad=dk * voxel, voxel_size_m=voxel, states=4).simulate(
+        T1=1000.0, T2=70.0, D=adc[j], M0=1.2)
+    np.testing.assert_allclose(abs(played[-1]), s[j].real, rtol=2e-6)
+
+
+def test_diffusion_tensor_fit_recovers_the_tensor_and_the_jacobian():
+    rng = np.random.default_rng(5)
+    b = np.concatenate([[0.0, 0.0], np.full(20, 1000.0), np.full(20, 2000.0)])
+    g = np.concatenate([np.eye(3)[:2], _dirs(20, 1), _dirs(20, 2)])
+    sim = DiffusionTensorSimulator(b=b, directions=g, TE=80.0)
+    Q = np.linalg.qr(rng.normal(size=(5, 3, 3)))[0]
+    lam = rng.uniform(0.2, 2.0, size=(5, 3))
+    D = np.einsum("vij,vj,vkj->vik", Q, lam, Q)
+    t = dict(T2=np.full(5, 70.0), M0=rng.uniform(0.5, 2.0, 5), Dxx=D[:, 0, 0], Dyy=D[:, 1, 1], Dzz=D[:, 2, 2],
+             Dxy=D[:, 0, 1], Dxz=D[:, 0, 2], Dyz=D[:, 1, 2])
+    fit = sim.fit_tensor(sim.simulate(**t))
+    for k in ("Dxx", "Dyy", "Dzz", "Dxy", "Dxz", "Dyz"):
+        np.testing.assert_allclose(fit[k], t[k], atol=1e-10, err_msg=k)
+    np.testing.assert_allclose(fit["S0"], t["M0"] * np.exp(-80.0 / 70.0), rtol=1e-10)
+    names = ("Dxx", "Dxy", "T2")
+    s, J = sim.jacobian(names, **t)
+    _jacobian_matches_differences(sim, t, names, J, step=1e-6, rtol=1e-6, atol=1e-12)
+
+
+def test_diffusion_tensor_refusals():
+    with pytest.raises(ValueError, match="needs directions"):
+        DiffusionTensorSimulator(b=[0.0, 1000.0], TE=80.0)
+    with pytest.raises(ValueError, match=r"directions must have shape \(2, 3\)"):
+        DiffusionTensorSimulator(b=[0.0, 1000.0], directions=np.ones((3, 3)), TE=80.0)
+    with pytest.raises(ValueError, match="zero row at b > 0"):
+        DiffusionTensorSimulator(b=[0.0, 1000.0], directions=np.zeros((2, 3)), TE=80.0)
+    sim = DiffusionTensorSimulator(b=[0.0, 1000.0], directions=[[0.0, 0.0, 1.0]] * 2, TE=80.0)
+    with pytest.raises(ValueError, match="Dxx must be >= 0"):
+        sim.simulate(T2=70.0, Dxx=-0.1, Dyy=1.0, Dzz=1.0)
+    with pytest.raises(TypeError, match="Dzz"):
+        sim.simulate(T2=70.0, Dxx=1.0, Dyy=1.0)
+    with pytest.raises(ValueError, match="do not determine the tensor"):
+        sim.fit_tensor(np.ones(2))
+    with pytest.raises(ValueError, match="signals must end in 2 contrasts"):
+        sim.fit_tensor(np.ones(3))
 
 
 def test_diffusion_with_repetition_jacobian_and_refusals():
