@@ -24,7 +24,7 @@ __all__ = [
     "DoubleAngleSimulator", "doubleangle_sim", "ASLSimulator", "asl_sim",
     "HSFPSimulator", "hsfp_sim", "MOLLISimulator", "molli_sim",
     "MultiEchoGRESimulator", "megre_sim", "MultiEchoSESimulator", "mese_sim",
-    "DiffusionTensorSimulator", "dti_sim",
+    "DiffusionTensorSimulator", "dti_sim", "DESPOT1Simulator", "despot1_sim", "DESPOT2Simulator", "despot2_sim",
 ]
 
 
@@ -742,6 +742,172 @@ class DoubleAngleSimulator(ClosedFormSimulator):
             raise ValueError(f"b1 needs the two images along the last axis, got shape {s.shape}")
         r = np.real(s[..., 1] / (2 * s[..., 0]))
         return np.degrees(np.arccos(np.clip(r, -1.0, 1.0))) / flip
+
+
+def _despot_line(x, y):
+    """Per voxel, the least-squares line y = slope x + intercept over the
+    last axis (the flip angles)."""
+    xm, ym = x.mean(axis=-1, keepdims=True), y.mean(axis=-1, keepdims=True)
+    slope = np.sum((x - xm) * (y - ym), axis=-1) / np.sum((x - xm) ** 2, axis=-1)
+    return slope, ym[..., 0] - slope * xm[..., 0]
+
+
+def _despot_axes(self, signals, B1, protocol):
+    p = self._protocol_values(protocol)
+    _need(self, p, ("flip", "TR"))
+    s = np.abs(np.asarray(signals)).astype(np.float64)
+    if s.shape[-1:] != p["flip"].shape:
+        raise ValueError(f"signals must end in {p['flip'].shape[0]} flip angles, got shape {s.shape}")
+    a = np.radians(p["flip"]) * (1.0 if B1 is None else np.asarray(V.tissue_array("B1", B1))[..., None])
+    return p, s / np.sin(a), s / np.tan(a)
+
+
+class DESPOT1Simulator(ClosedFormSimulator):
+    """DESPOT1 / variable flip angle T1 mapping (Deoni, Rutt & Peters
+    2003, MRM 49:515): ideally spoiled gradient echoes at several flips,
+
+        S_i = M0 sin(B1 α_i) (1 − E1) / (1 − cos(B1 α_i) E1),  E1 = e^{−TR/T1},
+
+    (times e^{−TE/T2*} with ``TE`` and ``T2star``).  :meth:`fit` inverts
+    it through the line S/sin α = E1 · S/tan α + M0 (1 − E1).
+
+    Parameters
+    ----------
+    flip : array_like, deg, shape (n,)
+    TR : float, ms
+    TE : float, ms (default 0)
+
+    Tissue: T1 (ms, required), M0, B1, T2star (ms).
+
+    Examples
+    --------
+    >>> from blochsim.simulators import DESPOT1Simulator
+    >>> sim = DESPOT1Simulator(flip=[3.0, 17.0], TR=5.0)
+    >>> round(float(sim.fit(sim.simulate(T1=1100.0))["T1"]), 6)
+    1100.0
+    """
+
+    protocol = {"flip": None, "TR": None, "TE": 0.0}
+    tissue_properties = ("T1", "M0", "B1", "T2star")
+    required = ("T1",)
+
+    def check_protocol(self, p):
+        if p["flip"] is None or p["TR"] is None:
+            return p
+        p["flip"] = np.atleast_1d(V.protocol_array("flip", p["flip"], low=0.0, strict=True, unit="deg"))
+        if p["flip"].shape[0] < 2:
+            raise ValueError(f"{type(self).__name__} needs at least two flip angles, got {p['flip']}")
+        p["TR"] = _scalar("TR", p["TR"], low=0.0, strict=True, unit="ms")
+        p["TE"] = _scalar("TE", p["TE"], low=0.0, unit="ms")
+        _echo_within(p, p["TR"])
+        return p
+
+    def signal(self, p, t):
+        _need(self, p, ("flip", "TR"))
+        a = np.radians(p["flip"]) * t.get("B1", 1.0)
+        E1 = np.exp(-p["TR"] / t["T1"])
+        s = t.get("M0", 1.0) * np.sin(a) * (1 - E1) / (1 - np.cos(a) * E1)
+        if "T2star" in t:
+            s = s * np.exp(-p["TE"] / t["T2star"])
+        return s
+
+    def derivatives(self, p, t, names, s):
+        return _complex_step(self, p, t, names)
+
+    def fit(self, signals, B1=None, **protocol):
+        """T1 and M0 from the signals (magnitudes) by the DESPOT1 line.
+
+        Parameters
+        ----------
+        signals : array_like, shape (*voxels, n)
+        B1 : array_like, optional
+            Transmit scale per voxel (DESPOT1-HIFI); default 1.
+        **protocol
+            Protocol overrides.
+
+        Returns
+        -------
+        dict
+            ``T1`` (ms; NaN where the line gives no E1 in (0, 1)) and ``M0``
+            (times e^{-TE/T2*}), shaped ``voxels``.
+        """
+        p, y, x = _despot_axes(self, signals, B1, protocol)
+        E1, c = _despot_line(x, y)
+        ok = (E1 > 0) & (E1 < 1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            T1 = np.where(ok, -p["TR"] / np.log(np.where(ok, E1, 0.5)), np.nan)
+            return {"T1": T1, "M0": np.where(ok, c / (1 - E1), np.nan)}
+
+
+class DESPOT2Simulator(DESPOT1Simulator):
+    """DESPOT2 T2 mapping (Deoni, Rutt & Peters 2003, MRM 49:515): balanced
+    SSFP on resonance with the RF phase alternated, at several flips,
+
+        S_i = M0 (1 − E1) sin(B1 α_i) / (1 − (E1 − E2) cos(B1 α_i) − E1 E2) · e^{−TE/T2},
+
+    E1 = e^{−TR/T1}, E2 = e^{−TR/T2} (the exact on-resonance steady state
+    of :class:`bSSFPSimulator`).  With T1 known (from DESPOT1), :meth:`fit`
+    inverts it through the line S/sin α = m · S/tan α + c,
+    m = (E1 − E2)/(1 − E1 E2).
+
+    Parameters
+    ----------
+    flip : array_like, deg, shape (n,)
+    TR : float, ms
+    TE : float, ms (default TR/2)
+
+    Tissue: T1, T2 (ms, required), M0, B1.
+
+    Examples
+    --------
+    >>> from blochsim.simulators import DESPOT2Simulator
+    >>> sim = DESPOT2Simulator(flip=[15.0, 60.0], TR=5.0)
+    >>> round(float(sim.fit(sim.simulate(T1=1100.0, T2=70.0), T1=1100.0)["T2"]), 6)
+    70.0
+    """
+
+    protocol = {"flip": None, "TR": None, "TE": None}
+    tissue_properties = ("T1", "T2", "M0", "B1")
+    required = ("T1", "T2")
+
+    def check_protocol(self, p):
+        if p["TR"] is not None and p["TE"] is None:
+            p["TE"] = 0.5 * float(np.asarray(p["TR"], dtype=np.float64))
+        return super().check_protocol(p)
+
+    def signal(self, p, t):
+        _need(self, p, ("flip", "TR"))
+        a = np.radians(p["flip"]) * t.get("B1", 1.0)
+        E1, E2 = np.exp(-p["TR"] / t["T1"]), np.exp(-p["TR"] / t["T2"])
+        s = t.get("M0", 1.0) * (1 - E1) * np.sin(a) / (1 - (E1 - E2) * np.cos(a) - E1 * E2)
+        return s * np.exp(-p["TE"] / t["T2"])
+
+    def fit(self, signals, T1, B1=None, **protocol):
+        """T2 and M0 from the signals (magnitudes) and a known T1.
+
+        Parameters
+        ----------
+        signals : array_like, shape (*voxels, n)
+        T1 : array_like, ms
+            Per voxel (e.g. from :meth:`DESPOT1Simulator.fit`).
+        B1 : array_like, optional
+        **protocol
+            Protocol overrides.
+
+        Returns
+        -------
+        dict
+            ``T2`` (ms; NaN where the line gives no E2 in (0, 1)) and ``M0``
+            (times e^{-TE/T2}), shaped ``voxels``.
+        """
+        p, y, x = _despot_axes(self, signals, B1, protocol)
+        E1 = np.exp(-p["TR"] / np.asarray(V.tissue_array("T1", T1)))
+        m, c = _despot_line(x, y)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            E2 = (E1 - m) / (1 - m * E1)
+            ok = (E2 > 0) & (E2 < 1)
+            T2 = np.where(ok, -p["TR"] / np.log(np.where(ok, E2, 0.5)), np.nan)
+            return {"T2": T2, "M0": np.where(ok, c * (1 - E1 * E2) / (1 - E1), np.nan)}
 
 
 class bSSFPSimulator(ClosedFormSimulator):
@@ -2106,3 +2272,5 @@ molli_sim = _function_form(MOLLISimulator, "molli_sim")
 megre_sim = _function_form(MultiEchoGRESimulator, "megre_sim")
 mese_sim = _function_form(MultiEchoSESimulator, "mese_sim")
 dti_sim = _function_form(DiffusionTensorSimulator, "dti_sim")
+despot1_sim = _function_form(DESPOT1Simulator, "despot1_sim")
+despot2_sim = _function_form(DESPOT2Simulator, "despot2_sim")

@@ -6,7 +6,7 @@ import pytest
 
 from blochsim import Delay, Dephase, Excitation, Inversion, Pulse, Readout, Refocusing, Simulator, Spoil
 from blochsim.sequence import Sequence
-from blochsim.simulators import (DiffusionTensorSimulator, FSESimulator, MultiEchoGRESimulator, MultiEchoSESimulator, SPGRSimulator, ASLSimulator, HSFPSimulator, MOLLISimulator, DESSSimulator, DoubleAngleSimulator, HyperechoSimulator, WaterFatSimulator, fmSSFPSimulator, DiffusionSimulator, FLASHSimulator, IRbSSFPSimulator, bSSFPSimulator, LookLockerSimulator, MP2RAGESimulator, MPnRAGESimulator, MPRAGESimulator, ll_sim,
+from blochsim.simulators import (DESPOT1Simulator, DESPOT2Simulator, TrueFISPSimulator, DiffusionTensorSimulator, FSESimulator, MultiEchoGRESimulator, MultiEchoSESimulator, SPGRSimulator, ASLSimulator, HSFPSimulator, MOLLISimulator, DESSSimulator, DoubleAngleSimulator, HyperechoSimulator, WaterFatSimulator, fmSSFPSimulator, DiffusionSimulator, FLASHSimulator, IRbSSFPSimulator, bSSFPSimulator, LookLockerSimulator, MP2RAGESimulator, MPnRAGESimulator, MPRAGESimulator, ll_sim,
                                  mp2rage_sim)
 
 MP2 = dict(TI=[700.0, 2500.0], flip=[4.0, 5.0], TR=5000.0, TR_gre=7.0, n_readouts=160)
@@ -526,6 +526,63 @@ def test_mese_ideal_refocusing_decays_at_t2_and_below_180_adds_stimulated_echoes
     np.testing.assert_allclose(abs(s[1]), second, rtol=1e-5)
     with pytest.raises(ValueError, match="not both"):
         MultiEchoSESimulator(n_echoes=4, ESP=10.0, flip=np.full(4, 180.0))
+
+
+# --------------------------------------------------------------------------
+# DESPOT1 / DESPOT2
+
+VFA = np.array([3.0, 6.0, 10.0, 15.0, 20.0])
+
+
+def test_despot1_against_ernst_and_the_played_spoiled_echo_and_its_fit():
+    T1, M0, B1 = np.array([500.0, 1100.0, 2500.0]), np.array([0.8, 1.0, 1.3]), np.array([0.85, 1.0, 1.2])
+    sim = DESPOT1Simulator(flip=VFA, TR=6.0)
+    s = sim.simulate(T1=T1, M0=M0, B1=B1)
+    a = np.radians(VFA) * B1[:, None]
+    E1 = np.exp(-6.0 / T1)[:, None]
+    np.testing.assert_allclose(s.real, M0[:, None] * np.sin(a) * (1 - E1) / (1 - np.cos(a) * E1), rtol=1e-12)
+    for j in (0, 3):
+        played = MultiEchoGRESimulator(flip=VFA[j], TR=6.0, TE=[0.0], rf_spoiling=None, n=1,
+                                       repetitions="auto").simulate(
+            T1=T1, T2=60.0, M0=M0, B1=B1)
+        np.testing.assert_allclose(played[:, 0], s[:, j], rtol=2e-5)
+    fit = sim.fit(s, B1=B1)
+    np.testing.assert_allclose(fit["T1"], T1, rtol=1e-9)
+    np.testing.assert_allclose(fit["M0"], M0, rtol=1e-9)
+    # ignoring B1 scales T1 by about B1^2 at small flips (the known DESPOT1 B1 sensitivity)
+    assert abs(sim.fit(s)["T1"][0] / T1[0] - 0.85 ** 2) < 0.01
+    _, J = sim.jacobian(("T1", "B1"), T1=T1, M0=M0, B1=B1)
+    _jacobian_matches_differences(sim, dict(T1=T1, M0=M0, B1=B1), ("T1", "B1"), J)
+
+
+def test_despot2_against_the_bssfp_steady_state_and_its_fit():
+    T1, T2, B1 = np.array([800.0, 1500.0]), np.array([50.0, 120.0]), np.array([0.9, 1.1])
+    flips = np.array([10.0, 25.0, 40.0, 60.0])
+    sim = DESPOT2Simulator(flip=flips, TR=5.0)
+    s = sim.simulate(T1=T1, T2=T2, B1=B1)
+    for v in range(2):
+        closed = bSSFPSimulator(flip=flips * B1[v], TR=5.0).simulate(T1=T1[v], T2=T2[v])
+        np.testing.assert_allclose(s[v], closed, rtol=1e-10)
+    played = TrueFISPSimulator(flip=flips[2], TR=5.0, nshots=3000).simulate(T1=T1, T2=T2, B1=B1)
+    np.testing.assert_allclose(played[:, -1], s[:, 2], rtol=3e-4)
+    fit = sim.fit(s, T1=T1, B1=B1)
+    np.testing.assert_allclose(fit["T2"], T2, rtol=1e-8)
+    np.testing.assert_allclose(fit["M0"], np.exp(-2.5 / T2), rtol=1e-8)
+    _, J = sim.jacobian(("T2", "T1"), T1=T1, T2=T2, B1=B1)
+    _jacobian_matches_differences(sim, dict(T1=T1, T2=T2, B1=B1), ("T2", "T1"), J)
+
+
+def test_despot_refusals():
+    with pytest.raises(ValueError, match="at least two flip angles"):
+        DESPOT1Simulator(flip=[10.0], TR=5.0)
+    with pytest.raises(ValueError, match="flip must be > 0 deg"):
+        DESPOT1Simulator(flip=[0.0, 10.0], TR=5.0)
+    with pytest.raises(ValueError, match="TE = 8 ms must be at most TR = 5 ms"):
+        DESPOT1Simulator(flip=[5.0, 10.0], TR=5.0, TE=8.0)
+    with pytest.raises(ValueError, match="signals must end in 2 flip angles"):
+        DESPOT1Simulator(flip=[5.0, 10.0], TR=5.0).fit(np.ones(3))
+    with pytest.raises(ValueError, match="T1 must be > 0"):
+        DESPOT2Simulator(flip=[5.0, 10.0], TR=5.0).fit(np.ones(2), T1=-1.0)
 
 
 # --------------------------------------------------------------------------
