@@ -78,7 +78,7 @@ class FSESimulator(Simulator):
     states, crusher_dephasing_rad, voxel_size_m, repetitions, device, threads
         See :class:`blochsim.Simulator`.
 
-    Tissue: T1, T2 (ms), M0, B1, B0 (Hz), D (µm²/ms, needs the geometry).
+    Tissue: T1, T2 (ms), M0, B1, B0 (Hz), D (µm²/ms), v (m/s); D and v need the geometry.
 
     Examples
     --------
@@ -91,7 +91,7 @@ class FSESimulator(Simulator):
     """
 
     protocol = {"flip": None, "ESP": None, "phases": 0.0, "exc_flip": 90.0, "exc_phase": 90.0, "TR": 1e6}
-    tissue_properties = ("T1", "T2", "M0", "B1", "B0", "D")
+    tissue_properties = ("T1", "T2", "M0", "B1", "B0", "D", "v")
 
     def check_protocol(self, p):
         if p["ESP"] is not None:
@@ -184,11 +184,11 @@ class MRFSimulator(Simulator):
     states, repetitions, device, threads
         See :class:`blochsim.Simulator`.
 
-    Tissue: T1, T2 (ms), M0, B1, inv_efficiency.
+    Tissue: T1, T2 (ms), M0, B1, inv_efficiency, D (µm²/ms), v (m/s; D and v need the geometry).
     """
 
     protocol = {"flip": None, "TR": None, "TI": 0.0, "phases": 0.0}
-    tissue_properties = ("T1", "T2", "M0", "B1", "inv_efficiency")
+    tissue_properties = ("T1", "T2", "M0", "B1", "inv_efficiency", "D", "v")
 
     def check_protocol(self, p):
         if p["flip"] is None or p["TR"] is None:
@@ -224,11 +224,11 @@ class TrueFISPSimulator(Simulator):
     nshots : int
     TE : float, ms, optional (default TR/2)
 
-    Tissue: T1, T2 (ms), M0, B1, B0 (Hz).
+    Tissue: T1, T2 (ms), M0, B1, B0 (Hz), D (µm²/ms), v (m/s; D and v need the geometry).
     """
 
     protocol = {"flip": None, "TR": None, "nshots": None, "TE": None}
-    tissue_properties = ("T1", "T2", "M0", "B1", "B0")
+    tissue_properties = ("T1", "T2", "M0", "B1", "B0", "D", "v")
 
     def check_protocol(self, p):
         if p["flip"] is None or p["TR"] is None or p["nshots"] is None:
@@ -282,11 +282,11 @@ class DESSSimulator(Simulator):
         See :class:`blochsim.Simulator`; ``states`` defaults to 64 here (the
         orders a steady state needs while T2 decay has not removed them).
 
-    Tissue: T1, T2 (ms), M0, B1, B0 (Hz).
+    Tissue: T1, T2 (ms), M0, B1, B0 (Hz), D (µm²/ms), v (m/s; D and v need the geometry).
     """
 
     protocol = {"flip": None, "TR": None, "TE": 0.0, "repetitions": 300, "states": 64}
-    tissue_properties = ("T1", "T2", "M0", "B1", "B0")
+    tissue_properties = ("T1", "T2", "M0", "B1", "B0", "D", "v")
 
     def check_protocol(self, p):
         if p["flip"] is None or p["TR"] is None:
@@ -322,7 +322,7 @@ class fmSSFPSimulator(Simulator):
     sweep : float, deg
         Change of the increment per TR.
 
-    Tissue: T1, T2 (ms), M0, B1, B0 (Hz).
+    Tissue: T1, T2 (ms), M0, B1, B0 (Hz), D (µm²/ms), v (m/s; D and v need the geometry).
 
     Examples
     --------
@@ -332,7 +332,7 @@ class fmSSFPSimulator(Simulator):
     """
 
     protocol = {"flip": None, "TR": None, "n": None, "TE": None, "phase_inc": 180.0, "sweep": 0.0}
-    tissue_properties = ("T1", "T2", "M0", "B1", "B0")
+    tissue_properties = ("T1", "T2", "M0", "B1", "B0", "D", "v")
 
     def check_protocol(self, p):
         if p["flip"] is None or p["TR"] is None or p["n"] is None:
@@ -376,7 +376,7 @@ class HSFPSimulator(Simulator):
     inversion : bool
     TI : float, ms
 
-    Tissue: T1, T2 (ms), M0, B1, B0 (Hz), inv_efficiency.
+    Tissue: T1, T2 (ms), M0, B1, B0 (Hz), inv_efficiency, D (µm²/ms), v (m/s; D and v need the geometry).
 
     Examples
     --------
@@ -388,7 +388,7 @@ class HSFPSimulator(Simulator):
     """
 
     protocol = {"flip": None, "TR": None, "TE": None, "phase_inc": 180.0, "inversion": True, "TI": 0.0}
-    tissue_properties = ("T1", "T2", "M0", "B1", "B0", "inv_efficiency")
+    tissue_properties = ("T1", "T2", "M0", "B1", "B0", "inv_efficiency", "D", "v")
 
     def check_protocol(self, p):
         if p["flip"] is None or p["TR"] is None:
@@ -435,7 +435,7 @@ class MOLLISimulator(Simulator):
     n_readouts : int
     scheme : sequence of (images, pause beats)
 
-    Tissue: T1, T2 (ms), M0, B1, B0 (Hz), inv_efficiency.
+    Tissue: T1, T2 (ms), M0, B1, B0 (Hz), inv_efficiency, D (µm²/ms), v (m/s; D and v need the geometry).
 
     Examples
     --------
@@ -447,7 +447,7 @@ class MOLLISimulator(Simulator):
 
     protocol = {"TI": None, "RR": None, "flip": None, "TR": None, "n_readouts": None,
                 "scheme": ((5, 3), (3, 0))}
-    tissue_properties = ("T1", "T2", "M0", "B1", "B0", "inv_efficiency")
+    tissue_properties = ("T1", "T2", "M0", "B1", "B0", "inv_efficiency", "D", "v")
 
     def check_protocol(self, p):
         if any(p[k] is None for k in ("TI", "RR", "flip", "TR", "n_readouts")):
@@ -516,7 +516,7 @@ class IRbSSFPSimulator(TrueFISPSimulator):
     TI : float, ms
         Inversion to the α/2 preparation.
 
-    Tissue: T1, T2 (ms), M0, B1, B0 (Hz), inv_efficiency.
+    Tissue: T1, T2 (ms), M0, B1, B0 (Hz), inv_efficiency, D (µm²/ms), v (m/s; D and v need the geometry).
 
     Examples
     --------
@@ -553,11 +553,11 @@ class StimulatedEchoSimulator(Simulator):
     TE : float, ms
     TM : float, ms (time between the second and third pulse, >= TE/2)
 
-    Tissue: T1, T2 (ms), M0, B1.
+    Tissue: T1, T2 (ms), M0, B1, D (µm²/ms), v (m/s; D and v need the geometry).
     """
 
     protocol = {"flip": 90.0, "TE": None, "TM": None}
-    tissue_properties = ("T1", "T2", "M0", "B1")
+    tissue_properties = ("T1", "T2", "M0", "B1", "D", "v")
 
     def check_protocol(self, p):
         p["flip"] = _train("flip", p["flip"], 3)
@@ -1529,7 +1529,8 @@ class FLASHSimulator(Simulator):
 
     Tissue: T1, T2 (ms), M0, B1, B0 (Hz), inv_efficiency, T2prime (ms: the
     echoes are multiplied by exp(-TE/T2prime), a Lorentzian spread of
-    off-resonance within the voxel).
+    off-resonance within the voxel), D (µm²/ms), v (m/s; D and v need the
+    geometry).
 
     Examples
     --------
@@ -1545,7 +1546,7 @@ class FLASHSimulator(Simulator):
 
     protocol = {"flip": None, "TR": None, "TE": 0.0, "n": None, "rf_spoiling": 117.0, "pulse": None,
                 "inversion": None, "TI": 0.0}
-    tissue_properties = ("T1", "T2", "M0", "B1", "B0", "inv_efficiency", "T2prime")
+    tissue_properties = ("T1", "T2", "M0", "B1", "B0", "inv_efficiency", "T2prime", "D", "v")
 
     def check_protocol(self, p):
         if p["flip"] is None or p["TR"] is None:
@@ -1633,7 +1634,7 @@ class MultiEchoGRESimulator(Simulator):
     states, repetitions, device, threads, slice_profile
         See :class:`blochsim.Simulator`.
 
-    Tissue: T1, T2, T2prime (ms), M0, B1, B0 (Hz).
+    Tissue: T1, T2, T2prime (ms), M0, B1, B0 (Hz), D (µm²/ms), v (m/s; D and v need the geometry).
 
     Examples
     --------
@@ -1646,7 +1647,7 @@ class MultiEchoGRESimulator(Simulator):
     """
 
     protocol = {"flip": None, "TR": None, "TE": None, "n": 200, "rf_spoiling": 117.0}
-    tissue_properties = ("T1", "T2", "M0", "B1", "B0", "T2prime")
+    tissue_properties = ("T1", "T2", "M0", "B1", "B0", "T2prime", "D", "v")
 
     def check_protocol(self, p):
         if p["flip"] is None or p["TR"] is None or p["TE"] is None:

@@ -45,8 +45,8 @@ def test_unknown_property_names():
     with pytest.raises(TypeError, match=r"unknown keyword 'T3'"):
         fse().simulate(flip=FLIP, T3=1.0)
     # a known property the simulator does not model is refused, never ignored
-    with pytest.raises(TypeError, match=r"does not model tissue property 'v'"):
-        fse().simulate(flip=FLIP, T2=80.0, v=0.1)
+    with pytest.raises(TypeError, match=r"does not model tissue property 'inv_efficiency'"):
+        fse().simulate(flip=FLIP, T2=80.0, inv_efficiency=0.9)
     with pytest.raises(TypeError, match=r"does not model tissue property 'B0'"):
         MRFSimulator(flip=FLIP, TR=10.0).simulate(T1=1000.0, B0=3.0)
     with pytest.raises(TypeError, match=r"no protocol parameter 'TEE'"):
