@@ -182,6 +182,39 @@ class Simulator(_Base):
     # pools, any non-zero value: the device's pooled team of 4 members
     _host_variant = 0
 
+    @classmethod
+    def from_pulseq(cls, path, **options):
+        """A simulator playing a Pulseq sequence file (versions 1.4 and 1.5).
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            The ``.seq`` file.
+        **options
+            ``rf`` ("hard": each RF event a hard pulse at its centre, or
+            "shaped": played sample by sample), ``dephasing`` ("moment":
+            the gradient moment along ``axis`` in shifts of ``unit``
+            cycles/m; "spoil"; or a callable given each
+            :class:`blochsim.pulseq.PulseqBlock` and returning the shifts at
+            its end), ``axis``, ``unit``, and any :class:`Simulator`
+            option (``states``, ``repetitions``, the crusher geometry, ...).
+
+        Returns
+        -------
+        blochsim.pulseq.PulseqSimulator
+            One sample per ADC event (at its centre).  What is read and the
+            limits of the model: :mod:`blochsim.pulseq`.
+
+        Examples
+        --------
+        >>> import blochsim
+        >>> sim = blochsim.Simulator.from_pulseq("gre.seq")          # doctest: +SKIP
+        >>> s = sim.simulate(T1=1000.0, T2=80.0)                      # doctest: +SKIP
+        """
+        from blochsim.pulseq import PulseqSimulator
+
+        return PulseqSimulator(path=path, **options)
+
     def preparation(self, p: dict):
         """Operators played once before the repetitions (default: none)."""
         return None

@@ -1,0 +1,144 @@
+"""Pulseq files written out in the test (format 1.4), read by
+Simulator.from_pulseq and played, against the spin echo's closed form and
+the RF-spoiled gradient echo's isochromat ensemble."""
+import importlib.util
+import pathlib
+
+import numpy as np
+import pytest
+
+from blochsim import Simulator
+from blochsim.pulseq import PulseqBlock, PulseqError, decompress_shape
+
+# the FLASH isochromat oracle of test_protocols.py (tests import in importlib mode)
+_spec = importlib.util.spec_from_file_location("_protocol_oracles", pathlib.Path(__file__).with_name("test_protocols.py"))
+_oracles = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_oracles)
+_flash_isochromats = _oracles._flash_isochromats
+
+
+def _seq(path, blocks, rf=(), trap=(), adc=(), shapes=(), version=(1, 4, 1), compress=True):
+    """Write a Pulseq file: rows of each section as tuples, shapes as
+    (id, samples), compressed (run-length encoded derivative) or not."""
+    out = ["# Pulseq sequence file", "[VERSION]", f"major {version[0]}", f"minor {version[1]}",
+           f"revision {version[2]}", "", "[DEFINITIONS]", "BlockDurationRaster 1e-05", "GradientRasterTime 1e-05",
+           "RadiofrequencyRasterTime 1e-06", "AdcRasterTime 1e-07", "",
+           "# NUM DUR RF  GX  GY  GZ  ADC  EXT", "[BLOCKS]"]
+    out += [" ".join(str(x) for x in b) for b in blocks]
+    for name, rows in (("RF", rf), ("TRAP", trap), ("ADC", adc)):
+        if rows:
+            out += ["", f"[{name}]"] + [" ".join(repr(float(x)) if i else str(x) for i, x in enumerate(r))
+                                        for r in rows]
+    if shapes:
+        out += ["", "[SHAPES]"]
+        for sid, samples in shapes:
+            samples = np.asarray(samples, dtype=float)
+            vals = list(samples)
+            if compress:
+                d, vals, i = np.diff(np.concatenate([[0.0], samples])), [], 0
+                while i < d.size:
+                    j = i
+                    while j + 1 < d.size and d[j + 1] == d[i]:
+                        j += 1
+                    run = j - i + 1
+                    vals += [d[i]] if run == 1 else [d[i], d[i], run - 2]
+                    i = j + 1
+            out += ["", f"shape_id {sid}", f"num_samples {samples.size}"] + [repr(float(v)) for v in vals]
+    path.write_text("\n".join(out) + "\n")
+    return path
+
+
+def _rect_hz(flip_deg, dur_us):
+    """Amplitude (Hz) of a rectangle of dur_us giving flip_deg."""
+    return flip_deg / 360.0 / (dur_us * 1e-6)
+
+
+def _spin_echo(path, **kw):
+    """90° (phase 90°) then crusher, 180°, crusher, ADC: TE = 20 ms between
+    the pulse centres and the ADC centre."""
+    blocks = [(1, 10, 1, 0, 0, 0, 0, 0), (2, 990, 0, 0, 0, 1, 0, 0), (3, 10, 2, 0, 0, 0, 0, 0),
+              (4, 990, 0, 0, 0, 1, 0, 0), (5, 10, 0, 0, 0, 0, 1, 0)]
+    rf = [(1, _rect_hz(90.0, 100), 1, 0, 0, 0, 0.0, np.pi / 2), (2, _rect_hz(180.0, 100), 1, 0, 0, 0, 0.0, 0.0)]
+    trap = [(1, 1e5, 100, 1000, 100, 200)]
+    adc = [(1, 100, 1000, 0, 0, 0)]
+    return _seq(path, blocks, rf, trap, adc, [(1, np.ones(100))], **kw)
+
+
+def test_decompress_shape_against_the_run_length_rule():
+    np.testing.assert_array_equal(decompress_shape([1.0, 0.0, 0.0, 97.0], 100), np.ones(100))
+    np.testing.assert_allclose(decompress_shape([0.5, 0.5, 3.0], 5), [0.5, 1.0, 1.5, 2.0, 2.5])
+    np.testing.assert_array_equal(decompress_shape([3.0, 1.0, 4.0], 3), [3.0, 1.0, 4.0])  # stored whole
+    with pytest.raises(ValueError, match="decompresses to 2 samples"):
+        decompress_shape([1.0, 1.0, 0.0], 5)
+
+
+@pytest.mark.parametrize("rf", ["hard", "shaped"])
+def test_spin_echo_file_against_the_closed_form(tmp_path, rf):
+    sim = Simulator.from_pulseq(_spin_echo(tmp_path / "se.seq"), rf=rf)
+    T2 = np.array([40.0, 90.0])
+    s = sim.simulate(T1=1000.0, T2=T2, M0=1.5)
+    tol = 1e-5 if rf == "hard" else 2e-3  # shaped: relaxation during the 0.1 ms pulses
+    np.testing.assert_allclose(s[:, 0], 1.5 * np.exp(-20.0 / T2), rtol=tol, atol=tol)
+    # B0 refocuses at the spin echo
+    np.testing.assert_allclose(sim.simulate(T1=1000.0, T2=T2, B0=37.0)[:, 0], np.exp(-20.0 / T2), rtol=tol,
+                               atol=tol)
+    # the crushers as ideal spoilers leave no echo; a handler shifting once per crusher gives it back
+    assert abs(Simulator.from_pulseq(tmp_path / "se.seq", dephasing="spoil").simulate(T2=60.0)[0]) < 1e-7
+    handler = Simulator.from_pulseq(tmp_path / "se.seq", rf=rf,
+                                    dephasing=lambda b: int(not b.rf and not b.adc and b.moment[2] > 0))
+    np.testing.assert_allclose(handler.simulate(T2=60.0)[0], np.exp(-20.0 / 60.0), rtol=tol)
+
+
+def test_uncompressed_shapes_read_the_same(tmp_path):
+    a = Simulator.from_pulseq(_spin_echo(tmp_path / "a.seq")).simulate(T2=60.0)
+    b = Simulator.from_pulseq(_spin_echo(tmp_path / "b.seq", compress=False)).simulate(T2=60.0)
+    np.testing.assert_array_equal(a, b)
+
+
+def test_rf_spoiled_gradient_echo_file_against_the_isochromat_ensemble(tmp_path):
+    """Per TR: pulse at the quadratic RF-spoiling phase, readout prephaser
+    (-A), readout (2A) with the ADC at its centre and phase following the
+    RF, spoiler (A), all along z: the moment logic puts the echo at the
+    ADC centre and two shifts in every TR."""
+    n, flip, inc = 40, 15.0, 117.0
+    phases = np.radians(inc * np.arange(n) * (np.arange(n) + 1) / 2) % (2 * np.pi)
+    blocks, rf, adc = [], [], []
+    for k in range(n):
+        blocks += [(4 * k + 1, 10, k + 1, 0, 0, 0, 0, 0), (4 * k + 2, 100, 0, 0, 0, 1, 0, 0),
+                   (4 * k + 3, 84, 0, 0, 0, 2, k + 1, 0), (4 * k + 4, 706, 0, 0, 0, 3, 0, 0)]
+        rf.append((k + 1, _rect_hz(flip, 100), 1, 0, 0, 0, 0.0, phases[k]))
+        adc.append((k + 1, 64, 10000, 100, 0, phases[k]))
+    trap = [(1, -1e5, 100, 640, 100, 0), (2, 2e5, 100, 640, 100, 0), (3, 1e5, 100, 640, 100, 0)]
+    path = _seq(tmp_path / "gre.seq", blocks, rf, trap, adc, [(1, np.ones(100))])
+    sim = Simulator.from_pulseq(path)
+    t = dict(T1=900.0, T2=70.0, B1=0.9, B0=12.0, M0=1.2)
+    s = sim.simulate(**t)
+    TE = 0.05 + 1.0 + 0.42  # ms from the pulse centre to the ADC centre
+    ref = _flash_isochromats(np.full(n, flip), 9.0, TE, n, inc, **t)
+    # the oracle's receiver is at phi - 90°, the file's at phi
+    np.testing.assert_allclose(s, -1j * ref, atol=3e-6)
+
+
+def test_pulseq_refusals(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no Pulseq file"):
+        Simulator.from_pulseq(tmp_path / "missing.seq")
+    with pytest.raises(PulseqError, match="version 1.2 is not read"):
+        Simulator.from_pulseq(_spin_echo(tmp_path / "old.seq", version=(1, 2, 0)))
+    se = _spin_echo(tmp_path / "se.seq")
+    with pytest.raises(ValueError, match="rf must be 'hard' or 'shaped'"):
+        Simulator.from_pulseq(se, rf="soft")
+    with pytest.raises(ValueError, match="dephasing must be"):
+        Simulator.from_pulseq(se, dephasing="crush")
+    with pytest.raises(ValueError, match="axis must be"):
+        Simulator.from_pulseq(se, axis="w")
+    with pytest.raises(TypeError, match="must return an int for block 1"):
+        Simulator.from_pulseq(se, dephasing=lambda b: 0.5)
+    bad = tmp_path / "bad.seq"
+    bad.write_text(se.read_text().replace("[RF]\n1 ", "[RF]\n1 x"))
+    with pytest.raises(PulseqError, match="bad.seq, line .*cannot read"):
+        Simulator.from_pulseq(bad)
+    hole = tmp_path / "hole.seq"
+    hole.write_text(se.read_text().replace("shape_id 1", "shape_id 7"))
+    with pytest.raises(PulseqError, match="names shape 1"):
+        Simulator.from_pulseq(hole)
+    assert isinstance(PulseqBlock(1, 0.0, 1e-3, False, False), PulseqBlock)
