@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from blochsim import _core, _dispatch, _pools
+from blochsim import _core, _dispatch, _pools, steady
 from blochsim import _validate as V
 from blochsim.sequence import (Operator, Readout, Traced, _GRAD_DURATION, _GRAD_FLIP, _GRAD_PHASE, _GRAD_RF_DURATION, _GRAD_RF_OFFSET, pack,
                                pack_with_provenance, trace)
@@ -137,9 +137,13 @@ class Simulator(_Base):
         average over them.  Needs a simulator modelling B1; host arrays.
     repetitions : int or "auto", optional
         Playings of the repetition; only the last is recorded.  "auto"
-        plays 8, 16, 32, … until the last playing's samples change by less
-        than 1e-5 of their largest magnitude between doublings (the
-        periodic steady state), at most 65536, for the tissue of the call.
+        gives the periodic steady state for the tissue of the call: exactly,
+        as the fixed point of one playing's map (:mod:`blochsim.steady`),
+        when the repetition never winds (no :class:`Dephase`) and the
+        tissue has no pools, D or v; otherwise by playing 8, 16, 32, …
+        times until the last playing's samples change by less than 1e-5 of
+        their largest magnitude between doublings, at most 65536
+        (``jacobian_vjp`` always plays).
     lineshape : {"super-lorentzian", "lorentzian", "gaussian"}, optional
         Absorption lineshape of the semisolid pool (tissue ``bound_*``),
         through which pulses with a duration saturate it.
@@ -401,6 +405,63 @@ class Simulator(_Base):
 
         return signal, pullback
 
+    def _exact(self, values, wrt=()):
+        """With repetitions='auto' on a repetition that never winds (no
+        Dephase) and a tissue without pools, D or v: the repetition's
+        program (protocol names of ``wrt`` traced), the tissue arrays, the
+        voxel shape, the protocol and the protocol names; else None."""
+        if values.get("repetitions", self._given.get("repetitions", self._defaults.get("repetitions"))) != "auto":
+            return None
+        if values.get("slice_profile", self._given.get("slice_profile")) is not None:
+            return None
+        if any(V.is_device_array(v) for v in values.values()):
+            return None
+        proto, tissue = self._split(values)
+        if _pools.any_pool(tissue) or "D" in tissue or "v" in tissue:
+            return None
+        p = self._protocol_values({**proto, "repetitions": 1})
+        if not steady.never_winds(self.repetition(p).ops()):
+            return None
+        protocol_names = self._vjp_names(tuple(wrt), p)[0] if wrt else []
+        q = dict(p)
+        for k in protocol_names:
+            q[k] = trace(k, p[k])
+        arrays, shape = self._tissue(tissue)
+        return steady.program(self.repetition(q).ops()), arrays, shape, p, protocol_names
+
+    def _exact_vjp(self, names, values, exact):
+        """vjp() at the exact steady state: every gradient by the complex
+        step through the order-0 maps (one pass per tissue name and per
+        protocol entry)."""
+        prog, arrays, shape, p, protocol_names = exact
+        proto, tissue = self._split(values)
+        _check_diff_values([k for k in names if k in self.tissue_properties], tissue, "vjp")
+        raw = {**self._defaults, **self._given, **proto}
+        signal = steady.signal(prog, arrays, shape).astype(np.complex64)
+
+        def pullback(cotangent):
+            g = _cotangent(cotangent, signal.shape, dtype=np.complex128)
+
+            def dot(d):  # sum over voxels and samples of Re(conj(g) d)
+                return float(np.sum(np.real(np.conj(g) * d)))
+
+            out = {}
+            for k in names:
+                if k in self.tissue_properties:
+                    d = steady.tissue_derivative(prog, arrays, shape, k)
+                    out[k] = _reduce_to(np.sum(np.real(np.conj(g) * d), axis=-1), np.shape(arrays[k]))
+                    continue
+                entries = np.asarray(p[k])
+                grad = np.zeros(entries.shape, dtype=np.complex128 if entries.dtype.kind == "c" else np.float64)
+                for idx in np.ndindex(entries.shape):
+                    grad[idx] = dot(steady.entry_derivative(prog, arrays, shape, (k, idx, 0)))
+                    if entries.dtype.kind == "c":
+                        grad[idx] += 1j * dot(steady.entry_derivative(prog, arrays, shape, (k, idx, 1)))
+                out[k] = grad if np.ndim(raw[k]) > 0 else grad.sum()
+            return out
+
+        return signal, pullback
+
     def _steady_repetitions(self, values):
         """``values`` with repetitions='auto' (given or the default) replaced
         by the playings that reach the periodic steady state for this call's
@@ -457,6 +518,15 @@ class Simulator(_Base):
             if out is not None:
                 raise ValueError("jacobian with T2prime returns new arrays: out must be None")
             return self._t2prime_jacobian(diff, order, t2p, values)
+        exact = self._exact(values)
+        if exact is not None:
+            if out is not None:
+                raise ValueError("jacobian at the exact steady state returns new arrays: out must be None")
+            names, _, _ = self._jacobian_request(diff, order, values)
+            prog, arrays, shape, _, _ = exact
+            sig = steady.signal(prog, arrays, shape).astype(np.complex64)
+            J = np.stack([steady.tissue_derivative(prog, arrays, shape, k) for k in names], axis=-2)
+            return sig, (J[..., 0, :] if isinstance(diff, str) else J).astype(np.complex64)
         values = self._steady_repetitions(values)
         prof, played = self._profiled(values)
         if prof is not None:
@@ -598,6 +668,9 @@ class Simulator(_Base):
         t2p, values = self._t2prime(values)
         if t2p is not None:
             return self._t2prime_vjp(names, t2p, values)
+        exact = self._exact(values, names)
+        if exact is not None:
+            return self._exact_vjp(names, values, exact)
         values = self._steady_repetitions(values)
         prof, played = self._profiled(values)
         if prof is not None:
@@ -893,6 +966,15 @@ class Simulator(_Base):
             f, _ = self._t2prime_factor(t2p, values)
             s = self.simulate(**values)
             s = (s * f).astype(np.complex64)
+            if out is not None:
+                _check_host_out("out", out, s.shape)
+                out[...] = s
+                return out
+            return s
+        exact = self._exact(values)
+        if exact is not None:
+            prog, arrays, shape, _, _ = exact
+            s = steady.signal(prog, arrays, shape).astype(np.complex64)
             if out is not None:
                 _check_host_out("out", out, s.shape)
                 out[...] = s

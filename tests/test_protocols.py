@@ -1103,6 +1103,31 @@ def test_auto_repetitions_reach_the_closed_form_steady_state():
                                atol=3e-5)
 
 
+@pytest.mark.parametrize("T1,T2,flip,B0", [(800.0, 60.0, 40.0, 0.0), (3000.0, 2000.0, 4.0, 0.0),
+                                            (1500.0, 300.0, 25.0, 23.0)])
+def test_auto_repetitions_exact_fixed_point_of_a_train_that_never_winds(T1, T2, flip, B0):
+    """bSSFP played with repetitions='auto' reaches the balanced steady
+    state of the closed form exactly, also where it settles over thousands
+    of TRs (T1 = 3 s, T2 = 2 s, 4°); the Jacobian and the flip/TR gradient
+    against the closed form's."""
+    from blochsim.simulators import bSSFPSimulator, TrueFISPSimulator
+    played = TrueFISPSimulator(flip=flip, TR=5.0, nshots=2, repetitions="auto")
+    closed = bSSFPSimulator(flip=flip, TR=5.0)
+    t = dict(T1=T1, T2=T2, B0=B0)
+    ref = closed.simulate(**t)[..., 0]
+    np.testing.assert_allclose(played.simulate(**t)[-1], ref, rtol=2e-6, atol=2e-7)
+    names = ("T1", "T2", "B0")
+    _, J = played.jacobian(names, **t)
+    _, Jc = closed.jacobian(names, **t)
+    np.testing.assert_allclose(J[:, -1], Jc[:, 0], rtol=1e-5, atol=1e-9)
+    s, pullback = played.vjp(("flip", "TR", "T2"), **t)
+    g = pullback(np.array([0.0, 2 * s[-1]]))
+    sc, pullback_c = closed.vjp(("flip", "TR", "T2"), **t)
+    gc = pullback_c(2 * sc)
+    for k in ("flip", "TR", "T2"):
+        np.testing.assert_allclose(g[k], gc[k], rtol=1e-5, atol=1e-12, err_msg=k)
+
+
 class Nutation(Simulator):
     """A 37° pulse and a sample per repetition: without relaxation the
     magnetisation turns for ever."""
@@ -1110,9 +1135,18 @@ class Nutation(Simulator):
         return Readout() @ Pulse(37.0)
 
 
+class WindingNutation(Simulator):
+    """The same with a gradient and its rewinder around the sample: played
+    by the engine, which finds no end to it either."""
+    def repetition(self, p):
+        return Readout() @ Dephase(-1) @ Dephase() @ Pulse(37.0)
+
+
 def test_auto_repetitions_refuse_a_train_that_never_settles():
-    with pytest.raises(ValueError, match="did not reach a periodic steady state within 65536 playings"):
+    with pytest.raises(ValueError, match="does not settle to a periodic steady state .* modulus 1"):
         Nutation(repetitions="auto").simulate(T1=1e12, T2=1e12)
+    with pytest.raises(ValueError, match="did not reach a periodic steady state within 65536 playings"):
+        WindingNutation(repetitions="auto").simulate(T1=1e12, T2=1e12)
     with pytest.raises(ValueError, match="repetitions must be a positive integer or 'auto', got 'often'"):
         Nutation(repetitions="often")
 
