@@ -21,7 +21,7 @@ from blochsim._dispatch import backends
 from blochsim._pools import POOL_PROPERTIES, lineshape
 from blochsim.sequence import (Delay, Dephase, Excitation, Inversion, Operator, Pulse, Readout,
                                RectPulse, Refocusing, SampledPulse, Saturation, Sequence, Spoil, hyperbolic_secant,
-                               power_factor)
+                               power_factor, slice_profile)
 from blochsim.simulator import ClosedFormSimulator, Simulator
 from blochsim.simulators import (bssfp_sim, fse_sim, ir_sim, mrf_sim, se_sim, spgr_sim, ste_sim,
                                  truefisp_sim)
@@ -31,7 +31,7 @@ __version__ = "0.1.0"
 __all__ = [
     "backends", "CudaError", "DeviceArray", "get_include", "get_pkgconfig_dir", "Simulator", "ClosedFormSimulator",
     "Operator", "Sequence", "Pulse", "Excitation", "Refocusing", "Inversion", "Delay", "Dephase",
-    "Spoil", "Readout", "SampledPulse", "hyperbolic_secant", "Saturation", "RectPulse", "power_factor", "lineshape", "POOL_PROPERTIES", "fse_sim", "mrf_sim", "spgr_sim", "bssfp_sim",
+    "Spoil", "Readout", "SampledPulse", "hyperbolic_secant", "slice_profile", "Saturation", "RectPulse", "power_factor", "lineshape", "POOL_PROPERTIES", "fse_sim", "mrf_sim", "spgr_sim", "bssfp_sim",
     "truefisp_sim", "ir_sim", "se_sim", "ste_sim",
 ]
 

@@ -526,6 +526,10 @@ def test_mese_ideal_refocusing_decays_at_t2_and_below_180_adds_stimulated_echoes
     np.testing.assert_allclose(abs(s[1]), second, rtol=1e-5)
     with pytest.raises(ValueError, match="not both"):
         MultiEchoSESimulator(n_echoes=4, ESP=10.0, flip=np.full(4, 180.0))
+    t = dict(T1=np.array([900.0, 1400.0]), T2=np.array([50.0, 110.0]), B1=np.array([0.8, 0.95]))
+    sim = MultiEchoSESimulator(n_echoes=12, ESP=9.0)
+    _, J = sim.jacobian(("T2", "B1"), **t)
+    _jacobian_matches_differences(sim, t, ("T2", "B1"), J, step=1e-3, rtol=5e-3, atol=2e-4)  # float32 differences
 
 
 def test_megre_flow_washout_against_the_inflow_recursion():
@@ -1190,6 +1194,32 @@ def test_slice_profile_jacobian_and_pullback_against_differences():
     dn[3] -= h
     loss = lambda f: float(np.sum(np.abs(sim.simulate(flip=f, **t)) ** 2))
     np.testing.assert_allclose(g["flip"][3], (loss(up) - loss(dn)) / (2 * h), rtol=2e-3)
+
+
+def test_slice_profile_of_a_pulse_against_rabi_and_the_small_tip_fourier_transform():
+    from blochsim import slice_profile
+    # a 1 ms rectangle, 60°: the Rabi formula Mz = (dw^2 + w1^2 cos(w T)) / w^2, w^2 = w1^2 + dw^2
+    T, flip = 1e-3, np.radians(60.0)
+    offsets = np.linspace(-3000.0, 3000.0, 41)
+    scales, weights = slice_profile(np.ones(100), 10.0, 60.0, offsets=offsets)
+    w1, dw = flip / T, 2 * np.pi * offsets
+    w = np.sqrt(w1 ** 2 + dw ** 2)
+    mz = (dw ** 2 + w1 ** 2 * np.cos(w * T)) / w ** 2
+    np.testing.assert_allclose(scales, np.arccos(mz) / flip, atol=1e-9)
+    np.testing.assert_allclose(weights, np.full(41, 1 / 41))
+    # small tip (1°): the profile is the pulse's Fourier transform
+    shape = np.sinc(np.linspace(-4, 4, 400)) * np.hamming(400)
+    scales, _ = slice_profile(shape, 5.0, 1.0, offsets=offsets)
+    t = (np.arange(400) + 0.5) * 5e-6
+    ft = np.abs(np.exp(-2j * np.pi * offsets[:, None] * t) @ shape) / abs(shape.sum())
+    np.testing.assert_allclose(scales, ft, atol=2e-4)
+    # the default positions span 1.5 FWHM of that profile: the edges sit well below half the flip
+    scales, weights = slice_profile(shape, 5.0, 30.0)
+    assert scales.shape == (64,) and scales[0] < 0.1 and abs(np.max(scales) - 1.0) < 0.02
+    with pytest.raises(ValueError, match="zero area"):
+        slice_profile(np.array([1.0, -1.0]), 5.0, 30.0)
+    with pytest.raises(ValueError, match="extent must be > 0"):
+        slice_profile(shape, 5.0, 30.0, extent=0.0)
 
 
 def test_slice_profile_refusals():

@@ -117,6 +117,12 @@ def test_rf_spoiled_gradient_echo_file_against_the_isochromat_ensemble(tmp_path)
     ref = _flash_isochromats(np.full(n, flip), 9.0, TE, n, inc, **t)
     # the oracle's receiver is at phi - 90°, the file's at phi
     np.testing.assert_allclose(s, -1j * ref, atol=3e-6)
+    # the Jacobian of a file, against the oracle's central differences
+    _, J = sim.jacobian(("T1", "B1"), **t)
+    for i, (k, h) in enumerate((("T1", 1.0), ("B1", 1e-4))):
+        up = _flash_isochromats(np.full(n, flip), 9.0, TE, n, inc, **{**t, k: t[k] + h})
+        dn = _flash_isochromats(np.full(n, flip), 9.0, TE, n, inc, **{**t, k: t[k] - h})
+        np.testing.assert_allclose(J[i], -1j * (up - dn) / (2 * h), rtol=1e-3, atol=2e-6)
 
 
 def test_pulseq_refusals(tmp_path):
