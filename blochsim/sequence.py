@@ -219,12 +219,16 @@ class Sequence(Operator):
         return f"Sequence({len(self._ops)} operators)"
 
 
-def _check_pulse_fields(op, names):
+def _check_scalar_fields(op, names):
     for name in names:
         v = V.as_float_array(name, _value(getattr(op, name)))
         V.check_finite(name, v)
         if v.ndim != 0:
             raise ValueError(f"{name} of a {type(op).__name__} must be a scalar, got shape {v.shape}")
+
+
+def _check_pulse_fields(op, names):
+    _check_scalar_fields(op, names)
     if float(_value(op.duration)) < 0:
         raise ValueError(f"duration of a {type(op).__name__} must be >= 0 ms, got {_value(op.duration)!r}")
     if float(_value(op.power_factor)) <= 0:
@@ -421,11 +425,7 @@ class Readout(Operator):
     dephasing: float = 0.0
 
     def __post_init__(self):
-        for name in ("phase", "dephasing"):
-            v = V.as_float_array(name, _value(getattr(self, name)))
-            V.check_finite(name, v)
-            if v.ndim != 0:
-                raise ValueError(f"{name} of a Readout must be a scalar, got shape {v.shape}")
+        _check_scalar_fields(self, ("phase", "dephasing"))
         if float(_value(self.dephasing)) < 0:
             raise ValueError(f"dephasing of a Readout must be >= 0 ms, got {_value(self.dephasing)!r}")
 
