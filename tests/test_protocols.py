@@ -1080,6 +1080,47 @@ def test_molli_against_a_single_isochromat(B0):
     np.testing.assert_allclose(s, ref, atol=3e-6)
 
 
+HSFP_FLIPS = 5 + 60 * np.sin(np.linspace(0, np.pi, 80)) ** 2
+# (simulator, its float64 oracle of (T1, T2, B1), B0 and the other tissue values)
+PLAYED_ORACLES = {
+    "IRbSSFP": (IRbSSFPSimulator(flip=45.0, TR=5.0, nshots=60, TI=15.0),
+                lambda T1, T2, B1: _irbssfp_isochromat(45.0, 5.0, 2.5, 60, 15.0, T1, T2, 20.0, B1, 0.95, 1.2),
+                dict(B0=20.0, inv_efficiency=0.95, M0=1.2)),
+    "DESS": (DESSSimulator(flip=35.0, TR=18.0, TE=4.0, repetitions=60),
+             lambda T1, T2, B1: _dess_isochromats(35.0, 18.0, 4.0, 60, T1, T2, 10.0, B1, 1.1),
+             dict(B0=10.0, M0=1.1)),
+    "fmSSFP": (fmSSFPSimulator(flip=35.0, TR=5.0, n=80, sweep=40.0),
+               lambda T1, T2, B1: _fmssfp_isochromat(35.0, 5.0, 2.5, 80, 180.0, 40.0, T1, T2, 15.0, B1),
+               dict(B0=15.0)),
+    "HSFP": (HSFPSimulator(flip=HSFP_FLIPS, TR=4.5, TI=12.0, inversion=True),
+             lambda T1, T2, B1: _balanced_isochromat(HSFP_FLIPS, 4.5, 2.25, 180.0, T1, T2, 8.0, B1, 0.96, 12.0),
+             dict(B0=8.0, inv_efficiency=0.96)),
+    "MOLLI": (MOLLISimulator(TI=[110.0, 190.0], RR=900.0, flip=35.0, TR=2.6, n_readouts=36),
+              lambda T1, T2, B1: _molli_isochromat([110.0, 190.0], 900.0, 35.0, 2.6, 36, ((5, 3), (3, 0)), T1, T2,
+                                                   5.0, B1, 0.95),
+              dict(B0=5.0, inv_efficiency=0.95)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PLAYED_ORACLES))
+def test_played_protocol_jacobians_against_differences_of_their_oracles(name):
+    sim, oracle, rest = PLAYED_ORACLES[name]
+    x = dict(T1=1100.0, T2=70.0, B1=0.93)
+    _, J = sim.jacobian(("T1", "T2", "B1"), **x, **rest)
+    for i, k in enumerate(("T1", "T2", "B1")):
+        h = 1e-5 * x[k]
+        fd = (oracle(**{**x, k: x[k] + h}) - oracle(**{**x, k: x[k] - h})) / (2 * h)
+        np.testing.assert_allclose(J[i], fd, rtol=1e-3, atol=3e-6 * max(1.0, np.max(np.abs(fd))), err_msg=k)
+
+
+def test_hyperecho_jacobian_against_differences():
+    rng = np.random.default_rng(4)
+    sim = HyperechoSimulator(flip=rng.uniform(60.0, 170.0, 6), phases=rng.uniform(0.0, 360.0, 6), ESP=6.0)
+    t = dict(T1=np.array([900.0, 1500.0]), T2=np.array([60.0, 100.0]), B1=np.array([0.9, 1.05]))
+    _, J = sim.jacobian(("T2", "B1"), **t)
+    _jacobian_matches_differences(sim, t, ("T2", "B1"), J, step=1e-3, rtol=5e-3, atol=2e-4)  # float32 differences
+
+
 def test_molli_refusals():
     with pytest.raises(ValueError, match="leaves no room"):
         MOLLISimulator(TI=[20.0, 200.0], RR=900.0, flip=35.0, TR=2.6, n_readouts=36)
