@@ -31,7 +31,7 @@ TISSUE_UNITS = {
     "Dxz": (1e-9, "Dxz_m2_s", None, False),
     "Dyz": (1e-9, "Dyz_m2_s", None, False),
     # water-fat imaging: the fat share of M0
-    "fat_fraction": (1.0, "fat_fraction", None, False),
+    "fat_fraction": (1.0, "fat_fraction", 0.0, False),
     # arterial spin labelling: cerebral blood flow (ml/100 g/min) and the
     # arterial transit time (ms)
     "CBF": (1.0, "CBF", 0.0, False),
@@ -51,6 +51,9 @@ for _x in "BCDE":
         f"pool{_x}_T2": (1e-3, f"pool{_x}_T2_s", 0.0, True),
         f"pool{_x}_shift": (1.0, f"pool{_x}_shift_hz", None, False),
     })
+
+# properties bounded above too (shares of the magnetisation)
+UPPER_BOUNDS = {"fat_fraction": 1.0}
 
 UNIT_NAMES = {
     "T1": "ms", "T2": "ms", "T2star": "ms", "T2prime": "ms", "M0": "", "B1": "", "B0": "Hz",
@@ -124,6 +127,8 @@ def tissue_array(name: str, value) -> np.ndarray:
     _, _, low, strict = TISSUE_UNITS[name]
     if low is not None:
         check_bound(name, arr, low, strict, UNIT_NAMES[name])
+    if name in UPPER_BOUNDS and np.any(arr > UPPER_BOUNDS[name]):
+        raise ValueError(f"{name} must be <= {UPPER_BOUNDS[name]:g}, got {_first_bad(arr, arr > UPPER_BOUNDS[name])}")
     return arr
 
 

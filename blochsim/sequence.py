@@ -23,6 +23,18 @@ GAMMA_RAD_PER_S_PER_T = 2.0 * np.pi * 42.57747892e6
 EV_RF, EV_INVERSION, EV_READOUT, EV_SPOIL, EV_SATURATION, EV_DRIVEN = 1, 2, 4, 8, 16, 32
 
 
+def _elementwise(op):
+    """A binary operator of :class:`Traced` applied entry by entry when the
+    other operand is an array (giving an object array of Traced)."""
+    def method(self, o):
+        if isinstance(o, np.ndarray) and o.ndim > 0:
+            return np.array([op(self, x) for x in o.reshape(-1)], dtype=object).reshape(o.shape)
+        return op(self, o)
+
+    method.__name__ = op.__name__
+    return method
+
+
 class Traced:
     """A protocol value with its first-order dependence on protocol entries.
 
@@ -57,32 +69,44 @@ class Traced:
     def __float__(self):
         return self.value
 
+    @_elementwise
     def __add__(self, o):
         o = Traced._lift(o)
         return Traced(self.value + o.value, Traced._combine(self, 1.0, o, 1.0))
 
     __radd__ = __add__
 
+    @_elementwise
     def __sub__(self, o):
         o = Traced._lift(o)
         return Traced(self.value - o.value, Traced._combine(self, 1.0, o, -1.0))
 
+    @_elementwise
     def __rsub__(self, o):
         return Traced._lift(o) - self
 
+    @_elementwise
     def __mul__(self, o):
         o = Traced._lift(o)
         return Traced(self.value * o.value, Traced._combine(self, o.value, o, self.value))
 
     __rmul__ = __mul__
 
+    @_elementwise
     def __truediv__(self, o):
         o = Traced._lift(o)
         q = self.value / o.value
         return Traced(q, Traced._combine(self, 1.0 / o.value, o, -q / o.value))
 
+    @_elementwise
     def __rtruediv__(self, o):
         return Traced._lift(o) / self
+
+    def __mod__(self, o):
+        # a wrap by a constant period: the derivative is the value's (almost everywhere)
+        if isinstance(o, Traced) and o.terms:
+            raise TypeError("a traced value can be wrapped by a constant period only")
+        return Traced(self.value % float(o), self.terms)
 
     def __neg__(self):
         return Traced(-self.value, {k: -c for k, c in self.terms.items()})

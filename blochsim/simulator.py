@@ -27,7 +27,7 @@ import numpy as np
 
 from blochsim import _core, _dispatch, _pools, steady
 from blochsim import _validate as V
-from blochsim.sequence import (Operator, Readout, Traced, _GRAD_DURATION, _GRAD_FLIP, _GRAD_PHASE, _GRAD_RF_DURATION, _GRAD_RF_OFFSET, pack,
+from blochsim.sequence import (EV_INVERSION, Operator, Readout, Traced, _GRAD_DURATION, _GRAD_FLIP, _GRAD_PHASE, _GRAD_RF_DURATION, _GRAD_RF_OFFSET, pack,
                                pack_with_provenance, trace)
 
 # Protocol keywords every played simulator takes.
@@ -273,6 +273,8 @@ class Simulator(_Base):
                 f"to {type(self).__name__} (got crusher_dephasing_rad={p['crusher_dephasing_rad']!r}, "
                 f"voxel_size_m={p['voxel_size_m']!r})")
         s = self._packed(p) if stream is None else stream
+        if "inv_efficiency" in present and not np.any(s.flags & EV_INVERSION):
+            self._refuse_idle_inversion()
         states = p["states"] if p["states"] is not None else max(8, 1 + s.total_shifts)
         real, phi0 = s.real_subspace(any(k in present for k in ("B0", "B1phase", "v")))
         dk = voxel = 0.0
@@ -427,7 +429,14 @@ class Simulator(_Base):
         for k in protocol_names:
             q[k] = trace(k, p[k])
         arrays, shape = self._tissue(tissue)
-        return steady.program(self.repetition(q).ops()), arrays, shape, p, protocol_names
+        prog = steady.program(self.repetition(q).ops())
+        if "inv_efficiency" in arrays and ("inversion",) not in prog:
+            self._refuse_idle_inversion()
+        return prog, arrays, shape, p, protocol_names
+
+    def _refuse_idle_inversion(self):
+        raise TypeError(f"{type(self).__name__} plays no ideal inversion with this protocol, so "
+                        f"inv_efficiency would be ignored: leave it out, or choose an ideal inversion")
 
     def _exact_vjp(self, names, values, exact):
         """vjp() at the exact steady state: every gradient by the complex

@@ -136,7 +136,7 @@ class HyperechoSimulator(FSESimulator):
     flip : array_like, degrees, shape (n,)
         The first half's refocusing flips.
     phases : float or array_like, degrees
-        Their phases (the second half uses the negatives, in reverse).
+        Their phases (the second half uses 180° − φ, in reverse).
     ESP, exc_flip, exc_phase, TR, states, ...
         As :class:`FSESimulator`.
 
@@ -155,13 +155,25 @@ class HyperechoSimulator(FSESimulator):
     def check_protocol(self, p):
         if p["flip"] is None or p["ESP"] is None:
             return super().check_protocol(p)
-        flip = _train("flip", p["flip"])
-        phases = _train("phases", p["phases"], flip.shape[0])
-        p["flip"] = np.concatenate([flip, [180.0], flip[::-1]])
-        # mirrored about the axis at 90° to the central pulse's (phase 0):
-        # the second half undoes the first (SPEC §2's pulse convention)
-        p["phases"] = np.concatenate([phases, [0.0], (180.0 - phases[::-1]) % 360.0])
-        return super().check_protocol(p)
+        p["flip"] = _train("flip", p["flip"])
+        p["phases"] = _train("phases", p["phases"], p["flip"].shape[0])
+        super().check_protocol(self._whole(dict(p)))  # the whole train's checks (TR against its length)
+        return p
+
+    @staticmethod
+    def _whole(p):
+        """p with the whole train: the first half, 180° at phase 0, the
+        first half reversed at phases mirrored about the axis at 90° to the
+        central pulse's, so that the second half undoes the first (SPEC §2's
+        pulse convention).  Traced protocol entries stay traced."""
+        flip, phases = list(p["flip"]), list(p["phases"])
+        p["flip"] = flip + [180.0] + flip[::-1]
+        p["phases"] = phases + [0.0] + [180.0 - ph for ph in phases[::-1]]
+        return p
+
+    def repetition(self, p):
+        self._need(p)
+        return super().repetition(self._whole(dict(p)))
 
 
 class MRFSimulator(Simulator):
@@ -1449,6 +1461,8 @@ class ASLSimulator(ClosedFormSimulator):
             raise ValueError(f"labeling must be 'pcasl' or 'pasl', got {p['labeling']!r}")
         p["tau"] = _scalar("tau", p["tau"], low=0.0, strict=True, unit="ms")
         p["alpha"] = _scalar("alpha", p["alpha"], low=0.0)
+        if p["alpha"] > 1.0:
+            raise ValueError(f"alpha (the labelling efficiency) must be <= 1, got {p['alpha']:g}")
         p["T1blood"] = _scalar("T1blood", p["T1blood"], low=0.0, strict=True, unit="ms")
         p["partition"] = _scalar("partition", p["partition"], low=0.0, strict=True)
         return p
@@ -1662,6 +1676,10 @@ class MultiEchoGRESimulator(Simulator):
         p["n"] = V.positive_int("n", p["n"])
         if p["rf_spoiling"] is not None:
             p["rf_spoiling"] = _scalar("rf_spoiling", p["rf_spoiling"])
+            if p["repetitions"] != 1:
+                raise ValueError(f"with RF spoiling the phase changes every TR, so the last TR cannot be repeated: "
+                                 f"repetitions must be 1, got {p['repetitions']!r} (raise n, or use "
+                                 "rf_spoiling=None for the ideally spoiled steady state)")
         return p
 
     def _tr(self, p, k, record):
@@ -1698,7 +1716,7 @@ class MultiEchoSESimulator(FSESimulator):
     exc_flip, exc_phase, TR, states, ...
         As for :class:`FSESimulator`.
 
-    Tissue: T1, T2 (ms), M0, B1, B0 (Hz), D (µm²/ms, needs the geometry).
+    Tissue: T1, T2 (ms), M0, B1, B0 (Hz), D (µm²/ms), v (m/s; D and v need the geometry).
 
     Examples
     --------
@@ -1718,6 +1736,11 @@ class MultiEchoSESimulator(FSESimulator):
             p["refocusing"] = _scalar("refocusing", p["refocusing"], low=0.0, unit="deg")
             p["flip"] = np.full(p["n_echoes"], p["refocusing"])
         return super().check_protocol(p)
+
+    def repetition(self, p):
+        if p["n_echoes"] is not None:  # the train from refocusing, which a vjp may trace
+            p = {**p, "flip": [p["refocusing"]] * p["n_echoes"]}
+        return super().repetition(p)
 
 
 def _complex_step(sim, p, t, names):
@@ -2202,6 +2225,9 @@ class MTSimulator(Simulator):
         p["n_tr"] = V.positive_int("n_tr", p["n_tr"])
         if p["mt_flip"] > 0 and p["mt_duration"] >= p["TR"]:
             raise ValueError(f"mt_duration must be < TR = {p['TR']:g} ms, got {p['mt_duration']:g}")
+        if p["repetitions"] != 1:
+            raise ValueError(f"MTSimulator plays n_tr TRs and records the last: repetitions must be 1, got "
+                             f"{p['repetitions']!r} (raise n_tr to approach the steady state)")
         return p
 
     def repetition(self, p):

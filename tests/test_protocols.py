@@ -562,6 +562,53 @@ def test_megre_flow_washout_against_the_inflow_recursion():
         MultiEchoGRESimulator(flip=30.0, TR=TR, TE=[TE], rf_spoiling=None).simulate(T1=T1, T2=T2, v=0.1)
 
 
+@pytest.mark.parametrize("make,name,value", [
+    (lambda: MultiEchoSESimulator(n_echoes=6, ESP=10.0, refocusing=150.0), "refocusing", 150.0),
+    (lambda: FLASHSimulator(flip=10.0, TR=8.0, TE=3.0, n=20), "rf_spoiling", 117.0),
+    (lambda: fmSSFPSimulator(flip=30.0, TR=5.0, n=20, sweep=10.0), "sweep", 10.0),
+    (lambda: HyperechoSimulator(flip=[30.0, 70.0, 110.0], phases=[0.0, 40.0, 10.0], ESP=5.0), "phases",
+     np.array([0.0, 40.0, 10.0])),
+], ids=["mese refocusing", "flash rf_spoiling", "fmssfp sweep", "hyperecho phases"])
+def test_gradients_of_protocol_values_the_trains_derive_from(make, name, value):
+    """Protocol values that a train is built from (a refocusing flip for
+    every echo, a quadratic phase schedule, the mirrored half of a
+    hyperecho) keep their gradient, shaped like the value given."""
+    sim = make()
+    t = dict(T1=1000.0, T2=80.0, B0=5.0) if name != "refocusing" else dict(T1=1000.0, T2=80.0)
+    s, pullback = sim.vjp(name, **t)
+    g = pullback(2 * s)[name]
+    assert np.shape(g) == np.shape(value)
+
+    def loss(x):
+        return np.sum(np.abs(sim.simulate(**t, **{name: x}).astype(complex)) ** 2)
+
+    for i in np.ndindex(np.shape(value)):
+        h = np.zeros(np.shape(value))
+        h[i] = 1e-2
+        np.testing.assert_allclose(g[i], (loss(value + h) - loss(value - h)) / 2e-2, rtol=2e-2, atol=1e-6)
+
+
+def test_protocol_refusals_of_the_sequence_library():
+    with pytest.raises(ValueError, match="with RF spoiling the phase changes every TR"):
+        MultiEchoGRESimulator(flip=20.0, TR=30.0, TE=TES, repetitions="auto").simulate(T1=800.0, T2=60.0)
+    from blochsim.simulators import MTSimulator
+    with pytest.raises(ValueError, match="repetitions must be 1"):
+        MTSimulator(flip=10.0, TR=30.0, repetitions=3)
+    with pytest.raises(TypeError, match="plays no ideal inversion .* inv_efficiency would be ignored"):
+        FLASHSimulator(flip=10.0, TR=8.0, TE=3.0, n=5).simulate(T1=1000.0, T2=80.0, inv_efficiency=0.9)
+
+    class Balanced(Simulator):
+        def repetition(self, p):
+            return Delay(2.5) @ Readout() @ Delay(2.5) @ Pulse(30.0)
+
+    with pytest.raises(TypeError, match="plays no ideal inversion"):  # the exact steady-state path
+        Balanced(repetitions="auto").simulate(T1=800.0, T2=60.0, inv_efficiency=0.9)
+    with pytest.raises(ValueError, match="fat_fraction must be <= 1, got 1.7"):
+        WaterFatSimulator(TE=[1.0, 2.0]).simulate(fat_fraction=1.7)
+    with pytest.raises(ValueError, match="alpha .* must be <= 1, got 1.2"):
+        ASLSimulator(times=[1000.0], alpha=1.2)
+
+
 # --------------------------------------------------------------------------
 # DESPOT1 / DESPOT2
 
@@ -1028,7 +1075,7 @@ def _balanced_isochromat(flips, TR, TE, inc, T1, T2, B0=0.0, B1=1.0, eta=None, T
 @pytest.mark.parametrize("inversion,B0", [(True, 0.0), (True, 23.0), (False, 8.0)])
 def test_hsfp_against_a_single_isochromat(inversion, B0):
     flips = 5 + 60 * np.sin(np.linspace(0, np.pi, 250)) ** 2
-    t = dict(T1=1100.0, T2=70.0, B0=B0, B1=0.92, inv_efficiency=0.96)
+    t = dict(T1=1100.0, T2=70.0, B0=B0, B1=0.92, **({"inv_efficiency": 0.96} if inversion else {}))
     s = HSFPSimulator(flip=flips, TR=4.5, TI=12.0, inversion=inversion).simulate(**t)
     ref = _balanced_isochromat(flips, 4.5, 2.25, 180.0, 1100.0, 70.0, B0, 0.92, 0.96 if inversion else None, 12.0)
     np.testing.assert_allclose(s, ref, atol=3e-6)
