@@ -9,9 +9,14 @@ What is read, and the limits of the model
   the default: the flip is 2π·amplitude·|∫shape dt|, the phase the event's
   phase plus the shape's mean phase), or the waveform played sample by
   sample (``rf="shaped"``, :class:`SampledPulse`, its frequency offset as a
-  phase ramp).  In hard mode a pulse with a frequency offset leaves water
-  alone and only saturates a semisolid pool (:class:`Saturation`): fat
-  saturation and MT pulses; play selective pulses shaped.
+  phase ramp).  An RF event in a block with a gradient is slice selective:
+  its frequency offset places the slice, and the simulated spin sits at the
+  slice centre, so it plays on resonance.  Without a gradient the offset is
+  the spins' (fat saturation, MT): in hard mode such a pulse leaves water
+  alone and only saturates a semisolid pool (:class:`Saturation`); play it
+  shaped to rotate water off resonance.  Offsets in ppm (format 1.5) need
+  the field strength (``field_strength`` or the file's ``B0`` definition);
+  phase offsets in ppm are refused.
 - ADC events become one :class:`Readout` each, at the ADC centre (the
   k-space centre), with the ADC's phase offset: one sample per ADC.
 - Gradients decide the dephasing (the EPG is one-dimensional).  With
@@ -38,6 +43,7 @@ import numpy as np
 
 from blochsim.sequence import (GAMMA_RAD_PER_S_PER_T, Delay, Dephase, Pulse, Readout, SampledPulse, Saturation,
                                Sequence, Spoil)
+from blochsim import _validate as V
 from blochsim.simulator import Simulator
 
 _HZ_PER_UT = GAMMA_RAD_PER_S_PER_T / (2 * np.pi) * 1e-6
@@ -217,8 +223,10 @@ def _trap_moment(row, t):
 class _Reader:
     """Builds the operators of a parsed file."""
 
-    def __init__(self, f: _File, rf_mode, dephasing, axis, unit):
+    def __init__(self, f: _File, rf_mode, dephasing, axis, unit, field_strength):
         self.f = f
+        self.field_strength = None if field_strength is None else float(
+            V.protocol_array("field_strength", field_strength, low=0.0, strict=True, unit="T", ndim_max=0))
         if rf_mode not in ("hard", "shaped"):
             raise ValueError(f"rf must be 'hard' or 'shaped', got {rf_mode!r}")
         if not (callable(dephasing) or dephasing in ("moment", "spoil")):
@@ -239,7 +247,7 @@ class _Reader:
         if unit is None:
             free = [abs(float(b.moment @ self.axis)) for b in self.blocks if not b.rf and not b.adc]
             unit = max(free) if free else 0.0
-        unit = float(unit)
+        unit = float(V.protocol_array("unit", unit, low=0.0, unit="cycles/m", ndim_max=0))
         if dephasing == "moment" and not unit > 0:
             raise ValueError(f"{f.path}: no gradient moment to dephase by: give unit (cycles/m) or "
                              "dephasing='spoil' or a callable")
@@ -315,6 +323,13 @@ class _Reader:
         if v15:  # amp mag phase time center delay freqPPM phasePPM freq phase
             amp, mag_id, ph_id, time_id, center, delay, freq, phase = (r[0], int(r[1]), int(r[2]), int(r[3]),
                                                                        r[4], r[5], r[8], r[9])
+            if r[7] != 0.0:
+                raise PulseqError(f"{self.f.path}: RF {rid} has a phase offset in ppm, which is not read")
+            if r[6] != 0.0:  # an offset that scales with the field: fat saturation and the like
+                if self.field_strength is None:
+                    raise PulseqError(f"{self.f.path}: RF {rid} has a frequency offset of {r[6]:g} ppm: give "
+                                      "field_strength (T) to read it")
+                freq = freq + r[6] * 1e-6 * self.field_strength * _HZ_PER_UT * 1e6
         else:  # amp mag phase time delay freq phase
             amp, mag_id, ph_id, time_id, delay, freq, phase = r[0], int(r[1]), int(r[2]), int(r[3]), r[4], r[5], r[6]
             center = None
@@ -344,13 +359,19 @@ class _Reader:
         for b, (row, grads) in zip(self.blocks, self._rows):
             events = []  # (time in the block, kind, payload)
             if row[2]:
-                events.append(("rf", self._rf(row[2], row[0])))
+                rf = self._rf(row[2], row[0])
+                if any(g is not None for g in grads):
+                    # slice selective: the offset places the slice, and the simulated spin sits at its centre
+                    rf["freq"] = 0.0
+                events.append(("rf", rf))
             if row[6]:
                 if row[6] not in self.f.adc:
                     raise PulseqError(f"{self.f.path}: block {row[0]} names ADC {row[6]}, which [ADC] does not hold")
                 a = self.f.adc[row[6]]
                 # 1.4: num dwell delay freq phase; 1.5: num dwell delay freqPPM phasePPM freq phase phase_id
                 num, dwell_ns, delay_us, phase = a[0], a[1], a[2], a[6] if self.f.version[1] >= 5 else a[4]
+                if self.f.version[1] >= 5 and a[4] != 0.0:
+                    raise PulseqError(f"{self.f.path}: ADC {row[6]} has a phase offset in ppm, which is not read")
                 events.append(("adc", dict(centre=delay_us * 1e-6 + 0.5 * num * dwell_ns * 1e-9, phase=phase)))
             events.sort(key=lambda e: e[1]["centre"])
             cursor = 0.0  # time in the block the operators have reached
@@ -408,24 +429,40 @@ class _Reader:
 _CACHE = {}
 
 
-def read_pulseq(path, rf="hard", dephasing="moment", axis=None, unit=None) -> Sequence:
+def read_pulseq(path, rf="hard", dephasing="moment", axis=None, unit=None, field_strength=None) -> Sequence:
     """The operators of a Pulseq file (see the module's notes for what is
     read and how).
 
     Parameters
     ----------
     path : str or os.PathLike
+        The ``.seq`` file (format 1.4 or 1.5).
     rf : {"hard", "shaped"}
+        Each RF event as a hard pulse at its centre, or played sample by
+        sample.
     dephasing : {"moment", "spoil"} or callable
+        How gradients become EPG shifts: the moment along ``axis`` in
+        shifts of ``unit``; ideal spoiling by blocks with a net moment and
+        no RF or ADC; or ``dephasing(block) -> int`` shifts at the end of
+        each :class:`PulseqBlock`.
     axis : {"x", "y", "z"} or array_like, shape (3,), optional
+        Dephasing direction (default: the axis whose blocks without RF or
+        ADC carry the most net moment).
     unit : float, cycles/m, optional
+        Moment of one shift (default: the largest net moment of a block
+        without RF or ADC).
+    field_strength : float, T, optional
+        Needed for RF frequency offsets given in ppm (format 1.5; default:
+        the file's ``B0`` definition if it has one).
 
     Returns
     -------
     Sequence
     """
     f = _File(path)
-    return Sequence(_Reader(f, rf, dephasing, axis, unit).ops())
+    if field_strength is None and "B0" in f.defs:
+        field_strength = float(f.defs["B0"][0])
+    return Sequence(_Reader(f, rf, dephasing, axis, unit, field_strength).ops())
 
 
 class PulseqSimulator(Simulator):
@@ -439,25 +476,28 @@ class PulseqSimulator(Simulator):
     dephasing : {"moment", "spoil"} or callable, optional
     axis : {"x", "y", "z"} or array_like, optional
     unit : float, cycles/m, optional
+    field_strength : float, T, optional
+        See :func:`read_pulseq`.
     states, repetitions, crusher_dephasing_rad, voxel_size_m, device, threads, ...
         See :class:`blochsim.Simulator`.
 
     Tissue: every property of :class:`blochsim.Simulator`.
     """
 
-    protocol = {"path": None, "rf": "hard", "dephasing": "moment", "axis": None, "unit": None}
+    protocol = {"path": None, "rf": "hard", "dephasing": "moment", "axis": None, "unit": None,
+                "field_strength": None}
 
     def check_protocol(self, p):
         if p["path"] is None:
             return p
         path = os.fspath(p["path"])
         stamp = os.stat(path).st_mtime_ns if os.path.isfile(path) else None
-        key = (path, stamp, p["rf"], p["dephasing"] if not callable(p["dephasing"]) else id(p["dephasing"]),
-               None if p["axis"] is None else str(p["axis"]), p["unit"])
+        key = (path, stamp, p["rf"], p["dephasing"], None if p["axis"] is None else str(p["axis"]), str(p["unit"]),
+               str(p["field_strength"]))
         if key not in _CACHE:
             if len(_CACHE) > 16:
                 _CACHE.pop(next(iter(_CACHE)))
-            _CACHE[key] = read_pulseq(path, p["rf"], p["dephasing"], p["axis"], p["unit"])
+            _CACHE[key] = read_pulseq(path, p["rf"], p["dephasing"], p["axis"], p["unit"], p["field_strength"])
         p["_sequence"] = _CACHE[key]
         return p
 

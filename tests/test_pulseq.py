@@ -27,8 +27,8 @@ def _seq(path, blocks, rf=(), trap=(), adc=(), shapes=(), version=(1, 4, 1), com
     out += [" ".join(str(x) for x in b) for b in blocks]
     for name, rows in (("RF", rf), ("TRAP", trap), ("ADC", adc)):
         if rows:
-            out += ["", f"[{name}]"] + [" ".join(repr(float(x)) if i else str(x) for i, x in enumerate(r))
-                                        for r in rows]
+            out += ["", f"[{name}]"] + [" ".join(repr(float(x)) if i and not isinstance(x, str) else str(x)
+                                                 for i, x in enumerate(r)) for r in rows]
     if shapes:
         out += ["", "[SHAPES]"]
         for sid, samples in shapes:
@@ -53,15 +53,25 @@ def _rect_hz(flip_deg, dur_us):
     return flip_deg / 360.0 / (dur_us * 1e-6)
 
 
-def _spin_echo(path, **kw):
+def _spin_echo(path, version=(1, 4, 1), freq=0.0, select=False, prefix=(), **kw):
     """90° (phase 90°) then crusher, 180°, crusher, ADC: TE = 20 ms between
-    the pulse centres and the ADC centre."""
-    blocks = [(1, 10, 1, 0, 0, 0, 0, 0), (2, 990, 0, 0, 0, 1, 0, 0), (3, 10, 2, 0, 0, 0, 0, 0),
-              (4, 990, 0, 0, 0, 1, 0, 0), (5, 10, 0, 0, 0, 0, 1, 0)]
-    rf = [(1, _rect_hz(90.0, 100), 1, 0, 0, 0, 0.0, np.pi / 2), (2, _rect_hz(180.0, 100), 1, 0, 0, 0, 0.0, 0.0)]
-    trap = [(1, 1e5, 100, 1000, 100, 200)]
-    adc = [(1, 100, 1000, 0, 0, 0)]
-    return _seq(path, blocks, rf, trap, adc, [(1, np.ones(100))], **kw)
+    the pulse centres and the ADC centre.  ``freq`` (Hz) offsets the 90°,
+    played under a gradient when ``select``; ``prefix`` blocks and RF rows
+    come first."""
+    first = len(prefix)
+    blocks = [b for b, _ in prefix] + [
+        (first + 1, 10, 1, 0, 0, 2 if select else 0, 0, 0), (first + 2, 990, 0, 0, 0, 1, 0, 0),
+        (first + 3, 10, 2, 0, 0, 0, 0, 0), (first + 4, 990, 0, 0, 0, 1, 0, 0), (first + 5, 10, 0, 0, 0, 0, 1, 0)]
+    if version[1] >= 5:  # amp mag phase time center delay freqPPM phasePPM freq phase use
+        rf = [(1, _rect_hz(90.0, 100), 1, 0, 0, 50, 0, 0, 0, freq, np.pi / 2, "e"),
+              (2, _rect_hz(180.0, 100), 1, 0, 0, 50, 0, 0, 0, 0, 0.0, "r")]
+        adc = [(1, 100, 1000, 0, 0, 0, 0, 0, 0)]  # num dwell delay freqPPM phasePPM freq phase phase_id
+    else:  # amp mag phase time delay freq phase
+        rf = [(1, _rect_hz(90.0, 100), 1, 0, 0, 0, freq, np.pi / 2), (2, _rect_hz(180.0, 100), 1, 0, 0, 0, 0.0, 0.0)]
+        adc = [(1, 100, 1000, 0, 0, 0)]
+    rf += [r for _, r in prefix]
+    trap = [(1, 1e5, 100, 1000, 100, 200), (2, 1e4, 0, 100, 0, 0)]
+    return _seq(path, blocks, rf, trap, adc, [(1, np.ones(100))], version=version, **kw)
 
 
 def test_decompress_shape_against_the_run_length_rule():
@@ -125,6 +135,27 @@ def test_rf_spoiled_gradient_echo_file_against_the_isochromat_ensemble(tmp_path)
         np.testing.assert_allclose(J[i], -1j * (up - dn) / (2 * h), rtol=1e-3, atol=2e-6)
 
 
+@pytest.mark.parametrize("rf", ["hard", "shaped"])
+def test_format_1_5_slice_offsets_and_ppm_offsets(tmp_path, rf):
+    """The same spin echo written in format 1.5; its 90° moved 2 kHz off
+    (a slice offset) under a select gradient; and a fat-saturation pulse
+    at -3.4 ppm (no gradient) before it, which in hard mode leaves water
+    alone."""
+    want = np.exp(-20.0 / 60.0)
+    tol = 1e-5 if rf == "hard" else 2e-3
+    v15 = Simulator.from_pulseq(_spin_echo(tmp_path / "v15.seq", version=(1, 5, 0)), rf=rf)
+    np.testing.assert_allclose(v15.simulate(T2=60.0)[0], want, rtol=tol)
+    sel = Simulator.from_pulseq(_spin_echo(tmp_path / "sel.seq", freq=2000.0, select=True), rf=rf)
+    np.testing.assert_allclose(sel.simulate(T2=60.0)[0], want, rtol=tol)
+    fatsat = ((1, 500, 3, 0, 0, 0, 0, 0), (3, _rect_hz(90.0, 100), 1, 0, 0, 50, 0, -3.4, 0, 0, 0.0, "s"))
+    path = _spin_echo(tmp_path / "fs.seq", version=(1, 5, 0), prefix=(fatsat,))
+    if rf == "hard":
+        s = Simulator.from_pulseq(path, field_strength=3.0).simulate(T2=60.0)
+        np.testing.assert_allclose(s[0], want, rtol=tol)
+    with pytest.raises(PulseqError, match="RF 3 has a frequency offset of -3.4 ppm: give field_strength"):
+        Simulator.from_pulseq(path, rf=rf)
+
+
 def test_pulseq_refusals(tmp_path):
     with pytest.raises(FileNotFoundError, match="no Pulseq file"):
         Simulator.from_pulseq(tmp_path / "missing.seq")
@@ -139,6 +170,10 @@ def test_pulseq_refusals(tmp_path):
         Simulator.from_pulseq(se, axis="w")
     with pytest.raises(TypeError, match="must return an int for block 1"):
         Simulator.from_pulseq(se, dephasing=lambda b: 0.5)
+    with pytest.raises(TypeError, match="unit"):
+        Simulator.from_pulseq(se, unit="large")
+    with pytest.raises(ValueError, match="field_strength must be > 0 T"):
+        Simulator.from_pulseq(se, field_strength=-3.0)
     bad = tmp_path / "bad.seq"
     bad.write_text(se.read_text().replace("[RF]\n1 ", "[RF]\n1 x"))
     with pytest.raises(PulseqError, match="bad.seq, line .*cannot read"):
