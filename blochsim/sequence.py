@@ -556,7 +556,7 @@ def _dwell_ops(flips_deg, phases_deg, dwell_us):
 def hyperbolic_secant(duration: float = 10.24, peak_B1: float = 13.5, mu: float = 5.0, beta: float = 800.0,
                       dwell: float = 10.0) -> SampledPulse:
     """The hyperbolic-secant adiabatic inversion pulse (Silver, Joseph and
-    Hoult 1984, Phys Rev A 31:2753), played sample by sample.
+    Hoult 1985, Phys Rev A 31:2753), played sample by sample.
 
     B1(t) = peak_B1 sech(beta t) with the frequency sweep
     -mu beta tanh(beta t) (rad/s), i.e. the RF phase -mu ln cosh(beta t),
@@ -622,7 +622,9 @@ def slice_profile(shape, dwell: float, flip: float, offsets=None, n: int = 64, e
         ``n`` offsets across ``extent`` times the full width at half
         maximum of the pulse's small-tip profile.
     n : int
+        Positions of the default offsets.
     extent : float
+        Span of the default offsets, in full widths at half maximum.
 
     Returns
     -------

@@ -232,9 +232,15 @@ class TrueFISPSimulator(Simulator):
     Parameters
     ----------
     flip : float, degrees
+        Flip angle of every pulse (the preparation is half of it).
     TR : float, ms
+        Pulse spacing.
     nshots : int
-    TE : float, ms, optional (default TR/2)
+        Pulses (and samples) per playing.
+    TE : float, ms, optional
+        Pulse to sample (default TR/2).
+    states, repetitions, device, threads, ...
+        See :class:`blochsim.Simulator`.
 
     Tissue: T1, T2 (ms), M0, B1, B0 (Hz), D (µm²/ms), v (m/s; D and v need the geometry).
     """
@@ -370,8 +376,8 @@ class fmSSFPSimulator(Simulator):
 
 
 class HSFPSimulator(Simulator):
-    """Hybrid-state free precession (Assländer et al. 2019, Sci Rep 9:
-    17181) played through the EPG engine: a balanced train whose flip angle
+    """Hybrid-state free precession (Assländer et al. 2019, Commun Phys
+    2:73) played through the EPG engine: a balanced train whose flip angle
     varies smoothly from pulse to pulse (``flip``, one per TR), RF phases
     alternating by ``phase_inc``, optionally after an inversion ``TI``
     before the first pulse; each pulse sampled TE after it with the
@@ -487,8 +493,17 @@ class MOLLISimulator(Simulator):
         return p
 
     def inversion_times(self, **protocol):
-        """Each image's time after its set's inversion (ms), in acquisition
-        order."""
+        """Each image's time after its set's inversion, in acquisition order.
+
+        Parameters
+        ----------
+        **protocol
+            Protocol overrides.
+
+        Returns
+        -------
+        numpy.ndarray, ms, shape (images,)
+        """
         p = self._protocol_values(protocol)
         return np.concatenate([TI + p["RR"] * np.arange(n) for TI, (n, _) in zip(p["TI"], p["scheme"])])
 
@@ -747,8 +762,20 @@ class DoubleAngleSimulator(ClosedFormSimulator):
 
     @staticmethod
     def b1(s, flip):
-        """B1 from double-angle signals s (..., 2) at flips (flip, 2·flip)
-        degrees: arccos(Re(S_2/(2 S_1)))/flip, clipped to [0, 180/flip]."""
+        """B1 from double-angle signals: arccos(Re(S_2/(2 S_1)))/flip,
+        clipped to [0, 180/flip].
+
+        Parameters
+        ----------
+        s : array_like, shape (..., 2)
+            The images at flips (flip, 2·flip).
+        flip : float, deg
+
+        Returns
+        -------
+        numpy.ndarray, shape (...)
+            The transmit scale B1 (1 = nominal).
+        """
         s = np.asarray(s)
         if s.shape[-1] != 2:
             raise ValueError(f"b1 needs the two images along the last axis, got shape {s.shape}")
@@ -1955,9 +1982,19 @@ class MPnRAGESimulator(ClosedFormSimulator):
 
     @staticmethod
     def uni(s):
-        """The uniform (M0- and receive-free) MP2RAGE image of two-block
-        signals s (..., 2): Re(conj(S1) S2) / (|S1|² + |S2|²), in [−0.5, 0.5]
-        (Marques et al. 2010)."""
+        """The uniform (M0- and receive-free) MP2RAGE image
+        Re(conj(S1) S2) / (|S1|² + |S2|²), in [−0.5, 0.5] (Marques et al.
+        2010).
+
+        Parameters
+        ----------
+        s : array_like, complex, shape (..., 2)
+            The two blocks' signals.
+
+        Returns
+        -------
+        numpy.ndarray, shape (...)
+        """
         s = np.asarray(s)
         if s.shape[-1] != 2:
             raise ValueError(f"uni needs two inversion times along the last axis, got shape {s.shape}")
@@ -2061,11 +2098,22 @@ class CESTSimulator(Simulator):
         return p
 
     def hz_per_ppm(self, p):
-        """One ppm in Hz at protocol p's field strength."""
+        """One ppm in Hz at the field strength of ``p`` (a protocol dict,
+        as :meth:`repetition` gets it).
+
+        Returns
+        -------
+        float, Hz
+        """
         return p["field_strength"] * GAMMA_RAD_PER_S_PER_T / (2 * np.pi) * 1e-6
 
     def offsets_hz(self, p):
-        """The saturation offsets of protocol p in Hz."""
+        """The saturation offsets of ``p`` (a protocol dict) in Hz.
+
+        Returns
+        -------
+        numpy.ndarray, Hz, shape (offsets,)
+        """
         return p["offsets"] * self.hz_per_ppm(p)
 
     def repetition(self, p):

@@ -24,14 +24,35 @@ _RAD = np.pi / 180.0  # (np.radians refuses the complex step)
 
 
 def never_winds(ops) -> bool:
-    """True when every operator keeps the state at order 0."""
+    """True when every operator keeps the state at order 0.
+
+    Parameters
+    ----------
+    ops : iterable of Operator
+        A repetition's elementary operators.
+
+    Returns
+    -------
+    bool
+    """
     return all(isinstance(op, _PLAYED) for op in ops)
 
 
 def program(ops):
-    """The repetition as (kind, values) with each value a float or
-    :class:`Traced`: ("pulse", flip_deg, phase_deg), ("delay", ms),
-    ("inversion",), ("spoil",), ("readout", phase_deg)."""
+    """The repetition as steps the order-0 map plays.
+
+    Parameters
+    ----------
+    ops : iterable of Operator
+        Operators for which :func:`never_winds` holds.
+
+    Returns
+    -------
+    list of tuple
+        ("pulse", flip_deg, phase_deg), ("delay", ms), ("inversion",),
+        ("spoil",) or ("readout", phase_deg); each value a float or a
+        :class:`Traced`.
+    """
     out = []
     for op in ops:
         if isinstance(op, Pulse):
@@ -56,9 +77,31 @@ def _num(x, direction):
 
 
 def samples(prog, tissue, shape, direction=None):
-    """Steady-state samples (real and imaginary parts, each (*shape,
-    samples)) of a program for tissue values in public units (arrays
-    broadcast to ``shape``; complex for a complex step)."""
+    """Steady-state samples of a program.
+
+    Parameters
+    ----------
+    prog : list
+        From :func:`program`.
+    tissue : dict of array_like
+        Tissue values in public units (T1, T2 ms; B0 Hz; B1phase deg; B1,
+        M0, inv_efficiency), broadcast to ``shape``; complex for a complex
+        step.
+    shape : tuple
+        The voxel shape.
+    direction : tuple, optional
+        A protocol entry (name, index, part) to take the complex step along.
+
+    Returns
+    -------
+    re, im : numpy.ndarray, shape (*shape, samples)
+        Real and imaginary parts of the samples (complex when stepped).
+
+    Raises
+    ------
+    ValueError
+        When one playing keeps magnetisation (a map of spectral radius 1).
+    """
     def get(k, default):
         return np.broadcast_to(tissue[k], shape) if k in tissue else default
 
@@ -124,13 +167,35 @@ def samples(prog, tissue, shape, direction=None):
 
 
 def signal(prog, tissue, shape):
-    """Steady-state samples, complex128, (*shape, samples)."""
+    """Steady-state samples.
+
+    Parameters
+    ----------
+    prog, tissue, shape
+        As for :func:`samples`.
+
+    Returns
+    -------
+    numpy.ndarray, complex128, shape (*shape, samples)
+    """
     re, im = samples(prog, tissue, shape)
     return re + 1j * im
 
 
 def tissue_derivative(prog, tissue, shape, name):
-    """d samples / d tissue[name] (public units) by the complex step."""
+    """d samples / d tissue[name] (per public unit) by the complex step.
+
+    Parameters
+    ----------
+    prog, tissue, shape
+        As for :func:`samples`.
+    name : str
+        A key of ``tissue``.
+
+    Returns
+    -------
+    numpy.ndarray, complex128, shape (*shape, samples)
+    """
     x = np.asarray(tissue[name], dtype=np.float64)
     h = _STEP * np.maximum(np.abs(x), 1.0)
     re, im = samples(prog, {**tissue, name: x + 1j * h}, shape)
@@ -138,6 +203,19 @@ def tissue_derivative(prog, tissue, shape, name):
 
 
 def entry_derivative(prog, tissue, shape, direction):
-    """d samples / d one protocol entry (name, index, part) by the complex step."""
+    """d samples / d one protocol entry by the complex step.
+
+    Parameters
+    ----------
+    prog, tissue, shape
+        As for :func:`samples`; ``prog`` built from a traced protocol.
+    direction : tuple
+        (name, index, part) of the entry, as :func:`blochsim.sequence.trace`
+        labels it.
+
+    Returns
+    -------
+    numpy.ndarray, complex128, shape (*shape, samples)
+    """
     re, im = samples(prog, tissue, shape, direction)
     return (re.imag + 1j * im.imag) / _STEP

@@ -343,7 +343,7 @@ def _shaped_flash_isochromats(shape, dwell_us, flip, TR, TE, n, inc, T1, T2, B1=
 
 
 def _hs_rad_per_ms(duration_ms=10.24, peak_uT=13.5, mu=5.0, beta=800.0, dwell_us=10.0):
-    """The hyperbolic-secant pulse of Silver, Joseph and Hoult (1984):
+    """The hyperbolic-secant pulse of Silver, Joseph and Hoult (1985):
     B1 sech(beta t), phase -mu ln cosh(beta t), as gamma B1 in rad/ms."""
     n = int(round(duration_ms * 1e3 / dwell_us))
     t = (np.arange(n) + 0.5 - n / 2) * dwell_us * 1e-6
@@ -456,6 +456,10 @@ def test_megre_t2prime_is_the_lorentzian_average_and_the_spgr_closed_form():
     closed = SPGRSimulator(flip=25.0, TR=30.0, TE=TES).simulate(T1=900.0, T2star=1 / (1 / T2 + 1 / T2p), B0=B0,
                                                                 M0=1.3)
     np.testing.assert_allclose(s, closed, atol=2e-6)
+    # and the Ernst signal written out: sin a (1 - E1)/(1 - cos a E1) e^{-TE/T2*} e^{-2 pi i B0 TE}
+    a, E1 = np.radians(25.0), np.exp(-30.0 / 900.0)
+    ernst = 1.3 * np.sin(a) * (1 - E1) / (1 - np.cos(a) * E1)
+    np.testing.assert_allclose(s, ernst * np.exp(-TES * (1 / T2 + 1 / T2p) - 2j * np.pi * B0 * TES * 1e-3), atol=2e-6)
 
 
 def test_megre_rf_spoiled_against_the_isochromat_ensemble():
@@ -641,6 +645,11 @@ def test_despot2_against_the_bssfp_steady_state_and_its_fit():
     flips = np.array([10.0, 25.0, 40.0, 60.0])
     sim = DESPOT2Simulator(flip=flips, TR=5.0)
     s = sim.simulate(T1=T1, T2=T2, B1=B1)
+    # Deoni 2003's bSSFP equation on resonance, the echo at TE = TR/2
+    a = np.radians(flips) * B1[:, None]
+    E1, E2 = np.exp(-5.0 / T1)[:, None], np.exp(-5.0 / T2)[:, None]
+    deoni = (1 - E1) * np.sin(a) / (1 - (E1 - E2) * np.cos(a) - E1 * E2) * np.exp(-2.5 / T2[:, None])
+    np.testing.assert_allclose(s.real, deoni, rtol=1e-12)
     for v in range(2):
         closed = bSSFPSimulator(flip=flips * B1[v], TR=5.0).simulate(T1=T1[v], T2=T2[v])
         np.testing.assert_allclose(s[v], closed, rtol=1e-10)
