@@ -17,7 +17,7 @@ _spec.loader.exec_module(_oracles)
 _flash_isochromats = _oracles._flash_isochromats
 
 
-def _seq(path, blocks, rf=(), trap=(), adc=(), shapes=(), version=(1, 4, 1), compress=True):
+def _seq(path, blocks, rf=(), trap=(), adc=(), shapes=(), version=(1, 4, 1), compress=True, grad=()):
     """Write a Pulseq file: rows of each section as tuples, shapes as
     (id, samples), compressed (run-length encoded derivative) or not."""
     out = ["# Pulseq sequence file", "[VERSION]", f"major {version[0]}", f"minor {version[1]}",
@@ -25,7 +25,7 @@ def _seq(path, blocks, rf=(), trap=(), adc=(), shapes=(), version=(1, 4, 1), com
            "RadiofrequencyRasterTime 1e-06", "AdcRasterTime 1e-07", "",
            "# NUM DUR RF  GX  GY  GZ  ADC  EXT", "[BLOCKS]"]
     out += [" ".join(str(x) for x in b) for b in blocks]
-    for name, rows in (("RF", rf), ("TRAP", trap), ("ADC", adc)):
+    for name, rows in (("RF", rf), ("GRADIENTS", grad), ("TRAP", trap), ("ADC", adc)):
         if rows:
             out += ["", f"[{name}]"] + [" ".join(repr(float(x)) if i and not isinstance(x, str) else str(x)
                                                  for i, x in enumerate(r)) for r in rows]
@@ -97,6 +97,31 @@ def test_spin_echo_file_against_the_closed_form(tmp_path, rf):
     handler = Simulator.from_pulseq(tmp_path / "se.seq", rf=rf,
                                     dephasing=lambda b: int(not b.rf and not b.adc and b.moment[2] > 0))
     np.testing.assert_allclose(handler.simulate(T2=60.0)[0], np.exp(-20.0 / 60.0), rtol=tol)
+
+
+def test_arbitrary_gradient_crushers_read_as_their_moment(tmp_path):
+    """The spin echo with its crushers written as arbitrary gradients
+    (samples on the gradient raster) of the traps' moment, and as
+    piecewise-linear corner points (a time shape): the same echo."""
+    se = _spin_echo(tmp_path / "se.seq").read_text()
+    want = Simulator.from_pulseq(tmp_path / "se.seq").simulate(T2=60.0, T1=1000.0)
+    moment = 1e5 * 1.1e-3  # the trap's: 100 us rise, 1000 us flat, 100 us fall at 1e5 Hz/m
+    held = se.replace("[TRAP]\n1 ", "[GRADIENTS]\n1 %r 2 0 200\n\n[TRAP]\n9 " % (moment / (110 * 1e-5)))
+    held = held.replace("[SHAPES]\n", "[SHAPES]\n\nshape_id 2\nnum_samples 110\n" + "1.0\n" * 110, 1)
+    (tmp_path / "held.seq").write_text(held)
+    np.testing.assert_array_equal(Simulator.from_pulseq(tmp_path / "held.seq").simulate(T2=60.0, T1=1000.0), want)
+    # corners at 0, 10, 110 and 120 rasters (10 us): the trapezoid itself
+    corners = se.replace("[TRAP]\n1 ", "[GRADIENTS]\n1 100000.0 3 4 200\n\n[TRAP]\n9 ")
+    corners = corners.replace("[SHAPES]\n", "[SHAPES]\n\nshape_id 3\nnum_samples 4\n0.0\n1.0\n1.0\n0.0\n\n"
+                              "shape_id 4\nnum_samples 4\n0.0\n10.0\n110.0\n120.0\n", 1)
+    (tmp_path / "corners.seq").write_text(corners)
+    np.testing.assert_allclose(Simulator.from_pulseq(tmp_path / "corners.seq").simulate(T2=60.0, T1=1000.0), want,
+                               rtol=1e-6)
+    # the blocks' net moments as a handler sees them: the two crushers, 110 cycles/m on z
+    for name in ("se.seq", "held.seq", "corners.seq"):
+        seen = []
+        Simulator.from_pulseq(tmp_path / name, dephasing=lambda b: seen.append(b.moment.copy()) or 0).simulate(T2=60.0)
+        np.testing.assert_allclose(np.array(seen)[[1, 3]], [[0.0, 0.0, moment]] * 2, rtol=1e-12, err_msg=name)
 
 
 def test_uncompressed_shapes_read_the_same(tmp_path):
