@@ -8,8 +8,8 @@ Examples
 >>> import numpy as np
 >>> import blochsim
 >>> s = blochsim.fse_sim(flip=np.full(8, 180.0), ESP=10.0, T1=1000.0, T2=100.0)
->>> np.round(abs(s), 3)
-array([0.905, 0.819, 0.741, 0.67 , 0.607, 0.549, 0.497, 0.449], dtype=float32)
+>>> print(np.round(abs(s), 3))
+[0.905 0.819 0.741 0.67  0.607 0.549 0.497 0.449]
 """
 from __future__ import annotations
 

@@ -1,0 +1,20 @@
+"""The Examples sections of the installed package's docstrings run and
+print what they say."""
+import doctest
+import importlib
+import pkgutil
+
+import pytest
+
+import blochsim
+
+MODULES = ["blochsim"] + sorted(
+    f"blochsim.{m.name}" for m in pkgutil.iter_modules(blochsim.__path__)
+    if m.name not in ("__main__", "_core") and not m.name.startswith("_"))
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name):
+    module = importlib.import_module(name)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE, verbose=False)
+    assert result.failed == 0, f"{result.failed} of {result.attempted} examples in {name} failed"
