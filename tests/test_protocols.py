@@ -120,6 +120,17 @@ def test_mprage_and_mpnrage_blocks():
     for v, T1 in enumerate([700.0, 1600.0]):
         np.testing.assert_allclose(s[v], _stepped_oracle(T1, [500.0, 1500.0, 2600.0], [3.0, 4.0, 6.0], 4000.0, 6.0,
                                                          100, eta=0.9), rtol=1e-9)
+    # the Jacobian of three blocks against differences of the geometric oracle
+    t = dict(T1=1300.0, B1=0.9, inv_efficiency=0.93)
+    _, J = three.jacobian(("T1", "B1", "inv_efficiency"), **t)
+
+    def oracle(T1, B1, inv_efficiency):
+        return _geometric_oracle(T1, [500.0, 1500.0, 2600.0], [3.0, 4.0, 6.0], 4000.0, 6.0, 100, inv_efficiency, B1)
+
+    for i, k in enumerate(t):
+        h = 1e-6 * t[k]
+        fd = (oracle(**{**t, k: t[k] + h}) - oracle(**{**t, k: t[k] - h})) / (2 * h)
+        np.testing.assert_allclose(J[i], fd, rtol=1e-6, atol=1e-12, err_msg=k)
 
 
 def test_mp2rage_uni_is_free_of_m0_and_bounded():
