@@ -973,31 +973,15 @@ class Simulator(_Base):
         t2p, values = self._t2prime(values)
         if t2p is not None:
             f, _ = self._t2prime_factor(t2p, values)
-            s = self.simulate(**values)
-            s = (s * f).astype(np.complex64)
-            if out is not None:
-                _check_host_out("out", out, s.shape)
-                out[...] = s
-                return out
-            return s
+            return _into(out, self.simulate(**values) * f)
         exact = self._exact(values)
         if exact is not None:
             prog, arrays, shape, _, _ = exact
-            s = steady.signal(prog, arrays, shape).astype(np.complex64)
-            if out is not None:
-                _check_host_out("out", out, s.shape)
-                out[...] = s
-                return out
-            return s
+            return _into(out, steady.signal(prog, arrays, shape))
         values = self._steady_repetitions(values)
         prof, played = self._profiled(values)
         if prof is not None:
-            s = np.tensordot(self.simulate(**played), prof.weights, axes=([-2], [0])).astype(np.complex64)
-            if out is not None:
-                _check_host_out("out", out, s.shape)
-                out[...] = s
-                return out
-            return s
+            return _into(out, np.tensordot(self.simulate(**played), prof.weights, axes=([-2], [0])))
         proto, tissue = self._split(values)
         p = self._protocol_values(proto)
         on_device = [k for k, v in tissue.items() if V.is_device_array(v)]
@@ -1278,6 +1262,16 @@ def _jacobian_out_shapes(out, shape, count, samples, one):
     """(name, array, wanted shape) of a Jacobian's ``out`` pair."""
     return [("out[0]", out[0], shape + (samples,)),
             ("out[1]", out[1], shape + ((samples,) if one else (count, samples)))]
+
+
+def _into(out, s):
+    """s as complex64, written into ``out`` when one is given (and checked)."""
+    s = np.asarray(s).astype(np.complex64)
+    if out is None:
+        return s
+    _check_host_out("out", out, s.shape)
+    out[...] = s
+    return out
 
 
 def _check_host_out(name, a, want):
