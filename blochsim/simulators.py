@@ -1566,7 +1566,8 @@ class FLASHSimulator(Simulator):
     TI : float, ms
         Inversion to the first pulse.
     states, repetitions, device, threads, slice_profile
-        See :class:`blochsim.Simulator`.
+        See :class:`blochsim.Simulator`; with ``repetitions`` > 1 the
+        whole train repeats, its phase schedule restarting each playing.
 
     Tissue: T1, T2 (ms), M0, B1, B0 (Hz), inv_efficiency, T2prime (ms: the
     echoes are multiplied by exp(-TE/T2prime), a Lorentzian spread of
@@ -1673,7 +1674,9 @@ class MultiEchoGRESimulator(Simulator):
     rf_spoiling : float or None, deg
         Quadratic phase increment (default 117); None: ideal spoiling.
     states, repetitions, device, threads, slice_profile
-        See :class:`blochsim.Simulator`.
+        See :class:`blochsim.Simulator`; ``repetitions`` repeats the last
+        TR, so it needs ``rf_spoiling=None`` (then "auto" is the exact
+        steady state).
 
     Tissue: T1, T2, T2prime (ms), M0, B1, B0 (Hz), D (µm²/ms), v (m/s; D and v need the geometry).
 
