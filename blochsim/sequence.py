@@ -11,6 +11,7 @@ Units are the console's: ms for durations, degrees for flips and phases,
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -245,7 +246,12 @@ class Sequence(Operator):
 
 def _check_scalar_fields(op, names):
     for name in names:
-        v = V.as_float_array(name, _value(getattr(op, name)))
+        x = _value(getattr(op, name))
+        # a finite float (the common case, e.g. every sample of a shaped
+        # pulse) needs no trip through NumPy
+        if isinstance(x, float) and math.isfinite(x):
+            continue
+        v = V.as_float_array(name, x)
         V.check_finite(name, v)
         if v.ndim != 0:
             raise ValueError(f"{name} of a {type(op).__name__} must be a scalar, got shape {v.shape}")
@@ -406,7 +412,10 @@ class Delay(Operator):
     duration: float
 
     def __post_init__(self):
-        v = V.as_float_array("duration", _value(self.duration))
+        x = _value(self.duration)
+        if isinstance(x, float) and 0.0 <= x < math.inf:  # the common case, without NumPy
+            return
+        v = V.as_float_array("duration", x)
         V.check_finite("duration", v)
         if v.ndim != 0 or float(v) < 0:
             raise ValueError(f"Delay duration must be a scalar >= 0 ms, got {_value(self.duration)!r}")
