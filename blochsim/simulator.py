@@ -439,9 +439,9 @@ class Simulator(_Base):
                         f"inv_efficiency would be ignored: leave it out, or choose an ideal inversion")
 
     def _exact_vjp(self, names, values, exact):
-        """vjp() at the exact steady state: every gradient by the complex
-        step through the order-0 maps (one pass per tissue name and per
-        protocol entry)."""
+        """vjp() at the exact steady state: the protocol's gradients by the
+        periodic adjoint of the order-0 maps, the tissue's by the complex
+        step (a pass per name)."""
         prog, arrays, shape, p, protocol_names = exact
         proto, tissue = self._split(values)
         _check_diff_values([k for k in names if k in self.tissue_properties], tissue, "vjp")
@@ -450,22 +450,18 @@ class Simulator(_Base):
 
         def pullback(cotangent):
             g = _cotangent(cotangent, signal.shape, dtype=np.complex128)
-
-            def dot(d):  # sum over voxels and samples of Re(conj(g) d)
-                return float(np.sum(np.real(np.conj(g) * d)))
-
+            entries = steady.protocol_gradients(prog, arrays, shape, g) if protocol_names else {}
             out = {}
             for k in names:
                 if k in self.tissue_properties:
                     d = steady.tissue_derivative(prog, arrays, shape, k)
                     out[k] = _reduce_to(np.sum(np.real(np.conj(g) * d), axis=-1), np.shape(arrays[k]))
                     continue
-                entries = np.asarray(p[k])
-                grad = np.zeros(entries.shape, dtype=np.complex128 if entries.dtype.kind == "c" else np.float64)
-                for idx in np.ndindex(entries.shape):
-                    grad[idx] = dot(steady.entry_derivative(prog, arrays, shape, (k, idx, 0)))
-                    if entries.dtype.kind == "c":
-                        grad[idx] += 1j * dot(steady.entry_derivative(prog, arrays, shape, (k, idx, 1)))
+                value = np.asarray(p[k])
+                grad = np.zeros(value.shape, dtype=np.complex128 if value.dtype.kind == "c" else np.float64)
+                for (name, idx, part), v in entries.items():
+                    if name == k:
+                        grad[idx] += v if part == 0 else 1j * v
                 out[k] = grad if np.ndim(raw[k]) > 0 else grad.sum()
             return out
 

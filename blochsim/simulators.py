@@ -48,6 +48,15 @@ def _need(sim, p, keys):
             raise TypeError(f"{type(sim).__name__} needs protocol parameter {k!r}")
 
 
+def _te_of(p):
+    """TE for the operators: a TE that defaults to TR/2 follows TR, so that
+    TR's gradient (vjp) includes TE's share; the value is unchanged."""
+    te = p["TE"]
+    if p.get("_TE_is_half_TR"):
+        te = te + 0.5 * (p["TR"] - float(p["TR"]))
+    return te
+
+
 def _echo_within(p, limit, what="TR"):
     """Refuse an echo time TE past ``limit`` (ms)."""
     if p["TE"] > limit:
@@ -266,11 +275,7 @@ class TrueFISPSimulator(Simulator):
 
     def repetition(self, p):
         _need(self, p, ("flip", "TR", "nshots"))
-        te = p["TE"]
-        if p.get("_TE_is_half_TR"):
-            # the default TE follows TR: TR's gradient (vjp) includes TE's
-            # share; the value is unchanged
-            te = te + 0.5 * (p["TR"] - float(p["TR"]))
+        te = _te_of(p)
         ops = []
         for n in range(p["nshots"]):
             ph = 180.0 * (n % 2)
@@ -358,6 +363,7 @@ class fmSSFPSimulator(Simulator):
         p["flip"] = _scalar("flip", p["flip"], low=0.0, unit="deg")
         p["TR"] = _scalar("TR", p["TR"], low=0.0, strict=True, unit="ms")
         p["n"] = V.positive_int("n", p["n"])
+        p["_TE_is_half_TR"] = p["TE"] is None
         te = p["TR"] / 2.0 if p["TE"] is None else p["TE"]
         p["TE"] = _scalar("TE", te, low=0.0, unit="ms")
         _echo_within(p, p["TR"])
@@ -369,9 +375,9 @@ class fmSSFPSimulator(Simulator):
         _need(self, p, ("flip", "TR", "n"))
         k = np.arange(p["n"])
         phases = (k * p["phase_inc"] + p["sweep"] * k * (k + 1) / 2) % 360.0
-        ops = []
+        te, ops = _te_of(p), []
         for ph in phases:
-            ops += [Pulse(p["flip"], ph), Delay(p["TE"]), Readout(ph - 90.0), Delay(p["TR"] - p["TE"])]
+            ops += [Pulse(p["flip"], ph), Delay(te), Readout(ph - 90.0), Delay(p["TR"] - te)]
         return Sequence(ops)
 
 
@@ -413,6 +419,7 @@ class HSFPSimulator(Simulator):
             return p
         p["flip"] = _train("flip", p["flip"], low=0.0, unit="deg")
         p["TR"] = _scalar("TR", p["TR"], low=0.0, strict=True, unit="ms")
+        p["_TE_is_half_TR"] = p["TE"] is None
         te = p["TR"] / 2.0 if p["TE"] is None else p["TE"]
         p["TE"] = _scalar("TE", te, low=0.0, unit="ms")
         _echo_within(p, p["TR"])
@@ -425,9 +432,10 @@ class HSFPSimulator(Simulator):
     def repetition(self, p):
         _need(self, p, ("flip", "TR"))
         ops = [Inversion(), Delay(p["TI"])] if p["inversion"] else []
+        te = _te_of(p)
         for k, f in enumerate(p["flip"]):
             ph = (k * p["phase_inc"]) % 360.0
-            ops += [Pulse(f, ph), Delay(p["TE"]), Readout(ph - 90.0), Delay(p["TR"] - p["TE"])]
+            ops += [Pulse(f, ph), Delay(te), Readout(ph - 90.0), Delay(p["TR"] - te)]
         return Sequence(ops)
 
 

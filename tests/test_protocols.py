@@ -1240,6 +1240,30 @@ def test_auto_repetitions_exact_fixed_point_of_a_train_that_never_winds(T1, T2, 
         np.testing.assert_allclose(g[k], gc[k], rtol=1e-5, atol=1e-12, err_msg=k)
 
 
+def test_exact_steady_state_gradients_of_a_long_balanced_train():
+    """HSFP played to its periodic steady state (repetitions='auto', exact):
+    the periodic adjoint's gradients in every flip and in TR (whose default
+    TE = TR/2 follows it) against central differences of the played signal."""
+    flips = 5 + 60 * np.sin(np.linspace(0, np.pi, 120)) ** 2
+    sim = HSFPSimulator(flip=flips, TR=4.5, repetitions="auto", inversion=False)
+    t = dict(T1=np.linspace(500.0, 2000.0, 6), T2=80.0, B0=np.linspace(-20.0, 20.0, 6))
+    s, pullback = sim.vjp(("flip", "TR", "T1"), **t)
+    g = pullback(2 * s)
+
+    def loss(**kw):
+        return np.sum(np.abs(sim.simulate(**{**t, **kw}).astype(complex)) ** 2)
+
+    for i in (0, 40, 119):
+        h = np.zeros(flips.size)
+        h[i] = 0.05
+        np.testing.assert_allclose(g["flip"][i], (loss(flip=flips + h) - loss(flip=flips - h)) / 0.1, rtol=2e-3,
+                                   atol=2e-6)  # float32 signals
+    np.testing.assert_allclose(g["TR"], (loss(TR=4.6) - loss(TR=4.4)) / 0.2, rtol=1e-2)  # a small gradient
+    dT1 = np.zeros(6)
+    dT1[2] = 20.0  # a wide step: the loss moves little with T1 and the signals are float32
+    np.testing.assert_allclose(g["T1"][2], (loss(T1=t["T1"] + dT1) - loss(T1=t["T1"] - dT1)) / 40.0, rtol=2e-3)
+
+
 class Nutation(Simulator):
     """A 37° pulse and a sample per repetition: without relaxation the
     magnetisation turns for ever."""
