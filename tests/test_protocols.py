@@ -889,6 +889,46 @@ def test_dess_refusals():
 # --------------------------------------------------------------------------
 # Hyperecho
 
+def _crushed_train_isochromats(exc_flip, exc_phase, flips, phases, ESP, T1, T2, B0=0.0, B1=1.0, N=128):
+    """A crushed spin-echo train by N isochromats: the excitation, then per
+    echo ESP/2 of relaxation and precession, a crusher (dephasing 2 pi j/N),
+    the refocusing pulse, the same crusher, ESP/2, and the echo averaged."""
+    theta = 2 * np.pi * np.arange(N) / N
+    m = np.zeros((3, N))
+    m[2] = 1.0
+
+    def rotate(m, flip, phase):
+        a, ph = np.radians(flip) * B1, np.radians(phase)
+        u = np.array([np.cos(ph), np.sin(ph), 0.0])
+        K = np.array([[0, -u[2], u[1]], [u[2], 0, -u[0]], [-u[1], u[0], 0]])
+        return (np.eye(3) + np.sin(a) * K + (1 - np.cos(a)) * K @ K) @ m
+
+    def free(m, t):
+        fp = (m[0] + 1j * m[1]) * np.exp(-t / T2 - 2j * np.pi * B0 * t * 1e-3)
+        return np.stack([fp.real, fp.imag, 1 + (m[2] - 1) * np.exp(-t / T1)])
+
+    def crush(m):
+        fp = (m[0] + 1j * m[1]) * np.exp(1j * theta)
+        return np.stack([fp.real, fp.imag, m[2]])
+
+    m, out = rotate(m, exc_flip, exc_phase), []
+    for f, ph in zip(flips, phases):
+        m = free(crush(rotate(crush(free(m, ESP / 2)), f, ph)), ESP / 2)
+        out.append(np.mean(m[0] + 1j * m[1]))
+    return np.array(out)
+
+
+@pytest.mark.parametrize("B0", [0.0, 13.0])
+def test_hyperecho_every_echo_against_an_isochromat_ensemble(B0):
+    rng = np.random.default_rng(7)
+    flips, phases = rng.uniform(20.0, 170.0, 5), rng.uniform(0.0, 360.0, 5)
+    s = HyperechoSimulator(flip=flips, phases=phases, ESP=6.0).simulate(T1=900.0, T2=70.0, B0=B0, B1=0.95)
+    train = np.concatenate([flips, [180.0], flips[::-1]])
+    train_phases = np.concatenate([phases, [0.0], 180.0 - phases[::-1]])
+    ref = _crushed_train_isochromats(90.0, 90.0, train, train_phases, 6.0, 900.0, 70.0, B0, 0.95)
+    np.testing.assert_allclose(s, ref, atol=3e-6)
+
+
 @pytest.mark.parametrize("seed,B0,exc_phase", [(1, 0.0, 90.0), (2, 25.0, 90.0), (3, -7.0, 20.0)])
 def test_hyperecho_refocuses_every_pathway(seed, B0, exc_phase):
     """Hennig & Scheffler 2001: without relaxation the hyperecho holds the
