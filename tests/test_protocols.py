@@ -1412,3 +1412,18 @@ class NoB1(Simulator):
 
     def repetition(self, p):
         return Readout() @ Pulse(30.0)
+
+
+def test_protocol_maps_example_runs(capsys):
+    """examples/protocol_maps.py: every map comes out near the phantom's truth."""
+    import pathlib
+    import re
+    import runpy
+    path = pathlib.Path(__file__).resolve().parents[1] / "examples" / "protocol_maps.py"
+    runpy.run_path(str(path), run_name="example")["main"](24)
+    out = capsys.readouterr().out
+    errors = {m.group(1).strip(): float(m.group(2)) for m in re.finditer(r"^(.*?)median error\s+([\d.]+) %", out, re.M)}
+    assert errors["MD, diffusion tensor"] < 2.0 and errors["T2*, multi-echo GRE"] < 6.0
+    assert errors["T1, DESPOT1 with the B1 map"] < errors["T1, DESPOT1 without it"]
+    assert errors["T1, MP2RAGE UNI lookup"] < 10.0
+
