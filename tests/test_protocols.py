@@ -12,6 +12,14 @@ from blochsim.simulators import (DESPOT1Simulator, DESPOT2Simulator, TrueFISPSim
 MP2 = dict(TI=[700.0, 2500.0], flip=[4.0, 5.0], TR=5000.0, TR_gre=7.0, n_readouts=160)
 
 
+def _pulse(a_rad, phase_rad):
+    """The rotation of a hard pulse of flip a about (cos phase, sin phase,
+    0), by Rodrigues' formula (SPEC §2's convention: phase 0 tips Z onto -y)."""
+    u = np.array([np.cos(phase_rad), np.sin(phase_rad), 0.0])
+    K = np.array([[0, -u[2], u[1]], [u[2], 0, -u[0]], [-u[1], u[0], 0]])
+    return np.eye(3) + np.sin(a_rad) * K + (1 - np.cos(a_rad)) * K @ K
+
+
 def _geometric_oracle(T1, TI, flip, TR, TR_gre, n, eta=1.0, B1=1.0, M0=1.0):
     """The MPnRAGE steady state in closed form (the MP2RAGE equation of
     Marques et al. 2010 generalised to any number of blocks): per block the
@@ -262,10 +270,7 @@ def _flash_isochromats(flip, TR, TE, n, inc, T1, T2, B1=1.0, B0=0.0, M0=1.0, inv
     for k in range(n):
         phi = np.radians(inc * k * (k + 1) / 2)
         a = np.radians(np.broadcast_to(flip, (n,))[k]) * B1
-        u = np.array([np.cos(phi), np.sin(phi), 0.0])
-        K = np.array([[0, -u[2], u[1]], [u[2], 0, -u[0]], [-u[1], u[0], 0]])
-        R = np.eye(3) + np.sin(a) * K + (1 - np.cos(a)) * K @ K
-        m = R @ np.stack([fp.real, fp.imag, mz])
+        m = _pulse(a, phi) @ np.stack([fp.real, fp.imag, mz])
         fp, mz = m[0] + 1j * m[1], m[2]
         fp, mz = relax(fp, mz, TE)
         out.append(M0 * np.mean(fp) * np.exp(-1j * (phi - np.pi / 2)))
@@ -812,10 +817,7 @@ def _irbssfp_isochromat(flip, TR, TE, n, TI, T1, T2, B0=0.0, B1=1.0, eta=1.0, M0
     m = np.array([0.0, 0.0, -eta])
 
     def rot(m, a_deg, phi_deg):
-        a, phi = np.radians(a_deg) * B1, np.radians(phi_deg)
-        u = np.array([np.cos(phi), np.sin(phi), 0.0])
-        K = np.array([[0, -u[2], u[1]], [u[2], 0, -u[0]], [-u[1], u[0], 0]])
-        return (np.eye(3) + np.sin(a) * K + (1 - np.cos(a)) * K @ K) @ m
+        return _pulse(np.radians(a_deg) * B1, np.radians(phi_deg)) @ m
 
     def free(m, t):
         f = (m[0] + 1j * m[1]) * np.exp(-t / T2) * np.exp(-2j * np.pi * B0 * t * 1e-3)
@@ -898,10 +900,7 @@ def _crushed_train_isochromats(exc_flip, exc_phase, flips, phases, ESP, T1, T2, 
     m[2] = 1.0
 
     def rotate(m, flip, phase):
-        a, ph = np.radians(flip) * B1, np.radians(phase)
-        u = np.array([np.cos(ph), np.sin(ph), 0.0])
-        K = np.array([[0, -u[2], u[1]], [u[2], 0, -u[0]], [-u[1], u[0], 0]])
-        return (np.eye(3) + np.sin(a) * K + (1 - np.cos(a)) * K @ K) @ m
+        return _pulse(np.radians(flip) * B1, np.radians(phase)) @ m
 
     def free(m, t):
         fp = (m[0] + 1j * m[1]) * np.exp(-t / T2 - 2j * np.pi * B0 * t * 1e-3)
@@ -957,10 +956,8 @@ def _fmssfp_isochromat(flip, TR, TE, n, inc, sweep, T1, T2, B0=0.0, B1=1.0):
     for k in range(n):
         if k:
             phi += inc + sweep * k
-        a, ph = np.radians(flip) * B1, np.radians(phi)
-        u = np.array([np.cos(ph), np.sin(ph), 0.0])
-        K = np.array([[0, -u[2], u[1]], [u[2], 0, -u[0]], [-u[1], u[0], 0]])
-        m = (np.eye(3) + np.sin(a) * K + (1 - np.cos(a)) * K @ K) @ m
+        ph = np.radians(phi)
+        m = _pulse(np.radians(flip) * B1, ph) @ m
         for t, record in ((TE, True), (TR - TE, False)):
             f = (m[0] + 1j * m[1]) * np.exp(-t / T2 - 2j * np.pi * B0 * t * 1e-3)
             m = np.array([f.real, f.imag, 1 + (m[2] - 1) * np.exp(-t / T1)])
@@ -1123,10 +1120,8 @@ def _balanced_isochromat(flips, TR, TE, inc, T1, T2, B0=0.0, B1=1.0, eta=None, T
         m = free(m, TI)
     out = []
     for k, fl in enumerate(flips):
-        a, ph = np.radians(fl) * B1, np.radians(k * inc)
-        u = np.array([np.cos(ph), np.sin(ph), 0.0])
-        K = np.array([[0, -u[2], u[1]], [u[2], 0, -u[0]], [-u[1], u[0], 0]])
-        m = free((np.eye(3) + np.sin(a) * K + (1 - np.cos(a)) * K @ K) @ m, TE)
+        ph = np.radians(k * inc)
+        m = free(_pulse(np.radians(fl) * B1, ph) @ m, TE)
         out.append(1j * (m[0] + 1j * m[1]) * np.exp(-1j * ph))
         m = free(m, TR - TE)
     return np.array(out)
@@ -1154,10 +1149,7 @@ def _molli_isochromat(TI, RR, flip, TR, n, scheme, T1, T2, B0=0.0, B1=1.0, eta=1
         return np.array([f.real, f.imag, 1 + (m[2] - 1) * np.exp(-t / T1)])
 
     def rot(m, a_deg, ph_deg):
-        a, ph = np.radians(a_deg) * B1, np.radians(ph_deg)
-        u = np.array([np.cos(ph), np.sin(ph), 0.0])
-        K = np.array([[0, -u[2], u[1]], [u[2], 0, -u[0]], [-u[1], u[0], 0]])
-        return (np.eye(3) + np.sin(a) * K + (1 - np.cos(a)) * K @ K) @ m
+        return _pulse(np.radians(a_deg) * B1, np.radians(ph_deg)) @ m
 
     out, c = [], n // 2
     for ti, (images, pause) in zip(TI, scheme):
