@@ -1,53 +1,99 @@
 """Reading Pulseq sequence files (Layton et al. 2017, MRM 77:1544; the
-open file format of pulseq.github.io, versions 1.4 and 1.5) into blochsim
-operators: :meth:`blochsim.Simulator.from_pulseq`.
+open file format of pulseq.github.io, versions 1.4 and 1.5, with its
+"Time and Shape Specification") into blochsim operators:
+:meth:`blochsim.Simulator.from_pulseq`.
 
-What is read, and the limits of the model
-------------------------------------------
-- Blocks play in order for their durations (``BlockDurationRaster``).
-- RF events become a hard :class:`Pulse` at the pulse centre (``rf="hard"``,
-  the default: the flip is 2π·amplitude·|∫shape dt|, the phase the event's
-  phase plus the shape's mean phase), or the waveform played sample by
-  sample (``rf="shaped"``, :class:`SampledPulse`, its frequency offset as a
-  phase ramp).  An RF event in a block with a gradient is slice selective:
-  its frequency offset places the slice, and the simulated spin sits at the
-  slice centre, so it plays on resonance.  Without a gradient the offset is
-  the spins' (fat saturation, MT): in hard mode such a pulse leaves water
-  alone and only saturates a semisolid pool (:class:`Saturation`); play it
-  shaped to rotate water off resonance.  Offsets in ppm (format 1.5) need
-  the field strength (``field_strength`` or the file's ``B0`` definition);
-  phase offsets in ppm are refused.
-- ADC events become one :class:`Readout` each, at the ADC centre (the
-  k-space centre), with the ADC's phase offset: one sample per ADC.
-- Gradients decide the dephasing (the EPG is one-dimensional).  With
-  ``dephasing="moment"`` the gradient moment along one ``axis`` (default:
-  the axis whose blocks without RF or ADC carry the most net moment) is
-  integrated; at each RF centre and ADC centre the moment since the last
-  one becomes that many shifts of ``unit`` (default: the largest net moment
-  of one such block, the spoiler or crusher), the rounding remainder
-  carried on.  Moments on the other axes are taken as balanced.  With
-  ``dephasing="spoil"`` a block with net moment and no RF or ADC spoils
-  ideally.  A callable ``dephasing(block)`` receives a :class:`PulseqBlock`
-  and returns the shifts (an int) applied at the block's end.
-- Not read: extensions (labels, triggers, rotations), the gradients' effect
-  on B0 (eddy currents, concomitant fields), slice profiles (use
-  ``rf="shaped"`` at one position, or ``slice_profile``), ADC dwell and
-  sample count beyond locating the centre, soft delays.
+What is read, and the model
+---------------------------
+- **Blocks** play in order for their durations (``BlockDurationRaster``).
+- **RF waveforms** as the format samples them: a shape without a time shape
+  holds each sample over one raster cell (samples at the cell centres);
+  with a time shape the waveform is piecewise linear between its points
+  (a block pulse is two points, so its area is exactly its flip).  The
+  flip is 2π·|∫ amplitude dt|.
+- **Phase and frequency** with the format's time reference: the RF phase
+  at time t from the pulse start is ``phase + 2π·freq·t``.  A pulse in a
+  block with a gradient is slice selective: the simulated spin sits at the
+  slice centre, on resonance with it, and the pulse acts with the phase it
+  has at its centre, ``phase + 2π·freq·t_centre`` (pypulseq's examples set
+  the phase offset to cancel it).  A pulse without a gradient is played at
+  its frequency: an offset of +f Hz resonates with spins at B0 = +f (SPEC's
+  convention, as in :class:`CESTSimulator` and :class:`RectPulse`).
+  Offsets in ppm (format 1.5) need the field strength.
+- **Phase convention.**  SPEC's spins at B0 > 0 turn their transverse
+  phase by -2π·B0·t, while the format's frequency +f advances the RF phase
+  by +2π·f·t and excites spins at +f: the two count phase the other way
+  round.  The file's RF and ADC phases therefore enter negated; samples are
+  in SPEC's frame (a 90° pulse at phase 0 gives -i), the complex conjugate
+  of the format's; magnitudes do not depend on it.
+- **RF models** (``rf``): ``"hard"`` plays each pulse as an instantaneous
+  rotation at its centre (relaxation during the pulse neglected), which is
+  exact for the slice-centre spin only when the waveform has one phase (up
+  to sign) and the spin is on resonance with it; other pulses (adiabatic,
+  frequency or phase modulated, off resonance without a gradient) are
+  refused in hard mode.  ``"shaped"`` plays every waveform: a run of equal
+  samples as one exact rectangular pulse (:class:`RectPulse`: relaxation,
+  exchange, off-resonance and the semisolid pool act with the RF), any
+  other sample as a rotation at its centre with free precession either
+  side (the per-dwell hard-pulse approximation on the file's raster).
+  ``"auto"`` (default) plays hard what hard represents and the rest
+  shaped.  In shaped mode a slice-selective pulse is played in the
+  slice-centre spin's frame (no frequency, its centre phase) and the
+  gradient moment up to its centre is applied before it.
+- **ADC** events become one :class:`Readout` each at the ADC window's
+  centre (the echo of a symmetric readout), with the receiver phase of the
+  ADC at that centre: one sample per ADC.
+- **Gradients** decide the dephasing (``dephasing="moment"``, default).
+  The gradient moment vector (x, y, z) between consecutive RF and ADC
+  centres (and, wrapping round, from the last to the first, for
+  repetitions) is integrated exactly (trapezoids, arbitrary waveforms on
+  the gradient raster, or piecewise-linear corner points).  Every such
+  moment must be a whole number of one dephasing unit vector, so that
+  every pathway that refocuses in the file refocuses on order 0 of the
+  EPG: the unit is found per axis as the largest moment of which every
+  moment on that axis is a whole multiple (within 1e-3 of the unit, or
+  1e-3 cycles across ``voxel_size_m`` when it is given), and the axes are
+  combined when their whole numbers are proportional (a readout on x and
+  crushers on z of a CPMG train).  An axis whose moment is rewound between
+  consecutive RF pulses (phase encoding, a balanced readout) encodes
+  k-space and does not dephase the voxel: where it cannot be held with
+  the others it is left out, and the samples are the voxel's signal at
+  the k-space centre.  Moments with no common unit, or unbalanced axes
+  that dephase independently, are refused, naming the block; ``axis`` (a
+  direction to follow alone), ``unit`` (cycles/m, checked, never rounded)
+  or a callable ``dephasing(block) -> shifts`` choose otherwise, and
+  ``dephasing="spoil"`` spoils ideally at every block with a net moment and
+  no RF or ADC.  With ``voxel_size_m`` the crusher geometry for D and v
+  follows from the unit: ``crusher_dephasing_rad`` = 2π·|unit|·voxel.
+- Not read: extensions (labels, triggers, rotations), soft delays, the
+  gradients' effect on B0 (eddy currents, concomitant fields), slice
+  profiles (``slice_profile`` gives them), ADC samples other than the
+  centre.  Malformed files (unknown version, a row with missing fields, a
+  shape that does not decompress to its length, an event a block names
+  but no section holds, times off their raster) are refused naming the
+  line, section or block.
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from blochsim.sequence import (GAMMA_RAD_PER_S_PER_T, Delay, Dephase, Pulse, Readout, SampledPulse, Saturation,
-                               Sequence, Spoil)
+from blochsim.sequence import (GAMMA_RAD_PER_S_PER_T, Delay, Dephase, Pulse, Readout, RectPulse, Sequence, Spoil)
 from blochsim import _validate as V
 from blochsim.simulator import Simulator
 
 _HZ_PER_UT = GAMMA_RAD_PER_S_PER_T / (2 * np.pi) * 1e-6
 _AXES = {"x": 0, "y": 1, "z": 2}
+#: residual moment allowed, as a fraction of the dephasing unit (or cycles across voxel_size_m)
+MOMENT_TOLERANCE = 1e-3
+#: largest number of units the smallest moment of an axis may hold
+_MAX_SUBDIVISION = 64
+
+# numbers after the id in each row, per minor version
+_FIELDS = {"RF": {4: 7, 5: 10}, "TRAP": {4: 5, 5: 5}, "GRADIENTS": {4: 4, 5: 6}, "ADC": {4: 5, 5: 8}}
 
 
 @dataclass
@@ -74,7 +120,8 @@ class PulseqBlock:
 
 
 class PulseqError(ValueError):
-    """A Pulseq file blochsim cannot read; the message names the file and the line."""
+    """A Pulseq file blochsim cannot read or play exactly; the message names
+    the file and the line, section or block."""
 
 
 def decompress_shape(values, n):
@@ -115,17 +162,23 @@ def decompress_shape(values, n):
     return np.cumsum(out)
 
 
+def _on_raster(value, raster):
+    return abs(value / raster - round(value / raster)) <= 1e-6 * max(1.0, abs(value / raster))
+
+
 class _File:
-    """The sections of a Pulseq file, parsed."""
+    """The sections of a Pulseq file, parsed and checked."""
 
     def __init__(self, path):
         self.path = os.fspath(path)
         if not os.path.isfile(self.path):
             raise FileNotFoundError(f"no Pulseq file at {self.path!r}")
-        self.version = None
         self.defs = {}
-        self.blocks, self.rf, self.trap, self.grad, self.adc, self.shapes = [], {}, {}, {}, {}, {}
-        section, shape_id, shape_n, shape_vals = None, None, None, []
+        self.blocks = []
+        self.rows = {"RF": {}, "TRAP": {}, "GRADIENTS": {}, "ADC": {}}
+        self.line_of = {}  # (section, id) -> line number
+        self.shapes = {}
+        section, shape_id, shape_n, shape_vals, shape_line = None, None, None, [], 0
         with open(self.path) as f:
             lines = f.read().splitlines()
         ver = {}
@@ -134,10 +187,12 @@ class _File:
             if not line:
                 continue
             if line.startswith("["):
+                if not line.endswith("]"):
+                    raise PulseqError(f"{self.path}, line {number}: malformed section header {raw.strip()!r}")
                 if section == "SHAPES" and shape_id is not None:
-                    self._end_shape(shape_id, shape_n, shape_vals, number)
+                    self._end_shape(shape_id, shape_n, shape_vals, shape_line)
                     shape_id = None
-                section = line.strip("[]").strip().upper()
+                section = line[1:-1].strip().upper()
                 continue
             tok = line.split()
             try:
@@ -146,21 +201,20 @@ class _File:
                 elif section == "DEFINITIONS":
                     self.defs[tok[0]] = tok[1:]
                 elif section == "BLOCKS":
-                    self.blocks.append([int(t) for t in tok])
-                elif section == "RF":
-                    # version 1.5 ends the row with a letter (the pulse's use)
-                    self.rf[int(tok[0])] = [float(t) for t in tok[1:] if not t.isalpha()]
-                elif section == "TRAP":
-                    self.trap[int(tok[0])] = [float(t) for t in tok[1:]]
-                elif section == "GRADIENTS":
-                    self.grad[int(tok[0])] = [float(t) for t in tok[1:]]
-                elif section == "ADC":
-                    self.adc[int(tok[0])] = [float(t) for t in tok[1:]]
+                    row = [int(t) for t in tok]
+                    if len(row) != 8:
+                        raise PulseqError(f"{self.path}, line {number}: a block has {len(row)} fields, expected 8 "
+                                          "(NUM DUR RF GX GY GZ ADC EXT)")
+                    self.blocks.append(row)
+                elif section in self.rows:
+                    # version 1.5 ends an RF row with a letter (the pulse's use)
+                    self.rows[section][int(tok[0])] = [float(t) for t in tok[1:] if not t.isalpha()]
+                    self.line_of[section, int(tok[0])] = number
                 elif section == "SHAPES":
                     if tok[0] == "shape_id":
                         if shape_id is not None:
-                            self._end_shape(shape_id, shape_n, shape_vals, number)
-                        shape_id, shape_n, shape_vals = int(tok[1]), None, []
+                            self._end_shape(shape_id, shape_n, shape_vals, shape_line)
+                        shape_id, shape_n, shape_vals, shape_line = int(tok[1]), None, [], number
                     elif tok[0] == "num_samples":
                         shape_n = int(tok[1])
                     else:
@@ -168,7 +222,7 @@ class _File:
             except (ValueError, IndexError):
                 raise PulseqError(f"{self.path}, line {number}: cannot read {raw.strip()!r} in [{section}]") from None
         if section == "SHAPES" and shape_id is not None:
-            self._end_shape(shape_id, shape_n, shape_vals, len(lines))
+            self._end_shape(shape_id, shape_n, shape_vals, shape_line)
         if "major" not in ver or "minor" not in ver:
             raise PulseqError(f"{self.path}: no [VERSION] section with major and minor")
         self.version = (ver["major"], ver["minor"])
@@ -180,9 +234,45 @@ class _File:
         self.block_raster = self._def("BlockDurationRaster", 1e-5)
         self.grad_raster = self._def("GradientRasterTime", 1e-5)
         self.rf_raster = self._def("RadiofrequencyRasterTime", 1e-6)
+        self.adc_raster = self._def("AdcRasterTime", 1e-7)
+        minor = self.version[1]
+        for section, rows in self.rows.items():
+            want = _FIELDS[section][minor]
+            for i, r in rows.items():
+                if len(r) != want:
+                    raise PulseqError(f"{self.path}, line {self.line_of[section, i]}: [{section}] row {i} has "
+                                      f"{len(r)} numbers after its id, version 1.{minor} has {want}")
+        self._check_rasters()
 
     def _def(self, name, default):
-        return float(self.defs[name][0]) if name in self.defs else default
+        if name not in self.defs:
+            return default
+        try:
+            value = float(self.defs[name][0])
+        except (ValueError, IndexError):
+            raise PulseqError(f"{self.path}: [DEFINITIONS] {name} is not a number") from None
+        if not value > 0:
+            raise PulseqError(f"{self.path}: [DEFINITIONS] {name} must be > 0, got {value:g}")
+        return value
+
+    def _check_rasters(self):
+        minor = self.version[1]
+        for i, r in self.rows["RF"].items():
+            if not _on_raster(r[5 if minor >= 5 else 4] * 1e-6, self.rf_raster):
+                raise PulseqError(f"{self.path}, line {self.line_of['RF', i]}: RF {i}'s delay is not on the RF "
+                                  f"raster ({self.rf_raster:g} s)")
+        for i, r in self.rows["TRAP"].items():
+            if not all(_on_raster(t * 1e-6, self.grad_raster) for t in r[1:5]):
+                raise PulseqError(f"{self.path}, line {self.line_of['TRAP', i]}: trapezoid {i}'s times are not on "
+                                  f"the gradient raster ({self.grad_raster:g} s)")
+        for i, r in self.rows["GRADIENTS"].items():
+            if not _on_raster(r[-1] * 1e-6, self.grad_raster):
+                raise PulseqError(f"{self.path}, line {self.line_of['GRADIENTS', i]}: gradient {i}'s delay is not on "
+                                  f"the gradient raster ({self.grad_raster:g} s)")
+        for i, r in self.rows["ADC"].items():
+            if not _on_raster(r[1] * 1e-9, self.adc_raster):
+                raise PulseqError(f"{self.path}, line {self.line_of['ADC', i]}: ADC {i}'s dwell is not on the ADC "
+                                  f"raster ({self.adc_raster:g} s)")
 
     def _end_shape(self, sid, n, vals, number):
         if n is None:
@@ -190,12 +280,18 @@ class _File:
         try:
             self.shapes[sid] = decompress_shape(vals, n)
         except ValueError as e:
-            raise PulseqError(f"{self.path}: shape {sid}: {e}") from None
+            raise PulseqError(f"{self.path}, line {number}: shape {sid}: {e}") from None
 
     def shape(self, sid, what):
         if sid not in self.shapes:
             raise PulseqError(f"{self.path}: {what} names shape {sid}, which [SHAPES] does not hold")
         return self.shapes[sid]
+
+    def row(self, section, rid, block):
+        if rid not in self.rows[section]:
+            raise PulseqError(f"{self.path}: block {block} names {section} event {rid}, which [{section}] "
+                              "does not hold")
+        return self.rows[section][rid]
 
 
 def _trap_moment(row, t):
@@ -220,51 +316,126 @@ def _trap_moment(row, t):
     return m
 
 
+@dataclass
+class _RF:
+    """An RF event: the waveform (Hz, gamma B1 / 2π) at its sample times
+    (s from the pulse start), held over raster cells or piecewise linear
+    between time points; where it sits in its block; its centre (s from the
+    pulse start), frequency (Hz) and phase (rad)."""
+
+    rid: int
+    wave: np.ndarray
+    times: np.ndarray
+    linear: bool
+    raster: float
+    delay: float
+    centre: float
+    freq: float
+    phase: float
+
+    @property
+    def duration(self):
+        return float(self.times[-1]) if self.linear else self.wave.size * self.raster
+
+    def area(self):
+        """∫ wave dt, cycles (complex)."""
+        if self.linear:
+            return complex(np.sum(0.5 * (self.wave[1:] + self.wave[:-1]) * np.diff(self.times)))
+        return complex(np.sum(self.wave) * self.raster)
+
+    def energy(self):
+        """∫ |wave|² dt, Hz² s."""
+        if self.linear:
+            a, b = self.wave[:-1], self.wave[1:]
+            return float(np.sum(np.diff(self.times) * (np.abs(a) ** 2 + np.abs(b) ** 2 + np.real(a * np.conj(b))) / 3))
+        return float(np.sum(np.abs(self.wave) ** 2) * self.raster)
+
+    def one_phase(self):
+        """Whether every non-zero sample has the same phase up to sign."""
+        w = self.wave[np.abs(self.wave) > 0]
+        if w.size == 0:
+            return True
+        ref = w[np.argmax(np.abs(w))] / abs(w[np.argmax(np.abs(w))])
+        return bool(np.all(np.abs(np.imag(w * np.conj(ref))) <= 1e-9 * np.abs(w)))
+
+    def cells(self):
+        """The waveform on the raster: samples at the cell centres (s from
+        the pulse start) and their values."""
+        if not self.linear:
+            return self.times, self.wave
+        n = int(round(self.duration / self.raster))
+        t = (np.arange(n) + 0.5) * self.raster
+        w = np.interp(t, self.times, self.wave.real, left=0.0, right=0.0) + 1j * np.interp(
+            t, self.times, self.wave.imag, left=0.0, right=0.0)
+        return t, w
+
+
+def _common_unit(values, tol_rel, tol_abs):
+    """The largest u > 0 of which every value is a whole multiple within
+    max(tol_rel u, tol_abs), or None; 0 when every value is 0."""
+    a = np.abs(np.asarray(values, dtype=np.float64))
+    scale = float(a.max()) if a.size else 0.0
+    a = a[a > 1e-9 * scale]
+    if a.size == 0:
+        return 0.0
+    base = float(a.min())
+    for n in range(1, _MAX_SUBDIVISION + 1):
+        u = base / n
+        r = a / u
+        if np.all(np.abs(r - np.round(r)) * u <= max(tol_rel * u, tol_abs)):
+            return u
+    return None
+
+
+def _ratio(row, g):
+    """q with row == q g (integer vectors), or None."""
+    nz = np.flatnonzero(g)
+    q = row[nz[0]] // g[nz[0]]
+    return int(q) if np.array_equal(row, q * g) else None
+
+
 class _Reader:
     """Builds the operators of a parsed file."""
 
-    def __init__(self, f: _File, rf_mode, dephasing, axis, unit, field_strength):
+    def __init__(self, f: _File, rf_mode, dephasing, axis, unit, field_strength, voxel_size_m=None, periodic=False):
         self.f = f
+        self.periodic = periodic
         self.field_strength = None if field_strength is None else float(
             V.protocol_array("field_strength", field_strength, low=0.0, strict=True, unit="T", ndim_max=0))
-        if rf_mode not in ("hard", "shaped"):
-            raise ValueError(f"rf must be 'hard' or 'shaped', got {rf_mode!r}")
+        if rf_mode not in ("auto", "hard", "shaped"):
+            raise ValueError(f"rf must be 'auto', 'hard' or 'shaped', got {rf_mode!r}")
         if not (callable(dephasing) or dephasing in ("moment", "spoil")):
             raise ValueError(f"dephasing must be 'moment', 'spoil' or a callable, got {dephasing!r}")
         self.rf_mode, self.dephasing = rf_mode, dephasing
-        self.blocks = self._blocks()
         if isinstance(axis, str):
             if axis not in _AXES:
                 raise ValueError(f"axis must be 'x', 'y', 'z' or a 3-vector, got {axis!r}")
             axis = np.eye(3)[_AXES[axis]]
-        if axis is None:
-            free = [b.moment for b in self.blocks if not b.rf and not b.adc]
-            axis = np.eye(3)[int(np.argmax(np.sum(np.abs(free), axis=0)))] if free else np.eye(3)[2]
-        axis = np.asarray(axis, dtype=np.float64)
-        if axis.shape != (3,) or not np.all(np.isfinite(axis)) or np.linalg.norm(axis) == 0:
-            raise ValueError(f"axis must be 'x', 'y', 'z' or a non-zero 3-vector, got {axis!r}")
-        self.axis = axis / np.linalg.norm(axis)
-        if unit is None:
-            free = [abs(float(b.moment @ self.axis)) for b in self.blocks if not b.rf and not b.adc]
-            unit = max(free) if free else 0.0
-        unit = float(V.protocol_array("unit", unit, low=0.0, unit="cycles/m", ndim_max=0))
-        if dephasing == "moment" and not unit > 0:
-            raise ValueError(f"{f.path}: no gradient moment to dephase by: give unit (cycles/m) or "
-                             "dephasing='spoil' or a callable")
-        self.unit = unit
+        if axis is not None:
+            axis = np.asarray(axis, dtype=np.float64)
+            if axis.shape != (3,) or not np.all(np.isfinite(axis)) or np.linalg.norm(axis) == 0:
+                raise ValueError(f"axis must be 'x', 'y', 'z' or a non-zero 3-vector, got {axis!r}")
+            axis = axis / np.linalg.norm(axis)
+        self.axis = axis
+        self.unit = None if unit is None else float(
+            V.protocol_array("unit", unit, low=0.0, strict=True, unit="cycles/m", ndim_max=0))
+        self.voxel = voxel_size_m
+        self._timeline()
 
-    def _grad_rows(self, row):
-        """The block's gradient events (x, y, z): ('trap', row), ('arb', row) or None."""
+    # -- events ------------------------------------------------------------
+
+    def _grads(self, row):
         out = []
         for gid in row[3:6]:
             if gid == 0:
                 out.append(None)
-            elif gid in self.f.trap:
-                out.append(("trap", self.f.trap[gid]))
-            elif gid in self.f.grad:
-                out.append(("arb", self.f.grad[gid]))
+            elif gid in self.f.rows["TRAP"]:
+                out.append(("trap", self.f.rows["TRAP"][gid]))
+            elif gid in self.f.rows["GRADIENTS"]:
+                out.append(("arb", self.f.rows["GRADIENTS"][gid]))
             else:
-                raise PulseqError(f"{self.f.path}: block {row[0]} names gradient {gid}, which no section holds")
+                raise PulseqError(f"{self.f.path}: block {row[0]} names gradient {gid}, which neither [TRAP] nor "
+                                  "[GRADIENTS] holds")
         return out
 
     def _moment(self, grads, t):
@@ -276,60 +447,37 @@ class _Reader:
             kind, row = g
             if kind == "trap":
                 m[i] = _trap_moment(row, t)
-            else:
-                # 1.4: amp shape time delay; 1.5: amp first last shape time delay
-                amp, sid, tid, delay = ((row[0], int(row[3]), int(row[4]), row[5] * 1e-6) if self.f.version[1] >= 5
-                                        else (row[0], int(row[1]), int(row[2]), row[3] * 1e-6))
-                wave = amp * self.f.shape(sid, "a gradient")
-                if tid:  # corner points, linear between them
-                    times = delay + self.f.shape(tid, "a gradient") * self.f.grad_raster
-                    if t <= times[0]:
-                        continue
-                    xs = np.concatenate([times[times < t], [min(t, times[-1])]])
-                    ys = np.interp(xs, times, wave)
-                    m[i] = float(np.sum(0.5 * (ys[1:] + ys[:-1]) * np.diff(xs)))
-                else:  # samples held over each raster interval
-                    r = self.f.grad_raster
-                    cover = np.clip((t - delay - np.arange(wave.size) * r) / r, 0.0, 1.0)
-                    m[i] = float(np.sum(wave * r * cover))
+                continue
+            # 1.4: amp shape time delay; 1.5: amp first last shape time delay
+            amp, sid, tid, delay = ((row[0], int(row[3]), int(row[4]), row[5] * 1e-6) if self.f.version[1] >= 5
+                                    else (row[0], int(row[1]), int(row[2]), row[3] * 1e-6))
+            wave = amp * self.f.shape(sid, "a gradient")
+            if tid:  # corner points, linear between them
+                times = delay + self.f.shape(tid, "a gradient") * self.f.grad_raster
+                if t <= times[0]:
+                    continue
+                xs = np.concatenate([times[times < t], [min(t, times[-1])]])
+                ys = np.interp(xs, times, wave)
+                m[i] = float(np.sum(0.5 * (ys[1:] + ys[:-1]) * np.diff(xs)))
+            else:  # samples held over each raster cell
+                r = self.f.grad_raster
+                cover = np.clip((t - delay - np.arange(wave.size) * r) / r, 0.0, 1.0)
+                m[i] = float(np.sum(wave * r * cover))
         return m
 
-    def _blocks(self):
-        out, t = [], 0.0
-        self._rows = []
-        for row in self.f.blocks:
-            if len(row) < 7:
-                raise PulseqError(f"{self.f.path}: block {row[0] if row else '?'} has {len(row)} fields, "
-                                  "expected 8 (NUM DUR RF GX GY GZ ADC EXT)")
-            dur = row[1] * self.f.block_raster
-            grads = self._grad_rows(row)
-            b = PulseqBlock(row[0], t, dur, row[2] != 0, row[6] != 0, self._moment(grads, np.inf))
-            out.append(b)
-            self._rows.append((row, grads))
-            t += dur
-        return out
-
-    def _rf(self, rid, index):
-        """An RF event: its waveform (Hz, gamma B1 / 2 pi) with the sample
-        times and widths from the pulse start, start and end in the block,
-        centre, frequency offset (Hz) and phase (rad)."""
-        if rid not in self.f.rf:
-            raise PulseqError(f"{self.f.path}: block {index} names RF {rid}, which [RF] does not hold")
-        r = self.f.rf[rid]
-        v15 = self.f.version[1] >= 5
-        if len(r) < (10 if v15 else 7):
-            raise PulseqError(f"{self.f.path}: RF {rid} has {len(r)} fields, too few for version "
-                              f"{self.f.version[0]}.{self.f.version[1]}")
-        if v15:  # amp mag phase time center delay freqPPM phasePPM freq phase
+    def _rf(self, rid, block):
+        r = self.f.row("RF", rid, block)
+        raster = self.f.rf_raster
+        if self.f.version[1] >= 5:  # amp mag phase time center delay freqPPM phasePPM freq phase
             amp, mag_id, ph_id, time_id, center, delay, freq, phase = (r[0], int(r[1]), int(r[2]), int(r[3]),
-                                                                       r[4], r[5], r[8], r[9])
+                                                                       r[4] * 1e-6, r[5], r[8], r[9])
             if r[7] != 0.0:
                 raise PulseqError(f"{self.f.path}: RF {rid} has a phase offset in ppm, which is not read")
             if r[6] != 0.0:  # an offset that scales with the field: fat saturation and the like
                 if self.field_strength is None:
                     raise PulseqError(f"{self.f.path}: RF {rid} has a frequency offset of {r[6]:g} ppm: give "
                                       "field_strength (T) to read it")
-                freq = freq + r[6] * 1e-6 * self.field_strength * _HZ_PER_UT * 1e6
+                freq = freq + r[6] * self.field_strength * _HZ_PER_UT * 1e6 * 1e-6
         else:  # amp mag phase time delay freq phase
             amp, mag_id, ph_id, time_id, delay, freq, phase = r[0], int(r[1]), int(r[2]), int(r[3]), r[4], r[5], r[6]
             center = None
@@ -337,99 +485,266 @@ class _Reader:
         ph = self.f.shape(ph_id, f"RF {rid}") if ph_id else np.zeros_like(mag)
         if ph.size != mag.size:
             raise PulseqError(f"{self.f.path}: RF {rid}: magnitude and phase shapes differ in length")
-        raster = self.f.rf_raster
+        wave = amp * mag * np.exp(2j * np.pi * ph)
+        if time_id < 0:
+            raise PulseqError(f"{self.f.path}: RF {rid} has time shape {time_id} (oversampled regular sampling), "
+                              "which is not read")
         if time_id:
             times = self.f.shape(time_id, f"RF {rid}") * raster
-            dt = np.diff(np.concatenate([times, [times[-1] + raster]]))
+            if times.size != mag.size or np.any(np.diff(times) < 0):
+                raise PulseqError(f"{self.f.path}: RF {rid}: its time shape is not {mag.size} increasing times")
         else:
-            dt = np.full(mag.size, raster)
             times = (np.arange(mag.size) + 0.5) * raster
         if center is None:  # version 1.4: the peak of the magnitude (the middle of a plateau)
-            peak = np.abs(mag) >= np.max(np.abs(mag)) * (1 - 1e-9)
-            center = 1e6 * float(np.mean(times[peak]))
-        start = delay * 1e-6
-        return dict(wave_hz=amp * mag * np.exp(2j * np.pi * ph), times=times, dt=dt, start=start,
-                    end=start + float(times[-1] + 0.5 * dt[-1]), centre=start + center * 1e-6, freq=freq,
-                    phase=phase)
+            peak = np.abs(mag) >= np.max(np.abs(mag)) * (1 - 1e-5)
+            center = 0.5 * float(times[peak][0] + times[peak][-1])
+        return _RF(rid, wave, times, bool(time_id), raster, delay * 1e-6, center, freq, phase)
 
-    def ops(self):
-        ops = []
-        carried = 0.0  # the moment along the axis not yet turned into shifts, cycles/m
-        last = 0.0  # where the carried moment was last brought up to date
-        for b, (row, grads) in zip(self.blocks, self._rows):
-            events = []  # (time in the block, kind, payload)
+    def _timeline(self):
+        """Blocks, their events in time order, and the cumulative gradient
+        moment at each RF and ADC centre."""
+        f = self.f
+        self.blocks, self.events = [], []  # events: per block, a list of (time in block, kind, payload)
+        self.points = []  # cumulative moment at each event's centre, in event order
+        self.point_block = []
+        t, cum = 0.0, np.zeros(3)
+        for row in f.blocks:
+            grads = self._grads(row)
+            dur = row[1] * f.block_raster
+            net = self._moment(grads, math.inf)
+            self.blocks.append(PulseqBlock(row[0], t, dur, row[2] != 0, row[6] != 0, net))
+            evs = []
             if row[2]:
                 rf = self._rf(row[2], row[0])
-                if any(g is not None for g in grads):
-                    # slice selective: the offset places the slice, and the simulated spin sits at its centre
-                    rf["freq"] = 0.0
-                events.append(("rf", rf))
+                selective = any(g is not None for g in grads)
+                evs.append((rf.delay + rf.centre, "rf", (rf, selective)))
             if row[6]:
-                if row[6] not in self.f.adc:
-                    raise PulseqError(f"{self.f.path}: block {row[0]} names ADC {row[6]}, which [ADC] does not hold")
-                a = self.f.adc[row[6]]
+                a = f.row("ADC", row[6], row[0])
                 # 1.4: num dwell delay freq phase; 1.5: num dwell delay freqPPM phasePPM freq phase phase_id
-                num, dwell_ns, delay_us, phase = a[0], a[1], a[2], a[6] if self.f.version[1] >= 5 else a[4]
-                if self.f.version[1] >= 5 and a[4] != 0.0:
-                    raise PulseqError(f"{self.f.path}: ADC {row[6]} has a phase offset in ppm, which is not read")
-                events.append(("adc", dict(centre=delay_us * 1e-6 + 0.5 * num * dwell_ns * 1e-9, phase=phase)))
-            events.sort(key=lambda e: e[1]["centre"])
+                if f.version[1] >= 5:
+                    if a[3] != 0.0 or a[4] != 0.0:
+                        raise PulseqError(f"{f.path}: ADC {row[6]} has an offset in ppm, which is not read")
+                    num, dwell, delay, freq, phase = a[0], a[1] * 1e-9, a[2] * 1e-6, a[5], a[6]
+                else:
+                    num, dwell, delay, freq, phase = a[0], a[1] * 1e-9, a[2] * 1e-6, a[3], a[4]
+                half = 0.5 * num * dwell
+                evs.append((delay + half, "adc", phase + 2 * np.pi * freq * half))
+            evs.sort(key=lambda e: e[0])
+            for when, _, _ in evs:
+                if when > dur + 1e-9:
+                    raise PulseqError(f"{f.path}: block {row[0]}: an event's centre lies past the block's end "
+                                      f"({dur * 1e3:g} ms)")
+                self.points.append(cum + self._moment(grads, when))
+                self.point_block.append(row[0])
+            self.events.append(evs)
+            cum = cum + net
+            t += dur
+        self.end_moment = cum
+
+    # -- dephasing ----------------------------------------------------------
+
+    def _shifts(self):
+        """Integer shifts before each event (the first: 0) and after the
+        last (wrapping round to the first), and the unit vector (cycles/m)."""
+        n = len(self.points)
+        if n == 0:
+            return [], 0, np.zeros(3)
+        pts = np.array(self.points)
+        inc = np.zeros((n, 3))
+        if self.periodic:  # from the last event round to the first of the next playing
+            inc[0] = self.end_moment - pts[-1] + pts[0]
+        inc[1:] = np.diff(pts, axis=0)
+        blocks = [self.point_block[0]] + self.point_block[1:]
+        tol_abs = MOMENT_TOLERANCE / self.voxel if self.voxel else 0.0
+        if self.axis is not None or self.unit is not None:
+            axis = self.axis if self.axis is not None else self._dominant_axis(inc)
+            c = inc @ axis
+            u = self.unit if self.unit is not None else _common_unit(c, MOMENT_TOLERANCE, tol_abs)
+            if u is None:
+                raise PulseqError(f"{self.f.path}: the gradient moments along {np.round(axis, 6).tolist()} have no "
+                                  f"common unit (within {MOMENT_TOLERANCE:g} of it): give unit (cycles/m), or "
+                                  "dephasing= a callable")
+            if u == 0:
+                return [0] * n, 0, np.zeros(3)
+            k = np.round(c / u)
+            bad = np.flatnonzero(np.abs(c - k * u) > max(MOMENT_TOLERANCE * u, tol_abs))
+            if bad.size:
+                j = bad[0]
+                raise PulseqError(f"{self.f.path}: block {blocks[j]}: the gradient moment since the previous RF or "
+                                  f"ADC event, {c[j]:.6g} cycles/m along {np.round(axis, 6).tolist()}, is not a whole "
+                                  f"number of unit = {u:.6g} cycles/m: it would be rounded")
+            k = k.astype(np.int64)
+            return [0] + k[1:].tolist(), int(k[0]), axis * u
+        # which axes dephase: those not rewound between consecutive RF pulses
+        rf_at = [i for i, evs in enumerate(self._flat_events()) if evs == "rf"]
+        balanced = np.zeros(3, dtype=bool)
+        if len(rf_at) >= 2 or (rf_at and self.periodic):
+            cyc = np.concatenate([pts[rf_at], [pts[rf_at[0]] + self.end_moment]]) if self.periodic else pts[rf_at]
+            between = np.diff(cyc, axis=0)
+            spread = np.max(np.abs(inc), axis=0)
+            balanced = np.all(np.abs(between) <= 1e-6 * np.maximum(spread, 1e-30) + tol_abs, axis=0)
+        units = [_common_unit(inc[:, a], MOMENT_TOLERANCE, tol_abs) for a in range(3)]
+        chosen, g_all = [], None
+        order = sorted(range(3), key=lambda a: (bool(balanced[a]), -float(np.max(np.abs(inc[:, a])))))
+        for a in order:
+            if units[a] == 0:
+                continue
+            if units[a] is None:
+                if balanced[a]:
+                    continue  # encodes k-space (phase encoding): left out
+                j = self._first_bad(inc[:, a])
+                raise PulseqError(f"{self.f.path}: the gradient moments on the {'xyz'[a]} axis have no common unit: "
+                                  f"block {blocks[j]}'s moment since the previous RF or ADC event, "
+                                  f"{inc[j, a]:.6g} cycles/m, is not a whole multiple of the others within "
+                                  f"{MOMENT_TOLERANCE:g}; one EPG order cannot hold it without rounding (give axis and "
+                                  "unit, or dephasing= a callable)")
+            trial = chosen + [a]
+            N = np.round(inc[:, trial] / np.array([units[b] for b in trial])).astype(np.int64)
+            g = self._direction(N)
+            if g is None:
+                if balanced[a]:
+                    continue
+                j = int(np.flatnonzero([_ratio(r, self._direction(N[:1]) if np.any(N[0]) else r) is None
+                                        for r in N])[0]) if np.any(N[0]) else 0
+                raise PulseqError(f"{self.f.path}: the gradient moments on the {'/'.join('xyz'[b] for b in trial)} "
+                                  f"axes dephase independently (block {blocks[j]}: "
+                                  f"{np.round(inc[j, trial], 6).tolist()} cycles/m): one EPG axis cannot hold them "
+                                  "(give axis= to follow one, or dephasing= a callable)")
+            chosen, g_all = trial, g
+        if not chosen:
+            return [0] * n, 0, np.zeros(3)
+        N = np.round(inc[:, chosen] / np.array([units[b] for b in chosen])).astype(np.int64)
+        q = [_ratio(r, g_all) for r in N]
+        vec = np.zeros(3)
+        for i, a in enumerate(chosen):
+            vec[a] = g_all[i] * units[a]
+        return [0] + q[1:], q[0], vec
+
+    def _flat_events(self):
+        return [kind for evs in self.events for _, kind, _ in evs]
+
+    @staticmethod
+    def _dominant_axis(inc):
+        return np.eye(3)[int(np.argmax(np.sum(np.abs(inc), axis=0)))]
+
+    @staticmethod
+    def _first_bad(c):
+        a = np.abs(c)
+        return int(np.argmax(a > 0))
+
+    @staticmethod
+    def _direction(N):
+        """The primitive integer vector g with every row of N a multiple of
+        it, or None (rows not proportional)."""
+        nz = [r for r in N if np.any(r)]
+        if not nz:
+            return np.zeros(N.shape[1], dtype=np.int64)
+        g = nz[0] // np.gcd.reduce(np.abs(nz[0]))
+        if g[np.flatnonzero(g)[0]] < 0:
+            g = -g
+        return g if all(_ratio(r, g) is not None for r in nz) else None
+
+    # -- operators ----------------------------------------------------------
+
+    def _hard_ok(self, rf, selective):
+        return rf.one_phase() and (selective or rf.freq == 0.0)
+
+    def _rf_ops(self, rf, selective, block):
+        """(operators, time from the pulse start at which they begin, their
+        duration): the pulse as the RF model plays it."""
+        hard = self.rf_mode == "hard" or (self.rf_mode == "auto" and self._hard_ok(rf, selective))
+        if hard and not self._hard_ok(rf, selective):
+            why = ("its waveform's phase varies (adiabatic, frequency or phase modulated)" if not rf.one_phase()
+                   else f"it is {rf.freq:g} Hz off resonance without a gradient")
+            raise PulseqError(f"{self.f.path}: block {block}: RF {rf.rid} cannot be played as a hard pulse: {why}; "
+                              "read with rf='shaped' or 'auto'")
+        # the file's phase at time t from the pulse start: phase + 2 pi freq t; SPEC's is its negative
+        centre_phase = rf.phase + 2 * np.pi * rf.freq * rf.centre
+        if hard:
+            area = rf.area()
+            flip = np.degrees(2 * np.pi * abs(area))
+            energy = rf.energy()
+            power = energy * rf.duration / abs(area) ** 2 if area != 0 else 1.0
+            ph = -np.degrees(centre_phase + np.angle(area))
+            return [Pulse(flip, ph, rf.duration * 1e3, 0.0 if selective else rf.freq, power)], rf.centre, 0.0
+        t, w = rf.cells()
+        dwell = rf.raster
+        freq = 0.0 if selective else rf.freq
+        ops = []
+        i = 0
+        while i < w.size:
+            j = i + 1
+            while j < w.size and w[j] == w[i]:
+                j += 1
+            # the file's phase at the start of the run (a RectPulse) or at the sample's centre (a rotation)
+            if selective:
+                base = centre_phase
+            else:
+                base = rf.phase + 2 * np.pi * rf.freq * (t[i] - (0.5 * dwell if j - i > 1 else 0.0))
+            ph = -np.degrees(base + np.angle(w[i]))
+            if j - i > 1:
+                d = (j - i) * dwell
+                ops.append(RectPulse(360.0 * abs(w[i]) * d, d * 1e3, ph, freq) if w[i] != 0 else Delay(d * 1e3))
+            else:
+                half = Delay(0.5 * dwell * 1e3)
+                ops += [half, Pulse(360.0 * abs(w[i]) * dwell, ph, dwell * 1e3, freq, 1.0), half]
+            i = j
+        start = float(t[0] - 0.5 * dwell)
+        return ops, start, w.size * dwell
+
+    def ops(self):
+        if self.dephasing == "moment":
+            before, wrap, self.unit_vector = self._shifts()
+        else:
+            before, wrap, self.unit_vector = None, 0, np.zeros(3)
+        ops, e = [], 0
+        for b, evs in zip(self.blocks, self.events):
             cursor = 0.0  # time in the block the operators have reached
-            for kind, ev in events:
-                if self.dephasing == "moment":
-                    carried += float(self._moment(grads, ev["centre"]) @ self.axis) - last
-                    last = float(self._moment(grads, ev["centre"]) @ self.axis)
-                    k = int(np.round(carried / self.unit))
-                    carried -= k * self.unit
-                    shift = [Dephase(k)] if k else []
-                else:
-                    shift = []
+            for when, kind, payload in evs:
+                shift = [Dephase(int(before[e]))] if before is not None and before[e] else []
+                e += 1
                 if kind == "adc":
-                    ops += [Delay(1e3 * (ev["centre"] - cursor))] + shift + [Readout(np.degrees(ev["phase"]))]
-                    cursor = ev["centre"]
-                elif self.rf_mode == "hard":
-                    area = np.sum(ev["wave_hz"] * ev["dt"])  # cycles
-                    flip, ph = np.degrees(2 * np.pi * abs(area)), np.degrees(ev["phase"] + np.angle(area))
-                    dur_ms = 1e3 * (ev["end"] - ev["start"])
-                    power = float(np.sum(np.abs(ev["wave_hz"]) ** 2 * ev["dt"]) * (ev["end"] - ev["start"])
-                                  / abs(area) ** 2) if area != 0 else 1.0
-                    pulse = (Saturation(flip, dur_ms, ev["freq"], power) if ev["freq"] != 0.0
-                             else Pulse(flip, ph, dur_ms, 0.0, power))
-                    ops += [Delay(1e3 * (ev["centre"] - cursor))] + shift + [pulse]
-                    cursor = ev["centre"]
-                else:
-                    wave_uT = ev["wave_hz"] * np.exp(2j * np.pi * ev["freq"] * ev["times"]) / _HZ_PER_UT
-                    step = ev["dt"]
-                    if not np.allclose(step, step[0]):
-                        raise PulseqError(f"{self.f.path}: block {row[0]}: rf='shaped' needs an evenly sampled "
-                                          "RF waveform")
-                    pulse = SampledPulse(wave_uT, step[0] * 1e6, np.degrees(ev["phase"]))
-                    ops += [Delay(1e3 * max(ev["start"] - cursor, 0.0))] + shift + [pulse]
-                    cursor = max(cursor, ev["start"]) + pulse.duration * 1e-3
+                    ops += [Delay(1e3 * (when - cursor))] + shift + [Readout(-np.degrees(payload))]
+                    cursor = when
+                    continue
+                rf, selective = payload
+                pulse, begin, length = self._rf_ops(rf, selective, b.index)
+                at = rf.delay + begin
+                if at < cursor - 1e-9:
+                    raise PulseqError(f"{self.f.path}: block {b.index}: RF {rf.rid} overlaps the block's ADC "
+                                      "centre, which blochsim cannot play")
+                ops += [Delay(1e3 * max(at - cursor, 0.0))] + shift + pulse
+                cursor = max(at, cursor) + length
             rest = b.duration - cursor
             if rest < -1e-9:
-                raise PulseqError(f"{self.f.path}: block {row[0]}: its events run past its duration "
+                raise PulseqError(f"{self.f.path}: block {b.index}: its events run past its duration "
                                   f"({b.duration * 1e3:g} ms)")
             ops.append(Delay(1e3 * max(rest, 0.0)))
-            if self.dephasing == "moment":
-                carried += float(b.moment @ self.axis) - last
-                last = 0.0
-            elif self.dephasing == "spoil":
+            if self.dephasing == "spoil":
                 if not b.rf and not b.adc and np.any(np.abs(b.moment) > 0):
                     ops.append(Spoil())
-            else:
+            elif callable(self.dephasing):
                 k = self.dephasing(b)
                 if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
                     raise TypeError(f"the dephasing handler must return an int for block {b.index}, got {k!r}")
                 if k:
                     ops.append(Dephase(int(k)))
+        if wrap:
+            ops.append(Dephase(int(wrap)))
         return [op for op in ops if not (isinstance(op, Delay) and op.duration == 0.0)]
 
 
-_CACHE = {}
+def _field_strength(f, field_strength):
+    if field_strength is None and "B0" in f.defs:
+        try:
+            return float(f.defs["B0"][0])
+        except (ValueError, IndexError):
+            raise PulseqError(f"{f.path}: [DEFINITIONS] B0 is not a number") from None
+    return field_strength
 
 
-def read_pulseq(path, rf="hard", dephasing="moment", axis=None, unit=None, field_strength=None) -> Sequence:
+def read_pulseq(path, rf="auto", dephasing="moment", axis=None, unit=None, field_strength=None,
+                voxel_size_m=None, periodic=False) -> Sequence:
     """The operators of a Pulseq file (see the module's notes for what is
     read and how).
 
@@ -437,32 +752,44 @@ def read_pulseq(path, rf="hard", dephasing="moment", axis=None, unit=None, field
     ----------
     path : str or os.PathLike
         The ``.seq`` file (format 1.4 or 1.5).
-    rf : {"hard", "shaped"}
-        Each RF event as a hard pulse at its centre, or played sample by
-        sample.
+    rf : {"auto", "hard", "shaped"}
+        Each RF event as a hard pulse at its centre, played from its
+        waveform, or hard where that is exact for the slice-centre spin and
+        shaped otherwise (default).
     dephasing : {"moment", "spoil"} or callable
-        How gradients become EPG shifts: the moment along ``axis`` in
-        shifts of ``unit``; ideal spoiling by blocks with a net moment and
-        no RF or ADC; or ``dephasing(block) -> int`` shifts at the end of
-        each :class:`PulseqBlock`.
+        How gradients become EPG shifts: whole numbers of the moments'
+        common unit (default); ideal spoiling by blocks with a net moment
+        and no RF or ADC; or ``dephasing(block) -> int`` shifts at the end
+        of each :class:`PulseqBlock`.
     axis : {"x", "y", "z"} or array_like, shape (3,), optional
-        Dephasing direction (default: the axis whose blocks without RF or
-        ADC carry the most net moment).
+        Follow the moment along this direction alone.
     unit : float, cycles/m, optional
-        Moment of one shift (default: the largest net moment of a block
-        without RF or ADC).
+        Moment of one shift (checked: a moment that is not a whole number
+        of it is refused).
     field_strength : float, T, optional
         Needed for RF frequency offsets given in ppm (format 1.5; default:
         the file's ``B0`` definition if it has one).
+    voxel_size_m : float, m, optional
+        The voxel the moments dephase: a moment is a whole number of the
+        unit when its remainder puts under 1e-3 cycles across it.
+    periodic : bool, optional
+        The file is played again after its end (``repetitions``): the
+        moment from its last RF or ADC event round to its first counts too.
 
     Returns
     -------
     Sequence
     """
+    return _read(path, rf, dephasing, axis, unit, field_strength, voxel_size_m, periodic)[0]
+
+
+def _read(path, rf, dephasing, axis, unit, field_strength, voxel_size_m, periodic):
     f = _File(path)
-    if field_strength is None and "B0" in f.defs:
-        field_strength = float(f.defs["B0"][0])
-    return Sequence(_Reader(f, rf, dephasing, axis, unit, field_strength).ops())
+    reader = _Reader(f, rf, dephasing, axis, unit, _field_strength(f, field_strength), voxel_size_m, periodic)
+    return Sequence(reader.ops()), reader.unit_vector
+
+
+_CACHE = {}
 
 
 class PulseqSimulator(Simulator):
@@ -472,19 +799,22 @@ class PulseqSimulator(Simulator):
     Parameters
     ----------
     path : str or os.PathLike
-    rf : {"hard", "shaped"}, optional
+    rf : {"auto", "hard", "shaped"}, optional
     dephasing : {"moment", "spoil"} or callable, optional
     axis : {"x", "y", "z"} or array_like, optional
     unit : float, cycles/m, optional
     field_strength : float, T, optional
         See :func:`read_pulseq`.
-    states, repetitions, crusher_dephasing_rad, voxel_size_m, device, threads, ...
+    voxel_size_m : float, m, optional
+        Sets the tolerance of the moments' unit and, with it, the crusher
+        geometry for D and v (``crusher_dephasing_rad`` = 2π |unit| voxel).
+    states, repetitions, crusher_dephasing_rad, device, threads, ...
         See :class:`blochsim.Simulator`.
 
     Tissue: every property of :class:`blochsim.Simulator`.
     """
 
-    protocol = {"path": None, "rf": "hard", "dephasing": "moment", "axis": None, "unit": None,
+    protocol = {"path": None, "rf": "auto", "dephasing": "moment", "axis": None, "unit": None,
                 "field_strength": None}
 
     def check_protocol(self, p):
@@ -493,12 +823,15 @@ class PulseqSimulator(Simulator):
         path = os.fspath(p["path"])
         stamp = os.stat(path).st_mtime_ns if os.path.isfile(path) else None
         key = (path, stamp, p["rf"], p["dephasing"], None if p["axis"] is None else str(p["axis"]), str(p["unit"]),
-               str(p["field_strength"]))
+               str(p["field_strength"]), p["voxel_size_m"], p["repetitions"] != 1)
         if key not in _CACHE:
             if len(_CACHE) > 16:
                 _CACHE.pop(next(iter(_CACHE)))
-            _CACHE[key] = read_pulseq(path, p["rf"], p["dephasing"], p["axis"], p["unit"], p["field_strength"])
-        p["_sequence"] = _CACHE[key]
+            _CACHE[key] = _read(path, p["rf"], p["dephasing"], p["axis"], p["unit"], p["field_strength"],
+                                p["voxel_size_m"], p["repetitions"] != 1)
+        p["_sequence"], unit_vector = _CACHE[key]
+        if p["voxel_size_m"] is not None and p["crusher_dephasing_rad"] is None and np.any(unit_vector):
+            p["crusher_dephasing_rad"] = 2 * np.pi * float(np.linalg.norm(unit_vector)) * p["voxel_size_m"]
         return p
 
     def repetition(self, p):

@@ -892,6 +892,28 @@ def pack_with_provenance(preparation, repetition, repetitions: int = 1):
     return s, provenance
 
 
+
+def _unitary_rotation_terms(flip_rad):
+    """cos²(a/2), sin²(a/2), sin a, cos a of each flip, for the float32
+    rotation table, with the rounding of cos²(a/2) and cos a diffused
+    along the stream.
+
+    Near 1, float32 holds a number to 2**-24 only.  Rounded one by one,
+    cos²(a/2) of a small flip errs in the same direction at every sample of
+    a pulse played sample by sample (thousands of them for a Pulseq
+    waveform on a 1 µs raster), and the magnetisation grows or shrinks by
+    1e-4.  Rounding the running sums to multiples of 2**-24 instead and
+    taking their differences keeps every entry within 2**-24 of its value
+    and the sum of the errors below 2**-25, so the stream stays unitary to
+    round-off.  (Every multiple of 2**-24 in [-1, 1] is a float32.)
+    """
+    def diffused(x):
+        sums = np.round(np.cumsum(x) * 2.0 ** 24)
+        return np.diff(sums, prepend=0.0) * 2.0 ** -24
+
+    return (diffused(np.cos(flip_rad / 2) ** 2), np.sin(flip_rad / 2) ** 2, np.sin(flip_rad),
+            diffused(np.cos(flip_rad)))
+
 def _pack(preparation, repetition, repetitions, keep_zero):
     """pack(), also returning the operators and their layout; with
     keep_zero every event with a Delay keeps an interval of its length."""
@@ -941,8 +963,8 @@ def _pack(preparation, repetition, repetitions, keep_zero):
     # each pulse's rotation at B1 = 1 and each receiver phase, in double
     # precision (events.hpp RfTableField)
     s.rf_table = np.ascontiguousarray(np.stack([
-        np.cos(flip_rad / 2) ** 2, np.sin(flip_rad / 2) ** 2, np.sin(flip_rad), np.cos(flip_rad),
-        np.cos(phase_rad), np.sin(phase_rad), np.cos(rx_rad), np.sin(rx_rad)], axis=1), dtype=np.float32)
+        *_unitary_rotation_terms(flip_rad), np.cos(phase_rad), np.sin(phase_rad), np.cos(rx_rad), np.sin(rx_rad)],
+        axis=1), dtype=np.float32)
     # the pulses' durations, offsets and power factors, for the semisolid
     # pool (null when no pulse has a duration)
     s.rf_duration_s = s.rf_offset_hz = s.rf_power = None

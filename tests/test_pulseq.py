@@ -53,24 +53,25 @@ def _rect_hz(flip_deg, dur_us):
     return flip_deg / 360.0 / (dur_us * 1e-6)
 
 
-def _spin_echo(path, version=(1, 4, 1), freq=0.0, select=False, prefix=(), **kw):
+def _spin_echo(path, version=(1, 4, 1), freq=0.0, select=False, prefix=(), phase=np.pi / 2, **kw):
     """90° (phase 90°) then crusher, 180°, crusher, ADC: TE = 20 ms between
     the pulse centres and the ADC centre.  ``freq`` (Hz) offsets the 90°,
-    played under a gradient when ``select``; ``prefix`` blocks and RF rows
-    come first."""
+    played under a gradient on x (rephased in the next block) when
+    ``select``; ``prefix`` blocks and RF rows come first."""
     first = len(prefix)
     blocks = [b for b, _ in prefix] + [
-        (first + 1, 10, 1, 0, 0, 2 if select else 0, 0, 0), (first + 2, 990, 0, 0, 0, 1, 0, 0),
+        (first + 1, 10, 1, 3 if select else 0, 0, 0, 0, 0), (first + 2, 990, 0, 4 if select else 0, 0, 1, 0, 0),
         (first + 3, 10, 2, 0, 0, 0, 0, 0), (first + 4, 990, 0, 0, 0, 1, 0, 0), (first + 5, 10, 0, 0, 0, 0, 1, 0)]
     if version[1] >= 5:  # amp mag phase time center delay freqPPM phasePPM freq phase use
-        rf = [(1, _rect_hz(90.0, 100), 1, 0, 0, 50, 0, 0, 0, freq, np.pi / 2, "e"),
+        rf = [(1, _rect_hz(90.0, 100), 1, 0, 0, 50, 0, 0, 0, freq, phase, "e"),
               (2, _rect_hz(180.0, 100), 1, 0, 0, 50, 0, 0, 0, 0, 0.0, "r")]
         adc = [(1, 100, 1000, 0, 0, 0, 0, 0, 0)]  # num dwell delay freqPPM phasePPM freq phase phase_id
     else:  # amp mag phase time delay freq phase
-        rf = [(1, _rect_hz(90.0, 100), 1, 0, 0, 0, freq, np.pi / 2), (2, _rect_hz(180.0, 100), 1, 0, 0, 0, 0.0, 0.0)]
+        rf = [(1, _rect_hz(90.0, 100), 1, 0, 0, 0, freq, phase), (2, _rect_hz(180.0, 100), 1, 0, 0, 0, 0.0, 0.0)]
         adc = [(1, 100, 1000, 0, 0, 0)]
     rf += [r for _, r in prefix]
-    trap = [(1, 1e5, 100, 1000, 100, 200), (2, 1e4, 0, 100, 0, 0)]
+    # crushers on z; the select gradient on x and its rephaser
+    trap = [(1, 1e5, 100, 1000, 100, 200), (3, 1e4, 0, 100, 0, 0), (4, -0.5e4, 0, 100, 0, 0)]
     return _seq(path, blocks, rf, trap, adc, [(1, np.ones(100))], version=version, **kw)
 
 
@@ -88,15 +89,16 @@ def test_spin_echo_file_against_the_closed_form(tmp_path, rf):
     T2 = np.array([40.0, 90.0])
     s = sim.simulate(T1=1000.0, T2=T2, M0=1.5)
     tol = 1e-5 if rf == "hard" else 2e-3  # shaped: relaxation during the 0.1 ms pulses
-    np.testing.assert_allclose(s[:, 0], 1.5 * np.exp(-20.0 / T2), rtol=tol, atol=tol)
+    # the file's 90° at phase +90° is SPEC's at -90° (the format counts phase the other way round): F+ = -1
+    np.testing.assert_allclose(s[:, 0], -1.5 * np.exp(-20.0 / T2), rtol=tol, atol=tol)
     # B0 refocuses at the spin echo
-    np.testing.assert_allclose(sim.simulate(T1=1000.0, T2=T2, B0=37.0)[:, 0], np.exp(-20.0 / T2), rtol=tol,
+    np.testing.assert_allclose(sim.simulate(T1=1000.0, T2=T2, B0=37.0)[:, 0], -np.exp(-20.0 / T2), rtol=tol,
                                atol=tol)
     # the crushers as ideal spoilers leave no echo; a handler shifting once per crusher gives it back
     assert abs(Simulator.from_pulseq(tmp_path / "se.seq", dephasing="spoil").simulate(T2=60.0)[0]) < 1e-7
     handler = Simulator.from_pulseq(tmp_path / "se.seq", rf=rf,
                                     dephasing=lambda b: int(not b.rf and not b.adc and b.moment[2] > 0))
-    np.testing.assert_allclose(handler.simulate(T2=60.0)[0], np.exp(-20.0 / 60.0), rtol=tol)
+    np.testing.assert_allclose(handler.simulate(T2=60.0)[0], -np.exp(-20.0 / 60.0), rtol=tol)
 
 
 def test_arbitrary_gradient_crushers_read_as_their_moment(tmp_path):
@@ -149,36 +151,48 @@ def test_rf_spoiled_gradient_echo_file_against_the_isochromat_ensemble(tmp_path)
     t = dict(T1=900.0, T2=70.0, B1=0.9, B0=12.0, M0=1.2)
     s = sim.simulate(**t)
     TE = 0.05 + 1.0 + 0.42  # ms from the pulse centre to the ADC centre
-    ref = _flash_isochromats(np.full(n, flip), 9.0, TE, n, inc, **t)
-    # the oracle's receiver is at phi - 90°, the file's at phi
+    # the file's phases enter negated (SPEC's frame); the oracle's receiver
+    # is at its RF phase - 90°, the file's at the RF phase
+    ref = _flash_isochromats(np.full(n, flip), 9.0, TE, n, -inc, **t)
     np.testing.assert_allclose(s, -1j * ref, atol=3e-6)
     # the Jacobian of a file, against the oracle's central differences
     _, J = sim.jacobian(("T1", "B1"), **t)
     for i, (k, h) in enumerate((("T1", 1.0), ("B1", 1e-4))):
-        up = _flash_isochromats(np.full(n, flip), 9.0, TE, n, inc, **{**t, k: t[k] + h})
-        dn = _flash_isochromats(np.full(n, flip), 9.0, TE, n, inc, **{**t, k: t[k] - h})
+        up = _flash_isochromats(np.full(n, flip), 9.0, TE, n, -inc, **{**t, k: t[k] + h})
+        dn = _flash_isochromats(np.full(n, flip), 9.0, TE, n, -inc, **{**t, k: t[k] - h})
         np.testing.assert_allclose(J[i], -1j * (up - dn) / (2 * h), rtol=1e-3, atol=2e-6)
 
 
 @pytest.mark.parametrize("rf", ["hard", "shaped"])
 def test_format_1_5_slice_offsets_and_ppm_offsets(tmp_path, rf):
     """The same spin echo written in format 1.5; its 90° moved 2 kHz off
-    (a slice offset) under a select gradient; and a fat-saturation pulse
-    at -3.4 ppm (no gradient) before it, which in hard mode leaves water
-    alone."""
-    want = np.exp(-20.0 / 60.0)
+    (a slice offset) under a select gradient, with and without the phase
+    offset -2 pi f t_centre that cancels the frequency's phase at the pulse
+    centre (as pypulseq's examples write it); and a fat-saturation pulse at
+    -3.4 ppm (no gradient) before it, which hard mode refuses."""
+    want = -np.exp(-20.0 / 60.0)
     tol = 1e-5 if rf == "hard" else 2e-3
     v15 = Simulator.from_pulseq(_spin_echo(tmp_path / "v15.seq", version=(1, 5, 0)), rf=rf)
     np.testing.assert_allclose(v15.simulate(T2=60.0)[0], want, rtol=tol)
-    sel = Simulator.from_pulseq(_spin_echo(tmp_path / "sel.seq", freq=2000.0, select=True), rf=rf)
-    np.testing.assert_allclose(sel.simulate(T2=60.0)[0], want, rtol=tol)
+    f, tc = 2000.0, 50e-6
+    cancelled = _spin_echo(tmp_path / "sel.seq", freq=f, select=True, phase=np.pi / 2 - 2 * np.pi * f * tc)
+    np.testing.assert_allclose(Simulator.from_pulseq(cancelled, rf=rf).simulate(T2=60.0)[0], want, rtol=tol)
+    # uncancelled, the 90° acts at phase 90° + 2 pi f tc in the file's frame (SPEC's -90° - 2 pi f tc): the echo
+    # conj(-exp(-i (2 pi f tc))) turns by 2 pi f tc
+    raw = Simulator.from_pulseq(_spin_echo(tmp_path / "raw.seq", freq=f, select=True), rf=rf).simulate(T2=60.0)[0]
+    np.testing.assert_allclose(raw, want * np.exp(2j * np.pi * f * tc), rtol=tol, atol=tol)
     fatsat = ((1, 500, 3, 0, 0, 0, 0, 0), (3, _rect_hz(90.0, 100), 1, 0, 0, 50, 0, -3.4, 0, 0, 0.0, "s"))
     path = _spin_echo(tmp_path / "fs.seq", version=(1, 5, 0), prefix=(fatsat,))
     if rf == "hard":
-        s = Simulator.from_pulseq(path, field_strength=3.0).simulate(T2=60.0)
-        np.testing.assert_allclose(s[0], want, rtol=tol)
+        with pytest.raises(PulseqError, match="block 1: RF 3 cannot be played as a hard pulse: it is -434.* Hz "
+                                              "off resonance without a gradient"):
+            Simulator.from_pulseq(path, field_strength=3.0, rf="hard").simulate(T2=60.0)
+    else:
+        # auto: the fat saturation shaped, the rest hard (relaxation during the 0.1 ms pulses apart)
+        np.testing.assert_allclose(Simulator.from_pulseq(path, field_strength=3.0).simulate(T2=60.0),
+                                   Simulator.from_pulseq(path, field_strength=3.0, rf=rf).simulate(T2=60.0), atol=tol)
     with pytest.raises(PulseqError, match="RF 3 has a frequency offset of -3.4 ppm: give field_strength"):
-        Simulator.from_pulseq(path, rf=rf)
+        Simulator.from_pulseq(path, rf=rf).simulate(T2=60.0)
 
 
 def test_pulseq_refusals(tmp_path):
@@ -187,7 +201,7 @@ def test_pulseq_refusals(tmp_path):
     with pytest.raises(PulseqError, match="version 1.2 is not read"):
         Simulator.from_pulseq(_spin_echo(tmp_path / "old.seq", version=(1, 2, 0)))
     se = _spin_echo(tmp_path / "se.seq")
-    with pytest.raises(ValueError, match="rf must be 'hard' or 'shaped'"):
+    with pytest.raises(ValueError, match="rf must be 'auto', 'hard' or 'shaped', got 'soft'"):
         Simulator.from_pulseq(se, rf="soft")
     with pytest.raises(ValueError, match="dephasing must be"):
         Simulator.from_pulseq(se, dephasing="crush")
