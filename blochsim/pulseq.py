@@ -31,11 +31,12 @@ What is read, and the model
   exact for the slice-centre spin only when the waveform has one phase (up
   to sign) and the spin is on resonance with it; other pulses (adiabatic,
   frequency or phase modulated, off resonance without a gradient) are
-  refused in hard mode.  ``"shaped"`` plays every waveform: a run of equal
-  samples as one exact rectangular pulse (:class:`RectPulse`: relaxation,
-  exchange, off-resonance and the semisolid pool act with the RF), any
-  other sample as a rotation at its centre with free precession either
-  side (the per-dwell hard-pulse approximation on the file's raster).
+  refused in hard mode.  ``"shaped"`` plays every waveform: in a pulse
+  without a gradient a run of equal samples as one exact rectangular pulse
+  (:class:`RectPulse`: relaxation, exchange, off-resonance and the
+  semisolid pool act with the RF), and every other sample as a rotation
+  at its centre with free precession either side (the per-dwell
+  hard-pulse approximation on the file's raster).
   ``"auto"`` (default) plays hard what hard represents and the rest
   shaped.  In shaped mode a slice-selective pulse is played in the
   slice-centre spin's frame (no frequency, its centre phase) and the
@@ -91,6 +92,8 @@ _AXES = {"x": 0, "y": 1, "z": 2}
 MOMENT_TOLERANCE = 1e-3
 #: largest number of units the smallest moment of an axis may hold
 _MAX_SUBDIVISION = 64
+#: most orders the map of independently dephasing axes onto one order may take
+_MAX_LATTICE_ORDERS = 8192
 
 # numbers after the id in each row, per minor version
 _FIELDS = {"RF": {4: 7, 5: 10}, "TRAP": {4: 5, 5: 5}, "GRADIENTS": {4: 4, 5: 6}, "ADC": {4: 5, 5: 8}}
@@ -371,19 +374,22 @@ class _RF:
 
 
 def _common_unit(values, tol_rel, tol_abs):
-    """The largest u > 0 of which every value is a whole multiple within
-    max(tol_rel u, tol_abs), or None; 0 when every value is 0."""
+    """The largest u > 0 of which every value is a whole multiple (0
+    included) within max(tol_rel u, tol_abs), or None; 0 when every value
+    is 0.  Candidates are the smallest value above a fraction of the
+    largest, divided by 1 to 64: the smallest values may be the remainders
+    of rounding in the file (a rephaser written to six digits)."""
     a = np.abs(np.asarray(values, dtype=np.float64))
-    scale = float(a.max()) if a.size else 0.0
-    a = a[a > 1e-9 * scale]
-    if a.size == 0:
+    top = float(a.max()) if a.size else 0.0
+    if top == 0:
         return 0.0
-    base = float(a.min())
-    for n in range(1, _MAX_SUBDIVISION + 1):
-        u = base / n
-        r = a / u
-        if np.all(np.abs(r - np.round(r)) * u <= max(tol_rel * u, tol_abs)):
-            return u
+    for floor in (0.0, 1e-6, 1e-4, 1e-3):
+        base = float(a[a > floor * top].min())
+        for n in range(1, _MAX_SUBDIVISION + 1):
+            u = base / n
+            r = a / u
+            if np.all(np.abs(r - np.round(r)) * u <= max(tol_rel * u, tol_abs)):
+                return u
     return None
 
 
@@ -420,6 +426,7 @@ class _Reader:
         self.unit = None if unit is None else float(
             V.protocol_array("unit", unit, low=0.0, strict=True, unit="cycles/m", ndim_max=0))
         self.voxel = voxel_size_m
+        self.lattice = False
         self._timeline()
 
     # -- events ------------------------------------------------------------
@@ -555,6 +562,8 @@ class _Reader:
             inc[0] = self.end_moment - pts[-1] + pts[0]
         inc[1:] = np.diff(pts, axis=0)
         blocks = [self.point_block[0]] + self.point_block[1:]
+        # what is left of rewound moments by the file's rounding of amplitudes
+        inc[np.abs(inc) <= 1e-6 * np.max(np.abs(inc), initial=0.0)] = 0.0
         tol_abs = MOMENT_TOLERANCE / self.voxel if self.voxel else 0.0
         if self.axis is not None or self.unit is not None:
             axis = self.axis if self.axis is not None else self._dominant_axis(inc)
@@ -584,7 +593,7 @@ class _Reader:
             spread = np.max(np.abs(inc), axis=0)
             balanced = np.all(np.abs(between) <= 1e-6 * np.maximum(spread, 1e-30) + tol_abs, axis=0)
         units = [_common_unit(inc[:, a], MOMENT_TOLERANCE, tol_abs) for a in range(3)]
-        chosen, g_all = [], None
+        chosen, g_all, independent = [], None, []
         order = sorted(range(3), key=lambda a: (bool(balanced[a]), -float(np.max(np.abs(inc[:, a])))))
         for a in order:
             if units[a] == 0:
@@ -604,13 +613,12 @@ class _Reader:
             if g is None:
                 if balanced[a]:
                     continue
-                j = int(np.flatnonzero([_ratio(r, self._direction(N[:1]) if np.any(N[0]) else r) is None
-                                        for r in N])[0]) if np.any(N[0]) else 0
-                raise PulseqError(f"{self.f.path}: the gradient moments on the {'/'.join('xyz'[b] for b in trial)} "
-                                  f"axes dephase independently (block {blocks[j]}: "
-                                  f"{np.round(inc[j, trial], 6).tolist()} cycles/m): one EPG axis cannot hold them "
-                                  "(give axis= to follow one, or dephasing= a callable)")
+                independent.append(a)
+                continue
             chosen, g_all = trial, g
+        if independent:
+            axes = chosen + independent
+            return self._spoiling(inc, axes, units, blocks) or self._lattice(inc, axes, units, blocks)
         if not chosen:
             return [0] * n, 0, np.zeros(3)
         N = np.round(inc[:, chosen] / np.array([units[b] for b in chosen])).astype(np.int64)
@@ -619,6 +627,62 @@ class _Reader:
         for i, a in enumerate(chosen):
             vec[a] = g_all[i] * units[a]
         return [0] + q[1:], q[0], vec
+
+    def _spoiling(self, inc, axes, units, blocks):
+        """Shifts when the moments run along one direction g but for a few
+        intervals whose moments no combination of each other can bring back
+        onto g (their parts across g are linearly independent): a pathway
+        transverse during such an interval can never refocus, so the
+        interval spoils exactly ('spoil'), and the rest shift along g.  An
+        inversion's spoiler on another axis than the train's is such an
+        interval.  None where the moments are not of that form."""
+        V = np.zeros_like(inc)
+        V[:, axes] = inc[:, axes]
+        rows = np.flatnonzero(np.any(V != 0, axis=1))
+        dirs = V[rows] / np.linalg.norm(V[rows], axis=1)[:, None]
+        dirs *= np.where(dirs[np.arange(len(rows)), np.argmax(np.abs(dirs), axis=1)] < 0, -1.0, 1.0)[:, None]
+        keys, counts = np.unique(np.round(dirs, 6), axis=0, return_counts=True)
+        g = keys[np.argmax(counts)]
+        g = g / np.linalg.norm(g)
+        across = V - np.outer(V @ g, g)
+        off = np.linalg.norm(across, axis=1) > MOMENT_TOLERANCE * np.linalg.norm(V, axis=1) + 1e-12
+        if not np.any(off) or np.linalg.matrix_rank(across[off], tol=1e-9 * np.abs(V).max()) < np.count_nonzero(off):
+            return None
+        along = V[~off] @ g
+        u = _common_unit(along, MOMENT_TOLERANCE, MOMENT_TOLERANCE / self.voxel if self.voxel else 0.0)
+        if not u:
+            return None
+        k = np.where(off, 0, np.round((V @ g) / u)).astype(np.int64)
+        shifts = ["spoil" if o else int(q) for o, q in zip(off, k)]
+        self.spoiled_intervals = [blocks[j] for j in np.flatnonzero(off)]
+        return [0] + shifts[1:], shifts[0], g * u
+
+    def _lattice(self, inc, axes, units, blocks):
+        """Shifts for axes that dephase independently: whole numbers n_a
+        of each axis's unit, mapped to one order k = sum_a M_a n_a with the
+        multipliers M_a large enough that no moment the file can reach
+        (|n_a| at most the sum of |n_a| over its intervals) maps onto
+        another: every pathway keeps an order of its own, and only those
+        that refocus on every axis land on order 0."""
+        N = np.round(inc[:, axes] / np.array([units[b] for b in axes])).astype(np.int64)
+        reach = np.sum(np.abs(N), axis=0)
+        first = np.argsort(reach, kind="stable")  # the smaller reach takes the unit multiplier
+        axes, N, reach = [axes[i] for i in first], N[:, first], reach[first]
+        mult, span = [], 0
+        for r in reach:
+            m = 2 * span + 1
+            mult.append(m)
+            span += m * int(r)
+        names = "/".join("xyz"[b] for b in axes)
+        if self.periodic or span > _MAX_LATTICE_ORDERS:
+            why = ("the file is played again (repetitions), so the moments it reaches have no bound"
+                   if self.periodic else f"it would take {span} orders (more than {_MAX_LATTICE_ORDERS})")
+            raise PulseqError(f"{self.f.path}: the gradient moments on the {names} axes dephase independently "
+                              f"(e.g. block {blocks[int(np.argmax(np.any(N != 0, axis=1)))]}) and one EPG order "
+                              f"cannot keep them apart: {why}; give axis= to follow one, or dephasing= a callable")
+        k = N @ np.array(mult, dtype=np.int64)
+        self.lattice = True
+        return [0] + k[1:].tolist(), int(k[0]), np.full(3, np.nan)
 
     def _flat_events(self):
         return [kind for evs in self.events for _, kind, _ in evs]
@@ -674,7 +738,7 @@ class _Reader:
         i = 0
         while i < w.size:
             j = i + 1
-            while j < w.size and w[j] == w[i]:
+            while j < w.size and w[j] == w[i] and not selective:
                 j += 1
             # the file's phase at the start of the run (a RectPulse) or at the sample's centre (a rotation)
             if selective:
@@ -682,7 +746,7 @@ class _Reader:
             else:
                 base = rf.phase + 2 * np.pi * rf.freq * (t[i] - (0.5 * dwell if j - i > 1 else 0.0))
             ph = -np.degrees(base + np.angle(w[i]))
-            if j - i > 1:
+            if j - i > 1 and not selective:
                 d = (j - i) * dwell
                 ops.append(RectPulse(360.0 * abs(w[i]) * d, d * 1e3, ph, freq) if w[i] != 0 else Delay(d * 1e3))
             else:
@@ -701,7 +765,8 @@ class _Reader:
         for b, evs in zip(self.blocks, self.events):
             cursor = 0.0  # time in the block the operators have reached
             for when, kind, payload in evs:
-                shift = [Dephase(int(before[e]))] if before is not None and before[e] else []
+                shift = [] if before is None or not before[e] else (
+                    [Spoil()] if before[e] == "spoil" else [Dephase(int(before[e]))])
                 e += 1
                 if kind == "adc":
                     ops += [Delay(1e3 * (when - cursor))] + shift + [Readout(-np.degrees(payload))]
@@ -730,7 +795,7 @@ class _Reader:
                 if k:
                     ops.append(Dephase(int(k)))
         if wrap:
-            ops.append(Dephase(int(wrap)))
+            ops.append(Spoil() if wrap == "spoil" else Dephase(int(wrap)))
         return [op for op in ops if not (isinstance(op, Delay) and op.duration == 0.0)]
 
 
@@ -830,7 +895,12 @@ class PulseqSimulator(Simulator):
             _CACHE[key] = _read(path, p["rf"], p["dephasing"], p["axis"], p["unit"], p["field_strength"],
                                 p["voxel_size_m"], p["repetitions"] != 1)
         p["_sequence"], unit_vector = _CACHE[key]
-        if p["voxel_size_m"] is not None and p["crusher_dephasing_rad"] is None and np.any(unit_vector):
+        if np.any(np.isnan(unit_vector)):
+            if p["crusher_dephasing_rad"] is not None:
+                raise ValueError(f"{path}: its gradient moments dephase along independent axes, kept apart on one "
+                                 "EPG order by a map that has no wavenumber per order: crusher_dephasing_rad (for D "
+                                 "and v) cannot be given; read it with axis= to follow one direction")
+        elif p["voxel_size_m"] is not None and p["crusher_dephasing_rad"] is None and np.any(unit_vector):
             p["crusher_dephasing_rad"] = 2 * np.pi * float(np.linalg.norm(unit_vector)) * p["voxel_size_m"]
         return p
 

@@ -1,0 +1,460 @@
+"""Pulseq files written by pypulseq (the format's reference implementation)
+and read back by Simulator.from_pulseq with default options, against an
+oracle written here: a float64 extended phase graph that keys every
+configuration by its exact three-dimensional gradient moment, driven by
+pypulseq's own reading of the same file (its blocks, RF objects, gradient
+waveforms and ADC times).  Hard pulses rotate at their centres; pulses the
+hard model cannot hold (adiabatic, off resonance without a gradient) are
+stepped raster cell by raster cell with the exact exponential of the
+Bloch equation (RF, B0, relaxation) in every cell.
+
+The oracle works in SPEC's frame (right-handed RF rotations, spins at
+B0 > 0 turning by -2 pi B0 t), so it takes the file's phases negated, as
+the module notes of blochsim.pulseq document; the frequency convention is
+pinned separately by B0 sweeps, whose peaks must sit at B0 = +f.
+
+pypulseq's own example scripts are not in its wheel or sdist; the writers
+here build the same kinds of sequence (spin echo, turbo spin echo at 180°
+and 120° with and without an off-centre slice and with phase encoding,
+RF-spoiled gradient echo, bSSFP, inversion recovery with an adiabatic
+inversion, an off-resonant Gaussian) with its API.
+"""
+import numpy as np
+import pytest
+from scipy.linalg import expm
+
+pp = pytest.importorskip("pypulseq")
+
+from blochsim import Simulator  # noqa: E402
+from blochsim.pulseq import PulseqError  # noqa: E402
+
+SYSTEM = dict(max_grad=32, grad_unit="mT/m", max_slew=130, slew_unit="T/m/s", rf_ringdown_time=20e-6,
+              rf_dead_time=100e-6, adc_dead_time=10e-6)
+TOL = 2e-4  # of M0, every sample
+
+
+def _system():
+    return pp.Opts(**SYSTEM)
+
+
+def _write(seq, path):
+    seq.write(str(path))
+    return path
+
+
+# --------------------------------------------------------------------------
+# the oracle
+
+
+class _Timeline:
+    """pypulseq's reading of a file: RF and ADC events at their times, and
+    the gradient moment (cycles/m, per axis) from piecewise-linear
+    integration of its gradient waveforms."""
+
+    def __init__(self, path):
+        seq = pp.Sequence()
+        seq.read(str(path))
+        self.seq = seq
+        waves = seq.waveforms()
+        self.grad = [np.asarray(w, dtype=float) for w in waves[:3]]
+        self.events = []
+        t = 0.0
+        for i, dur in zip(seq.block_events, seq.block_durations.values()):
+            b = seq.get_block(i)
+            selective = any(getattr(b, g, None) is not None for g in ("gx", "gy", "gz"))
+            if b.rf is not None:
+                self.events.append((t + b.rf.delay + b.rf.center, "rf", (b.rf, selective, t + b.rf.delay)))
+            if b.adc is not None:
+                half = 0.5 * b.adc.num_samples * b.adc.dwell
+                self.events.append((t + b.adc.delay + half, "adc", b.adc.phase_offset + 2 * np.pi * b.adc.freq_offset * half))
+            t += dur
+        self.events.sort(key=lambda e: e[0])
+
+    def moment(self, t0, t1, axes):
+        """Moment vector from t0 to t1 on the dephasing axes (others 0)."""
+        m = np.zeros(3)
+        for a in axes:
+            tt, g = self.grad[a]
+            if tt.size == 0:
+                continue
+            xs = np.concatenate([[t0], tt[(tt > t0) & (tt < t1)], [t1]])
+            ys = np.interp(xs, tt, g, left=0.0, right=0.0)
+            m[a] = np.sum(0.5 * (ys[1:] + ys[:-1]) * np.diff(xs))
+        return m
+
+
+def _rotation(axis_xyz, angle):
+    """Right-handed rotation of (Mx, My, Mz) about a unit axis."""
+    x, y, z = axis_xyz
+    K = np.array([[0, -z, y], [z, 0, -x], [-y, x, 0]])
+    return np.eye(3) + np.sin(angle) * K + (1 - np.cos(angle)) * K @ K
+
+
+class _MomentEPG:
+    """float64 EPG over exact moment vectors: M+(r) = sum_m F[m] e^{2 pi i m.r},
+    Mz(r) = sum_m Z[m] e^{2 pi i m.r}."""
+
+    def __init__(self, T1, T2, B0, q=1e-2):
+        self.T1, self.T2, self.B0, self.q = T1 * 1e-3, T2 * 1e-3, B0, q
+        self.F, self.Z = {}, {(0, 0, 0): 1.0 + 0j}
+
+    def key(self, m):
+        return tuple(int(v) for v in np.round(np.asarray(m) / self.q))
+
+    def relax(self, tau):
+        if tau <= 0:
+            return
+        e2 = np.exp(-tau / self.T2) * np.exp(-2j * np.pi * self.B0 * tau)
+        e1 = np.exp(-tau / self.T1)
+        self.F = {k: v * e2 for k, v in self.F.items()}
+        self.Z = {k: v * e1 for k, v in self.Z.items()}
+        self.Z[(0, 0, 0)] = self.Z.get((0, 0, 0), 0.0) + (1 - e1)
+
+    def shift(self, dm):
+        d = self.key(dm)
+        if any(d):
+            self.F = {tuple(a + b for a, b in zip(k, d)): v for k, v in self.F.items()}
+
+    def apply(self, R, affine=None):
+        """(Mx, My, Mz) <- R (Mx, My, Mz) at every configuration (+ affine at m = 0)."""
+        keys = set(self.F) | set(self.Z) | {tuple(-a for a in k) for k in self.F}
+        F, Z = {}, {}
+        for k in keys:
+            neg = tuple(-a for a in k)
+            fp, fm, z = self.F.get(k, 0.0), np.conj(self.F.get(neg, 0.0)), self.Z.get(k, 0.0)
+            v = R @ np.array([(fp + fm) / 2, (fp - fm) / 2j, z])
+            if affine is not None and not any(k):
+                v = v + affine
+            f, zz = v[0] + 1j * v[1], v[2]
+            if abs(f) > 1e-13:
+                F[k] = f
+            if abs(zz) > 1e-13:
+                Z[k] = zz
+        self.F, self.Z = F, Z
+
+
+def _rf_cells(rf):
+    """The RF waveform on its raster (Hz, complex) at the cell centres
+    (s from the pulse start): held samples, or linear between time points."""
+    raster = 1e-6
+    t = np.asarray(rf.t, dtype=float)
+    sig = np.asarray(rf.signal, dtype=complex)
+    regular = np.allclose(t, (np.arange(t.size) + 0.5) * raster)
+    if regular:
+        return t, sig, raster
+    n = int(round(t[-1] / raster))
+    c = (np.arange(n) + 0.5) * raster
+    return c, np.interp(c, t, sig.real) + 1j * np.interp(c, t, sig.imag), raster
+
+
+def _cell_propagator(w_hz, theta, B0, T1, T2, dt):
+    """exp of the Bloch equation over one cell: RF of amplitude w (Hz) at
+    SPEC phase theta, off-resonance B0, relaxation (4x4 affine)."""
+    w1 = 2 * np.pi * w_hz
+    Om = np.array([w1 * np.cos(theta), w1 * np.sin(theta), -2 * np.pi * B0])
+    A = np.zeros((4, 4))
+    A[:3, :3] = np.array([[0, -Om[2], Om[1]], [Om[2], 0, -Om[0]], [-Om[1], Om[0], 0]])
+    A[0, 0] = A[1, 1] = -1 / (T2 * 1e-3)
+    A[2, 2] = -1 / (T1 * 1e-3)
+    A[2, 3] = 1 / (T1 * 1e-3)
+    E = expm(A * dt)
+    return E[:3, :3], E[:3, 3]
+
+
+def oracle(path, T1, T2, B0=0.0, M0=1.0, axes=(0, 1, 2), shaped=False):
+    """The file's samples by the exact-moment EPG (SPEC's frame).  ``axes``:
+    the gradient axes that dephase (phase encoding left out where the
+    reader leaves it out); ``shaped``: every pulse stepped cell by cell."""
+    tl = _Timeline(path)
+    epg = _MomentEPG(T1, T2, B0)
+    out, now, last_t = [], 0.0, 0.0
+    for when, kind, data in tl.events:
+        if kind == "adc":
+            epg.relax(when - now)
+            epg.shift(tl.moment(last_t, when, axes))
+            now = last_t = when
+            out.append(M0 * epg.F.get((0, 0, 0), 0.0) * np.exp(1j * data))  # receiver at SPEC's -phase
+            continue
+        rf, selective, start = data
+        t, w, dt = _rf_cells(rf)
+        area = np.sum(w) * dt if np.allclose(t, (np.arange(t.size) + 0.5) * dt) else np.trapezoid(rf.signal, rf.t)
+        one_phase = np.allclose(np.imag(w * np.exp(-1j * np.angle(w[np.argmax(abs(w))]))), 0, atol=1e-9 * abs(w).max())
+        hard = not shaped and one_phase and (selective or rf.freq_offset == 0)
+        centre_phase = rf.phase_offset + 2 * np.pi * rf.freq_offset * rf.center
+        if hard:
+            epg.relax(when - now)
+            epg.shift(tl.moment(last_t, when, axes))
+            now = last_t = when
+            theta = -(centre_phase + np.angle(area))
+            epg.apply(_rotation((np.cos(theta), np.sin(theta), 0.0), 2 * np.pi * abs(area)))
+            continue
+        epg.relax(start - now)
+        epg.shift(tl.moment(last_t, when, axes))
+        last_t = when
+        for ti, wi in zip(t, w):
+            base = centre_phase if selective else rf.phase_offset + 2 * np.pi * rf.freq_offset * ti
+            theta = -(base + np.angle(wi))
+            R, c = _cell_propagator(abs(wi), theta, B0, T1, T2, dt)
+            # one cell acts on every configuration alike; recovery only at m = 0
+            epg.apply(R, affine=c)
+        now = start + t.size * dt
+    return np.array(out)
+
+
+# --------------------------------------------------------------------------
+# the sequences, written with pypulseq
+
+
+def spin_echo(path, TE=20e-3, thickness=5e-3):
+    sys = _system()
+    seq = pp.Sequence(sys)
+    rf90, gz90, gzr = pp.make_sinc_pulse(np.pi / 2, duration=2e-3, slice_thickness=thickness, phase_offset=np.pi / 2,
+                                         return_gz=True, system=sys, use="excitation")
+    rf180, gz180, _ = pp.make_sinc_pulse(np.pi, duration=2e-3, slice_thickness=thickness, return_gz=True, system=sys,
+                                         use="refocusing")
+    crush = pp.make_trapezoid("z", area=4 / thickness, duration=1.5e-3, system=sys)
+    gx = pp.make_trapezoid("x", flat_area=64 / 0.25, flat_time=3.2e-3, system=sys)
+    adc = pp.make_adc(64, duration=gx.flat_time, delay=gx.rise_time, system=sys)
+    gxpre = pp.make_trapezoid("x", area=gx.area / 2, duration=1.5e-3, system=sys)
+    seq.add_block(rf90, gz90)
+    seq.add_block(gzr, gxpre)
+    t_ref = TE / 2 - (pp.calc_duration(gz90) - pp.calc_rf_center(rf90)[0] - rf90.delay) - pp.calc_duration(gzr) \
+        - pp.calc_duration(crush) - rf180.delay - pp.calc_rf_center(rf180)[0]
+    seq.add_block(pp.make_delay(round(t_ref / 1e-5) * 1e-5))
+    seq.add_block(crush)
+    seq.add_block(rf180, gz180)
+    seq.add_block(crush)
+    t_adc = TE / 2 - (pp.calc_duration(gz180) - rf180.delay - pp.calc_rf_center(rf180)[0]) - pp.calc_duration(crush) \
+        - gx.rise_time - gx.flat_time / 2
+    seq.add_block(pp.make_delay(round(t_adc / 1e-5) * 1e-5))
+    seq.add_block(gx, adc)
+    return _write(seq, path)
+
+
+def tse(path, flip=180.0, echoes=8, ESP=15e-3, slice_pos=0.0, phase_encode=True, thickness=5e-3):
+    """CPMG: 90°(90°) then refocusing pulses at phase 0 between crushers,
+    a readout centred between them; optional phase encoding on y, rewound
+    after each echo; an off-centre slice with the phase offset that cancels
+    the frequency's phase at each pulse centre."""
+    sys = _system()
+    seq = pp.Sequence(sys)
+    rf90, gz90, gzr = pp.make_sinc_pulse(np.pi / 2, duration=2e-3, slice_thickness=thickness, phase_offset=np.pi / 2,
+                                         return_gz=True, system=sys, use="excitation")
+    rfr, gzs, _ = pp.make_sinc_pulse(np.radians(flip), duration=2e-3, slice_thickness=thickness, return_gz=True,
+                                     system=sys, use="refocusing")
+    for rf, gz in ((rf90, gz90), (rfr, gzs)):
+        rf.freq_offset = gz.amplitude * slice_pos
+        rf.phase_offset = rf.phase_offset - 2 * np.pi * rf.freq_offset * pp.calc_rf_center(rf)[0]
+    crush = pp.make_trapezoid("z", area=4 / thickness, duration=1.2e-3, system=sys)
+    gx = pp.make_trapezoid("x", flat_area=64 / 0.25, flat_time=2.56e-3, system=sys)
+    adc = pp.make_adc(64, duration=gx.flat_time, delay=gx.rise_time, system=sys)
+    gxpre = pp.make_trapezoid("x", area=gx.area / 2, duration=1.2e-3, system=sys)
+    seq.add_block(rf90, gz90)
+    seq.add_block(gzr, gxpre)
+    half_exc = pp.calc_duration(gz90) - rf90.delay - pp.calc_rf_center(rf90)[0]
+    pre_ref = rfr.delay + pp.calc_rf_center(rfr)[0]
+    post_ref = pp.calc_duration(gzs) - pre_ref
+    fill1 = ESP / 2 - half_exc - pp.calc_duration(gzr) - pp.calc_duration(crush) - pre_ref
+    seq.add_block(pp.make_delay(round(fill1 / 1e-5) * 1e-5))
+    d1 = ESP / 2 - post_ref - pp.calc_duration(crush) - pp.calc_duration(gx) / 2
+    d2 = ESP / 2 - pp.calc_duration(gx) / 2 - pp.calc_duration(crush) - pre_ref
+    for e in range(echoes):
+        pe = pp.make_trapezoid("y", area=(e - echoes // 2) / 0.25, duration=1.2e-3, system=sys)
+        seq.add_block(crush)
+        seq.add_block(rfr, gzs)
+        seq.add_block(crush, *([pe] if phase_encode else []))
+        seq.add_block(pp.make_delay(round(d1 / 1e-5) * 1e-5))
+        seq.add_block(gx, adc)
+        seq.add_block(pp.make_delay(round(d2 / 1e-5) * 1e-5), *([pp.scale_grad(pe, -1)] if phase_encode else []))
+    return _write(seq, path)
+
+
+def spoiled_gre(path, n=60, flip=15.0, TR=10e-3, inc=117.0, thickness=5e-3):
+    sys = _system()
+    seq = pp.Sequence(sys)
+    rf, gz, gzr = pp.make_sinc_pulse(np.radians(flip), duration=1e-3, slice_thickness=thickness, return_gz=True,
+                                     system=sys, use="excitation")
+    gx = pp.make_trapezoid("x", flat_area=64 / 0.25, flat_time=2.56e-3, system=sys)
+    adc = pp.make_adc(64, duration=gx.flat_time, delay=gx.rise_time, system=sys)
+    gxpre = pp.make_trapezoid("x", area=-gx.area / 2, duration=1e-3, system=sys)
+    spoil_x = pp.make_trapezoid("x", area=2 * gx.area, duration=2e-3, system=sys)
+    spoil_z = pp.make_trapezoid("z", area=4 / thickness, duration=2e-3, system=sys)
+    used = pp.calc_duration(gz) + pp.calc_duration(gxpre, gzr) + pp.calc_duration(gx) + pp.calc_duration(spoil_x)
+    phase = 0.0
+    for k in range(n):
+        phase = np.radians(inc) * k * (k + 1) / 2 % (2 * np.pi)
+        rf.phase_offset = phase
+        adc.phase_offset = phase
+        pe = pp.make_trapezoid("y", area=((k % 16) - 8) / 0.25, duration=1e-3, system=sys)
+        seq.add_block(rf, gz)
+        seq.add_block(gxpre, gzr, pe)
+        seq.add_block(gx, adc)
+        seq.add_block(spoil_x, spoil_z, pp.scale_grad(pe, -1))
+        seq.add_block(pp.make_delay(round((TR - used) / 1e-5) * 1e-5))
+    return _write(seq, path)
+
+
+def bssfp(path, n=40, flip=40.0, TR=6e-3, thickness=5e-3):
+    sys = _system()
+    seq = pp.Sequence(sys)
+    rf, gz, gzr = pp.make_sinc_pulse(np.radians(flip), duration=1e-3, slice_thickness=thickness, return_gz=True,
+                                     system=sys, use="excitation")
+    gx = pp.make_trapezoid("x", flat_area=64 / 0.25, flat_time=1.28e-3, system=sys)
+    adc = pp.make_adc(64, duration=gx.flat_time, delay=gx.rise_time, system=sys)
+    gxpre = pp.make_trapezoid("x", area=-gx.area / 2, duration=0.8e-3, system=sys)
+    gzr = pp.make_trapezoid("z", area=gzr.area, duration=0.8e-3, system=sys)
+    gzr_after = pp.make_trapezoid("z", area=gzr.area, duration=0.8e-3, system=sys)
+    used = pp.calc_duration(gz) + 2 * pp.calc_duration(gxpre, gzr) + pp.calc_duration(gx)
+    half = pp.make_delay(round((TR - used) / 2 / 1e-5) * 1e-5)
+    prep = pp.make_sinc_pulse(np.radians(flip / 2), duration=1e-3, slice_thickness=thickness, return_gz=True,
+                              system=sys, phase_offset=np.pi)
+    seq.add_block(prep[0], prep[1])
+    seq.add_block(prep[2])
+    seq.add_block(pp.make_delay(round((TR / 2 - pp.calc_duration(prep[1]) - pp.calc_duration(prep[2])) / 1e-5) * 1e-5))
+    for k in range(n):
+        rf.phase_offset = np.pi * (k % 2)
+        adc.phase_offset = np.pi * (k % 2)
+        seq.add_block(rf, gz)
+        seq.add_block(gxpre, gzr)
+        seq.add_block(half)
+        seq.add_block(gx, adc)
+        seq.add_block(half)
+        seq.add_block(pp.scale_grad(gxpre, 1), pp.scale_grad(gzr_after, 1))
+    return _write(seq, path)
+
+
+def ir_gre(path, TI=300e-3, n=20, flip=10.0, TR=8e-3, thickness=5e-3):
+    """Adiabatic (hyperbolic-secant) inversion, spoiler, TI, then an RF-spoiled
+    gradient-echo train."""
+    sys = _system()
+    seq = pp.Sequence(sys)
+    inv = pp.make_adiabatic_pulse("hypsec", duration=10.24e-3, system=sys)
+    spoil = pp.make_trapezoid("z", area=8 / thickness, duration=3e-3, system=sys)
+    seq.add_block(inv)
+    seq.add_block(spoil)
+    rf, gz, gzr = pp.make_sinc_pulse(np.radians(flip), duration=1e-3, slice_thickness=thickness, return_gz=True,
+                                     system=sys, use="excitation")
+    gx = pp.make_trapezoid("x", flat_area=64 / 0.25, flat_time=1.28e-3, system=sys)
+    adc = pp.make_adc(64, duration=gx.flat_time, delay=gx.rise_time, system=sys)
+    gxpre = pp.make_trapezoid("x", area=-gx.area / 2, duration=1e-3, system=sys)
+    spoil_x = pp.make_trapezoid("x", area=2 * gx.area, duration=2e-3, system=sys)
+    used = pp.calc_duration(gz) + pp.calc_duration(gxpre, gzr) + pp.calc_duration(gx) + pp.calc_duration(spoil_x)
+    seq.add_block(pp.make_delay(round((TI - pp.calc_duration(spoil) - pp.calc_duration(inv) / 2) / 1e-5) * 1e-5))
+    for k in range(n):
+        phase = np.radians(117.0) * k * (k + 1) / 2 % (2 * np.pi)
+        rf.phase_offset = phase
+        adc.phase_offset = phase
+        seq.add_block(rf, gz)
+        seq.add_block(gxpre, gzr)
+        seq.add_block(gx, adc)
+        seq.add_block(spoil_x)
+        seq.add_block(pp.make_delay(round((TR - used) / 1e-5) * 1e-5))
+    return _write(seq, path)
+
+
+def shifted_gaussian(path, offset=300.0, flip=90.0):
+    """A non-selective Gaussian at +offset Hz, then an ADC of the FID."""
+    sys = _system()
+    seq = pp.Sequence(sys)
+    rf = pp.make_gauss_pulse(np.radians(flip), duration=4e-3, time_bw_product=2, freq_offset=offset, system=sys)
+    seq.add_block(rf)
+    seq.add_block(pp.make_adc(1, duration=20e-6, system=sys))
+    return _write(seq, path)
+
+
+# --------------------------------------------------------------------------
+# the tests
+
+TISSUE = dict(T1=900.0, T2=70.0)
+
+
+def _check(path, axes=(0, 1, 2), B0s=(0.0,), **kw):
+    sim = Simulator.from_pulseq(path, **kw)
+    for B0 in B0s:
+        s = sim.simulate(**TISSUE, B0=B0)
+        ref = oracle(path, **TISSUE, B0=B0, axes=axes)
+        assert s.shape == ref.shape
+        np.testing.assert_allclose(s, ref, atol=TOL, rtol=0, err_msg=f"B0 = {B0}")
+    return sim
+
+
+def test_spin_echo_against_the_exact_moment_epg(tmp_path):
+    path = spin_echo(tmp_path / "se.seq")
+    _check(path, B0s=(0.0, 23.0))
+    # and the spin echo's closed form at the file's echo time
+    (t_exc, _, _), _, (t_adc, _, _) = _Timeline(path).events
+    TE = 1e3 * (t_adc - t_exc)
+    s = Simulator.from_pulseq(path).simulate(T1=1e6, T2=np.array([50.0, 100.0]), B0=31.0)
+    np.testing.assert_allclose(np.abs(s[:, 0]), np.exp(-TE / np.array([50.0, 100.0])), rtol=1e-5)
+
+
+@pytest.mark.parametrize("flip", [180.0, 120.0])
+@pytest.mark.parametrize("slice_pos", [0.0, 5.1e-3])
+def test_turbo_spin_echo_against_the_exact_moment_epg(tmp_path, flip, slice_pos):
+    """Every echo, on and off the slice centre, with phase encoding on y
+    (rewound after each echo: left out, the samples at the k-space centre)."""
+    path = tse(tmp_path / "tse.seq", flip=flip, slice_pos=slice_pos)
+    _check(path, axes=(0, 2), B0s=(0.0, 17.0))
+    if flip == 180.0:
+        # ideal refocusing of the slice-centre spin: e^(-TE/T2) at every echo time of the file
+        events = _Timeline(path).events
+        TE = 1e3 * (np.array([t for t, kind, _ in events if kind == "adc"]) - events[0][0])
+        s = Simulator.from_pulseq(path).simulate(T1=1e6, T2=80.0)
+        np.testing.assert_allclose(np.abs(s), np.exp(-TE / 80.0), rtol=2e-5)
+
+
+def test_spoiled_gradient_echo_against_the_exact_moment_epg(tmp_path):
+    path = spoiled_gre(tmp_path / "gre.seq")
+    _check(path, axes=(0, 2), B0s=(0.0, 11.0))
+
+
+def test_bssfp_b0_sweep_against_the_exact_moment_epg(tmp_path):
+    path = bssfp(tmp_path / "bssfp.seq")
+    _check(path, B0s=np.linspace(-150.0, 150.0, 7))
+
+
+def test_adiabatic_inversion_recovery_against_the_exact_moment_epg(tmp_path):
+    """The hyperbolic secant is phase modulated: played shaped by default,
+    refused by rf='hard'."""
+    path = ir_gre(tmp_path / "ir.seq")
+    _check(path, axes=(0, 2), B0s=(0.0, 40.0))
+    with pytest.raises(PulseqError, match="block 1: RF 1 cannot be played as a hard pulse: its waveform's phase "
+                                          "varies"):
+        Simulator.from_pulseq(path, rf="hard").simulate(**TISSUE)
+
+
+def test_shifted_gaussian_resonates_at_plus_its_offset(tmp_path):
+    """A 30° Gaussian at +300 Hz: the excited magnitude (its profile, near
+    the small-tip Fourier transform) peaks at B0 = +300 Hz and is even
+    about it, and every sample matches the cell-by-cell oracle."""
+    path = shifted_gaussian(tmp_path / "gauss.seq", flip=30.0)
+    B0 = np.linspace(-500.0, 500.0, 101)
+    s = Simulator.from_pulseq(path).simulate(T1=1e6, T2=1e6, B0=B0)[:, 0]
+    assert B0[np.argmax(np.abs(s))] == 300.0
+    np.testing.assert_allclose(np.abs(s[80:71:-1]), np.abs(s[80:89]), rtol=5e-4)
+    ref = np.array([oracle(path, T1=1e6, T2=1e6, B0=b)[0] for b in B0[::10]])
+    np.testing.assert_allclose(s[::10], ref, atol=TOL)
+
+
+@pytest.mark.parametrize("writer", ["spin_echo", "spoiled_gre"])
+def test_shaped_mode_plays_every_waveform_unitary(tmp_path, writer):
+    """rf='shaped' against the oracle stepping every pulse cell by cell;
+    with T1 = T2 = inf and B0 = 0 a 16-echo CPMG keeps |M| = 1."""
+    path = globals()[writer](tmp_path / "f.seq")
+    s = Simulator.from_pulseq(path, rf="shaped").simulate(**TISSUE, B0=7.0)
+    np.testing.assert_allclose(s, oracle(path, **TISSUE, B0=7.0, axes=(0, 2), shaped=True), atol=TOL)
+    cpmg = tse(tmp_path / "cpmg.seq", echoes=16, phase_encode=False)
+    s = Simulator.from_pulseq(cpmg, rf="shaped").simulate(T1=1e30, T2=1e30)
+    np.testing.assert_allclose(np.abs(s), 1.0, atol=2e-5)
+
+
+def test_block_pulse_flip_is_exact(tmp_path):
+    """A block pulse is two time points: its area is exactly the flip."""
+    sys = _system()
+    seq = pp.Sequence(sys)
+    seq.add_block(pp.make_block_pulse(np.radians(15.0), duration=0.5e-3, system=sys))
+    seq.add_block(pp.make_adc(1, duration=10e-6, system=sys))
+    path = _write(seq, tmp_path / "block.seq")
+    for rf in ("auto", "hard", "shaped"):
+        s = Simulator.from_pulseq(path, rf=rf).simulate(T1=1e6, T2=1e6)
+        np.testing.assert_allclose(abs(s[0]), np.sin(np.radians(15.0)), rtol=2e-6, err_msg=rf)
