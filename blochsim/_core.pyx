@@ -26,7 +26,7 @@ _FALLBACK = (1.0e30, 1.0e30, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0)
 # five per exchanging pool B, C, D, E.
 POOL_FIELDS = ("bound_fraction", "bound_exchange_hz", "bound_T1_s", "bound_T2_s") + tuple(
     f"pool{x}_{c}" for x in "BCDE" for c in ("fraction", "exchange_hz", "T1_s", "T2_s", "shift_hz"))
-LINESHAPES = ("super-lorentzian", "lorentzian", "gaussian")
+LINESHAPES = ("super-lorentzian", "lorentzian", "gaussian", "super-lorentzian-cutoff")
 
 DEF ERRLEN = 512
 

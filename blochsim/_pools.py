@@ -25,10 +25,13 @@ def lineshape(offset, bound_T2, shape: str = "super-lorentzian"):
     G is a density over angular frequency (integral of G d(2 pi f) = 1), so
     that a field of B1 amplitude w1 (rad/s) saturates the pool at the rate
     W = pi w1^2 G (Henkelman et al. 1993, MRM 29:759).  The
-    super-Lorentzian (Morrison & Henkelman 1995, MRM 33:475) is continued
-    below 1.5 kHz x (12 us / bound_T2) by the even quadratic matched in value
-    and slope there (after Gloor, Scheffler & Bieri 2008, MRM 60:691), where
-    the integral diverges towards resonance.
+    super-Lorentzian (Morrison & Henkelman 1995, MRM 33:475) is its
+    defining integral (to about 1e-10) down to x = 2 pi offset bound_T2 =
+    1e-3 (13 Hz at 12 us), where it diverges slowly towards resonance, and
+    the even quadratic matched there in value and slope inside that.
+    ``"super-lorentzian-cutoff"`` is the classic form (Gloor, Scheffler &
+    Bieri 2008, MRM 60:691): the continuation from 1.5 kHz x (12 us /
+    bound_T2) instead, 0.5-0.95 of the integral between 50 Hz and 1 kHz.
 
     Parameters
     ----------
@@ -36,7 +39,7 @@ def lineshape(offset, bound_T2, shape: str = "super-lorentzian"):
         Frequency offset from the pool's resonance, Hz.
     bound_T2 : float or array_like
         T2 of the semisolid pool, ms (broadcast against ``offset``).
-    shape : {"super-lorentzian", "lorentzian", "gaussian"}
+    shape : {"super-lorentzian", "lorentzian", "gaussian", "super-lorentzian-cutoff"}
 
     Returns
     -------

@@ -144,9 +144,10 @@ class Simulator(_Base):
         times until the last playing's samples change by less than 1e-5 of
         their largest magnitude between doublings, at most 65536
         (``jacobian_vjp`` always plays).
-    lineshape : {"super-lorentzian", "lorentzian", "gaussian"}, optional
+    lineshape : {"super-lorentzian", "lorentzian", "gaussian", "super-lorentzian-cutoff"}, optional
         Absorption lineshape of the semisolid pool (tissue ``bound_*``),
-        through which pulses with a duration saturate it.
+        through which pulses with a duration saturate it
+        (:func:`blochsim.lineshape`).
     budget_bytes : int, optional
         Device memory a call with NumPy inputs and ``device="cuda"`` may use
         (default: most of the free memory); larger problems stream through

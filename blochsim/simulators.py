@@ -2063,6 +2063,13 @@ class CESTSimulator(Simulator):
     spoil_between : bool, optional
         Spoil the transverse magnetisation after each pulse of the train
         (default True, as pulsed CEST sequences do).
+    normalize : bool, optional
+        Report Z as the field does (default True): the sample after
+        saturation over the sample of the same acquisition without it (the
+        same sequence at B1sat = 0, per voxel), so Z -> 1 far from every
+        resonance and M0 cancels.  False: the liquid pools' Mz, times M0
+        (far off resonance 1 - bound_fraction), as read by a 90° pulse that
+        B1 scales like every other (so times sin(90° B1)).
     pulse_shape : array_like, shape (n_samples,), optional
         The pulse's envelope sampled evenly over its duration (any unit,
         real or complex: a complex sample's angle is its RF phase), scaled
@@ -2082,7 +2089,7 @@ class CESTSimulator(Simulator):
     """
 
     protocol = {"offsets": None, "field_strength": 3.0, "B1sat": 1.0, "n_pulses": 1, "pulse_duration": 100.0,
-                "pulse_delay": 0.0, "spoil_between": True, "pulse_shape": None}
+                "pulse_delay": 0.0, "spoil_between": True, "pulse_shape": None, "normalize": True}
     tissue_properties = ("T1", "T2", "M0", "B1", "B0")
 
     def check_protocol(self, p):
@@ -2096,8 +2103,9 @@ class CESTSimulator(Simulator):
         p["pulse_duration"] = float(V.protocol_array("pulse_duration", p["pulse_duration"], low=0.0, strict=True,
                                                      unit="ms", ndim_max=0))
         p["pulse_delay"] = _scalar("pulse_delay", p["pulse_delay"], low=0.0, unit="ms")
-        if not isinstance(p["spoil_between"], (bool, np.bool_)):
-            raise TypeError(f"spoil_between must be True or False, got {p['spoil_between']!r}")
+        for k in ("spoil_between", "normalize"):
+            if not isinstance(p[k], (bool, np.bool_)):
+                raise TypeError(f"{k} must be True or False, got {p[k]!r}")
         if p["pulse_shape"] is not None:
             b = np.asarray(p["pulse_shape"])
             if b.dtype.kind not in "fiuc" or b.ndim != 1 or b.size == 0:
@@ -2173,12 +2181,24 @@ class CESTSimulator(Simulator):
         out["B0"] = np.asarray(b0) - df
         return out, p
 
+    def _reference_values(self, values):
+        """The call's values for the acquisition without saturation: B1sat
+        0 at one offset."""
+        return {**values, "B1sat": 0.0, "offsets": np.zeros(1)}
+
+    def _normalizes(self, values):
+        return bool(self._protocol_values({k: v for k, v in values.items() if k in self._defaults})["normalize"])
+
     def simulate(self, out=None, **values):
         """The Z-spectrum, complex64, shape (*voxels, n_offsets); see the class."""
         if out is not None:
             raise TypeError("CESTSimulator.simulate does not take out=")
         expanded, _ = self._expanded(values)
-        return super().simulate(**expanded)[..., 0]
+        s = super().simulate(**expanded)[..., 0]
+        if not self._normalizes(values):
+            return s
+        ref, _ = self._expanded(self._reference_values(values))
+        return (s / super().simulate(**ref)[..., 0]).astype(np.complex64)
 
     def jacobian(self, diff, order=1, out=None, **values):
         """Z-spectrum and its tissue Jacobian, as :meth:`Simulator.jacobian`:
@@ -2188,35 +2208,71 @@ class CESTSimulator(Simulator):
         names = (diff,) if isinstance(diff, str) else tuple(diff)
         if "B0" in names and "B0" not in values:
             raise ValueError("jacobian with respect to 'B0' needs B0 passed as a tissue value")
-        expanded, _ = self._expanded(values)
-        signal, J = super().jacobian(names, order, **expanded)
-        J = np.moveaxis(J[..., 0], -1, -2)
-        return signal[..., 0], (J[..., 0, :] if isinstance(diff, str) else J)
+
+        def spectrum(vals):
+            expanded, _ = self._expanded(vals)
+            signal, J = Simulator.jacobian(self, names, order, **expanded)
+            return signal[..., 0], np.moveaxis(J[..., 0], -1, -2)  # (*voxels, n), (*voxels, names, n)
+
+        s, J = spectrum(values)
+        if self._normalizes(values):
+            r, Jr = spectrum(self._reference_values(values))  # (*voxels, 1), (*voxels, names, 1)
+            J = J / r[..., None, :] - (s / r ** 2)[..., None, :] * Jr
+            s = s / r
+        s, J = s.astype(np.complex64), J.astype(np.complex64)
+        return s, (J[..., 0, :] if isinstance(diff, str) else J)
 
     def vjp(self, wrt, **values):
         """Z-spectrum and its pullback, as :meth:`Simulator.vjp`: gradients
         with respect to the protocol (``B1sat`` per µT, ``pulse_duration``
         and ``pulse_delay`` per ms, ``offsets`` per ppm, each shaped like the
-        parameter) and to the tissue (shaped as passed)."""
+        parameter) and to the tissue (shaped as passed).  With ``normalize``
+        the reference acquisition (no saturation) contributes through the
+        timing and the tissue."""
         names = (wrt,) if isinstance(wrt, str) else tuple(wrt)
         if any(not isinstance(k, str) for k in names):
             raise TypeError(f"wrt names parameters by str, got {list(names)!r}")
         if "B0" in names and "B0" not in values:
             raise ValueError("vjp with respect to 'B0' needs B0 passed as a tissue value")
+        if len(set(names)) != len(names):
+            raise ValueError(f"wrt names a parameter twice: {list(names)}")
+        s, pull_s = self._vjp_spectrum(names, values)
+        if not self._normalizes(values):
+            return s, pull_s
+        # the reference does not depend on the saturation's amplitude or offsets
+        ref_names = tuple(k for k in names if k not in ("B1sat", "offsets"))
+        if ref_names:
+            r, pull_r = self._vjp_spectrum(ref_names, self._reference_values(values))
+        else:
+            expanded, _ = self._expanded(self._reference_values(values))
+            r = Simulator.simulate(self, **expanded)[..., 0]
+        z = s / r
+
+        def pullback(cotangent):
+            g = _cotangent(cotangent, s.shape, dtype=np.complex128)
+            out = pull_s(g / np.conj(r))
+            if ref_names:
+                gr = pull_r(np.sum(-g * np.conj(z / r), axis=-1, keepdims=True))
+                for k in ref_names:
+                    out[k] = np.asarray(out[k]) + np.asarray(gr[k])
+            return out
+
+        return z.astype(np.complex64), pullback
+
+    def _vjp_spectrum(self, names, values):
+        """The unnormalised spectrum and its pullback."""
         expanded, p = self._expanded(values)
         # the offsets move each problem's B0 (B0 - offset): their gradient is
         # -(Hz per ppm) times B0's, summed over the voxels
         inner = tuple(k for k in names if k != "offsets")
         if "offsets" in names and "B0" not in inner:
             inner = inner + ("B0",)
-        if len(set(names)) != len(names):
-            raise ValueError(f"wrt names a parameter twice: {list(names)}")
-        signal, inner_pullback = super().vjp(inner, **expanded)
+        signal, inner_pullback = Simulator.vjp(self, inner, **expanded)
         b0_shape = np.shape(values["B0"]) if "B0" in values else None
         hz_per_ppm = self.hz_per_ppm(p)
 
         def pullback(cotangent):
-            cot = _cotangent(cotangent, signal.shape[:-1])
+            cot = _cotangent(cotangent, signal.shape[:-1], dtype=np.complex128)
             g = inner_pullback(cot[..., None])
             out = {}
             for k in names:

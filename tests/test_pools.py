@@ -127,9 +127,10 @@ def oracle_lineshape(kind, df, T2_ms):
         return T2 / np.pi / (1 + x * x)
     if kind == "gaussian":
         return T2 / np.sqrt(2 * np.pi) * np.exp(-x * x / 2)
-    xc = 2 * np.pi * 1.5e3 * 12e-6
+    # the integral down to x = 1e-3; the classic form of Gloor 2008 from x_c = 2 pi 1.5 kHz 12 us
+    xc = 2 * np.pi * 1.5e3 * 12e-6 if kind == "super-lorentzian-cutoff" else 1e-3
     if abs(x) < xc:
-        # the even quadratic matched in value and slope at x_c (Gloor 2008)
+        # the even quadratic matched in value and slope at x_c
         g_c = sl_integral(xc)
         slope = (sl_integral(xc * (1 + 1e-5)) - sl_integral(xc * (1 - 1e-5))) / (2e-5 * xc)
         b = slope / (2 * xc)
@@ -377,31 +378,56 @@ def test_mt_saturation_per_tr_lowers_the_steady_state_with_exchange():
 # --------------------------------------------------------------------------
 # Lineshapes
 
-@pytest.mark.parametrize("df", [1500.0, 1800.0, 2500.0, 4000.0, 8000.0, 20000.0, 60000.0])
+@pytest.mark.parametrize("df", [14.0, 30.0, 50.0, 128.0, 300.0, 700.0, 1500.0, 1800.0, 2500.0, 4000.0, 8000.0,
+                                20000.0, 60000.0])
 def test_super_lorentzian_against_quad(df):
+    """The defining integral down to tens of Hz (at 12 us; 13 Hz is x = 1e-3)."""
     G = blochsim.lineshape(df, 0.012)
-    np.testing.assert_allclose(G, oracle_lineshape("super-lorentzian", df, 0.012), rtol=1e-8)
+    np.testing.assert_allclose(G, T2_S * sl_integral(2 * np.pi * df * T2_S), rtol=1e-8)
+    np.testing.assert_allclose(blochsim.lineshape(df * 12 / 40, 0.040), 0.040e-3 * sl_integral(2 * np.pi * df * T2_S),
+                               rtol=1e-8)
 
 
-def test_super_lorentzian_near_resonance_is_continued_smoothly():
+T2_S = 12e-6
+
+
+def test_super_lorentzian_inside_13_hz_is_continued_smoothly():
+    f = np.linspace(0.0, 13.26, 14)
+    G = blochsim.lineshape(f, 0.012)
+    assert np.all(np.isfinite(G)) and np.all(np.diff(G) < 0)
+    np.testing.assert_allclose(G, [oracle_lineshape("super-lorentzian", x, 0.012) for x in f], rtol=1e-7)
+    xm = 1e-3 / (2 * np.pi * T2_S)  # the join, Hz
+    np.testing.assert_allclose(blochsim.lineshape(xm, 0.012), T2_S * sl_integral(1e-3), rtol=1e-8)
+
+
+def test_super_lorentzian_cutoff_is_the_classic_continuation():
+    """lineshape='super-lorentzian-cutoff': the quadratic from 1.5 kHz of
+    Gloor et al. 2008, which stays well below the integral where CEST
+    looks (0.49-0.95 of it between 50 Hz and 1 kHz)."""
     T2 = 0.012
+    kind = "super-lorentzian-cutoff"
     f = np.linspace(0.0, 1500.0, 31)
-    G = blochsim.lineshape(f, T2)
+    G = blochsim.lineshape(f, T2, kind)
     # finite, even, decreasing, and joined to the integral at 1.5 kHz
     assert np.all(np.isfinite(G)) and np.all(np.diff(G) < 0)
-    np.testing.assert_allclose(blochsim.lineshape(-f, T2), G)
+    np.testing.assert_allclose(blochsim.lineshape(-f, T2, kind), G)
+    np.testing.assert_allclose(G, [oracle_lineshape(kind, x, T2) for x in f], rtol=1e-7)
     edge = oracle_lineshape("super-lorentzian", 1500.0, T2)
     np.testing.assert_allclose(G[-1], edge, rtol=1e-8)
     # slope matched: one-sided differences across the join agree
     h = 1.0
-    left = (blochsim.lineshape(1500.0, T2) - blochsim.lineshape(1500.0 - h, T2)) / h
+    left = (blochsim.lineshape(1500.0, T2, kind) - blochsim.lineshape(1500.0 - h, T2, kind)) / h
     right = (oracle_lineshape("super-lorentzian", 1500.0 + h, T2) - edge) / h
     np.testing.assert_allclose(left, right, rtol=2e-3)
     # the on-resonance value of Gloor et al. 2008 (about 1.4e-5 s at 12 us) in size
     assert 1.2e-5 < G[0] < 1.7e-5
+    ratio = blochsim.lineshape([50.0, 1000.0], T2, kind) / blochsim.lineshape([50.0, 1000.0], T2)
+    np.testing.assert_allclose(ratio, [0.49, 0.95], atol=0.01)
+    # above the cut-off both forms are the integral
+    np.testing.assert_array_equal(blochsim.lineshape(3000.0, T2, kind), blochsim.lineshape(3000.0, T2))
 
 
-@pytest.mark.parametrize("kind", ["lorentzian", "gaussian", "super-lorentzian"])
+@pytest.mark.parametrize("kind", ["lorentzian", "gaussian", "super-lorentzian", "super-lorentzian-cutoff"])
 def test_lineshapes_are_densities_over_angular_frequency(kind):
     T2 = 0.012
     f = np.linspace(0, 400e3, 400001)
@@ -410,18 +436,18 @@ def test_lineshapes_are_densities_over_angular_frequency(kind):
     tail = 0.0
     if kind == "lorentzian":  # the Lorentzian's tail past 400 kHz
         tail = 2 * (0.5 - np.arctan(2 * np.pi * 400e3 * T2 * 1e-3) / np.pi)
-    if kind == "super-lorentzian":
+    if kind.startswith("super-lorentzian"):
         # the integral's area is 1 (its log divergence at resonance is
-        # integrable); the continuation below x_c = 2 pi 1.5 kHz 12 us holds
-        # the quadratic's area there instead of the integral's
-        xc = 2 * np.pi * 1.5e3 * 12e-6
+        # integrable); the continuation below x_c holds the quadratic's
+        # area there instead of the integral's
+        xc = 2 * np.pi * 1.5e3 * 12e-6 if kind.endswith("cutoff") else 1e-3
         g_c = sl_integral(xc)
         slope = (sl_integral(xc * (1 + 1e-5)) - sl_integral(xc * (1 - 1e-5))) / (2e-5 * xc)
         b = slope / (2 * xc)
         quadratic = 2 * ((g_c - b * xc ** 2) * xc + b * xc ** 3 / 3)
         near = 2 * quad(sl_integral, 0, xc, limit=200)[0]
         tail = near - quadratic
-        assert 0.03 < tail < 0.12
+        assert (0.03 < tail < 0.12) if kind.endswith("cutoff") else (0 < tail < 1e-3)
     np.testing.assert_allclose(total + tail, 1.0, rtol=1e-4)
 
 
@@ -699,7 +725,7 @@ def _cest_oracle(offsets_ppm, field, b1, n, tp, td, t):
 def test_cest_z_spectrum_against_expm():
     offsets = np.array([-20.0, -3.5, -1.0, 0.0, 0.4, 2.0, 3.5, 5.0, 50.0])
     cest = CESTSimulator(offsets=offsets, field_strength=3.0, B1sat=1.2, n_pulses=4, pulse_duration=50.0,
-                         pulse_delay=10.0)
+                         pulse_delay=10.0, normalize=False)
     z = cest.simulate(**CEST_TISSUE)
     assert z.shape == (9,)
     np.testing.assert_allclose(z, _cest_oracle(offsets, 3.0, 1.2, 4, 50.0, 10.0, CEST_TISSUE), atol=3e-6)
@@ -917,7 +943,7 @@ def test_vjp_with_dephasing_equals_the_jacobian_and_differences():
 def test_cest_vjp_against_oracle_differences():
     offsets = np.array([-3.5, -1.0, 0.5, 3.5])
     proto = dict(B1sat=1.2, n_pulses=3, pulse_duration=40.0, pulse_delay=10.0)
-    cest = CESTSimulator(offsets=offsets, field_strength=3.0, **proto)
+    cest = CESTSimulator(offsets=offsets, field_strength=3.0, normalize=False, **proto)
     names = ("B1sat", "pulse_duration", "pulse_delay", "offsets", "B0", "poolB_exchange", "bound_fraction", "T1")
     z, pullback = cest.vjp(names, **CEST_TISSUE)
     w = np.array([1.0, -2.0, 0.5, 3.0])
@@ -1046,16 +1072,16 @@ def test_shaped_cest_pulses_against_expm_per_segment(kind):
     shape = np.exp(-(2 * u) ** 2) if kind == "gauss" else np.sinc(3 * u)  # the sinc has negative lobes
     offsets = np.array([-3.5, -1.0, 0.0, 1.5, 3.5])
     cest = CESTSimulator(offsets=offsets, B1sat=1.5, n_pulses=3, pulse_duration=40.0, pulse_delay=8.0,
-                         pulse_shape=shape)
+                         pulse_shape=shape, normalize=False)
     z = cest.simulate(**CEST_TISSUE)
     np.testing.assert_allclose(z, _shaped_cest_oracle(offsets, 3.0, 1.5, shape, 3, 40.0, 8.0, CEST_TISSUE),
                                atol=3e-6)
     # the same B1 rms saturates water on resonance less deeply than a rectangle, off it differently
-    rect = CESTSimulator(offsets=offsets, B1sat=1.5, n_pulses=3, pulse_duration=40.0, pulse_delay=8.0)
+    rect = CESTSimulator(offsets=offsets, B1sat=1.5, n_pulses=3, pulse_duration=40.0, pulse_delay=8.0, normalize=False)
     assert np.max(np.abs(z - rect.simulate(**CEST_TISSUE))) > 1e-3
     # a constant shape is the rectangle
     flat = CESTSimulator(offsets=offsets, B1sat=1.5, n_pulses=3, pulse_duration=40.0, pulse_delay=8.0,
-                         pulse_shape=np.full(5, 2.0))
+                         pulse_shape=np.full(5, 2.0), normalize=False)
     np.testing.assert_allclose(flat.simulate(**CEST_TISSUE), rect.simulate(**CEST_TISSUE), atol=2e-6)
 
 
@@ -1064,7 +1090,7 @@ def test_shaped_cest_vjp_against_oracle_differences():
     shape = np.exp(-(2 * u) ** 2)
     offsets = np.array([-3.5, 0.5, 3.5])
     cest = CESTSimulator(offsets=offsets, B1sat=1.2, n_pulses=2, pulse_duration=30.0, pulse_delay=5.0,
-                         pulse_shape=shape)
+                         pulse_shape=shape, normalize=False)
     z, pullback = cest.vjp(("B1sat", "pulse_duration", "poolB_exchange"), **CEST_TISSUE)
     w = np.array([1.0, -0.5, 2.0])
     g = pullback(w)

@@ -13,12 +13,17 @@
 //   super-lorentzian  g(x) = sqrt(2/π) ∫₀¹ exp(−2x²/(3u²−1)²) / |3u²−1| du
 //                     (Morrison & Henkelman 1995, MRM 33:475)
 //
-// The super-Lorentzian integral diverges logarithmically at x = 0.  Below
-// x_c = 2π · 1.5 kHz · 12 µs it is continued by the even quadratic a + b x²
-// matched to the integral in value and slope at x_c, after Gloor, Scheffler
-// and Bieri (2008, MRM 60:691), who extrapolate the on-resonance value from
-// 1.5 kHz.  Above x_c it is evaluated to about 1e-10 (a table in ln x with
-// cubic Hermite interpolation; the integral itself past the table).
+// The super-Lorentzian integral diverges logarithmically at x = 0.  It is
+// evaluated to about 1e-10 down to x_min = 1e-3 (13 Hz at bound_T2 = 12 µs;
+// a table in ln x with cubic Hermite interpolation, the integral itself
+// past the table), which covers the offsets CEST looks at (tens to hundreds
+// of Hz from water).  Inside x_min it is continued by the even quadratic
+// a + b x² matched to the integral in value and slope there, so that it
+// stays finite on resonance.  `super-lorentzian-cutoff` is the classic
+// form of Gloor, Scheffler and Bieri (2008, MRM 60:691): the same
+// continuation from x_c = 2π · 1.5 kHz · 12 µs instead (1.5 kHz at
+// bound_T2 = 12 µs), whose quadratic stays at 0.5–0.95 of the integral
+// between 50 Hz and 1 kHz.
 #pragma once
 
 #include <cmath>
@@ -32,15 +37,17 @@ enum Lineshape : int32_t {
   lineshape_super_lorentzian = 0,
   lineshape_lorentzian = 1,
   lineshape_gaussian = 2,
+  lineshape_super_lorentzian_cutoff = 3,
   lineshape_count
 };
 
 inline namespace BLOCHSIM_ISA {
 namespace lineshape_detail {
 
+constexpr double x_min = 1.0e-3;
 constexpr double x_cut = 2.0 * pi * 1.5e3 * 12.0e-6;
 constexpr double x_table_max = 12.0;
-constexpr int table_points = 2049;
+constexpr int table_points = 4097;
 
 // The super-Lorentzian integral and its x-derivative at x > 0.  The
 // integrand's difficulty is the magic angle u0 = 1/sqrt(3), where 3u²−1
@@ -81,12 +88,12 @@ BLOCHSIM_HD inline void super_lorentzian_integral(double x, double& g, double& d
   dg *= norm;
 }
 
-// g and dg/d(ln x) on an even grid in ln x over [x_cut, x_table_max].
+// g and dg/d(ln x) on an even grid in ln x over [x_min, x_table_max].
 struct SuperLorentzianTable {
   double t0, h;
   std::vector<double> g, dg_dt;
   SuperLorentzianTable() : g(table_points), dg_dt(table_points) {
-    t0 = std::log(x_cut);
+    t0 = std::log(x_min);
     h = (std::log(x_table_max) - t0) / (table_points - 1);
     for (int i = 0; i < table_points; ++i) {
       const double x = std::exp(t0 + h * i);
@@ -119,6 +126,23 @@ inline LineshapeTable host_lineshape_table() {
   return {tb.g.data(), tb.dg_dt.data(), tb.t0, tb.h};
 }
 
+// The super-Lorentzian at x_min <= x < x_table_max from the table: g and
+// dg/dx by cubic Hermite interpolation in t = ln x.
+BLOCHSIM_HD inline void super_lorentzian_table_eval(double x, const LineshapeTable& tb, double& g, double& dg) {
+  using std::log;
+  using namespace lineshape_detail;
+  const double t = (log(x) - tb.t0) / tb.h;
+  int i = static_cast<int>(t);
+  if (i > table_points - 2) i = table_points - 2;
+  if (i < 0) i = 0;
+  const double s = t - i, s2 = s * s, s3 = s2 * s;
+  const double h00 = 2 * s3 - 3 * s2 + 1, h10 = s3 - 2 * s2 + s, h01 = -2 * s3 + 3 * s2, h11 = s3 - s2;
+  const double p0 = tb.g[i], p1 = tb.g[i + 1], m0 = tb.dg_dt[i] * tb.h, m1 = tb.dg_dt[i + 1] * tb.h;
+  g = h00 * p0 + h10 * m0 + h01 * p1 + h11 * m1;
+  const double dgds = (6 * s2 - 6 * s) * p0 + (3 * s2 - 4 * s + 1) * m0 + (-6 * s2 + 6 * s) * p1 + (3 * s2 - 2 * s) * m1;
+  dg = dgds / (tb.h * x);
+}
+
 // g(x) and dg/dx of lineshape `shape` at x = 2πΔf T2 (any sign; g is even),
 // the super-Lorentzian from the table tb.
 BLOCHSIM_HD inline void lineshape_eval(int shape, double x, const LineshapeTable& tb, double& g, double& dg) {
@@ -139,9 +163,12 @@ BLOCHSIM_HD inline void lineshape_eval(int shape, double x, const LineshapeTable
     return;
   }
   using namespace lineshape_detail;
-  if (ax < x_cut) {
-    const double gc = tb.g[0], slope = tb.dg_dt[0] / x_cut;
-    const double b = slope / (2.0 * x_cut), a = gc - b * x_cut * x_cut;
+  const double join = shape == lineshape_super_lorentzian_cutoff ? x_cut : x_min;
+  if (ax < join) {
+    // the even quadratic matched to the integral in value and slope at the join
+    double gc, slope;
+    super_lorentzian_table_eval(join, tb, gc, slope);
+    const double b = slope / (2.0 * join), a = gc - b * join * join;
     g = a + b * ax * ax;
     dg = sign * 2.0 * b * ax;
     return;
@@ -152,16 +179,9 @@ BLOCHSIM_HD inline void lineshape_eval(int shape, double x, const LineshapeTable
     dg = sign * d;
     return;
   }
-  // cubic Hermite in t = ln x
-  const double t = (log(ax) - tb.t0) / tb.h;
-  int i = static_cast<int>(t);
-  if (i > table_points - 2) i = table_points - 2;
-  const double s = t - i, s2 = s * s, s3 = s2 * s;
-  const double h00 = 2 * s3 - 3 * s2 + 1, h10 = s3 - 2 * s2 + s, h01 = -2 * s3 + 3 * s2, h11 = s3 - s2;
-  const double p0 = tb.g[i], p1 = tb.g[i + 1], m0 = tb.dg_dt[i] * tb.h, m1 = tb.dg_dt[i + 1] * tb.h;
-  g = h00 * p0 + h10 * m0 + h01 * p1 + h11 * m1;
-  const double dgds = (6 * s2 - 6 * s) * p0 + (3 * s2 - 4 * s + 1) * m0 + (-6 * s2 + 6 * s) * p1 + (3 * s2 - 2 * s) * m1;
-  dg = sign * dgds / (tb.h * ax);
+  double d;
+  super_lorentzian_table_eval(ax, tb, g, d);
+  dg = sign * d;
 }
 
 // lineshape_eval with this process's table (host).
