@@ -52,14 +52,23 @@ What is read, and the model
   moment must be a whole number of one dephasing unit vector, so that
   every pathway that refocuses in the file refocuses on order 0 of the
   EPG: the unit is found per axis as the largest moment of which every
-  moment on that axis is a whole multiple (within 1e-3 of the unit, or
-  1e-3 cycles across ``voxel_size_m`` when it is given), and the axes are
+  moment on that axis is a whole multiple (within 1e-3 of the unit or
+  1e-3 cycles across the voxel, ``voxel_size_m``, 1 mm unless given: a
+  remainder that leaves the signal unchanged to 1e-6), itself putting at
+  least 0.1 cycles across the voxel (orders closer than that are not
+  distinct pathways), and the axes are
   combined when their whole numbers are proportional (a readout on x and
-  crushers on z of a CPMG train).  An axis whose moment is rewound between
-  consecutive RF pulses (phase encoding, a balanced readout) encodes
-  k-space and does not dephase the voxel: where it cannot be held with
-  the others it is left out, and the samples are the voxel's signal at
-  the k-space centre.  Moments with no common unit, or unbalanced axes
+  crushers on z of a CPMG train).  Moments that put well under a cycle
+  across the voxel (under 0.1: phase encoding and EPI blips, the voxel
+  being much smaller than the field of view) encode k-space and do not
+  dephase it, and an axis whose moment is rewound between consecutive RF
+  pulses (phase encoding, a balanced readout) is left out where it cannot
+  be held with the others: the samples are the voxel's signal at the
+  k-space centre.  A pathway that passes an interval whose moment no
+  combination of the others can bring back (an inversion's spoiler on
+  another axis than the train's) never refocuses, and that interval spoils
+  exactly; other independently dephasing axes are kept apart on one order
+  by a map with large enough multipliers, within 8192 orders.  Moments with no common unit, or unbalanced axes
   that dephase independently, are refused, naming the block; ``axis`` (a
   direction to follow alone), ``unit`` (cycles/m, checked, never rounded)
   or a callable ``dephasing(block) -> shifts`` choose otherwise, and
@@ -76,6 +85,7 @@ What is read, and the model
 """
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from dataclasses import dataclass, field
@@ -90,6 +100,10 @@ _HZ_PER_UT = GAMMA_RAD_PER_S_PER_T / (2 * np.pi) * 1e-6
 _AXES = {"x": 0, "y": 1, "z": 2}
 #: residual moment allowed, as a fraction of the dephasing unit (or cycles across voxel_size_m)
 MOMENT_TOLERANCE = 1e-3
+#: the voxel the moments are measured against when voxel_size_m is not given, m
+DEFAULT_VOXEL_M = 1e-3
+#: an axis whose moments put less than this across the voxel (cycles) encodes and does not dephase
+ENCODING_CYCLES = 0.1
 #: largest number of units the smallest moment of an axis may hold
 _MAX_SUBDIVISION = 64
 #: most orders the map of independently dephasing axes onto one order may take
@@ -222,6 +236,8 @@ class _File:
                         shape_n = int(tok[1])
                     else:
                         shape_vals.append(float(tok[0]))
+            except PulseqError:
+                raise
             except (ValueError, IndexError):
                 raise PulseqError(f"{self.path}, line {number}: cannot read {raw.strip()!r} in [{section}]") from None
         if section == "SHAPES" and shape_id is not None:
@@ -373,10 +389,10 @@ class _RF:
         return t, w
 
 
-def _common_unit(values, tol_rel, tol_abs):
-    """The largest u > 0 of which every value is a whole multiple (0
-    included) within max(tol_rel u, tol_abs), or None; 0 when every value
-    is 0.  Candidates are the smallest value above a fraction of the
+def _common_unit(values, tol_rel, tol_abs, min_unit=0.0):
+    """The largest u >= min_unit of which every value is a whole multiple
+    (0 included) within max(tol_rel u, tol_abs), or None; 0 when every
+    value is 0.  Candidates are the smallest value above a fraction of the
     largest, divided by 1 to 64: the smallest values may be the remainders
     of rounding in the file (a rephaser written to six digits)."""
     a = np.abs(np.asarray(values, dtype=np.float64))
@@ -387,6 +403,8 @@ def _common_unit(values, tol_rel, tol_abs):
         base = float(a[a > floor * top].min())
         for n in range(1, _MAX_SUBDIVISION + 1):
             u = base / n
+            if u < min_unit:
+                break
             r = a / u
             if np.all(np.abs(r - np.round(r)) * u <= max(tol_rel * u, tol_abs)):
                 return u
@@ -425,7 +443,7 @@ class _Reader:
         self.axis = axis
         self.unit = None if unit is None else float(
             V.protocol_array("unit", unit, low=0.0, strict=True, unit="cycles/m", ndim_max=0))
-        self.voxel = voxel_size_m
+        self.voxel = DEFAULT_VOXEL_M if voxel_size_m is None else voxel_size_m
         self.lattice = False
         self._timeline()
 
@@ -564,7 +582,7 @@ class _Reader:
         blocks = [self.point_block[0]] + self.point_block[1:]
         # what is left of rewound moments by the file's rounding of amplitudes
         inc[np.abs(inc) <= 1e-6 * np.max(np.abs(inc), initial=0.0)] = 0.0
-        tol_abs = MOMENT_TOLERANCE / self.voxel if self.voxel else 0.0
+        tol_abs = MOMENT_TOLERANCE / self.voxel
         if self.axis is not None or self.unit is not None:
             axis = self.axis if self.axis is not None else self._dominant_axis(inc)
             c = inc @ axis
@@ -592,15 +610,20 @@ class _Reader:
             between = np.diff(cyc, axis=0)
             spread = np.max(np.abs(inc), axis=0)
             balanced = np.all(np.abs(between) <= 1e-6 * np.maximum(spread, 1e-30) + tol_abs, axis=0)
-        units = [_common_unit(inc[:, a], MOMENT_TOLERANCE, tol_abs) for a in range(3)]
+        # a unit must itself dephase the voxel: distinct orders closer than that are not distinct pathways
+        units = [_common_unit(inc[:, a], MOMENT_TOLERANCE, tol_abs, ENCODING_CYCLES / self.voxel) for a in range(3)]
         chosen, g_all, independent = [], None, []
         order = sorted(range(3), key=lambda a: (bool(balanced[a]), -float(np.max(np.abs(inc[:, a])))))
         for a in order:
-            if units[a] == 0:
-                continue
+            if units[a] == 0 or np.max(np.abs(inc[:, a])) * self.voxel < ENCODING_CYCLES:
+                continue  # no moment, or one well under a cycle across the voxel (phase encoding)
             if units[a] is None:
                 if balanced[a]:
                     continue  # encodes k-space (phase encoding): left out
+                strong = [b for b in range(3) if np.max(np.abs(inc[:, b])) * self.voxel >= ENCODING_CYCLES]
+                found = self._spoiling(inc, strong, units, blocks)
+                if found is not None:
+                    return found
                 j = self._first_bad(inc[:, a])
                 raise PulseqError(f"{self.f.path}: the gradient moments on the {'xyz'[a]} axis have no common unit: "
                                   f"block {blocks[j]}'s moment since the previous RF or ADC event, "
@@ -629,32 +652,44 @@ class _Reader:
         return [0] + q[1:], q[0], vec
 
     def _spoiling(self, inc, axes, units, blocks):
-        """Shifts when the moments run along one direction g but for a few
-        intervals whose moments no combination of each other can bring back
-        onto g (their parts across g are linearly independent): a pathway
+        """Shifts when the moments run along one direction g in whole
+        numbers of a unit u but for a few intervals that no combination of
+        each other (each once) can bring onto that lattice: a pathway
         transverse during such an interval can never refocus, so the
         interval spoils exactly ('spoil'), and the rest shift along g.  An
-        inversion's spoiler on another axis than the train's is such an
+        inversion's spoiler that the train's moments cannot undo is such an
         interval.  None where the moments are not of that form."""
         V = np.zeros_like(inc)
         V[:, axes] = inc[:, axes]
-        rows = np.flatnonzero(np.any(V != 0, axis=1))
-        dirs = V[rows] / np.linalg.norm(V[rows], axis=1)[:, None]
-        dirs *= np.where(dirs[np.arange(len(rows)), np.argmax(np.abs(dirs), axis=1)] < 0, -1.0, 1.0)[:, None]
+        norm = np.linalg.norm(V, axis=1)
+        rows = np.flatnonzero(norm > 0)
+        if rows.size == 0:
+            return None
+        dirs = V[rows] / norm[rows, None]
+        dirs *= np.where(dirs[np.arange(rows.size), np.argmax(np.abs(dirs), axis=1)] < 0, -1.0, 1.0)[:, None]
         keys, counts = np.unique(np.round(dirs, 6), axis=0, return_counts=True)
         g = keys[np.argmax(counts)]
         g = g / np.linalg.norm(g)
-        across = V - np.outer(V @ g, g)
-        off = np.linalg.norm(across, axis=1) > MOMENT_TOLERANCE * np.linalg.norm(V, axis=1) + 1e-12
-        if not np.any(off) or np.linalg.matrix_rank(across[off], tol=1e-9 * np.abs(V).max()) < np.count_nonzero(off):
-            return None
-        along = V[~off] @ g
-        u = _common_unit(along, MOMENT_TOLERANCE, MOMENT_TOLERANCE / self.voxel if self.voxel else 0.0)
+        along = V @ g
+        across = np.linalg.norm(V - np.outer(along, g), axis=1)
+        tol_abs = MOMENT_TOLERANCE / self.voxel
+        parallel = across <= np.maximum(MOMENT_TOLERANCE * norm, tol_abs)
+        u = _common_unit(along[parallel & (norm > 0)], MOMENT_TOLERANCE, tol_abs, ENCODING_CYCLES / self.voxel)
         if not u:
             return None
-        k = np.where(off, 0, np.round((V @ g) / u)).astype(np.int64)
-        shifts = ["spoil" if o else int(q) for o, q in zip(off, k)]
-        self.spoiled_intervals = [blocks[j] for j in np.flatnonzero(off)]
+        tol = max(MOMENT_TOLERANCE * u, tol_abs)
+        k = np.round(along / u)
+        off = (norm > 0) & ~(parallel & (np.abs(along - k * u) <= tol))
+        S = V[off]
+        if not 0 < len(S) <= 10 or (self.periodic and (len(S) > 1 or np.any(parallel[off]))):
+            return None
+        for signs in itertools.product((-1, 0, 1), repeat=len(S)):
+            if any(signs):
+                w = np.asarray(signs, dtype=np.float64) @ S
+                a = w @ g
+                if np.linalg.norm(w - a * g) <= tol and abs(a - round(a / u) * u) <= tol:
+                    return None  # these intervals could undo each other: not spoils
+        shifts = ["spoil" if o else int(q) for o, q in zip(off, k.astype(np.int64))]
         return [0] + shifts[1:], shifts[0], g * u
 
     def _lattice(self, inc, axes, units, blocks):

@@ -222,3 +222,78 @@ def test_pulseq_refusals(tmp_path):
     with pytest.raises(PulseqError, match="names shape 1"):
         Simulator.from_pulseq(hole)
     assert isinstance(PulseqBlock(1, 0.0, 1e-3, False, False), PulseqBlock)
+
+
+def test_malformed_files_are_refused_naming_the_place(tmp_path):
+    se = _spin_echo(tmp_path / "se.seq").read_text()
+
+    def refused(text, match, name="bad.seq"):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(PulseqError, match=match):
+            Simulator.from_pulseq(tmp_path / name).simulate(T2=60.0)
+
+    refused(se.replace("minor 4", "minor 7"), "version 1.7 is not read")
+    refused(se.replace("[VERSION]\nmajor 1\nminor 4", "[VERSION]\nmajor 1"), "no \\[VERSION\\] section")
+    # a truncated row, a truncated shape, a truncated file
+    refused(se.replace("\n2 100000.0 1000", "\n2 100000.0").replace("[TRAP]\n1 100000.0 100.0 1000.0 100.0 200.0",
+                                                                      "[TRAP]\n1 100000.0 100.0 1000.0 100.0"),
+            r"line \d+: \[TRAP\] row 1 has 4 numbers after its id, version 1.4 has 5")
+    refused(se.replace("num_samples 100\n1.0\n0.0\n0.0\n97.0", "num_samples 100\n1.0\n0.0\n0.0"),
+            r"line \d+: shape 1: a repeated value ends the shape without its count")
+    refused(se[:se.index("[SHAPES]")], "names shape 1, which \\[SHAPES\\] does not hold")
+    refused(se.replace("[BLOCKS]\n1 10 1 0 0 0 0 0", "[BLOCKS]\n1 10 1 0 0 0 0"), r"line \d+: a block has 7 fields")
+    refused(se.replace("[BLOCKS]\n1 10 1 0 0 0 0 0", "[BLOCKS]\n1 10 9 0 0 0 0 0"),
+            "block 1 names RF event 9, which \\[RF\\] does not hold")
+    refused(se.replace("5 10 0 0 0 0 1 0", "5 10 0 0 0 0 4 0"), "block 5 names ADC event 4, which \\[ADC\\] does not hold")
+    refused(se.replace("2 990 0 0 0 1 0 0", "2 990 0 0 0 6 0 0"), "block 2 names gradient 6, which neither")
+    refused(se.replace("[RF]\n1 ", "[RF\n1 "), r"line \d+: malformed section header")
+    # times off their raster
+    refused(se.replace("[TRAP]\n1 100000.0 100.0 1000.0 100.0 200.0", "[TRAP]\n1 100000.0 105.0 1000.0 100.0 200.0"),
+            r"line \d+: trapezoid 1's times are not on the gradient raster")
+    rf_row = se[se.index("[RF]\n") + 5:].splitlines()[0]
+    fields = rf_row.split()
+    fields[5] = "0.5"  # delay, us, off the 1 us RF raster
+    refused(se.replace(rf_row, " ".join(fields)), r"line \d+: RF 1's delay is not on the RF raster")
+    refused(se.replace("BlockDurationRaster 1e-05", "BlockDurationRaster -1"), "BlockDurationRaster must be > 0")
+
+
+def test_moments_are_never_rounded(tmp_path):
+    """A crusher pair whose second lobe is 3 % larger than the first (3.3
+    cycles/m, 3e-3 cycles across the default 1 mm voxel) has no common unit
+    with it: refused, naming the block, with default options and with a
+    given unit; a unit that divides both plays."""
+    se = _spin_echo(tmp_path / "se.seq").read_text()
+    uneven = se.replace("[TRAP]\n1 100000.0", "[TRAP]\n5 103000.0 100.0 1000.0 100.0 200.0\n1 100000.0").replace(
+        "4 990 0 0 0 1 0 0", "4 990 0 0 0 5 0 0")
+    (tmp_path / "uneven.seq").write_text(uneven)
+    with pytest.raises(PulseqError, match="no common unit"):
+        Simulator.from_pulseq(tmp_path / "uneven.seq").simulate(T2=60.0)
+    with pytest.raises(PulseqError, match=r"block 5: the gradient moment .* is not a whole number of unit = 110 "
+                                          "cycles/m: it would be rounded"):
+        Simulator.from_pulseq(tmp_path / "uneven.seq", unit=110.0).simulate(T2=60.0)
+    # the same file with crushers of 110 and 220 cycles/m (unit 110): the echo is gone, exactly
+    double = se.replace("[TRAP]\n1 100000.0", "[TRAP]\n5 200000.0 100.0 1000.0 100.0 200.0\n1 100000.0").replace(
+        "4 990 0 0 0 1 0 0", "4 990 0 0 0 5 0 0")
+    (tmp_path / "double.seq").write_text(double)
+    assert abs(Simulator.from_pulseq(tmp_path / "double.seq").simulate(T2=60.0)[0]) < 1e-7
+    # a remainder of 0.055 cycles/m (6e-5 cycles across the 1 mm voxel) is within the tolerance: the echo is kept
+    close = se.replace("[TRAP]\n1 100000.0", "[TRAP]\n5 100050.0 100.0 1000.0 100.0 200.0\n1 100000.0").replace(
+        "4 990 0 0 0 1 0 0", "4 990 0 0 0 5 0 0")
+    (tmp_path / "close.seq").write_text(close)
+    np.testing.assert_allclose(Simulator.from_pulseq(tmp_path / "close.seq").simulate(T2=60.0)[0],
+                               -np.exp(-20.0 / 60.0), rtol=1e-5)
+
+
+def test_crusher_geometry_follows_from_the_unit(tmp_path):
+    """With voxel_size_m the crusher geometry is 2 pi |unit| voxel: D acts
+    on the spin echo as exp(-D k^2 t) of its pathway's wavenumber k and
+    the time t it spends there (SPEC's gradients, instantaneous)."""
+    path = _spin_echo(tmp_path / "se.seq")
+    sim = Simulator.from_pulseq(path, voxel_size_m=1e-3)
+    D = 2.0  # um^2/ms
+    s = sim.simulate(T1=1e6, T2=1e6, D=D)[0]
+    k = 2 * np.pi * 110.0  # rad/m, one unit
+    # the echo's pathway sits on order 1 (wavenumber k) from the 90° to the ADC, the shifts being
+    # instantaneous at the RF and ADC centres: 20 ms
+    want = np.exp(-D * 1e-12 * 1e3 * k ** 2 * 20e-3)
+    np.testing.assert_allclose(abs(s), want, rtol=1e-4)
