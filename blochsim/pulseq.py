@@ -88,6 +88,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -197,9 +198,14 @@ class _File:
         self.shapes = {}
         section, shape_id, shape_n, shape_vals, shape_line = None, None, None, [], 0
         with open(self.path) as f:
-            lines = f.read().splitlines()
+            lines = f.read().split("\n")
         ver = {}
-        for number, raw in enumerate(lines, 1):
+        # [BLOCKS] (one row a block, the bulk of a long file) is parsed in one go below
+        block_lines = []
+        number = 0
+        while number < len(lines):
+            raw = lines[number]
+            number += 1
             line = raw.split("#", 1)[0].strip()
             if not line:
                 continue
@@ -210,6 +216,11 @@ class _File:
                     self._end_shape(shape_id, shape_n, shape_vals, shape_line)
                     shape_id = None
                 section = line[1:-1].strip().upper()
+                if section == "BLOCKS":
+                    first = number
+                    while number < len(lines) and not lines[number].lstrip().startswith("["):
+                        number += 1
+                    block_lines.append((first, lines[first:number]))
                 continue
             tok = line.split()
             try:
@@ -217,12 +228,6 @@ class _File:
                     ver[tok[0]] = int(tok[1])
                 elif section == "DEFINITIONS":
                     self.defs[tok[0]] = tok[1:]
-                elif section == "BLOCKS":
-                    row = [int(t) for t in tok]
-                    if len(row) != 8:
-                        raise PulseqError(f"{self.path}, line {number}: a block has {len(row)} fields, expected 8 "
-                                          "(NUM DUR RF GX GY GZ ADC EXT)")
-                    self.blocks.append(row)
                 elif section in self.rows:
                     # version 1.5 ends an RF row with a letter (the pulse's use)
                     self.rows[section][int(tok[0])] = [float(t) for t in tok[1:] if not t.isalpha()]
@@ -236,10 +241,9 @@ class _File:
                         shape_n = int(tok[1])
                     else:
                         shape_vals.append(float(tok[0]))
-            except PulseqError:
-                raise
             except (ValueError, IndexError):
                 raise PulseqError(f"{self.path}, line {number}: cannot read {raw.strip()!r} in [{section}]") from None
+        self.blocks = self._parse_blocks(block_lines)
         if section == "SHAPES" and shape_id is not None:
             self._end_shape(shape_id, shape_n, shape_vals, shape_line)
         if "major" not in ver or "minor" not in ver:
@@ -248,7 +252,7 @@ class _File:
         if self.version[0] != 1 or self.version[1] not in (4, 5):
             raise PulseqError(f"{self.path}: Pulseq version {ver['major']}.{ver['minor']} is not read "
                               "(versions 1.4 and 1.5 are)")
-        if not self.blocks:
+        if not len(self.blocks):
             raise PulseqError(f"{self.path}: no [BLOCKS]")
         self.block_raster = self._def("BlockDurationRaster", 1e-5)
         self.grad_raster = self._def("GradientRasterTime", 1e-5)
@@ -262,6 +266,31 @@ class _File:
                     raise PulseqError(f"{self.path}, line {self.line_of[section, i]}: [{section}] row {i} has "
                                       f"{len(r)} numbers after its id, version 1.{minor} has {want}")
         self._check_rasters()
+
+    def _parse_blocks(self, parts):
+        """The [BLOCKS] rows as an int64 array (n, 8): NUM DUR RF GX GY GZ
+        ADC EXT."""
+        rows = []
+        for first, body in parts:
+            keep = [(first + i + 1, ln.split("#", 1)[0]) for i, ln in enumerate(body)]
+            keep = [(k, ln) for k, ln in keep if ln.strip()]
+            joined = " ".join(ln for _, ln in keep)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                values = np.fromstring(joined, dtype=np.int64, sep=" ") if joined.strip() else np.zeros(0, np.int64)
+            if values.size == 8 * len(keep) and all(len(ln.split()) == 8 for _, ln in keep):
+                rows.append(values.reshape(-1, 8))
+                continue
+            for number, ln in keep:  # find the row at fault
+                tok = ln.split()
+                try:
+                    [int(t) for t in tok]
+                except ValueError:
+                    raise PulseqError(f"{self.path}, line {number}: cannot read {ln.strip()!r} in [BLOCKS]") from None
+                if len(tok) != 8:
+                    raise PulseqError(f"{self.path}, line {number}: a block has {len(tok)} fields, expected 8 "
+                                      "(NUM DUR RF GX GY GZ ADC EXT)")
+        return np.concatenate(rows) if rows else np.zeros((0, 8), np.int64)
 
     def _def(self, name, default):
         if name not in self.defs:
@@ -335,6 +364,18 @@ def _trap_moment(row, t):
     return m
 
 
+def _trap_moments(amp, rise, flat, fall, delay, t):
+    """_trap_moment over arrays (times in s)."""
+    x = t - delay
+    r = np.clip(x, 0.0, rise)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        m = np.where(rise > 0, amp * r * r / (2 * rise), 0.0)
+        m += amp * np.clip(x - rise, 0.0, flat)
+        d = np.clip(x - rise - flat, 0.0, fall)
+        m += np.where(fall > 0, amp * (d - d * d / (2 * fall)), 0.0)
+    return m
+
+
 @dataclass
 class _RF:
     """An RF event: the waveform (Hz, gamma B1 / 2π) at its sample times
@@ -351,31 +392,43 @@ class _RF:
     centre: float
     freq: float
     phase: float
+    known: dict = field(default_factory=dict, repr=False)  # what is derived from the waveform, shared
 
     @property
     def duration(self):
         return float(self.times[-1]) if self.linear else self.wave.size * self.raster
 
+    def _derived(self, name, compute):
+        if name not in self.known:
+            self.known[name] = compute()
+        return self.known[name]
+
     def area(self):
         """∫ wave dt, cycles (complex)."""
         if self.linear:
-            return complex(np.sum(0.5 * (self.wave[1:] + self.wave[:-1]) * np.diff(self.times)))
-        return complex(np.sum(self.wave) * self.raster)
+            return self._derived("area", lambda: complex(np.sum(0.5 * (self.wave[1:] + self.wave[:-1])
+                                                               * np.diff(self.times))))
+        return self._derived("area", lambda: complex(np.sum(self.wave) * self.raster))
 
     def energy(self):
         """∫ |wave|² dt, Hz² s."""
-        if self.linear:
-            a, b = self.wave[:-1], self.wave[1:]
-            return float(np.sum(np.diff(self.times) * (np.abs(a) ** 2 + np.abs(b) ** 2 + np.real(a * np.conj(b))) / 3))
-        return float(np.sum(np.abs(self.wave) ** 2) * self.raster)
+        def compute():
+            if self.linear:
+                a, b = self.wave[:-1], self.wave[1:]
+                return float(np.sum(np.diff(self.times) * (np.abs(a) ** 2 + np.abs(b) ** 2
+                                                           + np.real(a * np.conj(b))) / 3))
+            return float(np.sum(np.abs(self.wave) ** 2) * self.raster)
+        return self._derived("energy", compute)
 
     def one_phase(self):
         """Whether every non-zero sample has the same phase up to sign."""
-        w = self.wave[np.abs(self.wave) > 0]
-        if w.size == 0:
-            return True
-        ref = w[np.argmax(np.abs(w))] / abs(w[np.argmax(np.abs(w))])
-        return bool(np.all(np.abs(np.imag(w * np.conj(ref))) <= 1e-9 * np.abs(w)))
+        def compute():
+            w = self.wave[np.abs(self.wave) > 0]
+            if w.size == 0:
+                return True
+            ref = w[np.argmax(np.abs(w))] / abs(w[np.argmax(np.abs(w))])
+            return bool(np.all(np.abs(np.imag(w * np.conj(ref))) <= 1e-9 * np.abs(w)))
+        return self._derived("one_phase", compute)
 
     def cells(self):
         """The waveform on the raster: samples at the cell centres (s from
@@ -411,13 +464,6 @@ def _common_unit(values, tol_rel, tol_abs, min_unit=0.0):
     return None
 
 
-def _ratio(row, g):
-    """q with row == q g (integer vectors), or None."""
-    nz = np.flatnonzero(g)
-    q = row[nz[0]] // g[nz[0]]
-    return int(q) if np.array_equal(row, q * g) else None
-
-
 class _Reader:
     """Builds the operators of a parsed file."""
 
@@ -445,6 +491,7 @@ class _Reader:
             V.protocol_array("unit", unit, low=0.0, strict=True, unit="cycles/m", ndim_max=0))
         self.voxel = DEFAULT_VOXEL_M if voxel_size_m is None else voxel_size_m
         self.lattice = False
+        self._rfs, self._waves = {}, {}
         self._timeline()
 
     # -- events ------------------------------------------------------------
@@ -491,6 +538,11 @@ class _Reader:
         return m
 
     def _rf(self, rid, block):
+        if rid not in self._rfs:
+            self._rfs[rid] = self._read_rf(rid, block)
+        return self._rfs[rid]
+
+    def _read_rf(self, rid, block):
         r = self.f.row("RF", rid, block)
         raster = self.f.rf_raster
         if self.f.version[1] >= 5:  # amp mag phase time center delay freqPPM phasePPM freq phase
@@ -506,6 +558,11 @@ class _Reader:
         else:  # amp mag phase time delay freq phase
             amp, mag_id, ph_id, time_id, delay, freq, phase = r[0], int(r[1]), int(r[2]), int(r[3]), r[4], r[5], r[6]
             center = None
+        key = (amp, mag_id, ph_id, time_id)
+        if key in self._waves:
+            wave, times, known, peak_centre = self._waves[key]
+            return _RF(rid, wave, times, bool(time_id), raster, delay * 1e-6,
+                       peak_centre if center is None else center, freq, phase, known)
         mag = self.f.shape(mag_id, f"RF {rid}")
         ph = self.f.shape(ph_id, f"RF {rid}") if ph_id else np.zeros_like(mag)
         if ph.size != mag.size:
@@ -520,51 +577,113 @@ class _Reader:
                 raise PulseqError(f"{self.f.path}: RF {rid}: its time shape is not {mag.size} increasing times")
         else:
             times = (np.arange(mag.size) + 0.5) * raster
-        if center is None:  # version 1.4: the peak of the magnitude (the middle of a plateau)
-            peak = np.abs(mag) >= np.max(np.abs(mag)) * (1 - 1e-5)
-            center = 0.5 * float(times[peak][0] + times[peak][-1])
-        return _RF(rid, wave, times, bool(time_id), raster, delay * 1e-6, center, freq, phase)
+        # version 1.4 has no centre: the peak of the magnitude (the middle of a plateau)
+        peak = np.abs(mag) >= np.max(np.abs(mag)) * (1 - 1e-5)
+        peak_centre = 0.5 * float(times[peak][0] + times[peak][-1])
+        known = {}
+        self._waves[key] = (wave, times, known, peak_centre)
+        return _RF(rid, wave, times, bool(time_id), raster, delay * 1e-6,
+                   peak_centre if center is None else center, freq, phase, known)
 
     def _timeline(self):
-        """Blocks, their events in time order, and the cumulative gradient
-        moment at each RF and ADC centre."""
+        """Blocks, the RF and ADC events in time order, and the cumulative
+        gradient moment at each event's centre (vectorised over blocks)."""
         f = self.f
-        self.blocks, self.events = [], []  # events: per block, a list of (time in block, kind, payload)
-        self.points = []  # cumulative moment at each event's centre, in event order
-        self.point_block = []
-        t, cum = 0.0, np.zeros(3)
-        for row in f.blocks:
-            grads = self._grads(row)
-            dur = row[1] * f.block_raster
-            net = self._moment(grads, math.inf)
-            self.blocks.append(PulseqBlock(row[0], t, dur, row[2] != 0, row[6] != 0, net))
-            evs = []
-            if row[2]:
-                rf = self._rf(row[2], row[0])
-                selective = any(g is not None for g in grads)
-                evs.append((rf.delay + rf.centre, "rf", (rf, selective)))
-            if row[6]:
-                a = f.row("ADC", row[6], row[0])
+        B = f.blocks
+        n = B.shape[0]
+        self.num = B[:, 0]
+        self.dur = B[:, 1] * f.block_raster
+        self.start = np.concatenate([[0.0], np.cumsum(self.dur)[:-1]])
+        self.total = float(np.sum(self.dur))
+        self.has_rf, self.has_adc = B[:, 2] != 0, B[:, 6] != 0
+        self.has_grad = np.any(B[:, 3:6] != 0, axis=1)
+        traps, arbs = f.rows["TRAP"], f.rows["GRADIENTS"]
+        top = int(max([0, *traps, *arbs]))
+        trap_tab = np.zeros((top + 1, 5))
+        kind = np.zeros(top + 1, np.int8)  # 0 none, 1 trapezoid, 2 arbitrary
+        for i, r in traps.items():
+            trap_tab[i], kind[i] = r, 1
+        for i in arbs:
+            kind[i] = 2
+        ids = B[:, 3:6]
+        bad = (ids < 0) | (ids > top)
+        bad[~bad] = (ids[~bad] != 0) & (kind[ids[~bad]] == 0)
+        if np.any(bad):
+            j = int(np.argmax(np.any(bad, axis=1)))
+            raise PulseqError(f"{f.path}: block {B[j, 0]} names gradient {ids[j][bad[j]][0]}, which neither [TRAP] "
+                              "nor [GRADIENTS] holds")
+        self._trap_tab, self._gkind = trap_tab, kind
+        area = trap_tab[:, 0] * 1e-6 * (trap_tab[:, 2] + 0.5 * (trap_tab[:, 1] + trap_tab[:, 3]))
+        for i, r in arbs.items():
+            area[i] = self._moment([("arb", r), None, None], math.inf)[0]
+        self.net = area[ids]  # (n, 3)
+        # events: RF centres and ADC centres, each (block, time in block)
+        ev_b, ev_when, ev_kind, ev_pay = [], [], [], []
+        for j in np.flatnonzero(self.has_rf):
+            rf = self._rf(int(B[j, 2]), int(B[j, 0]))
+            ev_b.append(j)
+            ev_when.append(rf.delay + rf.centre)
+            ev_kind.append("rf")
+            ev_pay.append((rf, bool(self.has_grad[j])))
+        adc_cache = {}
+        for j in np.flatnonzero(self.has_adc):
+            aid = int(B[j, 6])
+            if aid not in adc_cache:
+                a = f.row("ADC", aid, int(B[j, 0]))
                 # 1.4: num dwell delay freq phase; 1.5: num dwell delay freqPPM phasePPM freq phase phase_id
                 if f.version[1] >= 5:
                     if a[3] != 0.0 or a[4] != 0.0:
-                        raise PulseqError(f"{f.path}: ADC {row[6]} has an offset in ppm, which is not read")
+                        raise PulseqError(f"{f.path}: ADC {aid} has an offset in ppm, which is not read")
                     num, dwell, delay, freq, phase = a[0], a[1] * 1e-9, a[2] * 1e-6, a[5], a[6]
                 else:
                     num, dwell, delay, freq, phase = a[0], a[1] * 1e-9, a[2] * 1e-6, a[3], a[4]
                 half = 0.5 * num * dwell
-                evs.append((delay + half, "adc", phase + 2 * np.pi * freq * half))
-            evs.sort(key=lambda e: e[0])
-            for when, _, _ in evs:
-                if when > dur + 1e-9:
-                    raise PulseqError(f"{f.path}: block {row[0]}: an event's centre lies past the block's end "
-                                      f"({dur * 1e3:g} ms)")
-                self.points.append(cum + self._moment(grads, when))
-                self.point_block.append(row[0])
-            self.events.append(evs)
-            cum = cum + net
-            t += dur
-        self.end_moment = cum
+                adc_cache[aid] = (delay, delay + half, phase + 2 * np.pi * freq * half)
+            delay, centre, phase = adc_cache[aid]
+            ev_b.append(j)
+            ev_when.append(centre)
+            ev_kind.append("adc")
+            ev_pay.append((phase, delay))
+        ev_b = np.asarray(ev_b, dtype=np.int64)
+        ev_when = np.asarray(ev_when, dtype=np.float64)
+        order = np.lexsort((ev_when, ev_b)) if ev_b.size else np.zeros(0, np.int64)
+        self.ev_b, self.ev_when = ev_b[order], ev_when[order]
+        self.ev_kind = [ev_kind[i] for i in order]
+        self.ev_pay = [ev_pay[i] for i in order]
+        late = self.ev_when > self.dur[self.ev_b] + 1e-9
+        if np.any(late):
+            raise PulseqError(f"{f.path}: block {B[self.ev_b[np.argmax(late)], 0]}: an event's centre lies past the "
+                              f"block's end ({self.dur[self.ev_b[np.argmax(late)]] * 1e3:g} ms)")
+        cum = np.concatenate([np.zeros((1, 3)), np.cumsum(self.net, axis=0)])
+        self.end_moment = cum[-1]
+        partial = np.zeros((self.ev_b.size, 3))
+        for ax in range(3):
+            g = ids[self.ev_b, ax]
+            t = self.ev_when
+            tr = kind[g] == 1
+            if np.any(tr):
+                amp, rise, flat, fall, delay = (trap_tab[g[tr]] * np.array([1, 1e-6, 1e-6, 1e-6, 1e-6])).T
+                partial[tr, ax] = _trap_moments(amp, rise, flat, fall, delay, t[tr])
+            for e in np.flatnonzero(kind[g] == 2):
+                row = [None, None, None]
+                row[ax] = ("arb", arbs[int(g[e])])
+                partial[e, ax] = self._moment(row, float(t[e]))[ax]
+        self.points = cum[self.ev_b] + partial
+        self.point_block = self.num[self.ev_b]
+
+    @property
+    def blocks(self):
+        """The blocks as a dephasing handler sees them."""
+        return [PulseqBlock(int(self.num[j]), float(self.start[j]), float(self.dur[j]), bool(self.has_rf[j]),
+                            bool(self.has_adc[j]), self.net[j].copy()) for j in range(self.num.size)]
+
+    @property
+    def events(self):
+        """Per block, its events: (time in block, kind, payload)."""
+        out = [[] for _ in range(self.num.size)]
+        for j, w, k, pay in zip(self.ev_b, self.ev_when, self.ev_kind, self.ev_pay):
+            out[j].append((float(w), k, pay if k == "rf" else pay[0]))
+        return out
 
     # -- dephasing ----------------------------------------------------------
 
@@ -579,7 +698,7 @@ class _Reader:
         if self.periodic:  # from the last event round to the first of the next playing
             inc[0] = self.end_moment - pts[-1] + pts[0]
         inc[1:] = np.diff(pts, axis=0)
-        blocks = [self.point_block[0]] + self.point_block[1:]
+        blocks = [int(b) for b in self.point_block]
         # what is left of rewound moments by the file's rounding of amplitudes
         inc[np.abs(inc) <= 1e-6 * np.max(np.abs(inc), initial=0.0)] = 0.0
         tol_abs = MOMENT_TOLERANCE / self.voxel
@@ -645,7 +764,8 @@ class _Reader:
         if not chosen:
             return [0] * n, 0, np.zeros(3)
         N = np.round(inc[:, chosen] / np.array([units[b] for b in chosen])).astype(np.int64)
-        q = [_ratio(r, g_all) for r in N]
+        i0 = int(np.flatnonzero(g_all)[0])
+        q = (N[:, i0] // g_all[i0]).tolist()
         vec = np.zeros(3)
         for i, a in enumerate(chosen):
             vec[a] = g_all[i] * units[a]
@@ -720,7 +840,7 @@ class _Reader:
         return [0] + k[1:].tolist(), int(k[0]), np.full(3, np.nan)
 
     def _flat_events(self):
-        return [kind for evs in self.events for _, kind, _ in evs]
+        return self.ev_kind
 
     @staticmethod
     def _dominant_axis(inc):
@@ -735,13 +855,16 @@ class _Reader:
     def _direction(N):
         """The primitive integer vector g with every row of N a multiple of
         it, or None (rows not proportional)."""
-        nz = [r for r in N if np.any(r)]
-        if not nz:
+        rows = np.any(N != 0, axis=1)
+        if not np.any(rows):
             return np.zeros(N.shape[1], dtype=np.int64)
-        g = nz[0] // np.gcd.reduce(np.abs(nz[0]))
-        if g[np.flatnonzero(g)[0]] < 0:
+        first = N[int(np.argmax(rows))]
+        g = first // np.gcd.reduce(np.abs(first))
+        i0 = int(np.flatnonzero(g)[0])
+        if g[i0] < 0:
             g = -g
-        return g if all(_ratio(r, g) is not None for r in nz) else None
+        q = N[:, i0] // g[i0]
+        return g if np.array_equal(N, np.outer(q, g)) else None
 
     # -- operators ----------------------------------------------------------
 
@@ -793,10 +916,9 @@ class _Reader:
 
     def ops(self):
         if self.dephasing == "moment":
-            before, wrap, self.unit_vector = self._shifts()
-        else:
-            before, wrap, self.unit_vector = None, 0, np.zeros(3)
-        ops, e = [], 0
+            return self._moment_ops()
+        self.unit_vector = np.zeros(3)
+        ops, e, before, wrap = [], 0, None, 0
         for b, evs in zip(self.blocks, self.events):
             cursor = 0.0  # time in the block the operators have reached
             for when, kind, payload in evs:
@@ -829,6 +951,46 @@ class _Reader:
                     raise TypeError(f"the dephasing handler must return an int for block {b.index}, got {k!r}")
                 if k:
                     ops.append(Dephase(int(k)))
+        if wrap:
+            ops.append(Spoil() if wrap == "spoil" else Dephase(int(wrap)))
+        return [op for op in ops if not (isinstance(op, Delay) and op.duration == 0.0)]
+
+
+    def _moment_ops(self):
+        """The operators with shifts from the moments: one pass over the
+        events in time order (delays between them merge, as the event
+        stream would merge them)."""
+        before, wrap, self.unit_vector = self._shifts()
+        ops, cursor = [], 0.0  # the time the operators have reached, s from the file's start
+        pulses = {}
+        for e in range(len(self.ev_kind)):
+            j = int(self.ev_b[e])
+            t0 = float(self.start[j])
+            k = before[e]
+            shift = [] if not k else [Spoil()] if k == "spoil" else [Dephase(int(k))]
+            if self.ev_kind[e] == "adc":
+                at = t0 + float(self.ev_when[e])
+                if at < cursor - 1e-9:
+                    raise PulseqError(f"{self.f.path}: block {self.num[j]}: its ADC centre falls inside an RF "
+                                      "pulse, which blochsim cannot play")
+                ops += [Delay(1e3 * max(at - cursor, 0.0))] + shift + [Readout(-np.degrees(self.ev_pay[e][0]))]
+                cursor = max(at, cursor)
+                continue
+            rf, selective = self.ev_pay[e]
+            key = (rf.rid, selective)
+            if key not in pulses:
+                pulses[key] = self._rf_ops(rf, selective, int(self.num[j]))
+            pulse, begin, length = pulses[key]
+            at = t0 + rf.delay + begin
+            if at < cursor - 1e-9:
+                raise PulseqError(f"{self.f.path}: block {self.num[j]}: RF {rf.rid} overlaps the block's ADC "
+                                  "centre, which blochsim cannot play")
+            ops += [Delay(1e3 * max(at - cursor, 0.0))] + shift + pulse
+            cursor = max(at, cursor) + length
+            if cursor > t0 + float(self.dur[j]) + 1e-9:
+                raise PulseqError(f"{self.f.path}: block {self.num[j]}: its events run past its duration "
+                                  f"({self.dur[j] * 1e3:g} ms)")
+        ops.append(Delay(1e3 * max(self.total - cursor, 0.0)))
         if wrap:
             ops.append(Spoil() if wrap == "spoil" else Dephase(int(wrap)))
         return [op for op in ops if not (isinstance(op, Delay) and op.duration == 0.0)]
