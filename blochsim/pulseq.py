@@ -59,12 +59,13 @@ What is read, and the model
   distinct pathways), and the axes are
   combined when their whole numbers are proportional (a readout on x and
   crushers on z of a CPMG train).  Moments that put well under a cycle
-  across the voxel (under 0.1: phase encoding and EPI blips, the voxel
-  being much smaller than the field of view) encode k-space and do not
-  dephase it, and an axis whose moment is rewound between consecutive RF
-  pulses (phase encoding, a balanced readout) is left out where it cannot
-  be held with the others: the samples are the voxel's signal at the
-  k-space centre.  A pathway that passes an interval whose moment no
+  across the voxel (phase encoding and EPI blips, the voxel being much
+  smaller than the field of view) encode k-space and do not dephase it:
+  an axis is left out whose moments all stay under 0.1 cycles across the
+  voxel, or under one cycle without a common unit, or which is rewound
+  between consecutive RF pulses (phase encoding, a balanced readout) and
+  cannot be held with the others; the samples are then the voxel's
+  signal at the k-space centre.  A pathway that passes an interval whose moment no
   combination of the others can bring back (an inversion's spoiler on
   another axis than the train's) never refocuses, and that interval spoils
   exactly; other independently dephasing axes are kept apart on one order
@@ -269,27 +270,38 @@ class _File:
 
     def _parse_blocks(self, parts):
         """The [BLOCKS] rows as an int64 array (n, 8): NUM DUR RF GX GY GZ
-        ADC EXT."""
+        ADC EXT.  A long file's rows are parsed in one call; a section with
+        a row out of shape is read row by row to name it."""
         rows = []
         for first, body in parts:
-            keep = [(first + i + 1, ln.split("#", 1)[0]) for i, ln in enumerate(body)]
-            keep = [(k, ln) for k, ln in keep if ln.strip()]
-            joined = " ".join(ln for _, ln in keep)
+            text = "\n".join(body)
+            if "#" in text:
+                body = [ln.split("#", 1)[0] for ln in body]
+                text = "\n".join(body)
+            count = sum(1 for ln in body if ln.strip())
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                values = np.fromstring(joined, dtype=np.int64, sep=" ") if joined.strip() else np.zeros(0, np.int64)
-            if values.size == 8 * len(keep) and all(len(ln.split()) == 8 for _, ln in keep):
-                rows.append(values.reshape(-1, 8))
-                continue
-            for number, ln in keep:  # find the row at fault
+                values = np.fromstring(text, dtype=np.int64, sep=" ") if count else np.zeros(0, np.int64)
+            if values.size == 8 * count:
+                table = values.reshape(-1, 8)
+                # rows out of shape would shift the columns: the numbers then do not count up by one
+                if count == 0 or np.array_equal(table[:, 0], table[0, 0] + np.arange(count)):
+                    rows.append(table)
+                    continue
+            checked = []
+            for i, ln in enumerate(body):  # find the row at fault
                 tok = ln.split()
+                if not tok:
+                    continue
                 try:
-                    [int(t) for t in tok]
+                    checked.append([int(t) for t in tok])
                 except ValueError:
-                    raise PulseqError(f"{self.path}, line {number}: cannot read {ln.strip()!r} in [BLOCKS]") from None
+                    raise PulseqError(f"{self.path}, line {first + i + 1}: cannot read {ln.strip()!r} in "
+                                      "[BLOCKS]") from None
                 if len(tok) != 8:
-                    raise PulseqError(f"{self.path}, line {number}: a block has {len(tok)} fields, expected 8 "
-                                      "(NUM DUR RF GX GY GZ ADC EXT)")
+                    raise PulseqError(f"{self.path}, line {first + i + 1}: a block has {len(tok)} fields, "
+                                      "expected 8 (NUM DUR RF GX GY GZ ADC EXT)")
+            rows.append(np.asarray(checked, dtype=np.int64).reshape(-1, 8))
         return np.concatenate(rows) if rows else np.zeros((0, 8), np.int64)
 
     def _def(self, name, default):
@@ -737,8 +749,8 @@ class _Reader:
             if units[a] == 0 or np.max(np.abs(inc[:, a])) * self.voxel < ENCODING_CYCLES:
                 continue  # no moment, or one well under a cycle across the voxel (phase encoding)
             if units[a] is None:
-                if balanced[a]:
-                    continue  # encodes k-space (phase encoding): left out
+                if balanced[a] or np.max(np.abs(inc[:, a])) * self.voxel < 1.0:
+                    continue  # encodes k-space (phase encoding, EPI blips): left out
                 strong = [b for b in range(3) if np.max(np.abs(inc[:, b])) * self.voxel >= ENCODING_CYCLES]
                 found = self._spoiling(inc, strong, units, blocks)
                 if found is not None:
@@ -956,24 +968,78 @@ class _Reader:
         return [op for op in ops if not (isinstance(op, Delay) and op.duration == 0.0)]
 
 
+    def _shift_times(self):
+        """For each event, the time (s) at which the moment since the
+        previous event is applied: the centroid of that moment's magnitude
+        along the dephasing direction over the blocks (or parts of blocks)
+        that carry it, so that the shift sits on the crusher or spoiler
+        that makes it.  (The EPG's gradients are instantaneous; D and v act
+        on each order for the time it holds.)"""
+        n = len(self.ev_kind)
+        at = self.start[self.ev_b] + self.ev_when if n else np.zeros(0)
+        u = self.unit_vector
+        if n < 2 or not np.all(np.isfinite(u)) or not np.any(u):
+            return at
+        d = u / np.linalg.norm(u)
+        # per block: its moment along d and where it sits (the trapezoids' centroids)
+        parts = np.abs(self.net * d)  # (blocks, 3)
+        w = parts.sum(axis=1)
+        ids = self.f.blocks[:, 3:6]
+        r, f, fa, dl = (self._trap_tab[:, i] * 1e-6 for i in (1, 2, 3, 4))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            centroid = dl + (r * r / 3 + f * (r + 0.5 * f) + 0.5 * fa * (r + f + fa / 3)) / (
+                0.5 * r + f + 0.5 * fa)
+        centroid = np.where(self._gkind == 1, np.nan_to_num(centroid), np.nan)
+        c = centroid[ids]  # (blocks, 3), nan for arbitrary gradients and none
+        c = np.where(np.isnan(c), 0.5 * self.dur[:, None], c)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            inside = np.where(w > 0, np.sum(parts * c, axis=1) / w, 0.5 * self.dur)
+        mid = self.start + inside
+        W = np.concatenate([[0.0], np.cumsum(w)])
+        WT = np.concatenate([[0.0], np.cumsum(w * mid)])
+        part = self.points - (np.concatenate([np.zeros((1, 3)), np.cumsum(self.net, axis=0)])[self.ev_b])
+        before = np.abs(part @ d)  # from the event's block start to the event
+        after = np.abs((self.net[self.ev_b] - part) @ d)  # from the event to its block's end
+        end = self.start[self.ev_b] + self.dur[self.ev_b]
+        j0, j1 = self.ev_b[:-1], self.ev_b[1:]
+        wt = (after[:-1] * 0.5 * (at[:-1] + end[:-1]) + before[1:] * 0.5 * (self.start[j1] + at[1:])
+              + WT[j1] - WT[np.minimum(j0 + 1, j1)])
+        ws = after[:-1] + before[1:] + W[j1] - W[np.minimum(j0 + 1, j1)]
+        out = at.copy()
+        # within one block, or no moment: at the event
+        use = (j0 != j1) & (ws > 0)
+        out[1:][use] = wt[use] / ws[use]
+        return out
+
     def _moment_ops(self):
         """The operators with shifts from the moments: one pass over the
         events in time order (delays between them merge, as the event
         stream would merge them)."""
         before, wrap, self.unit_vector = self._shifts()
+        when = self._shift_times()
         ops, cursor = [], 0.0  # the time the operators have reached, s from the file's start
         pulses = {}
-        for e in range(len(self.ev_kind)):
-            j = int(self.ev_b[e])
-            t0 = float(self.start[j])
+        blocks = self.ev_b.tolist()
+        starts = self.start[self.ev_b].tolist()
+        event_at = (self.start[self.ev_b] + self.ev_when).tolist()
+        ends = (self.start + self.dur)[self.ev_b].tolist()
+        when = when.tolist()
+        for e, kind in enumerate(self.ev_kind):
+            j, t0 = blocks[e], starts[e]
             k = before[e]
-            shift = [] if not k else [Spoil()] if k == "spoil" else [Dephase(int(k))]
-            if self.ev_kind[e] == "adc":
-                at = t0 + float(self.ev_when[e])
+            shift = []
+            if k:
+                # the shift where the interval's gradients are (what D and v see), at latest the event
+                t_shift = min(max(when[e], cursor), event_at[e])
+                ops.append(Delay(1e3 * (t_shift - cursor)))
+                cursor = t_shift
+                shift = [Spoil()] if k == "spoil" else [Dephase(int(k))]
+            if kind == "adc":
+                at = event_at[e]
                 if at < cursor - 1e-9:
                     raise PulseqError(f"{self.f.path}: block {self.num[j]}: its ADC centre falls inside an RF "
                                       "pulse, which blochsim cannot play")
-                ops += [Delay(1e3 * max(at - cursor, 0.0))] + shift + [Readout(-np.degrees(self.ev_pay[e][0]))]
+                ops += shift + [Delay(1e3 * max(at - cursor, 0.0)), Readout(-math.degrees(self.ev_pay[e][0]))]
                 cursor = max(at, cursor)
                 continue
             rf, selective = self.ev_pay[e]
@@ -985,9 +1051,9 @@ class _Reader:
             if at < cursor - 1e-9:
                 raise PulseqError(f"{self.f.path}: block {self.num[j]}: RF {rf.rid} overlaps the block's ADC "
                                   "centre, which blochsim cannot play")
-            ops += [Delay(1e3 * max(at - cursor, 0.0))] + shift + pulse
+            ops += shift + [Delay(1e3 * max(at - cursor, 0.0))] + pulse
             cursor = max(at, cursor) + length
-            if cursor > t0 + float(self.dur[j]) + 1e-9:
+            if cursor > ends[e] + 1e-9:
                 raise PulseqError(f"{self.f.path}: block {self.num[j]}: its events run past its duration "
                                   f"({self.dur[j] * 1e3:g} ms)")
         ops.append(Delay(1e3 * max(self.total - cursor, 0.0)))

@@ -71,7 +71,8 @@ def _spin_echo(path, version=(1, 4, 1), freq=0.0, select=False, prefix=(), phase
         adc = [(1, 100, 1000, 0, 0, 0)]
     rf += [r for _, r in prefix]
     # crushers on z; the select gradient on x and its rephaser
-    trap = [(1, 1e5, 100, 1000, 100, 200), (3, 1e4, 0, 100, 0, 0), (4, -0.5e4, 0, 100, 0, 0)]
+    # 1100 cycles/m: 1.1 cycles across the default 1 mm voxel
+    trap = [(1, 1e6, 100, 1000, 100, 200), (3, 1e4, 0, 100, 0, 0), (4, -0.5e4, 0, 100, 0, 0)]
     return _seq(path, blocks, rf, trap, adc, [(1, np.ones(100))], version=version, **kw)
 
 
@@ -107,19 +108,20 @@ def test_arbitrary_gradient_crushers_read_as_their_moment(tmp_path):
     piecewise-linear corner points (a time shape): the same echo."""
     se = _spin_echo(tmp_path / "se.seq").read_text()
     want = Simulator.from_pulseq(tmp_path / "se.seq").simulate(T2=60.0, T1=1000.0)
-    moment = 1e5 * 1.1e-3  # the trap's: 100 us rise, 1000 us flat, 100 us fall at 1e5 Hz/m
+    moment = 1e6 * 1.1e-3  # the trap's: 100 us rise, 1000 us flat, 100 us fall at 1e6 Hz/m
     held = se.replace("[TRAP]\n1 ", "[GRADIENTS]\n1 %r 2 0 200\n\n[TRAP]\n9 " % (moment / (110 * 1e-5)))
     held = held.replace("[SHAPES]\n", "[SHAPES]\n\nshape_id 2\nnum_samples 110\n" + "1.0\n" * 110, 1)
     (tmp_path / "held.seq").write_text(held)
-    np.testing.assert_array_equal(Simulator.from_pulseq(tmp_path / "held.seq").simulate(T2=60.0, T1=1000.0), want)
+    np.testing.assert_allclose(Simulator.from_pulseq(tmp_path / "held.seq").simulate(T2=60.0, T1=1000.0), want,
+                               rtol=1e-6)
     # corners at 0, 10, 110 and 120 rasters (10 us): the trapezoid itself
-    corners = se.replace("[TRAP]\n1 ", "[GRADIENTS]\n1 100000.0 3 4 200\n\n[TRAP]\n9 ")
+    corners = se.replace("[TRAP]\n1 ", "[GRADIENTS]\n1 1000000.0 3 4 200\n\n[TRAP]\n9 ")
     corners = corners.replace("[SHAPES]\n", "[SHAPES]\n\nshape_id 3\nnum_samples 4\n0.0\n1.0\n1.0\n0.0\n\n"
                               "shape_id 4\nnum_samples 4\n0.0\n10.0\n110.0\n120.0\n", 1)
     (tmp_path / "corners.seq").write_text(corners)
     np.testing.assert_allclose(Simulator.from_pulseq(tmp_path / "corners.seq").simulate(T2=60.0, T1=1000.0), want,
                                rtol=1e-6)
-    # the blocks' net moments as a handler sees them: the two crushers, 110 cycles/m on z
+    # the blocks' net moments as a handler sees them: the two crushers, 1100 cycles/m on z
     for name in ("se.seq", "held.seq", "corners.seq"):
         seen = []
         Simulator.from_pulseq(tmp_path / name, dephasing=lambda b: seen.append(b.moment.copy()) or 0).simulate(T2=60.0)
@@ -145,7 +147,7 @@ def test_rf_spoiled_gradient_echo_file_against_the_isochromat_ensemble(tmp_path)
                    (4 * k + 3, 84, 0, 0, 0, 2, k + 1, 0), (4 * k + 4, 706, 0, 0, 0, 3, 0, 0)]
         rf.append((k + 1, _rect_hz(flip, 100), 1, 0, 0, 0, 0.0, phases[k]))
         adc.append((k + 1, 64, 10000, 100, 0, phases[k]))
-    trap = [(1, -1e5, 100, 640, 100, 0), (2, 2e5, 100, 640, 100, 0), (3, 1e5, 100, 640, 100, 0)]
+    trap = [(1, -1e6, 100, 640, 100, 0), (2, 2e6, 100, 640, 100, 0), (3, 1e6, 100, 640, 100, 0)]
     path = _seq(tmp_path / "gre.seq", blocks, rf, trap, adc, [(1, np.ones(100))])
     sim = Simulator.from_pulseq(path)
     t = dict(T1=900.0, T2=70.0, B1=0.9, B0=12.0, M0=1.2)
@@ -235,8 +237,7 @@ def test_malformed_files_are_refused_naming_the_place(tmp_path):
     refused(se.replace("minor 4", "minor 7"), "version 1.7 is not read")
     refused(se.replace("[VERSION]\nmajor 1\nminor 4", "[VERSION]\nmajor 1"), "no \\[VERSION\\] section")
     # a truncated row, a truncated shape, a truncated file
-    refused(se.replace("\n2 100000.0 1000", "\n2 100000.0").replace("[TRAP]\n1 100000.0 100.0 1000.0 100.0 200.0",
-                                                                      "[TRAP]\n1 100000.0 100.0 1000.0 100.0"),
+    refused(se.replace("[TRAP]\n1 1000000.0 100.0 1000.0 100.0 200.0", "[TRAP]\n1 1000000.0 100.0 1000.0 100.0"),
             r"line \d+: \[TRAP\] row 1 has 4 numbers after its id, version 1.4 has 5")
     refused(se.replace("num_samples 100\n1.0\n0.0\n0.0\n97.0", "num_samples 100\n1.0\n0.0\n0.0"),
             r"line \d+: shape 1: a repeated value ends the shape without its count")
@@ -248,7 +249,7 @@ def test_malformed_files_are_refused_naming_the_place(tmp_path):
     refused(se.replace("2 990 0 0 0 1 0 0", "2 990 0 0 0 6 0 0"), "block 2 names gradient 6, which neither")
     refused(se.replace("[RF]\n1 ", "[RF\n1 "), r"line \d+: malformed section header")
     # times off their raster
-    refused(se.replace("[TRAP]\n1 100000.0 100.0 1000.0 100.0 200.0", "[TRAP]\n1 100000.0 105.0 1000.0 100.0 200.0"),
+    refused(se.replace("[TRAP]\n1 1000000.0 100.0 1000.0 100.0 200.0", "[TRAP]\n1 1000000.0 105.0 1000.0 100.0 200.0"),
             r"line \d+: trapezoid 1's times are not on the gradient raster")
     rf_row = se[se.index("[RF]\n") + 5:].splitlines()[0]
     fields = rf_row.split()
@@ -258,26 +259,26 @@ def test_malformed_files_are_refused_naming_the_place(tmp_path):
 
 
 def test_moments_are_never_rounded(tmp_path):
-    """A crusher pair whose second lobe is 3 % larger than the first (3.3
-    cycles/m, 3e-3 cycles across the default 1 mm voxel) has no common unit
+    """A crusher pair whose second lobe is 3 % larger than the first (33
+    cycles/m, 0.033 cycles across the default 1 mm voxel) has no common unit
     with it: refused, naming the block, with default options and with a
     given unit; a unit that divides both plays."""
     se = _spin_echo(tmp_path / "se.seq").read_text()
-    uneven = se.replace("[TRAP]\n1 100000.0", "[TRAP]\n5 103000.0 100.0 1000.0 100.0 200.0\n1 100000.0").replace(
+    uneven = se.replace("[TRAP]\n1 1000000.0", "[TRAP]\n5 1030000.0 100.0 1000.0 100.0 200.0\n1 1000000.0").replace(
         "4 990 0 0 0 1 0 0", "4 990 0 0 0 5 0 0")
     (tmp_path / "uneven.seq").write_text(uneven)
     with pytest.raises(PulseqError, match="no common unit"):
         Simulator.from_pulseq(tmp_path / "uneven.seq").simulate(T2=60.0)
-    with pytest.raises(PulseqError, match=r"block 5: the gradient moment .* is not a whole number of unit = 110 "
+    with pytest.raises(PulseqError, match=r"block 5: the gradient moment .* is not a whole number of unit = 1100 "
                                           "cycles/m: it would be rounded"):
-        Simulator.from_pulseq(tmp_path / "uneven.seq", unit=110.0).simulate(T2=60.0)
-    # the same file with crushers of 110 and 220 cycles/m (unit 110): the echo is gone, exactly
-    double = se.replace("[TRAP]\n1 100000.0", "[TRAP]\n5 200000.0 100.0 1000.0 100.0 200.0\n1 100000.0").replace(
+        Simulator.from_pulseq(tmp_path / "uneven.seq", unit=1100.0).simulate(T2=60.0)
+    # the same file with crushers of 1100 and 2200 cycles/m (unit 1100): the echo is gone, exactly
+    double = se.replace("[TRAP]\n1 1000000.0", "[TRAP]\n5 2000000.0 100.0 1000.0 100.0 200.0\n1 1000000.0").replace(
         "4 990 0 0 0 1 0 0", "4 990 0 0 0 5 0 0")
     (tmp_path / "double.seq").write_text(double)
     assert abs(Simulator.from_pulseq(tmp_path / "double.seq").simulate(T2=60.0)[0]) < 1e-7
-    # a remainder of 0.055 cycles/m (6e-5 cycles across the 1 mm voxel) is within the tolerance: the echo is kept
-    close = se.replace("[TRAP]\n1 100000.0", "[TRAP]\n5 100050.0 100.0 1000.0 100.0 200.0\n1 100000.0").replace(
+    # a remainder of 0.55 cycles/m (5.5e-4 cycles across the 1 mm voxel) is within the tolerance: the echo is kept
+    close = se.replace("[TRAP]\n1 1000000.0", "[TRAP]\n5 1000500.0 100.0 1000.0 100.0 200.0\n1 1000000.0").replace(
         "4 990 0 0 0 1 0 0", "4 990 0 0 0 5 0 0")
     (tmp_path / "close.seq").write_text(close)
     np.testing.assert_allclose(Simulator.from_pulseq(tmp_path / "close.seq").simulate(T2=60.0)[0],
@@ -286,14 +287,17 @@ def test_moments_are_never_rounded(tmp_path):
 
 def test_crusher_geometry_follows_from_the_unit(tmp_path):
     """With voxel_size_m the crusher geometry is 2 pi |unit| voxel: D acts
-    on the spin echo as exp(-D k^2 t) of its pathway's wavenumber k and
-    the time t it spends there (SPEC's gradients, instantaneous)."""
+    on the spin echo as exp(-D k^2 Delta), k the crushers' wavenumber and
+    Delta the time between their centres, where the shifts are placed
+    (SPEC's gradients are instantaneous: Stejskal-Tanner's Delta - delta/3
+    with delta -> 0)."""
     path = _spin_echo(tmp_path / "se.seq")
     sim = Simulator.from_pulseq(path, voxel_size_m=1e-3)
     D = 2.0  # um^2/ms
     s = sim.simulate(T1=1e6, T2=1e6, D=D)[0]
-    k = 2 * np.pi * 110.0  # rad/m, one unit
-    # the echo's pathway sits on order 1 (wavenumber k) from the 90° to the ADC, the shifts being
-    # instantaneous at the RF and ADC centres: 20 ms
-    want = np.exp(-D * 1e-12 * 1e3 * k ** 2 * 20e-3)
+    k = 2 * np.pi * 1100.0  # rad/m, one unit
+    # each crusher: block start + 200 us delay + (100 us rise, 1000 us flat, 100 us fall) / 2; the blocks
+    # start at 0.1 ms and 10.1 ms
+    delta = (10.1e-3 + 0.8e-3) - (0.1e-3 + 0.8e-3)
+    want = np.exp(-D * 1e-9 * k ** 2 * delta)
     np.testing.assert_allclose(abs(s), want, rtol=1e-4)
