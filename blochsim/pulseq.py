@@ -89,6 +89,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import re
 import warnings
 from dataclasses import dataclass, field
 
@@ -185,6 +186,33 @@ def _on_raster(value, raster):
     return abs(value / raster - round(value / raster)) <= 1e-6 * max(1.0, abs(value / raster))
 
 
+_COMMENT = re.compile(r"#[^\n]*")
+
+
+def _lines_starting(text, word):
+    """The lines of text that begin with word (after blanks), as (start,
+    end) offsets, found with str.find rather than a scan of every line."""
+    out, at = [], 0
+    while True:
+        i = text.find(word, at)
+        if i < 0:
+            return out
+        line = text.rfind("\n", 0, i) + 1
+        end = text.find("\n", i)
+        end = len(text) if end < 0 else end
+        if not text[line:i].strip():
+            out.append((line, end))
+        at = end
+
+
+def _is_number(text):
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 class _File:
     """The sections of a Pulseq file, parsed and checked."""
 
@@ -197,56 +225,42 @@ class _File:
         self.rows = {"RF": {}, "TRAP": {}, "GRADIENTS": {}, "ADC": {}}
         self.line_of = {}  # (section, id) -> line number
         self.shapes = {}
-        section, shape_id, shape_n, shape_vals, shape_line = None, None, None, [], 0
         with open(self.path) as f:
-            lines = f.read().split("\n")
+            text = f.read()
         ver = {}
-        # [BLOCKS] (one row a block, the bulk of a long file) is parsed in one go below
-        block_lines = []
-        number = 0
-        while number < len(lines):
-            raw = lines[number]
-            number += 1
-            line = raw.split("#", 1)[0].strip()
-            if not line:
-                continue
-            if line.startswith("["):
-                if not line.endswith("]"):
-                    raise PulseqError(f"{self.path}, line {number}: malformed section header {raw.strip()!r}")
-                if section == "SHAPES" and shape_id is not None:
-                    self._end_shape(shape_id, shape_n, shape_vals, shape_line)
-                    shape_id = None
-                section = line[1:-1].strip().upper()
-                if section == "BLOCKS":
-                    first = number
-                    while number < len(lines) and not lines[number].lstrip().startswith("["):
-                        number += 1
-                    block_lines.append((first, lines[first:number]))
-                continue
-            tok = line.split()
-            try:
-                if section == "VERSION":
-                    ver[tok[0]] = int(tok[1])
-                elif section == "DEFINITIONS":
-                    self.defs[tok[0]] = tok[1:]
-                elif section in self.rows:
-                    # version 1.5 ends an RF row with a letter (the pulse's use)
-                    self.rows[section][int(tok[0])] = [float(t) for t in tok[1:] if not t.isalpha()]
-                    self.line_of[section, int(tok[0])] = number
-                elif section == "SHAPES":
-                    if tok[0] == "shape_id":
-                        if shape_id is not None:
-                            self._end_shape(shape_id, shape_n, shape_vals, shape_line)
-                        shape_id, shape_n, shape_vals, shape_line = int(tok[1]), None, [], number
-                    elif tok[0] == "num_samples":
-                        shape_n = int(tok[1])
-                    else:
-                        shape_vals.append(float(tok[0]))
-            except (ValueError, IndexError):
-                raise PulseqError(f"{self.path}, line {number}: cannot read {raw.strip()!r} in [{section}]") from None
-        self.blocks = self._parse_blocks(block_lines)
-        if section == "SHAPES" and shape_id is not None:
-            self._end_shape(shape_id, shape_n, shape_vals, shape_line)
+        # the sections by their headers; [BLOCKS] and [SHAPES] (the bulk of a file) are parsed in one call each
+        heads = [(a, b, text.count("\n", 0, a) + 1) for a, b in _lines_starting(text, "[")]
+        block_parts = []
+        for i, (start, stop, line_no) in enumerate(heads):
+            header = text[start:stop].split("#", 1)[0].strip()
+            if not header.endswith("]"):
+                raise PulseqError(f"{self.path}, line {line_no}: malformed section header {text[start:stop].strip()!r}")
+            section = header[1:-1].strip().upper()
+            body = text[stop + 1:heads[i + 1][0] if i + 1 < len(heads) else len(text)]
+            first = line_no  # the body's lines are first + 1, first + 2, ...
+            if section == "BLOCKS":
+                block_parts.append((first, body.split("\n")))
+            elif section == "SHAPES":
+                self._parse_shapes(body, first)
+            elif section in ("VERSION", "DEFINITIONS", *self.rows):
+                for k, raw in enumerate(body.split("\n")):
+                    line = raw.split("#", 1)[0].strip()
+                    if not line:
+                        continue
+                    tok = line.split()
+                    try:
+                        if section == "VERSION":
+                            ver[tok[0]] = int(tok[1])
+                        elif section == "DEFINITIONS":
+                            self.defs[tok[0]] = tok[1:]
+                        else:
+                            # version 1.5 ends an RF row with a letter (the pulse's use)
+                            self.rows[section][int(tok[0])] = [float(t) for t in tok[1:] if not t.isalpha()]
+                            self.line_of[section, int(tok[0])] = first + k + 1
+                    except (ValueError, IndexError):
+                        raise PulseqError(f"{self.path}, line {first + k + 1}: cannot read {raw.strip()!r} in "
+                                          f"[{section}]") from None
+        self.blocks = self._parse_blocks(block_parts)
         if "major" not in ver or "minor" not in ver:
             raise PulseqError(f"{self.path}: no [VERSION] section with major and minor")
         self.version = (ver["major"], ver["minor"])
@@ -268,6 +282,46 @@ class _File:
                                       f"{len(r)} numbers after its id, version 1.{minor} has {want}")
         self._check_rasters()
 
+    def _parse_shapes(self, body, first):
+        """The shapes of a [SHAPES] section: ``shape_id N``, ``num_samples
+        M``, then the stored values (one a line), each shape's values read
+        in one call."""
+        if "#" in body:
+            body = _COMMENT.sub("", body)
+        starts = [a for a, _ in _lines_starting(body, "shape_id")]
+        lead = body[:starts[0]] if starts else body
+        if lead.strip():
+            k = body.count("\n", 0, body.index(lead.strip()))
+            raise PulseqError(f"{self.path}, line {first + k + 1}: cannot read {lead.strip().splitlines()[0]!r} in "
+                              "[SHAPES]: values before a shape_id")
+        for i, at in enumerate(starts):
+            chunk = body[at:starts[i + 1] if i + 1 < len(starts) else len(body)]
+            line = first + body.count("\n", 0, at) + 1
+            head, _, rest = chunk.partition("\n")
+            count_line, _, values = rest.partition("\n")
+            try:
+                sid = int(head.split()[1])
+            except (ValueError, IndexError):
+                raise PulseqError(f"{self.path}, line {line}: cannot read {head.strip()!r} in [SHAPES]") from None
+            count = count_line.split()
+            if len(count) != 2 or count[0] != "num_samples":
+                raise PulseqError(f"{self.path}, line {line}: shape {sid} has no num_samples")
+            try:
+                n = int(count[1])
+            except ValueError:
+                raise PulseqError(f"{self.path}, line {line + 1}: cannot read {count_line.strip()!r} in "
+                                  "[SHAPES]") from None
+            tokens = values.split()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                vals = np.fromstring(values, dtype=np.float64, sep=" ") if tokens else np.zeros(0)
+            if vals.size != len(tokens):
+                for k, ln in enumerate(values.split("\n")):  # name the line at fault
+                    if ln.strip() and not all(_is_number(t) for t in ln.split()):
+                        raise PulseqError(f"{self.path}, line {line + 2 + k}: cannot read {ln.strip()!r} in "
+                                          "[SHAPES]")
+            self._end_shape(sid, n, vals, line)
+
     def _parse_blocks(self, parts):
         """The [BLOCKS] rows as an int64 array (n, 8): NUM DUR RF GX GY GZ
         ADC EXT.  A long file's rows are parsed in one call; a section with
@@ -276,8 +330,8 @@ class _File:
         for first, body in parts:
             text = "\n".join(body)
             if "#" in text:
-                body = [ln.split("#", 1)[0] for ln in body]
-                text = "\n".join(body)
+                text = _COMMENT.sub("", text)
+                body = text.split("\n")
             count = sum(1 for ln in body if ln.strip())
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
