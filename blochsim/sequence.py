@@ -896,23 +896,32 @@ def pack_with_provenance(preparation, repetition, repetitions: int = 1):
 def _unitary_rotation_terms(flip_rad):
     """cos²(a/2), sin²(a/2), sin a, cos a of each flip, for the float32
     rotation table, with the rounding of cos²(a/2) and cos a diffused
-    along the stream.
+    along the stream's small flips.
 
     Near 1, float32 holds a number to 2**-24 only.  Rounded one by one,
     cos²(a/2) of a small flip errs in the same direction at every sample of
     a pulse played sample by sample (thousands of them for a Pulseq
     waveform on a 1 µs raster), and the magnetisation grows or shrinks by
-    1e-4.  Rounding the running sums to multiples of 2**-24 instead and
-    taking their differences keeps every entry within 2**-24 of its value
-    and the sum of the errors below 2**-25, so the stream stays unitary to
-    round-off.  (Every multiple of 2**-24 in [-1, 1] is a float32.)
+    1e-4.  For flips under about 1° (sin²(a/2) < 1e-4) the running sums are
+    rounded to multiples of 2**-24 instead and their differences taken,
+    which keeps every entry within 2**-24 of its value and the sum of the
+    errors below 2**-25, so the stream stays unitary to round-off.  (Every
+    multiple of 2**-24 in [-1, 1] is a float32.)  Larger flips, whose
+    rounding errors do not line up, are rounded as they are, so that a
+    change of one flip changes no other entry.
     """
+    c2, s2 = np.cos(flip_rad / 2) ** 2, np.sin(flip_rad / 2) ** 2
+    ca = np.cos(flip_rad)
+    small = s2 < 1e-4
+
     def diffused(x):
         sums = np.round(np.cumsum(x) * 2.0 ** 24)
         return np.diff(sums, prepend=0.0) * 2.0 ** -24
 
-    return (diffused(np.cos(flip_rad / 2) ** 2), np.sin(flip_rad / 2) ** 2, np.sin(flip_rad),
-            diffused(np.cos(flip_rad)))
+    if np.any(small):
+        c2, ca = c2.copy(), ca.copy()
+        c2[small], ca[small] = diffused(c2[small]), diffused(ca[small])
+    return c2, s2, np.sin(flip_rad), ca
 
 def _pack(preparation, repetition, repetitions, keep_zero):
     """pack(), also returning the operators and their layout; with
