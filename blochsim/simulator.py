@@ -196,13 +196,17 @@ class Simulator(_Base):
         path : str or os.PathLike
             The ``.seq`` file.
         **options
-            ``rf`` ("hard": each RF event a hard pulse at its centre, or
-            "shaped": played sample by sample), ``dephasing`` ("moment":
-            the gradient moment along ``axis`` in shifts of ``unit``
-            cycles/m; "spoil"; or a callable given each
+            ``rf`` ("auto", default: hard pulses where a rotation at the
+            centre is exact for the slice-centre spin, the waveform
+            otherwise; "hard"; or "shaped": every waveform sample by
+            sample), ``dephasing`` ("moment", default: the gradient moments
+            between RF and ADC centres as whole numbers of their common
+            unit, never rounded; "spoil"; or a callable given each
             :class:`blochsim.pulseq.PulseqBlock` and returning the shifts at
-            its end), ``axis``, ``unit``, and any :class:`Simulator`
-            option (``states``, ``repetitions``, the crusher geometry, ...).
+            its end), ``axis``, ``unit``, ``field_strength``,
+            ``voxel_size_m`` (the voxel the moments are measured against, 1
+            mm unless given), and any :class:`Simulator` option
+            (``states``, ``repetitions``, ...).
 
         Returns
         -------

@@ -359,3 +359,19 @@ def test_pulseq_cest_refusals(tmp_path):
     assert PulseqCESTSimulator(no_m0, normalize=False).simulate(T1=1300.0, T2=75.0).shape == (2,)
     with pytest.raises(TypeError, match="normalize must be True or False"):
         PulseqCESTSimulator(path, normalize="yes")
+
+
+def test_saturation_resonates_at_plus_its_offset_in_every_path(tmp_path):
+    """An RF offset of +f Hz saturates water at B0 = +f: a pulseq-cest file,
+    CESTSimulator and a RectPulse train, swept over B0."""
+    f = 1.0 * HZ_PER_PPM
+    B0 = np.linspace(-2 * f, 2 * f, 41)
+    # a long weak pulse on short-T2 water: near its steady state, deepest on resonance and even about it
+    water = dict(T1=1000.0, T2=20.0, B0=B0)
+    path = cest_file(tmp_path / "one.seq", [-300.0, 1.0], n_pulses=1, tp=2.0, B1=0.5)
+    z = PulseqCESTSimulator(path).simulate(**water).real[:, 0]
+    assert B0[np.argmin(z)] == pytest.approx(f)
+    np.testing.assert_allclose(z[30 - 5:30], z[30 + 5:30:-1], rtol=1e-4)
+    z = CESTSimulator(offsets=[1.0], field_strength=B0_T * GAMMA_HZ_PER_UT / 42.57747892, n_pulses=1,
+                      B1sat=0.5, pulse_duration=2000.0).simulate(**water).real[:, 0]
+    assert B0[np.argmin(z)] == pytest.approx(f)
