@@ -12,9 +12,11 @@ chemical shifts ppm -> Hz at BMCTool's 42.5764 MHz/T.  BMCTool reports the
 water pool's Mz; blochsim's readout sums the liquid pools (SPEC), so the
 BMCTool side adds the CEST pools' Mz from its full state vector.
 """
+import importlib.util
+import pathlib
+
 import numpy as np
 import pytest
-from scipy.integrate import quad
 from scipy.linalg import expm
 
 pp = pytest.importorskip("pypulseq")
@@ -26,6 +28,12 @@ from bmctool.utils.seq.write import write_seq  # noqa: E402
 
 from blochsim.pulseq import PulseqCESTSimulator, PulseqError  # noqa: E402
 from blochsim.simulators import CESTSimulator  # noqa: E402
+
+# the super-Lorentzian's defining integral by quad, from test_pools.py (tests import in importlib mode)
+_spec = importlib.util.spec_from_file_location("_pool_oracles", pathlib.Path(__file__).with_name("test_pools.py"))
+_pool_oracles = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_pool_oracles)
+sl_integral = _pool_oracles.sl_integral
 
 GAMMA_HZ_PER_UT = 42.5764  # BMCTool's and pulseq-cest's
 B0_T = 3.0
@@ -99,17 +107,6 @@ def blochsim_tissue(mt=None):
 
 # --------------------------------------------------------------------------
 # the float64 Bloch-McConnell oracle
-
-
-def sl_integral(x):
-    u0 = 1 / np.sqrt(3)
-
-    def f(u):
-        w = 3 * u * u - 1
-        return np.sqrt(2 / np.pi) * np.exp(-2 * x * x / (w * w)) / abs(w)
-
-    return quad(f, 0, u0, epsabs=0, epsrel=1e-12, limit=500)[0] + quad(f, u0, 1, epsabs=0, epsrel=1e-12,
-                                                                        limit=500)[0]
 
 
 def G(kind, df, T2):

@@ -269,28 +269,35 @@ def tse(path, flip=180.0, echoes=8, ESP=15e-3, slice_pos=0.0, phase_encode=True,
     return _write(seq, path)
 
 
-def spoiled_gre(path, n=60, flip=15.0, TR=10e-3, inc=117.0, thickness=5e-3):
-    sys = _system()
-    seq = pp.Sequence(sys)
+def _spoiled_train(seq, sys, n, flip, TR, thickness, flat_time=2.56e-3, spoil_z=True, phase_encode=True,
+                   inc=117.0):
+    """n TRs of an RF-spoiled gradient echo: slice-selective pulse at the
+    quadratic phase, readout prephaser (and phase encoding, rewound), the
+    readout with its ADC following the RF phase, spoilers on x (and z)."""
     rf, gz, gzr = pp.make_sinc_pulse(np.radians(flip), duration=1e-3, slice_thickness=thickness, return_gz=True,
                                      system=sys, use="excitation")
-    gx = pp.make_trapezoid("x", flat_area=64 / 0.25, flat_time=2.56e-3, system=sys)
+    gx = pp.make_trapezoid("x", flat_area=64 / 0.25, flat_time=flat_time, system=sys)
     adc = pp.make_adc(64, duration=gx.flat_time, delay=gx.rise_time, system=sys)
     gxpre = pp.make_trapezoid("x", area=-gx.area / 2, duration=1e-3, system=sys)
     spoil_x = pp.make_trapezoid("x", area=2 * gx.area, duration=2e-3, system=sys)
-    spoil_z = pp.make_trapezoid("z", area=4 / thickness, duration=2e-3, system=sys)
+    spoil_z = [pp.make_trapezoid("z", area=4 / thickness, duration=2e-3, system=sys)] if spoil_z else []
     used = pp.calc_duration(gz) + pp.calc_duration(gxpre, gzr) + pp.calc_duration(gx) + pp.calc_duration(spoil_x)
-    phase = 0.0
     for k in range(n):
         phase = np.radians(inc) * k * (k + 1) / 2 % (2 * np.pi)
         rf.phase_offset = phase
         adc.phase_offset = phase
-        pe = pp.make_trapezoid("y", area=((k % 16) - 8) / 0.25, duration=1e-3, system=sys)
+        pe = [pp.make_trapezoid("y", area=((k % 16) - 8) / 0.25, duration=1e-3, system=sys)] if phase_encode else []
         seq.add_block(rf, gz)
-        seq.add_block(gxpre, gzr, pe)
+        seq.add_block(gxpre, gzr, *pe)
         seq.add_block(gx, adc)
-        seq.add_block(spoil_x, spoil_z, pp.scale_grad(pe, -1))
+        seq.add_block(spoil_x, *spoil_z, *[pp.scale_grad(g, -1) for g in pe])
         seq.add_block(pp.make_delay(round((TR - used) / 1e-5) * 1e-5))
+
+
+def spoiled_gre(path, n=60, flip=15.0, TR=10e-3, thickness=5e-3):
+    sys = _system()
+    seq = pp.Sequence(sys)
+    _spoiled_train(seq, sys, n, flip, TR, thickness)
     return _write(seq, path)
 
 
@@ -332,23 +339,8 @@ def ir_gre(path, TI=300e-3, n=20, flip=10.0, TR=8e-3, thickness=5e-3):
     spoil = pp.make_trapezoid("z", area=8 / thickness, duration=3e-3, system=sys)
     seq.add_block(inv)
     seq.add_block(spoil)
-    rf, gz, gzr = pp.make_sinc_pulse(np.radians(flip), duration=1e-3, slice_thickness=thickness, return_gz=True,
-                                     system=sys, use="excitation")
-    gx = pp.make_trapezoid("x", flat_area=64 / 0.25, flat_time=1.28e-3, system=sys)
-    adc = pp.make_adc(64, duration=gx.flat_time, delay=gx.rise_time, system=sys)
-    gxpre = pp.make_trapezoid("x", area=-gx.area / 2, duration=1e-3, system=sys)
-    spoil_x = pp.make_trapezoid("x", area=2 * gx.area, duration=2e-3, system=sys)
-    used = pp.calc_duration(gz) + pp.calc_duration(gxpre, gzr) + pp.calc_duration(gx) + pp.calc_duration(spoil_x)
     seq.add_block(pp.make_delay(round((TI - pp.calc_duration(spoil) - pp.calc_duration(inv) / 2) / 1e-5) * 1e-5))
-    for k in range(n):
-        phase = np.radians(117.0) * k * (k + 1) / 2 % (2 * np.pi)
-        rf.phase_offset = phase
-        adc.phase_offset = phase
-        seq.add_block(rf, gz)
-        seq.add_block(gxpre, gzr)
-        seq.add_block(gx, adc)
-        seq.add_block(spoil_x)
-        seq.add_block(pp.make_delay(round((TR - used) / 1e-5) * 1e-5))
+    _spoiled_train(seq, sys, n, flip, TR, thickness, flat_time=1.28e-3, spoil_z=False, phase_encode=False)
     return _write(seq, path)
 
 
