@@ -556,7 +556,6 @@ class _Reader:
         self.unit = None if unit is None else float(
             V.protocol_array("unit", unit, low=0.0, strict=True, unit="cycles/m", ndim_max=0))
         self.voxel = DEFAULT_VOXEL_M if voxel_size_m is None else voxel_size_m
-        self.lattice = False
         self._rfs, self._waves = {}, {}
         self._timeline()
 
@@ -902,7 +901,6 @@ class _Reader:
                               f"(e.g. block {blocks[int(np.argmax(np.any(N != 0, axis=1)))]}) and one EPG order "
                               f"cannot keep them apart: {why}; give axis= to follow one, or dephasing= a callable")
         k = N @ np.array(mult, dtype=np.int64)
-        self.lattice = True
         return [0] + k[1:].tolist(), int(k[0]), np.full(3, np.nan)
 
     def _flat_events(self):
@@ -914,8 +912,12 @@ class _Reader:
 
     @staticmethod
     def _first_bad(c):
+        """The first moment that is not a whole multiple of the smallest."""
         a = np.abs(c)
-        return int(np.argmax(a > 0))
+        base = a[a > 0].min()
+        r = a / base
+        bad = (a > 0) & (np.abs(r - np.round(r)) > MOMENT_TOLERANCE)
+        return int(np.argmax(bad)) if np.any(bad) else int(np.argmax(a > 0))
 
     @staticmethod
     def _direction(N):

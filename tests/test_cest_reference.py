@@ -372,3 +372,24 @@ def test_saturation_resonates_at_plus_its_offset_in_every_path(tmp_path):
     z = CESTSimulator(offsets=[1.0], field_strength=B0_T * GAMMA_HZ_PER_UT / 42.57747892, n_pulses=1,
                       B1sat=0.5, pulse_duration=2000.0).simulate(**water).real[:, 0]
     assert B0[np.argmin(z)] == pytest.approx(f)
+
+
+def test_published_wasabi_protocol_runs_unchanged():
+    """BMCTool's shipped WASABI.seq (pulseq-cest format 1.4: 32 offsets, a
+    3.7 µT 5 ms block pulse, spoilers on every axis, M0 at -300 ppm) read as
+    it is, on its water pool (T1 1 s, T2 1/15 s) with B0 and B1 errors,
+    against BMCTool to 1e-4."""
+    import bmctool as _b
+
+    path = pathlib.Path(_b.__file__).parent / "library" / "seq-library" / "WASABI.seq"
+    sim = PulseqCESTSimulator(path)
+    assert sim.z_offsets_ppm.size == 31
+    for b0_ppm, rel_b1 in ((0.0, 1.0), (0.1, 0.9)):
+        p = Parameters(WaterPool(f=1.0, t1=1.0, t2=1 / 15), [], None,
+                       System(b0=3.0, gamma=2 * np.pi * GAMMA_HZ_PER_UT, b0_inhom=b0_ppm, rel_b1=rel_b1),
+                       Options(verbose=False, reset_init_mag=True, scale=1.0, max_pulse_samples=100000))
+        ref = BMCSim(p, str(path), verbose=False)
+        ref.run()
+        mz = ref.m_out[2]
+        z = sim.simulate(T1=1000.0, T2=1000 / 15, B0=b0_ppm * 3.0 * GAMMA_HZ_PER_UT, B1=rel_b1).real
+        np.testing.assert_allclose(z, mz[1:] / mz[0], atol=1e-4, err_msg=f"B0 {b0_ppm} ppm, B1 {rel_b1}")
