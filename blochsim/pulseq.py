@@ -1,5 +1,5 @@
 """Reading Pulseq sequence files (Layton et al. 2017, MRM 77:1544; the
-open file format of pulseq.github.io, versions 1.4 and 1.5, with its
+open file format of pulseq.github.io, versions 1.3, 1.4 and 1.5, with its
 "Time and Shape Specification") into blochsim operators:
 :meth:`blochsim.Simulator.from_pulseq`.
 
@@ -113,7 +113,8 @@ _MAX_SUBDIVISION = 64
 _MAX_LATTICE_ORDERS = 8192
 
 # numbers after the id in each row, per minor version
-_FIELDS = {"RF": {4: 7, 5: 10}, "TRAP": {4: 5, 5: 5}, "GRADIENTS": {4: 4, 5: 6}, "ADC": {4: 5, 5: 8}}
+_FIELDS = {"RF": {3: 6, 4: 7, 5: 10}, "TRAP": {3: 5, 4: 5, 5: 5}, "GRADIENTS": {3: 3, 4: 4, 5: 6},
+           "ADC": {3: 5, 4: 5, 5: 8}, "DELAYS": {3: 1, 4: 1, 5: 1}}
 
 
 @dataclass
@@ -222,7 +223,7 @@ class _File:
             raise FileNotFoundError(f"no Pulseq file at {self.path!r}")
         self.defs = {}
         self.blocks = []
-        self.rows = {"RF": {}, "TRAP": {}, "GRADIENTS": {}, "ADC": {}}
+        self.rows = {"RF": {}, "TRAP": {}, "GRADIENTS": {}, "ADC": {}, "DELAYS": {}}
         self.line_of = {}  # (section, id) -> line number
         self.shapes = {}
         with open(self.path) as f:
@@ -250,7 +251,8 @@ class _File:
                     tok = line.split()
                     try:
                         if section == "VERSION":
-                            ver[tok[0]] = int(tok[1])
+                            if tok[0] in ("major", "minor"):  # a revision may read "1post1"
+                                ver[tok[0]] = int(tok[1])
                         elif section == "DEFINITIONS":
                             self.defs[tok[0]] = tok[1:]
                         else:
@@ -264,9 +266,9 @@ class _File:
         if "major" not in ver or "minor" not in ver:
             raise PulseqError(f"{self.path}: no [VERSION] section with major and minor")
         self.version = (ver["major"], ver["minor"])
-        if self.version[0] != 1 or self.version[1] not in (4, 5):
+        if self.version[0] != 1 or self.version[1] not in (3, 4, 5):
             raise PulseqError(f"{self.path}: Pulseq version {ver['major']}.{ver['minor']} is not read "
-                              "(versions 1.4 and 1.5 are)")
+                              "(versions 1.3, 1.4 and 1.5 are)")
         if not len(self.blocks):
             raise PulseqError(f"{self.path}: no [BLOCKS]")
         self.block_raster = self._def("BlockDurationRaster", 1e-5)
@@ -281,6 +283,45 @@ class _File:
                     raise PulseqError(f"{self.path}, line {self.line_of[section, i]}: [{section}] row {i} has "
                                       f"{len(r)} numbers after its id, version 1.{minor} has {want}")
         self._check_rasters()
+        self.durations = self._durations_1_3() if minor == 3 else self.blocks[:, 1] * self.block_raster
+
+    def _durations_1_3(self):
+        """Block durations of a format 1.3 file, whose blocks name a delay
+        ([DELAYS], µs) in place of a duration: the longest of the delay and
+        the block's events (RF: delay + samples; trapezoid: delay + rise +
+        flat + fall; arbitrary gradient: delay + samples; ADC: delay + samples
+        x dwell)."""
+        def table(rows, length):
+            top = max([0, *rows])
+            out = np.zeros(top + 1)
+            for i, r in rows.items():
+                out[i] = length(r)
+            return out
+
+        B = self.blocks
+        delays = table(self.rows["DELAYS"], lambda r: r[0] * 1e-6)
+        rf = table(self.rows["RF"], lambda r: r[3] * 1e-6 + self.shape(int(r[1]), "an RF event").size * self.rf_raster)
+        trap = table(self.rows["TRAP"], lambda r: sum(r[1:5]) * 1e-6)
+        grad = table(self.rows["GRADIENTS"],
+                     lambda r: r[2] * 1e-6 + self.shape(int(r[1]), "a gradient").size * self.grad_raster)
+        adc = table(self.rows["ADC"], lambda r: r[2] * 1e-6 + r[0] * r[1] * 1e-9)
+        lengths = []
+        for col, tab, what in ((1, delays, "DELAYS"), (2, rf, "RF"), (6, adc, "ADC")):
+            ids = B[:, col]
+            bad = (ids < 0) | (ids >= tab.size)
+            if np.any(bad & (ids != 0)):
+                j = int(np.argmax(bad & (ids != 0)))
+                raise PulseqError(f"{self.path}: block {B[j, 0]} names {what} event {ids[j]}, which [{what}] does "
+                                  "not hold")
+            lengths.append(np.where(ids == 0, 0.0, tab[np.clip(ids, 0, tab.size - 1)]))
+        for col in (3, 4, 5):
+            ids = B[:, col]
+            g = np.zeros(ids.size)
+            for k, i in enumerate(ids):
+                if i:
+                    g[k] = trap[i] if i in self.rows["TRAP"] else grad[i] if i in self.rows["GRADIENTS"] else 0.0
+            lengths.append(g)
+        return np.max(np.stack(lengths), axis=0)
 
     def _parse_shapes(self, body, first):
         """The shapes of a [SHAPES] section: ``shape_id N``, ``num_samples
@@ -372,7 +413,7 @@ class _File:
     def _check_rasters(self):
         minor = self.version[1]
         for i, r in self.rows["RF"].items():
-            if not _on_raster(r[5 if minor >= 5 else 4] * 1e-6, self.rf_raster):
+            if not _on_raster(r[{3: 3, 4: 4, 5: 5}[minor]] * 1e-6, self.rf_raster):
                 raise PulseqError(f"{self.path}, line {self.line_of['RF', i]}: RF {i}'s delay is not on the RF "
                                   f"raster ({self.rf_raster:g} s)")
         for i, r in self.rows["TRAP"].items():
@@ -501,11 +542,14 @@ class _RF:
         the pulse start) and their values."""
         if not self.linear:
             return self.times, self.wave
-        n = int(round(self.duration / self.raster))
-        t = (np.arange(n) + 0.5) * self.raster
-        w = np.interp(t, self.times, self.wave.real, left=0.0, right=0.0) + 1j * np.interp(
-            t, self.times, self.wave.imag, left=0.0, right=0.0)
-        return t, w
+
+        def compute():
+            n = int(round(self.duration / self.raster))
+            t = (np.arange(n) + 0.5) * self.raster
+            w = np.interp(t, self.times, self.wave.real, left=0.0, right=0.0) + 1j * np.interp(
+                t, self.times, self.wave.imag, left=0.0, right=0.0)
+            return t, w
+        return self._derived("cells", compute)
 
 
 def _common_unit(values, tol_rel, tol_abs, min_unit=0.0):
@@ -556,6 +600,7 @@ class _Reader:
         self.unit = None if unit is None else float(
             V.protocol_array("unit", unit, low=0.0, strict=True, unit="cycles/m", ndim_max=0))
         self.voxel = DEFAULT_VOXEL_M if voxel_size_m is None else voxel_size_m
+        self.max_samples = None  # shaped pulses on their raster, unless a caller coarsens them
         self._rfs, self._waves = {}, {}
         self._timeline()
 
@@ -585,9 +630,11 @@ class _Reader:
             if kind == "trap":
                 m[i] = _trap_moment(row, t)
                 continue
-            # 1.4: amp shape time delay; 1.5: amp first last shape time delay
-            amp, sid, tid, delay = ((row[0], int(row[3]), int(row[4]), row[5] * 1e-6) if self.f.version[1] >= 5
-                                    else (row[0], int(row[1]), int(row[2]), row[3] * 1e-6))
+            # 1.3: amp shape delay; 1.4: amp shape time delay; 1.5: amp first last shape time delay
+            minor = self.f.version[1]
+            amp, sid, tid, delay = ((row[0], int(row[3]), int(row[4]), row[5] * 1e-6) if minor >= 5
+                                    else (row[0], int(row[1]), int(row[2]), row[3] * 1e-6) if minor == 4
+                                    else (row[0], int(row[1]), 0, row[2] * 1e-6))
             wave = amp * self.f.shape(sid, "a gradient")
             if tid:  # corner points, linear between them
                 times = delay + self.f.shape(tid, "a gradient") * self.f.grad_raster
@@ -620,9 +667,12 @@ class _Reader:
                     raise PulseqError(f"{self.f.path}: RF {rid} has a frequency offset of {r[6]:g} ppm: give "
                                       "field_strength (T) to read it")
                 freq = freq + r[6] * self.field_strength * _HZ_PER_UT * 1e6 * 1e-6
-        else:  # amp mag phase time delay freq phase
+        elif self.f.version[1] == 4:  # amp mag phase time delay freq phase
             amp, mag_id, ph_id, time_id, delay, freq, phase = r[0], int(r[1]), int(r[2]), int(r[3]), r[4], r[5], r[6]
             center = None
+        else:  # 1.3: amp mag phase delay freq phase
+            amp, mag_id, ph_id, delay, freq, phase = r[0], int(r[1]), int(r[2]), r[3], r[4], r[5]
+            time_id, center = 0, None
         key = (amp, mag_id, ph_id, time_id)
         if key in self._waves:
             wave, times, known, peak_centre = self._waves[key]
@@ -657,7 +707,7 @@ class _Reader:
         B = f.blocks
         n = B.shape[0]
         self.num = B[:, 0]
-        self.dur = B[:, 1] * f.block_raster
+        self.dur = f.durations
         self.start = np.concatenate([[0.0], np.cumsum(self.dur)[:-1]])
         self.total = float(np.sum(self.dur))
         self.has_rf, self.has_adc = B[:, 2] != 0, B[:, 6] != 0
@@ -959,26 +1009,31 @@ class _Reader:
             return [Pulse(flip, ph, rf.duration * 1e3, 0.0 if selective else rf.freq, power)], rf.centre, 0.0
         t, w = rf.cells()
         dwell = rf.raster
+        if self.max_samples and w.size > self.max_samples:
+            # averaged over groups of k cells: each group's area kept, its samples' detail not
+            k = -(-w.size // self.max_samples)
+            pad = (-w.size) % k
+            w = np.concatenate([w, np.zeros(pad, w.dtype)]).reshape(-1, k).mean(axis=1)
+            t = t[0] - 0.5 * dwell + (np.arange(w.size) + 0.5) * k * dwell
+            dwell = k * dwell
         freq = 0.0 if selective else rf.freq
         ops = []
-        i = 0
-        while i < w.size:
-            j = i + 1
-            while j < w.size and w[j] == w[i] and not selective:
-                j += 1
+        # runs of equal samples (a pulse without a gradient plays each run as one exact rectangle)
+        edges = np.arange(w.size + 1) if selective else np.concatenate(
+            [[0], np.flatnonzero(w[1:] != w[:-1]) + 1, [w.size]])
+        for i, j in zip(edges[:-1].tolist(), edges[1:].tolist()):
             # the file's phase at the start of the run (a RectPulse) or at the sample's centre (a rotation)
             if selective:
                 base = centre_phase
             else:
                 base = rf.phase + 2 * np.pi * rf.freq * (t[i] - (0.5 * dwell if j - i > 1 else 0.0))
-            ph = -np.degrees(base + np.angle(w[i]))
-            if j - i > 1 and not selective:
+            ph = -math.degrees(base + np.angle(w[i]))
+            if j - i > 1:
                 d = (j - i) * dwell
                 ops.append(RectPulse(360.0 * abs(w[i]) * d, d * 1e3, ph, freq) if w[i] != 0 else Delay(d * 1e3))
             else:
                 half = Delay(0.5 * dwell * 1e3)
                 ops += [half, Pulse(360.0 * abs(w[i]) * dwell, ph, dwell * 1e3, freq, 1.0), half]
-            i = j
         start = float(t[0] - 0.5 * dwell)
         return ops, start, w.size * dwell
 
@@ -1277,6 +1332,12 @@ class PulseqCESTSimulator:
         Start every offset from equilibrium (default True, as BMCTool's
         ``reset_init_mag``); False plays the file straight through, the
         recovery delays it holds included.
+    max_pulse_samples : int, optional
+        Play a shaped pulse of more samples than this as that many, each
+        the mean of its group of raster samples (the pulse's area kept): the
+        cost falls in proportion, at an error that grows with the group's
+        duration (BMCTool's option of the same name keeps every k-th sample
+        instead).  Default: every sample of the file's raster.
     lineshape, states, threads, device
         As :class:`blochsim.Simulator`.
 
@@ -1291,10 +1352,12 @@ class PulseqCESTSimulator:
     as any played simulator; ``poolB_shift`` in Hz.
     """
 
-    def __init__(self, path, normalize=True, reset=True, **options):
+    def __init__(self, path, normalize=True, reset=True, max_pulse_samples=None, **options):
         for k, v in (("normalize", normalize), ("reset", reset)):
             if not isinstance(v, (bool, np.bool_)):
                 raise TypeError(f"{k} must be True or False, got {v!r}")
+        if max_pulse_samples is not None:
+            max_pulse_samples = V.positive_int("max_pulse_samples", max_pulse_samples)
         self.path = os.fspath(path)
         self.normalize, self.reset = bool(normalize), bool(reset)
         f = _File(self.path)
@@ -1306,6 +1369,7 @@ class PulseqCESTSimulator:
         except ValueError:
             raise PulseqError(f"{self.path}: [DEFINITIONS] offsets_ppm is not a list of numbers") from None
         reader = _Reader(f, "shaped", "spoil", None, None, _field_strength(f, None))
+        reader.max_samples = max_pulse_samples
         self._segments = self._split(reader)
         if len(self._segments) != self.offsets_ppm.size:
             raise PulseqError(f"{self.path}: {len(self._segments)} ADC events but {self.offsets_ppm.size} "
