@@ -1009,8 +1009,10 @@ class _Reader:
             return [Pulse(flip, ph, rf.duration * 1e3, 0.0 if selective else rf.freq, power)], rf.centre, 0.0
         t, w = rf.cells()
         dwell = rf.raster
-        if self.max_samples and w.size > self.max_samples:
-            # averaged over groups of k cells: each group's area kept, its samples' detail not
+        coarse = bool(self.max_samples and w.size > self.max_samples) and not selective
+        if coarse:
+            # averaged over groups of k cells, each group then an exact rectangle (RF, off-resonance and
+            # relaxation together): each group's area kept, its samples' detail not
             k = -(-w.size // self.max_samples)
             pad = (-w.size) % k
             w = np.concatenate([w, np.zeros(pad, w.dtype)]).reshape(-1, k).mean(axis=1)
@@ -1026,9 +1028,9 @@ class _Reader:
             if selective:
                 base = centre_phase
             else:
-                base = rf.phase + 2 * np.pi * rf.freq * (t[i] - (0.5 * dwell if j - i > 1 else 0.0))
+                base = rf.phase + 2 * np.pi * rf.freq * (t[i] - (0.5 * dwell if j - i > 1 or coarse else 0.0))
             ph = -math.degrees(base + np.angle(w[i]))
-            if j - i > 1:
+            if j - i > 1 or coarse:
                 d = (j - i) * dwell
                 ops.append(RectPulse(360.0 * abs(w[i]) * d, d * 1e3, ph, freq) if w[i] != 0 else Delay(d * 1e3))
             else:
@@ -1333,11 +1335,12 @@ class PulseqCESTSimulator:
         ``reset_init_mag``); False plays the file straight through, the
         recovery delays it holds included.
     max_pulse_samples : int, optional
-        Play a shaped pulse of more samples than this as that many, each
-        the mean of its group of raster samples (the pulse's area kept): the
-        cost falls in proportion, at an error that grows with the group's
-        duration (BMCTool's option of the same name keeps every k-th sample
-        instead).  Default: every sample of the file's raster.
+        Play a shaped pulse of more samples than this as that many exact
+        rectangles, each the mean of its group of raster samples (the
+        pulse's area kept): the cost falls in proportion, at an error that
+        grows with the group's duration (BMCTool's option of the same name
+        keeps every k-th sample instead).  Default: every sample of the
+        file's raster.
     lineshape, states, threads, device
         As :class:`blochsim.Simulator`.
 
