@@ -496,3 +496,51 @@ def test_haste_and_epi_against_the_exact_moment_epg(tmp_path):
     events = _Timeline(path).events
     t = 1e3 * (np.array([w for w, kind, _ in events if kind == "adc"]) - events[0][0])
     np.testing.assert_allclose(np.abs(s), np.exp(-t / TISSUE["T2"]), rtol=1e-4)
+
+
+def isochromat_ensemble(path, T1, T2, B0=0.0, axes=(0, 2), N=400):
+    """The file's samples by N isochromats spread over one period of its
+    dephasing: the moments between events (pypulseq's reading) must all be
+    whole multiples n of the first one, v, and isochromat j at s_j = j / N
+    turns by 2 pi n s_j at each; hard rotations at the RF centres, B0 and
+    relaxation between events (SPEC's frame), the sample the ensemble's
+    mean transverse magnetisation."""
+    tl = _Timeline(path)
+    s = np.arange(N) / N
+    M = np.zeros((N, 3))
+    M[:, 2] = 1.0
+    out, now, last, v = [], 0.0, 0.0, None
+    for when, kind, data in tl.events:
+        tau = when - now
+        e2, e1 = np.exp(-tau / (T2 * 1e-3)), np.exp(-tau / (T1 * 1e-3))
+        M[:, :2] *= e2
+        M[:, 2] = 1 + (M[:, 2] - 1) * e1
+        dm = tl.moment(last, when, axes) if out or now else np.zeros(3)  # nothing transverse before the first RF
+        if v is None and np.linalg.norm(dm) > 1e-6:
+            v = dm
+        n = 0 if v is None else float(dm @ v / (v @ v))
+        assert v is None or np.allclose(dm, round(n) * v, atol=1e-3 * np.linalg.norm(v))
+        phi = 2 * np.pi * round(n) * s - 2 * np.pi * B0 * tau  # gradient, then SPEC's off-resonance
+        fp = (M[:, 0] + 1j * M[:, 1]) * np.exp(1j * phi)
+        M[:, 0], M[:, 1] = fp.real, fp.imag
+        now = last = when
+        if kind == "adc":
+            out.append(np.mean(M[:, 0] + 1j * M[:, 1]) * np.exp(1j * data))
+            continue
+        rf = data[0]
+        t, w, dt = _rf_cells(rf)
+        area = np.sum(w) * dt if np.allclose(t, (np.arange(t.size) + 0.5) * dt) else np.trapezoid(rf.signal, rf.t)
+        theta = -(rf.phase_offset + 2 * np.pi * rf.freq_offset * rf.center + np.angle(area))
+        M = M @ _rotation((np.cos(theta), np.sin(theta), 0.0), 2 * np.pi * abs(area)).T
+    return np.array(out)
+
+
+@pytest.mark.parametrize("flip,slice_pos", [(120.0, 0.0), (120.0, 5.1e-3)])
+def test_turbo_spin_echo_against_an_isochromat_ensemble(tmp_path, flip, slice_pos):
+    """The CPMG files against isochromats (no Fourier states): the check of
+    the exact-moment oracle itself and of the reader at once."""
+    path = tse(tmp_path / "tse.seq", flip=flip, slice_pos=slice_pos, echoes=6)
+    s = Simulator.from_pulseq(path).simulate(**TISSUE, B0=9.0)
+    np.testing.assert_allclose(s, isochromat_ensemble(path, **TISSUE, B0=9.0), atol=TOL)
+    np.testing.assert_allclose(oracle(path, **TISSUE, B0=9.0, axes=(0, 2)),
+                               isochromat_ensemble(path, **TISSUE, B0=9.0), atol=1e-9)
