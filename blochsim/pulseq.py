@@ -183,10 +183,6 @@ def decompress_shape(values, n):
     return np.cumsum(out)
 
 
-def _on_raster(value, raster):
-    return abs(value / raster - round(value / raster)) <= 1e-6 * max(1.0, abs(value / raster))
-
-
 _COMMENT = re.compile(r"#[^\n]*")
 
 
@@ -352,15 +348,17 @@ class _File:
             except ValueError:
                 raise PulseqError(f"{self.path}, line {line + 1}: cannot read {count_line.strip()!r} in "
                                   "[SHAPES]") from None
-            tokens = values.split()
+            stripped = values.strip()
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                vals = np.fromstring(values, dtype=np.float64, sep=" ") if tokens else np.zeros(0)
-            if vals.size != len(tokens):
+                vals = np.fromstring(stripped, dtype=np.float64, sep=" ") if stripped else np.zeros(0)
+            # one value a line: fewer values than lines means a line that is not a number (or a blank one)
+            if stripped and vals.size != stripped.count("\n") + 1:
                 for k, ln in enumerate(values.split("\n")):  # name the line at fault
                     if ln.strip() and not all(_is_number(t) for t in ln.split()):
                         raise PulseqError(f"{self.path}, line {line + 2 + k}: cannot read {ln.strip()!r} in "
                                           "[SHAPES]")
+                vals = np.array([float(t) for t in values.split()])
             self._end_shape(sid, n, vals, line)
 
     def _parse_blocks(self, parts):
@@ -412,22 +410,23 @@ class _File:
 
     def _check_rasters(self):
         minor = self.version[1]
-        for i, r in self.rows["RF"].items():
-            if not _on_raster(r[{3: 3, 4: 4, 5: 5}[minor]] * 1e-6, self.rf_raster):
-                raise PulseqError(f"{self.path}, line {self.line_of['RF', i]}: RF {i}'s delay is not on the RF "
-                                  f"raster ({self.rf_raster:g} s)")
-        for i, r in self.rows["TRAP"].items():
-            if not all(_on_raster(t * 1e-6, self.grad_raster) for t in r[1:5]):
-                raise PulseqError(f"{self.path}, line {self.line_of['TRAP', i]}: trapezoid {i}'s times are not on "
-                                  f"the gradient raster ({self.grad_raster:g} s)")
-        for i, r in self.rows["GRADIENTS"].items():
-            if not _on_raster(r[-1] * 1e-6, self.grad_raster):
-                raise PulseqError(f"{self.path}, line {self.line_of['GRADIENTS', i]}: gradient {i}'s delay is not on "
-                                  f"the gradient raster ({self.grad_raster:g} s)")
-        for i, r in self.rows["ADC"].items():
-            if not _on_raster(r[1] * 1e-9, self.adc_raster):
-                raise PulseqError(f"{self.path}, line {self.line_of['ADC', i]}: ADC {i}'s dwell is not on the ADC "
-                                  f"raster ({self.adc_raster:g} s)")
+        checks = (("RF", lambda r: [r[{3: 3, 4: 4, 5: 5}[minor]] * 1e-6], self.rf_raster, "{}'s delay is not on the RF"),
+                  ("TRAP", lambda r: [t * 1e-6 for t in r[1:5]], self.grad_raster,
+                   "trapezoid {}'s times are not on the gradient"),
+                  ("GRADIENTS", lambda r: [r[-1] * 1e-6], self.grad_raster, "gradient {}'s delay is not on the gradient"),
+                  ("ADC", lambda r: [r[1] * 1e-9], self.adc_raster, "ADC {}'s dwell is not on the ADC"))
+        for section, times, raster, what in checks:
+            rows = self.rows[section]
+            if not rows:
+                continue
+            ids = list(rows)
+            t = np.array([times(rows[i]) for i in ids]) / raster
+            off = np.any(np.abs(t - np.round(t)) > 1e-6 * np.maximum(1.0, np.abs(t)), axis=1)
+            if np.any(off):
+                i = ids[int(np.argmax(off))]
+                label = f"RF {i}" if section == "RF" else str(i)
+                raise PulseqError(f"{self.path}, line {self.line_of[section, i]}: {what.format(label)} raster "
+                                  f"({raster:g} s)")
 
     def _end_shape(self, sid, n, vals, number):
         if n is None:

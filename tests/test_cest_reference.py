@@ -20,6 +20,9 @@ import pytest
 from scipy.linalg import expm
 
 pp = pytest.importorskip("pypulseq")
+
+# the writers leave RF and ADC delays to pypulseq, which raises them to the dead times and says so
+pytestmark = pytest.mark.filterwarnings("ignore:Specified (RF|ADC) delay:UserWarning")
 bmctool = pytest.importorskip("bmctool")
 
 from bmctool.parameters import CESTPool, MTPool, Options, Parameters, System, WaterPool  # noqa: E402

@@ -25,6 +25,9 @@ from scipy.linalg import expm
 
 pp = pytest.importorskip("pypulseq")
 
+# the writers leave RF and ADC delays to pypulseq, which raises them to the dead times and says so
+pytestmark = pytest.mark.filterwarnings("ignore:Specified (RF|ADC) delay:UserWarning")
+
 from blochsim import Simulator  # noqa: E402
 from blochsim.pulseq import PulseqError  # noqa: E402
 
