@@ -1447,10 +1447,29 @@ class PulseqCESTSimulator:
             return s
         return (s[..., self._keep] / np.mean(s[..., self._m0], axis=-1, keepdims=True)).astype(np.complex64)
 
-    def _samples(self, tissue):
+    def jacobian(self, diff, **tissue):
+        """The Z-spectrum (or the samples, normalize=False) and its exact
+        derivatives with respect to the tissue properties ``diff`` (a name
+        or a sequence of names, per public unit), as
+        :meth:`blochsim.Simulator.jacobian`: J is (*voxels, len(diff),
+        offsets), or (*voxels, offsets) for one name.  The normalisation's
+        quotient is differentiated too."""
+        names = (diff,) if isinstance(diff, str) else tuple(diff)
+        s, J = self._samples(tissue, names)
+        if self.normalize:
+            ref = np.mean(s[..., self._m0], axis=-1, keepdims=True)  # (*voxels, 1)
+            dref = np.mean(J[..., self._m0], axis=-1, keepdims=True)  # (*voxels, names, 1)
+            J = J[..., self._keep] / ref[..., None, :] - (s[..., self._keep] / ref ** 2)[..., None, :] * dref
+            s = s[..., self._keep] / ref
+        s, J = s.astype(np.complex64), J.astype(np.complex64)
+        return s, (J[..., 0, :] if isinstance(diff, str) else J)
+
+    def _samples(self, tissue, names=None):
+        """Every ADC's sample (*voxels, adc), and with names their
+        Jacobian (*voxels, names, adc)."""
         if not self.reset:
-            return self._whole.simulate(**tissue)
-        parts = {}
+            return self._whole.simulate(**tissue) if names is None else self._whole.jacobian(names, **tissue)
+        parts, jparts = {}, {}
         for key, (_, members) in self._groups.items():
             idx = [i for i, _ in members]
             freqs = np.array([f for _, f in members])
@@ -1461,7 +1480,17 @@ class PulseqCESTSimulator:
                 expanded[k] = np.asarray(v)[..., None]
             b0 = np.asarray(tissue.get("B0", 0.0), dtype=np.float64)
             expanded["B0"] = b0[..., None] - freqs  # each segment in its RF's frame
-            s = self._sims[key].simulate(**expanded)[..., 0]  # (*voxels, members)
+            if names is None:
+                s = self._sims[key].simulate(**expanded)[..., 0]  # (*voxels, members)
+            else:
+                s, J = self._sims[key].jacobian(names, **expanded)  # (*voxels, members, 1), (..., names, 1)
+                s = s[..., 0]
             for j, i in enumerate(idx):
                 parts[i] = s[..., j]
-        return np.stack([parts[i] for i in range(len(self._segments))], axis=-1).astype(np.complex64)
+                if names is not None:
+                    jparts[i] = J[..., j, :, 0]
+        order = range(len(self._segments))
+        out = np.stack([parts[i] for i in order], axis=-1).astype(np.complex64)
+        if names is None:
+            return out
+        return out, np.stack([jparts[i] for i in order], axis=-1)

@@ -409,3 +409,21 @@ def test_max_pulse_samples_keeps_the_area(tmp_path):
     assert np.max(np.abs(coarse - full)) > 0
     with pytest.raises(ValueError, match="max_pulse_samples must be >= 1"):
         PulseqCESTSimulator(path, max_pulse_samples=0)
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_pulseq_cest_jacobian_against_differences(tmp_path, normalize):
+    path = cest_file(tmp_path / "j.seq", [-300.0, -3.5, 0.5, 3.5], n_pulses=2, tp=0.05, td=0.005)
+    sim = PulseqCESTSimulator(path, normalize=normalize)
+    t = {k: np.array([v]) for k, v in blochsim_tissue(MT).items()}
+    t["B0"] = np.array([15.0])
+    names = ("T1", "poolB_exchange", "bound_fraction", "B0")
+    z, J = sim.jacobian(names, **t)
+    np.testing.assert_allclose(z, sim.simulate(**t), rtol=1e-6)
+    assert J.shape == (1, 4, z.shape[-1])
+    for i, k in enumerate(names):
+        h = 1e-3 * max(abs(float(t[k][0])), 1.0)
+        fd = (sim.simulate(**{**t, k: t[k] + h}).astype(complex) - sim.simulate(**{**t, k: t[k] - h})) / (2 * h)
+        np.testing.assert_allclose(J[:, i], fd, rtol=2e-3, atol=2e-5 * max(1.0, np.max(np.abs(fd))), err_msg=k)
+    z1, J1 = sim.jacobian("T1", **t)
+    np.testing.assert_array_equal(J1, J[:, 0])
