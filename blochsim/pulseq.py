@@ -561,15 +561,17 @@ def _common_unit(values, tol_rel, tol_abs, min_unit=0.0):
     top = float(a.max()) if a.size else 0.0
     if top == 0:
         return 0.0
+    a = np.unique(a)
+    n = np.arange(1, _MAX_SUBDIVISION + 1, dtype=np.float64)
     for floor in (0.0, 1e-6, 1e-4, 1e-3):
-        base = float(a[a > floor * top].min())
-        for n in range(1, _MAX_SUBDIVISION + 1):
-            u = base / n
-            if u < min_unit:
-                break
-            r = a / u
-            if np.all(np.abs(r - np.round(r)) * u <= max(tol_rel * u, tol_abs)):
-                return u
+        u = float(a[a > floor * top].min()) / n  # the candidates, largest first
+        u = u[u >= min_unit]
+        if u.size == 0:
+            continue
+        r = a[None, :] / u[:, None]
+        fits = np.all(np.abs(r - np.round(r)) * u[:, None] <= np.maximum(tol_rel * u, tol_abs)[:, None], axis=1)
+        if np.any(fits):
+            return float(u[np.argmax(fits)])
     return None
 
 
@@ -844,7 +846,9 @@ class _Reader:
             spread = np.max(np.abs(inc), axis=0)
             balanced = np.all(np.abs(between) <= 1e-6 * np.maximum(spread, 1e-30) + tol_abs, axis=0)
         # a unit must itself dephase the voxel: distinct orders closer than that are not distinct pathways
-        units = [_common_unit(inc[:, a], MOMENT_TOLERANCE, tol_abs, ENCODING_CYCLES / self.voxel) for a in range(3)]
+        strong = np.max(np.abs(inc), axis=0) * self.voxel >= ENCODING_CYCLES
+        units = [_common_unit(inc[:, a], MOMENT_TOLERANCE, tol_abs, ENCODING_CYCLES / self.voxel) if strong[a] else 0.0
+                 for a in range(3)]
         chosen, g_all, independent = [], None, []
         order = sorted(range(3), key=lambda a: (bool(balanced[a]), -float(np.max(np.abs(inc[:, a])))))
         for a in order:
