@@ -226,7 +226,11 @@ class _File:
             text = f.read()
         ver = {}
         # the sections by their headers; [BLOCKS] and [SHAPES] (the bulk of a file) are parsed in one call each
-        heads = [(a, b, text.count("\n", 0, a) + 1) for a, b in _lines_starting(text, "[")]
+        heads, line, at = [], 1, 0
+        for a, b in _lines_starting(text, "["):
+            line += text.count("\n", at, a)  # counted from the previous header on
+            at = a
+            heads.append((a, b, line))
         block_parts = []
         for i, (start, stop, line_no) in enumerate(heads):
             header = text[start:stop].split("#", 1)[0].strip()
