@@ -452,30 +452,9 @@ class _File:
         return self.rows[section][rid]
 
 
-def _trap_moment(row, t):
-    """Moment (cycles/m) of a trapezoid [amplitude Hz/m, rise, flat, fall,
-    delay µs] from the block start to time t (s)."""
-    amp, rise, flat, fall, delay = row[0], row[1] * 1e-6, row[2] * 1e-6, row[3] * 1e-6, row[4] * 1e-6
-    x = t - delay
-    if x <= 0:
-        return 0.0
-    m = 0.0
-    r = min(x, rise)
-    m += amp * r * r / (2 * rise) if rise > 0 else 0.0
-    x -= rise
-    if x <= 0:
-        return m
-    m += amp * min(x, flat)
-    x -= flat
-    if x <= 0:
-        return m
-    d = min(x, fall)
-    m += amp * (d - d * d / (2 * fall)) if fall > 0 else 0.0
-    return m
-
-
 def _trap_moments(amp, rise, flat, fall, delay, t):
-    """_trap_moment over arrays (times in s)."""
+    """Moments (cycles/m) of trapezoids [amplitude Hz/m, rise, flat, fall,
+    delay, all s] from the block start to times t (s), over arrays."""
     x = t - delay
     r = np.clip(x, 0.0, rise)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -611,30 +590,13 @@ class _Reader:
 
     # -- events ------------------------------------------------------------
 
-    def _grads(self, row):
-        out = []
-        for gid in row[3:6]:
-            if gid == 0:
-                out.append(None)
-            elif gid in self.f.rows["TRAP"]:
-                out.append(("trap", self.f.rows["TRAP"][gid]))
-            elif gid in self.f.rows["GRADIENTS"]:
-                out.append(("arb", self.f.rows["GRADIENTS"][gid]))
-            else:
-                raise PulseqError(f"{self.f.path}: block {row[0]} names gradient {gid}, which neither [TRAP] nor "
-                                  "[GRADIENTS] holds")
-        return out
-
     def _moment(self, grads, t):
         """Moment vector (cycles/m) of a block's gradients from its start to t (s)."""
         m = np.zeros(3)
         for i, g in enumerate(grads):
             if g is None:
                 continue
-            kind, row = g
-            if kind == "trap":
-                m[i] = _trap_moment(row, t)
-                continue
+            _, row = g  # an arbitrary gradient (trapezoids: _trap_moments)
             # 1.3: amp shape delay; 1.4: amp shape time delay; 1.5: amp first last shape time delay
             minor = self.f.version[1]
             amp, sid, tid, delay = ((row[0], int(row[3]), int(row[4]), row[5] * 1e-6) if minor >= 5
@@ -842,7 +804,7 @@ class _Reader:
             k = k.astype(np.int64)
             return [0] + k[1:].tolist(), int(k[0]), axis * u
         # which axes dephase: those not rewound between consecutive RF pulses
-        rf_at = [i for i, evs in enumerate(self._flat_events()) if evs == "rf"]
+        rf_at = [i for i, kind in enumerate(self.ev_kind) if kind == "rf"]
         balanced = np.zeros(3, dtype=bool)
         if len(rf_at) >= 2 or (rf_at and self.periodic):
             cyc = np.concatenate([pts[rf_at], [pts[rf_at[0]] + self.end_moment]]) if self.periodic else pts[rf_at]
@@ -861,8 +823,7 @@ class _Reader:
             if units[a] is None:
                 if balanced[a] or np.max(np.abs(inc[:, a])) * self.voxel < 1.0:
                     continue  # encodes k-space (phase encoding, EPI blips): left out
-                strong = [b for b in range(3) if np.max(np.abs(inc[:, b])) * self.voxel >= ENCODING_CYCLES]
-                found = self._spoiling(inc, strong, units, blocks)
+                found = self._spoiling(inc, np.flatnonzero(strong).tolist(), units, blocks)
                 if found is not None:
                     return found
                 j = self._first_bad(inc[:, a])
@@ -959,9 +920,6 @@ class _Reader:
                               f"cannot keep them apart: {why}; give axis= to follow one, or dephasing= a callable")
         k = N @ np.array(mult, dtype=np.int64)
         return [0] + k[1:].tolist(), int(k[0]), np.full(3, np.nan)
-
-    def _flat_events(self):
-        return self.ev_kind
 
     @staticmethod
     def _dominant_axis(inc):
