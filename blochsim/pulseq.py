@@ -167,23 +167,26 @@ def decompress_shape(values, n):
     v = np.asarray(values, dtype=np.float64)
     if v.size == n:
         return v.copy()
-    out, i = [], 0
-    while i < v.size:
-        if i + 1 < v.size and v[i] == v[i + 1]:
-            if i + 2 >= v.size:
-                raise ValueError("a repeated value ends the shape without its count")
-            count = int(round(v[i + 2]))
-            out.extend([v[i]] * (count + 2))
-            i += 3
-        else:
-            out.append(v[i])
-            i += 1
-    if len(out) != n:
-        raise ValueError(f"the shape decompresses to {len(out)} samples, not num_samples = {n}")
-    return np.cumsum(out)
+    # the encoding is read left to right: a pair of equal values opens a run, its count follows, and
+    # reading resumes after the count (so pairs inside a run's triple are not runs)
+    counts = np.ones(v.size, dtype=np.int64)
+    resume = 0
+    for i in np.flatnonzero(v[:-1] == v[1:]).tolist():
+        if i < resume:
+            continue
+        if i + 2 >= v.size:
+            raise ValueError("a repeated value ends the shape without its count")
+        counts[i], counts[i + 1], counts[i + 2] = int(round(v[i + 2])) + 2, 0, 0
+        resume = i + 3
+    if np.any(counts < 0):
+        raise ValueError(f"a run has a negative count ({v[np.flatnonzero(counts < 0)[0] + 2]:g})")
+    if int(counts.sum()) != n:
+        raise ValueError(f"the shape decompresses to {int(counts.sum())} samples, not num_samples = {n}")
+    return np.cumsum(np.repeat(v, counts))
 
 
 _COMMENT = re.compile(r"#[^\n]*")
+_USE_LETTER = re.compile(r"(?<=\s)[A-Za-z]+[ \t\r]*$", re.MULTILINE)  # a row's last word
 
 
 def _lines_starting(text, word):
@@ -215,15 +218,16 @@ class _File:
 
     def __init__(self, path):
         self.path = os.fspath(path)
-        if not os.path.isfile(self.path):
-            raise FileNotFoundError(f"no Pulseq file at {self.path!r}")
         self.defs = {}
         self.blocks = []
         self.rows = {"RF": {}, "TRAP": {}, "GRADIENTS": {}, "ADC": {}, "DELAYS": {}}
-        self.line_of = {}  # (section, id) -> line number
+        self._bodies = {}  # section -> (line of its header, its text)
         self.shapes = {}
-        with open(self.path) as f:
-            text = f.read()
+        try:
+            with open(self.path) as f:
+                text = f.read()
+        except (FileNotFoundError, IsADirectoryError):
+            raise FileNotFoundError(f"no Pulseq file at {self.path!r}") from None
         ver = {}
         # the sections by their headers; [BLOCKS] and [SHAPES] (the bulk of a file) are parsed in one call each
         heads, line, at = [], 1, 0
@@ -243,7 +247,10 @@ class _File:
                 block_parts.append((first, body.split("\n")))
             elif section == "SHAPES":
                 self._parse_shapes(body, first)
-            elif section in ("VERSION", "DEFINITIONS", *self.rows):
+            elif section in self.rows:
+                self._bodies[section] = (first, body)
+                self._parse_rows(section, body, first)
+            elif section in ("VERSION", "DEFINITIONS"):
                 for k, raw in enumerate(body.split("\n")):
                     line = raw.split("#", 1)[0].strip()
                     if not line:
@@ -253,12 +260,8 @@ class _File:
                         if section == "VERSION":
                             if tok[0] in ("major", "minor"):  # a revision may read "1post1"
                                 ver[tok[0]] = int(tok[1])
-                        elif section == "DEFINITIONS":
-                            self.defs[tok[0]] = tok[1:]
                         else:
-                            # version 1.5 ends an RF row with a letter (the pulse's use)
-                            self.rows[section][int(tok[0])] = [float(t) for t in tok[1:] if not t.isalpha()]
-                            self.line_of[section, int(tok[0])] = first + k + 1
+                            self.defs[tok[0]] = tok[1:]
                     except (ValueError, IndexError):
                         raise PulseqError(f"{self.path}, line {first + k + 1}: cannot read {raw.strip()!r} in "
                                           f"[{section}]") from None
@@ -280,7 +283,7 @@ class _File:
             want = _FIELDS[section][minor]
             for i, r in rows.items():
                 if len(r) != want:
-                    raise PulseqError(f"{self.path}, line {self.line_of[section, i]}: [{section}] row {i} has "
+                    raise PulseqError(f"{self.path}, line {self.line_of(section, i)}: [{section}] row {i} has "
                                       f"{len(r)} numbers after its id, version 1.{minor} has {want}")
         self._check_rasters()
         self.durations = self._durations_1_3() if minor == 3 else self.blocks[:, 1] * self.block_raster
@@ -365,6 +368,58 @@ class _File:
                 vals = np.array([float(t) for t in values.split()])
             self._end_shape(sid, n, vals, line)
 
+    def _parse_rows(self, section, body, first):
+        """The rows of an event section ([RF], [TRAP], ...) as lists of
+        numbers after their id.  A long section is parsed in one call; a
+        short one, or one with a line that is not numbers, line by line
+        (which names the line at fault)."""
+        if body.count("\n") > 64:
+            if self._parse_table(section, body):
+                return
+        for k, raw in enumerate(body.split("\n")):
+            line = raw.split("#", 1)[0]
+            tok = line.split()
+            if not tok:
+                continue
+            try:
+                # version 1.5 ends an RF row with a letter (the pulse's use)
+                self.rows[section][int(tok[0])] = [float(t) for t in tok[1:-1 if tok[-1].isalpha() else None]]
+            except (ValueError, IndexError):
+                raise PulseqError(f"{self.path}, line {first + k + 1}: cannot read {raw.strip()!r} in "
+                                  f"[{section}]") from None
+
+    def _parse_table(self, section, body):
+        """Rows of equal length parsed in one call; False where the
+        section is not such a table."""
+        text = _COMMENT.sub("", body) if "#" in body else body
+        text = _USE_LETTER.sub(" ", text)
+        lines = [ln for ln in text.split("\n") if ln.strip()]
+        if not lines:
+            return True
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                values = np.fromstring(text, dtype=np.float64, sep=" ")
+        except ValueError:  # a token that is not a number: named below
+            values = np.zeros(0)
+        widths = {len(ln.split()) for ln in lines}
+        if len(widths) == 1 and values.size == len(lines) * min(widths):
+            table = values.reshape(len(lines), -1)
+            ids = table[:, 0]
+            if np.array_equal(ids, np.round(ids)):
+                self.rows[section].update(zip(ids.astype(np.int64).tolist(), table[:, 1:].tolist()))
+                return True
+        return False
+
+    def line_of(self, section, rid):
+        """The line number of row rid of an event section."""
+        first, body = self._bodies[section]
+        for k, raw in enumerate(body.split("\n")):
+            tok = raw.split("#", 1)[0].split()
+            if tok and _is_number(tok[0]) and float(tok[0]) == rid:
+                return first + k + 1
+        return first
+
     def _parse_blocks(self, parts):
         """The [BLOCKS] rows as an int64 array (n, 8): NUM DUR RF GX GY GZ
         ADC EXT.  A long file's rows are parsed in one call; a section with
@@ -414,22 +469,26 @@ class _File:
 
     def _check_rasters(self):
         minor = self.version[1]
-        checks = (("RF", lambda r: [r[{3: 3, 4: 4, 5: 5}[minor]] * 1e-6], self.rf_raster, "{}'s delay is not on the RF"),
-                  ("TRAP", lambda r: [t * 1e-6 for t in r[1:5]], self.grad_raster,
-                   "trapezoid {}'s times are not on the gradient"),
-                  ("GRADIENTS", lambda r: [r[-1] * 1e-6], self.grad_raster, "gradient {}'s delay is not on the gradient"),
-                  ("ADC", lambda r: [r[1] * 1e-9], self.adc_raster, "ADC {}'s dwell is not on the ADC"))
-        for section, times, raster, what in checks:
+        # section, the columns (after the id) that hold times, their unit (s), the raster, what they are
+        checks = (("RF", [{3: 3, 4: 4, 5: 5}[minor]], 1e-6, self.rf_raster, "{}'s delay is not on the RF"),
+                  ("TRAP", [1, 2, 3, 4], 1e-6, self.grad_raster, "trapezoid {}'s times are not on the gradient"),
+                  ("GRADIENTS", [-1], 1e-6, self.grad_raster, "gradient {}'s delay is not on the gradient"),
+                  ("ADC", [1], 1e-9, self.adc_raster, "ADC {}'s dwell is not on the ADC"))
+        for section, cols, unit, raster, what in checks:
             rows = self.rows[section]
             if not rows:
                 continue
-            ids = list(rows)
-            t = np.array([times(rows[i]) for i in ids]) / raster
-            off = np.any(np.abs(t - np.round(t)) > 1e-6 * np.maximum(1.0, np.abs(t)), axis=1)
-            if np.any(off):
-                i = ids[int(np.argmax(off))]
+            scale = unit / raster
+            if len(rows) > 32:
+                t = np.array(list(rows.values()))[:, cols] * scale
+                off = np.any(np.abs(t - np.round(t)) > 1e-6 * np.maximum(1.0, np.abs(t)), axis=1)
+                bad = [list(rows)[int(np.argmax(off))]] if np.any(off) else []
+            else:  # a few rows: plain Python is quicker than arrays
+                bad = [i for i, r in rows.items()
+                       if any(abs(r[c] * scale - round(r[c] * scale)) > 1e-6 * max(1.0, abs(r[c] * scale)) for c in cols)]
+            for i in bad[:1]:
                 label = f"RF {i}" if section == "RF" else str(i)
-                raise PulseqError(f"{self.path}, line {self.line_of[section, i]}: {what.format(label)} raster "
+                raise PulseqError(f"{self.path}, line {self.line_of(section, i)}: {what.format(label)} raster "
                                   f"({raster:g} s)")
 
     def _end_shape(self, sid, n, vals, number):
@@ -457,11 +516,11 @@ def _trap_moments(amp, rise, flat, fall, delay, t):
     delay, all s] from the block start to times t (s), over arrays."""
     x = t - delay
     r = np.clip(x, 0.0, rise)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        m = np.where(rise > 0, amp * r * r / (2 * rise), 0.0)
-        m += amp * np.clip(x - rise, 0.0, flat)
-        d = np.clip(x - rise - flat, 0.0, fall)
-        m += np.where(fall > 0, amp * (d - d * d / (2 * fall)), 0.0)
+    d = np.clip(x - rise - flat, 0.0, fall)
+    # a ramp of zero length contributes nothing (and is not divided by)
+    m = amp * np.divide(r * r, 2 * rise, out=np.zeros_like(r), where=rise > 0)
+    m += amp * np.clip(x - rise, 0.0, flat)
+    m += amp * (d - np.divide(d * d, 2 * fall, out=np.zeros_like(d), where=fall > 0))
     return m
 
 
@@ -544,7 +603,6 @@ def _common_unit(values, tol_rel, tol_abs, min_unit=0.0):
     top = float(a.max()) if a.size else 0.0
     if top == 0:
         return 0.0
-    a = np.unique(a)
     n = np.arange(1, _MAX_SUBDIVISION + 1, dtype=np.float64)
     for floor in (0.0, 1e-6, 1e-4, 1e-3):
         u = float(a[a > floor * top].min()) / n  # the candidates, largest first
@@ -642,14 +700,29 @@ class _Reader:
             time_id, center = 0, None
         key = (amp, mag_id, ph_id, time_id)
         if key in self._waves:
-            wave, times, known, peak_centre = self._waves[key]
+            wave, times, known = self._waves[key]
             return _RF(rid, wave, times, bool(time_id), raster, delay * 1e-6,
-                       peak_centre if center is None else center, freq, phase, known)
+                       self._peak_centre(wave, times, known) if center is None else center, freq, phase, known)
         mag = self.f.shape(mag_id, f"RF {rid}")
-        ph = self.f.shape(ph_id, f"RF {rid}") if ph_id else np.zeros_like(mag)
-        if ph.size != mag.size:
-            raise PulseqError(f"{self.f.path}: RF {rid}: magnitude and phase shapes differ in length")
-        wave = amp * mag * np.exp(2j * np.pi * ph)
+        known = {}
+        if ph_id:
+            ph = self.f.shape(ph_id, f"RF {rid}")
+            if ph.size != mag.size:
+                raise PulseqError(f"{self.f.path}: RF {rid}: magnitude and phase shapes differ in length")
+            # one phase up to sign: the non-zero samples' phases (cycles) differ by multiples of 1/2
+            on = mag != 0
+            p0 = ph[np.argmax(on)]
+            half = 2.0 * (ph - p0)
+            whole = np.round(half)
+            known["one_phase"] = bool(np.all(np.abs(half - whole)[on] <= 1e-9))
+            if known["one_phase"]:
+                sign = 1.0 - 2.0 * (whole.astype(np.int64) & 1)
+                wave = (amp * sign * mag) * np.exp(2j * np.pi * p0)
+            else:
+                wave = amp * mag * np.exp(2j * np.pi * ph)
+        else:
+            wave = (amp * mag).astype(np.complex128)
+            known["one_phase"] = True  # real samples: one phase up to sign
         if time_id < 0:
             raise PulseqError(f"{self.f.path}: RF {rid} has time shape {time_id} (oversampled regular sampling), "
                               "which is not read")
@@ -659,13 +732,19 @@ class _Reader:
                 raise PulseqError(f"{self.f.path}: RF {rid}: its time shape is not {mag.size} increasing times")
         else:
             times = (np.arange(mag.size) + 0.5) * raster
-        # version 1.4 has no centre: the peak of the magnitude (the middle of a plateau)
-        peak = np.abs(mag) >= np.max(np.abs(mag)) * (1 - 1e-5)
-        peak_centre = 0.5 * float(times[peak][0] + times[peak][-1])
-        known = {}
-        self._waves[key] = (wave, times, known, peak_centre)
+        self._waves[key] = (wave, times, known)
         return _RF(rid, wave, times, bool(time_id), raster, delay * 1e-6,
-                   peak_centre if center is None else center, freq, phase, known)
+                   self._peak_centre(wave, times, known) if center is None else center, freq, phase, known)
+
+    @staticmethod
+    def _peak_centre(wave, times, known):
+        """The centre of a version 1.4 pulse, which the file does not give:
+        the peak of the magnitude (the middle of a plateau)."""
+        if "peak_centre" not in known:
+            a = np.abs(wave)
+            peak = a >= np.max(a) * (1 - 1e-5)
+            known["peak_centre"] = 0.5 * float(times[peak][0] + times[peak][-1])
+        return known["peak_centre"]
 
     def _timeline(self):
         """Blocks, the RF and ADC events in time order, and the cumulative
@@ -739,17 +818,17 @@ class _Reader:
         cum = np.concatenate([np.zeros((1, 3)), np.cumsum(self.net, axis=0)])
         self.end_moment = cum[-1]
         partial = np.zeros((self.ev_b.size, 3))
-        for ax in range(3):
-            g = ids[self.ev_b, ax]
-            t = self.ev_when
-            tr = kind[g] == 1
-            if np.any(tr):
-                amp, rise, flat, fall, delay = (trap_tab[g[tr]] * np.array([1, 1e-6, 1e-6, 1e-6, 1e-6])).T
-                partial[tr, ax] = _trap_moments(amp, rise, flat, fall, delay, t[tr])
-            for e in np.flatnonzero(kind[g] == 2):
-                row = [None, None, None]
-                row[ax] = ("arb", arbs[int(g[e])])
-                partial[e, ax] = self._moment(row, float(t[e]))[ax]
+        G = ids[self.ev_b]  # (events, 3): each event's block's gradients
+        K = kind[G]
+        tr = K == 1
+        if np.any(tr):
+            amp, rise, flat, fall, delay = (trap_tab[G[tr]] * np.array([1, 1e-6, 1e-6, 1e-6, 1e-6])).T
+            t = self.ev_when[np.nonzero(tr)[0]]
+            partial[tr] = _trap_moments(amp, rise, flat, fall, delay, t)
+        for e, ax in zip(*np.nonzero(K == 2)):
+            row = [None, None, None]
+            row[ax] = ("arb", arbs[int(G[e, ax])])
+            partial[e, ax] = self._moment(row, float(self.ev_when[e]))[ax]
         self.points = cum[self.ev_b] + partial
         self.point_block = self.num[self.ev_b]
 
@@ -806,22 +885,22 @@ class _Reader:
         # which axes dephase: those not rewound between consecutive RF pulses
         rf_at = [i for i, kind in enumerate(self.ev_kind) if kind == "rf"]
         balanced = np.zeros(3, dtype=bool)
+        peak = np.max(np.abs(inc), axis=0).tolist()
         if len(rf_at) >= 2 or (rf_at and self.periodic):
             cyc = np.concatenate([pts[rf_at], [pts[rf_at[0]] + self.end_moment]]) if self.periodic else pts[rf_at]
             between = np.diff(cyc, axis=0)
-            spread = np.max(np.abs(inc), axis=0)
-            balanced = np.all(np.abs(between) <= 1e-6 * np.maximum(spread, 1e-30) + tol_abs, axis=0)
+            balanced = np.all(np.abs(between) <= 1e-6 * np.maximum(peak, 1e-30) + tol_abs, axis=0)
         # a unit must itself dephase the voxel: distinct orders closer than that are not distinct pathways
-        strong = np.max(np.abs(inc), axis=0) * self.voxel >= ENCODING_CYCLES
+        strong = [p * self.voxel >= ENCODING_CYCLES for p in peak]
         units = [_common_unit(inc[:, a], MOMENT_TOLERANCE, tol_abs, ENCODING_CYCLES / self.voxel) if strong[a] else 0.0
                  for a in range(3)]
         chosen, g_all, independent = [], None, []
-        order = sorted(range(3), key=lambda a: (bool(balanced[a]), -float(np.max(np.abs(inc[:, a])))))
+        order = sorted(range(3), key=lambda a: (bool(balanced[a]), -peak[a]))
         for a in order:
-            if units[a] == 0 or np.max(np.abs(inc[:, a])) * self.voxel < ENCODING_CYCLES:
+            if units[a] == 0 or not strong[a]:
                 continue  # no moment, or one well under a cycle across the voxel (phase encoding)
             if units[a] is None:
-                if balanced[a] or np.max(np.abs(inc[:, a])) * self.voxel < 1.0:
+                if balanced[a] or peak[a] * self.voxel < 1.0:
                     continue  # encodes k-space (phase encoding, EPI blips): left out
                 found = self._spoiling(inc, np.flatnonzero(strong).tolist(), units, blocks)
                 if found is not None:
@@ -938,16 +1017,28 @@ class _Reader:
     def _direction(N):
         """The primitive integer vector g with every row of N a multiple of
         it, or None (rows not proportional)."""
-        rows = np.any(N != 0, axis=1)
-        if not np.any(rows):
+        if N.shape[0] > 64:  # long files: the same test over arrays
+            nz = np.any(N != 0, axis=1)
+            if not np.any(nz):
+                return np.zeros(N.shape[1], dtype=np.int64)
+            first = N[int(np.argmax(nz))]
+            g = first // np.gcd.reduce(np.abs(first))
+            i0 = int(np.flatnonzero(g)[0])
+            g = -g if g[i0] < 0 else g
+            return g if np.array_equal(N, np.outer(N[:, i0] // g[i0], g)) else None
+        rows = [r for r in N.tolist() if any(r)]
+        if not rows:
             return np.zeros(N.shape[1], dtype=np.int64)
-        first = N[int(np.argmax(rows))]
-        g = first // np.gcd.reduce(np.abs(first))
-        i0 = int(np.flatnonzero(g)[0])
+        d = math.gcd(*rows[0])
+        g = [x // d for x in rows[0]]
+        i0 = next(i for i, x in enumerate(g) if x)
         if g[i0] < 0:
-            g = -g
-        q = N[:, i0] // g[i0]
-        return g if np.array_equal(N, np.outer(q, g)) else None
+            g = [-x for x in g]
+        for r in rows:
+            q = r[i0] // g[i0]
+            if any(x != q * y for x, y in zip(r, g)):
+                return None
+        return np.array(g, dtype=np.int64)
 
     # -- operators ----------------------------------------------------------
 
@@ -1056,9 +1147,10 @@ class _Reader:
         n = len(self.ev_kind)
         at = self.start[self.ev_b] + self.ev_when if n else np.zeros(0)
         u = self.unit_vector
-        if n < 2 or not np.all(np.isfinite(u)) or not np.any(u):
+        norm = math.hypot(*u.tolist())
+        if n < 2 or not (0.0 < norm < math.inf):
             return at
-        d = u / np.linalg.norm(u)
+        d = u / norm
         # per block: its moment along d and where it sits (the trapezoids' centroids)
         parts = np.abs(self.net * d)  # (blocks, 3)
         w = parts.sum(axis=1)
@@ -1067,7 +1159,7 @@ class _Reader:
         with np.errstate(divide="ignore", invalid="ignore"):
             centroid = dl + (r * r / 3 + f * (r + 0.5 * f) + 0.5 * fa * (r + f + fa / 3)) / (
                 0.5 * r + f + 0.5 * fa)
-        centroid = np.where(self._gkind == 1, np.nan_to_num(centroid), np.nan)
+        centroid = np.where(self._gkind == 1, np.where(np.isfinite(centroid), centroid, 0.0), np.nan)
         c = centroid[ids]  # (blocks, 3), nan for arbitrary gradients and none
         c = np.where(np.isnan(c), 0.5 * self.dur[:, None], c)
         with np.errstate(divide="ignore", invalid="ignore"):

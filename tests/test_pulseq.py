@@ -82,6 +82,22 @@ def test_decompress_shape_against_the_run_length_rule():
     np.testing.assert_array_equal(decompress_shape([3.0, 1.0, 4.0], 3), [3.0, 1.0, 4.0])  # stored whole
     with pytest.raises(ValueError, match="decompresses to 2 samples"):
         decompress_shape([1.0, 1.0, 0.0], 5)
+    with pytest.raises(ValueError, match="negative count"):
+        decompress_shape([1.0, 1.0, -4.0], 5)
+    with pytest.raises(ValueError, match="without its count"):
+        decompress_shape([2.0, 1.0, 1.0], 5)
+
+
+def test_decompress_shape_against_pypulseq():
+    """Shapes with runs of every length (plateaus, ramps, counts equal to
+    the neighbouring values) compressed by pypulseq and read back."""
+    compress_shape = pytest.importorskip("pypulseq.compress_shape").compress_shape
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        steps = np.repeat(rng.integers(-3, 4, 40) * 0.25, rng.integers(1, 9, 40))
+        shape = np.cumsum(steps)
+        c = compress_shape(shape, force_compression=True)
+        np.testing.assert_allclose(decompress_shape(c.data, int(c.num_samples)), shape, atol=1e-9)
 
 
 @pytest.mark.parametrize("rf", ["hard", "shaped"])
@@ -256,6 +272,15 @@ def test_malformed_files_are_refused_naming_the_place(tmp_path):
     fields[5] = "0.5"  # delay, us, off the 1 us RF raster
     refused(se.replace(rf_row, " ".join(fields)), r"line \d+: RF 1's delay is not on the RF raster")
     refused(se.replace("BlockDurationRaster 1e-05", "BlockDurationRaster -1"), "BlockDurationRaster must be > 0")
+    # a long section (parsed as one table) with a row out of shape or a word in it: named all the same
+    spare = "\n".join(f"{i} 1000.0 100.0 1000.0 100.0 0.0" for i in range(10, 90))
+    long = se.replace("[TRAP]\n", "[TRAP]\n" + spare + "\n")
+    (tmp_path / "long.seq").write_text(long)
+    np.testing.assert_allclose(Simulator.from_pulseq(tmp_path / "long.seq").simulate(T2=60.0),
+                               Simulator.from_pulseq(tmp_path / "se.seq").simulate(T2=60.0))
+    refused(long.replace("\n50 1000.0 100.0 1000.0 100.0 0.0", "\n50 1000.0 100.0 1000.0 100.0"),
+            r"line \d+: \[TRAP\] row 50 has 4 numbers after its id")
+    refused(long.replace("\n50 1000.0 100.0", "\n50 1000.0 fast"), r"line \d+: cannot read '50 1000.0 fast")
 
 
 def test_moments_are_never_rounded(tmp_path):
@@ -301,3 +326,22 @@ def test_crusher_geometry_follows_from_the_unit(tmp_path):
     delta = (10.1e-3 + 0.8e-3) - (0.1e-3 + 0.8e-3)
     want = np.exp(-D * 1e-9 * k ** 2 * delta)
     np.testing.assert_allclose(abs(s), want, rtol=1e-4)
+
+
+def test_dephasing_direction_short_and_long_trains():
+    """The primitive direction of proportional integer moments (the
+    short-train and long-train paths agree), and None where rows are not
+    proportional."""
+    from blochsim.pulseq import _Reader
+    rng = np.random.default_rng(5)
+    g = np.array([2, -3, 0])
+    for n in (10, 500):
+        q = rng.integers(-4, 5, n)
+        q[0] = 0
+        N = np.outer(q, g)
+        found = _Reader._direction(N)
+        assert found is not None and (np.array_equal(found, g) or np.array_equal(found, -g))
+        assert found[np.flatnonzero(found)[0]] > 0
+        N[-1, 2] = 1  # one row off the line
+        assert _Reader._direction(N) is None
+        assert np.array_equal(_Reader._direction(np.zeros((n, 3), np.int64)), np.zeros(3))
