@@ -5,14 +5,17 @@ Nothing here validates physics; blochsim's Python layer does that before any
 call, and the C++ side re-checks the stream's integrity (indices, slots).
 Device pointers travel as Python ints.
 """
+from cpython.exc cimport PyErr_CheckSignals
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid, PyCapsule_New
 from cpython.ref cimport Py_DECREF, Py_INCREF, PyObject
 from libc.stddef cimport size_t
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc
 
-from blochsim._events cimport EventStream, Pools, Property, Tissue, cuda_error_base, lineshape_g, status_message
-from blochsim._host cimport PerkModel, host_perk_dispatch, perk_max_outputs
+from blochsim._events cimport (EventStream, Pools, Property, Tissue, cuda_error_base, interrupted, lineshape_g,
+                              out_of_memory, status_message)
+from blochsim._host cimport (Interrupt, PerkModel, host_available_memory, host_perk_dispatch, host_set_interrupt,
+                             host_workspace_bytes, perk_max_outputs)
 from blochsim._host cimport (host_adjoint2_dispatch, host_adjoint_dispatch, host_forward_dispatch, host_forward_registers, host_isa,
                              host_jacobian_dispatch, host_jacobian_registers, host_pooled_adjoint_dispatch,
                              host_pooled_dispatch, host_pooled_registers)
@@ -35,15 +38,40 @@ class CudaError(RuntimeError):
     """A CUDA call failed; the message starts with the CUDA error name."""
 
 
-cdef int _raise(int st, const char* err) except -1:
+cdef int _raise(int st, const char* err, list holder=None) except -1:
     if st == 0:
         return 0
     msg = err.decode(errors="replace")
+    if st == interrupted:
+        # the exception the signal handler raised (KeyboardInterrupt for Ctrl-C)
+        raise holder[0] if holder else KeyboardInterrupt()
     if st >= cuda_error_base:
         raise CudaError(msg)
     if not msg:
         msg = status_message(st).decode()
+    if st == out_of_memory:
+        raise MemoryError("blochsim: " + msg)
     raise ValueError("blochsim: " + msg)
+
+
+cdef int _poll(void* ctx) noexcept with gil:
+    """Runs the Python signal handlers (in the main thread; elsewhere a no-op)
+    between blocks of a long call; an exception they raise stops the call
+    and is kept in ctx (a list) to be raised when it returns."""
+    try:
+        PyErr_CheckSignals()
+    except BaseException as e:
+        (<list> ctx).append(e)
+        return 1
+    return 0
+
+
+cdef Interrupt _listen(list holder) noexcept:
+    """Installs _poll for the calls this thread makes; returns the previous poll."""
+    cdef Interrupt i
+    i.poll = _poll
+    i.ctx = <void*> holder
+    return host_set_interrupt(i)
 
 
 cdef class PackedStream:
@@ -118,6 +146,10 @@ cdef class PackedStream:
     def n_samples(self):
         return self.s.n_samples
 
+    @property
+    def states(self):
+        return self.s.states
+
 
 cdef Property* _field(Tissue* t, int i) noexcept:
     if i == 0: return &t.T1_s
@@ -149,7 +181,9 @@ cdef object _host_tissue(Tissue* t, tuple tissue, int64_t n):
             continue
         view = arr
         if view.shape[0] == 0:
-            raise ValueError("blochsim internal error: empty tissue array")
+            if n != 0:
+                raise ValueError("blochsim internal error: empty tissue array")
+            continue
         refs.append(view)
         p.data = &view[0]
         p.stride = 0 if view.shape[0] == 1 else 1
@@ -177,12 +211,15 @@ def forward_host(PackedStream ps, tuple tissue, int64_t n, float complex[:, ::1]
     if n == 0 or ps.s.n_samples == 0:
         return
     cdef float* outp = <float*> &out[0, 0]
+    holder = []
+    cdef Interrupt prev = _listen(holder)
     with nogil:
         if variant == 0:
             st = host_forward_dispatch(ps.s, t, outp, threads)
         else:
             st = host_forward_registers(ps.s, t, outp, variant)
-    _raise(st, err)
+    host_set_interrupt(prev)
+    _raise(st, err, holder)
 
 
 cdef Property* _pool_field(Pools* p, int i) noexcept:
@@ -208,6 +245,9 @@ cdef list _host_pools(Pools* p, tuple pools, int n_exchanging, bint bound, int l
             q.data = NULL
             continue
         view = arr
+        if view.shape[0] == 0:
+            q.data = NULL
+            continue
         keep.append(view)
         q.data = &view[0]
         q.stride = 0 if view.shape[0] == 1 else 1
@@ -257,6 +297,8 @@ def pooled(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bint bo
     if n == 0 or ps.s.n_samples == 0:
         return
     cdef float* outp = <float*> &out[0, 0]
+    holder = []
+    cdef Interrupt prev = _listen(holder)
     with nogil:
         if gpu:
             st = L.pooled(ps.s, t, p, cf, nd, cs, outp, jacp, err, ERRLEN)
@@ -264,7 +306,8 @@ def pooled(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bint bo
             st = host_pooled_registers(ps.s, t, p, outp)
         else:
             st = host_pooled_dispatch(ps.s, t, p, cf, nd, cs, outp, jacp, threads)
-    _raise(st, err)
+    host_set_interrupt(prev)
+    _raise(st, err, holder)
 
 
 cdef int _device_pools(Pools* p, tuple pools, int n_exchanging, bint bound, int lineshape) except -1:
@@ -302,9 +345,12 @@ def pooled_cuda(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bi
     _device_pools(&p, pools, n_exchanging, bound, lineshape)
     if n == 0 or ps.s.n_samples == 0:
         return
+    holder = []
+    cdef Interrupt prev = _listen(holder)
     with nogil:
         st = L.pooled_resident(ps.s, t, p, <float*> out_ptr, <void*> stream, err, ERRLEN)
-    _raise(st, err)
+    host_set_interrupt(prev)
+    _raise(st, err, holder)
 
 
 def pooled_adjoint(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bint bound, int lineshape,
@@ -343,12 +389,15 @@ def pooled_adjoint(PackedStream ps, tuple tissue, tuple pools, int n_exchanging,
     cdef float* tgp = &tgrad[0, 0] if n > 0 and nd > 0 else NULL
     if ps.s.n_events == 0 or n == 0:
         return
+    holder = []
+    cdef Interrupt prev = _listen(holder)
     with nogil:
         if gpu:
             st = L.pooled_adjoint(ps.s, t, p, cf, nd, cotp, evp, tgp, mask, err, ERRLEN)
         else:
             st = host_pooled_adjoint_dispatch(ps.s, t, p, cf, nd, cotp, evp, tgp, threads, mask)
-    _raise(st, err)
+    host_set_interrupt(prev)
+    _raise(st, err, holder)
 
 
 def lineshape_values(int shape, const double[::1] x, double[::1] g, double[::1] dg):
@@ -394,12 +443,15 @@ def jacobian_host(PackedStream ps, tuple tissue, int64_t n, fields, seeds, float
         return
     cdef float* outp = <float*> &out[0, 0]
     cdef float* jacp = <float*> &jac[0, 0, 0]
+    holder = []
+    cdef Interrupt prev = _listen(holder)
     with nogil:
         if variant == 0:
             st = host_jacobian_dispatch(ps.s, t, cf, nd, outp, jacp, threads, cs)
         else:
             st = host_jacobian_registers(ps.s, t, cf, nd, outp, jacp, cs)
-    _raise(st, err)
+    host_set_interrupt(prev)
+    _raise(st, err, holder)
 
 
 def adjoint_host(PackedStream ps, tuple tissue, int64_t n, fields, const float complex[:, ::1] cot,
@@ -431,9 +483,12 @@ def adjoint_host(PackedStream ps, tuple tissue, int64_t n, fields, const float c
     cdef const float* cotp = <const float*> &cot[0, 0] if n > 0 and ps.s.n_samples > 0 else NULL
     cdef double* evp = &ev_grad[0, 0]
     cdef float* tgp = &tgrad[0, 0] if n > 0 and nd > 0 else NULL
+    holder = []
+    cdef Interrupt prev = _listen(holder)
     with nogil:
         st = host_adjoint_dispatch(ps.s, t, cf, nd, cotp, evp, tgp, threads)
-    _raise(st, err)
+    host_set_interrupt(prev)
+    _raise(st, err, holder)
 
 
 def adjoint2_host(PackedStream ps, tuple tissue, int64_t n, int outer_field, const float complex[:, :, ::1] cot,
@@ -454,9 +509,12 @@ def adjoint2_host(PackedStream ps, tuple tissue, int64_t n, int outer_field, con
         return
     cdef const float* cotp = <const float*> &cot[0, j, 0] if n > 0 and ps.s.n_samples > 0 else NULL
     cdef int64_t stride = cot.shape[1] * cot.shape[2]
+    holder = []
+    cdef Interrupt prev = _listen(holder)
     with nogil:
         st = host_adjoint2_dispatch(ps.s, t, outer_field, cotp, stride, &ev_grad[0, 0], threads)
-    _raise(st, err)
+    host_set_interrupt(prev)
+    _raise(st, err, holder)
 
 
 def jacobian_cuda(PackedStream ps, tuple tissue, int64_t n, fields, seeds, uintptr_t out_ptr, uintptr_t jac_ptr,
@@ -480,9 +538,12 @@ def jacobian_cuda(PackedStream ps, tuple tissue, int64_t n, fields, seeds, uintp
     _device_tissue(&t, tissue, n)
     if n == 0 or ps.s.n_samples == 0:
         return
+    holder = []
+    cdef Interrupt prev = _listen(holder)
     with nogil:
         st = L.jacobian(ps.s, t, cf, cs, nd, <float*> out_ptr, <float*> jac_ptr, <void*> stream, err, ERRLEN)
-    _raise(st, err)
+    host_set_interrupt(prev)
+    _raise(st, err, holder)
 
 
 def adjoint_cuda(PackedStream ps, tuple tissue, int64_t n, fields, uintptr_t cot_ptr, double[:, ::1] ev_grad,
@@ -504,10 +565,13 @@ def adjoint_cuda(PackedStream ps, tuple tissue, int64_t n, fields, uintptr_t cot
     _device_tissue(&t, tissue, n)
     if ps.s.n_events == 0:
         return
+    holder = []
+    cdef Interrupt prev = _listen(holder)
     with nogil:
         st = L.adjoint(ps.s, t, cf, nd, <const float*> cot_ptr, &ev_grad[0, 0], <float*> tgrad_ptr, <void*> stream,
                        err, ERRLEN)
-    _raise(st, err)
+    host_set_interrupt(prev)
+    _raise(st, err, holder)
 
 
 def adjoint2_cuda(PackedStream ps, tuple tissue, int64_t n, int outer_field, uintptr_t cot_ptr, int64_t cot_stride,
@@ -524,10 +588,13 @@ def adjoint2_cuda(PackedStream ps, tuple tissue, int64_t n, int outer_field, uin
     _device_tissue(&t, tissue, n)
     if ps.s.n_events == 0:
         return
+    holder = []
+    cdef Interrupt prev = _listen(holder)
     with nogil:
         st = L.adjoint2(ps.s, t, outer_field, <const float*> cot_ptr, cot_stride, &ev_grad[0, 0], <void*> stream,
                         err, ERRLEN)
-    _raise(st, err)
+    host_set_interrupt(prev)
+    _raise(st, err, holder)
 
 
 def cuda_jacobian_max_states(bint real_path):
@@ -549,9 +616,12 @@ def forward_cuda_streamed(PackedStream ps, tuple tissue, int64_t n, float comple
     if n == 0 or ps.s.n_samples == 0:
         return
     cdef float* outp = <float*> &out[0, 0]
+    holder = []
+    cdef Interrupt prev = _listen(holder)
     with nogil:
         st = L.forward_streamed(ps.s, t, outp, budget_bytes, err, ERRLEN)
-    _raise(st, err)
+    host_set_interrupt(prev)
+    _raise(st, err, holder)
 
 
 cdef int _device_tissue(Tissue* t, tuple tissue, int64_t n) except -1:
@@ -581,15 +651,45 @@ def forward_cuda(PackedStream ps, tuple tissue, int64_t n, uintptr_t out_ptr, ui
     _device_tissue(&t, tissue, n)
     if n == 0 or ps.s.n_samples == 0:
         return
+    holder = []
+    cdef Interrupt prev = _listen(holder)
     with nogil:
         st = L.forward(ps.s, t, <float*> out_ptr, <void*> stream, err, ERRLEN)
-    _raise(st, err)
+    host_set_interrupt(prev)
+    _raise(st, err, holder)
 
 
 def cuda_bytes_per_problem(PackedStream ps):
     """Device bytes one problem needs (output, tissue, scratch)."""
     cdef Tissue t
     return L.bytes_per_problem(ps.s, t)
+
+
+ENTRIES = ("forward", "jacobian", "adjoint", "adjoint2", "pooled", "pooled_adjoint")
+
+
+def workspace_bytes(str entry, PackedStream ps, int64_t n, int threads, fields=(), int n_exchanging=0,
+                    bint bound=False, unsigned mask=31):
+    """Bytes the host entry ``entry`` (ENTRIES) allocates beyond its inputs
+    and outputs for n problems on ``threads`` threads (host.hpp
+    workspace_bytes); ``fields`` its directions (indices as the entry's),
+    the pool counts for the pooled entries."""
+    cdef Pools p
+    cdef int cf[33]
+    cdef int nd = len(fields)
+    if nd > 33:
+        raise ValueError("blochsim internal error: too many directions")
+    for i in range(nd):
+        cf[i] = int(fields[i])
+    p.n_exchanging = n_exchanging
+    p.bound = 1 if bound else 0
+    p.lineshape = 0
+    return host_workspace_bytes(ENTRIES.index(entry), ps.s, &p, n, threads, cf, nd, mask)
+
+
+def available_memory():
+    """Bytes of host memory a new allocation can take (interrupt.hpp)."""
+    return host_available_memory()
 
 
 def host_instruction_set():
@@ -868,6 +968,9 @@ def perk(const float[:, ::1] omega, const float[::1] phase, const float[:, ::1] 
             xp = &xv[0, 0]
     cdef const float* xin = &x[0, 0] if n > 0 else NULL
     cdef float* op = &out[0, 0] if n > 0 else NULL
+    holder = []
+    cdef Interrupt prev = _listen(holder)
     with nogil:
         st = host_perk_dispatch(m, xin, gp, n, op, xp, threads)
-    _raise(st, b"")
+    host_set_interrupt(prev)
+    _raise(st, b"", holder)

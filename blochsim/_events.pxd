@@ -4,6 +4,8 @@ from libc.stdint cimport int32_t, int64_t, uint32_t
 
 cdef extern from "blochsim/config.hpp" namespace "blochsim" nogil:
     const int cuda_error_base
+    const int out_of_memory
+    const int interrupted
     const char* status_message(int status)
 
 

@@ -17,6 +17,12 @@ cdef extern from "blochsim/perk.hpp" namespace "blochsim" nogil:
         const float* offset
 
 
+cdef extern from "blochsim/interrupt.hpp" namespace "blochsim" nogil:
+    cdef struct Interrupt:
+        int (*poll)(void* ctx) noexcept
+        void* ctx
+
+
 cdef extern from "dispatch.hpp" namespace "blochsim" nogil:
     int host_forward_dispatch(const EventStream& s, const Tissue& t, float* out, int threads)
     int host_jacobian_dispatch(const EventStream& s, const Tissue& t, const int* fields, int n_dirs,
@@ -37,3 +43,8 @@ cdef extern from "dispatch.hpp" namespace "blochsim" nogil:
     int host_perk_dispatch(const PerkModel& m, const float* x, const float* g, int64_t n, float* out,
                            float* xbar, int threads)
     const char* host_isa()
+    double host_workspace_bytes(int entry, const EventStream& s, const Pools* p, int64_t n, int threads,
+                                const int* fields, int n_dirs, unsigned mask)
+    double host_available_memory()
+    Interrupt host_set_interrupt(Interrupt i)
+

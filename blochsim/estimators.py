@@ -914,14 +914,14 @@ class NonlinearLeastSquares:
             return {**{k: t[:, i] for i, k in enumerate(self.names)}, **self.fixed}
 
         def signal(t):
-            return np.asarray(sim.simulate(**kw(t))).reshape(n, -1).astype(np.complex128)
+            return np.asarray(sim.simulate(**kw(t))).reshape(n, self.contrasts).astype(np.complex128)
 
         mu = np.full(n, 1e-3)
         active = np.ones(n, bool)
         iterations = np.zeros(n, np.int64)
         s, J = sim.jacobian(tuple(self.names), **kw(theta))
-        s = np.asarray(s).reshape(n, -1).astype(np.complex128)
-        J = np.asarray(J).reshape(n, p, -1).astype(np.complex128)
+        s = np.asarray(s).reshape(n, self.contrasts).astype(np.complex128)
+        J = np.asarray(J).reshape(n, p, self.contrasts).astype(np.complex128)
         cost = np.sum(np.abs(s - y) ** 2, axis=1)
         for _ in range(self.max_iterations):
             if not active.any():
@@ -948,8 +948,8 @@ class NonlinearLeastSquares:
             active &= ~done
             if better.any():
                 s_new, J_new = sim.jacobian(tuple(self.names), **kw(theta))
-                s = np.asarray(s_new).reshape(n, -1).astype(np.complex128)
-                J = np.asarray(J_new).reshape(n, p, -1).astype(np.complex128)
+                s = np.asarray(s_new).reshape(n, self.contrasts).astype(np.complex128)
+                J = np.asarray(J_new).reshape(n, p, self.contrasts).astype(np.complex128)
         H = np.real(np.einsum("nis,njs->nij", J.conj(), J))
         dof = max(2 * self.contrasts - p, 1)
         sigma2 = (self.noise_std ** 2) if self.noise_std is not None else cost / dof

@@ -5,7 +5,7 @@ preparation) as operators; blochsim packs it into the event stream once per
 shape and plays it through the EPG kernels.  Writing a custom sequence::
 
     import numpy as np
-    from blochsim import Simulator, Excitation, Refocusing, Delay, Dephase, Readout
+    from blochsim import _memory, Simulator, Excitation, Refocusing, Delay, Dephase, Readout
 
     class CPMG(Simulator):
         protocol = {"ESP": 10.0, "n_echoes": 16}
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from blochsim import _core, _dispatch, _pools, steady
+from blochsim import _core, _dispatch, _memory, _pools, steady
 from blochsim import _validate as V
 from blochsim.sequence import (EV_INVERSION, Operator, Readout, Traced, _GRAD_DURATION, _GRAD_FLIP, _GRAD_PHASE, _GRAD_RF_DURATION, _GRAD_RF_OFFSET, pack,
                                pack_with_provenance, trace)
@@ -580,13 +580,34 @@ class Simulator(_Base):
         arrays, shape = self._tissue(tissue)
         s, ps, _, _ = self._stream_for(p, set(arrays))
         n = int(np.prod(shape, dtype=np.int64))
-        si = _host_si(arrays, shape)
         threads = self.threads if self.threads is not None else _dispatch.default_threads()
         if out is not None:
             for name, a, want in _jacobian_out_shapes(out, shape, len(fields), ps.n_samples, one):
                 _check_host_out(name, a, want)
+        self._check_memory("jacobian", ps, shape, arrays, "jacobian", fields,
+                           outputs=0 if out is not None else 1 + len(fields))
+        si = _host_si(arrays, shape)
         signal, J = self._host_jacobian(ps, si, n, shape, fields, scale, threads, out)
         return out if out is not None else (signal, J[..., 0, :] if one else J)
+
+    def _check_memory(self, what, ps, shape, arrays, entry, fields=(), outputs=1, pools=None, host_kernels=True):
+        """Refuse (MemoryError, before anything is allocated) a call whose
+        host memory does not fit: ``outputs`` complex64 rows of samples per
+        voxel, the tissue planes and, with ``host_kernels``, the workspaces
+        of the host entry ``entry`` (_core.ENTRIES) with ``fields`` and the
+        pool counts ``pools``."""
+        n = int(np.prod(shape, dtype=np.int64))
+        threads = self.threads if self.threads is not None else _dispatch.default_threads()
+        # each property not a scalar: a float64 broadcast copy, its SI values, and the float32 plane
+        planes = sum(1 for a in arrays.values() if np.size(a) != 1)
+        per = 8.0 * ps.n_samples * outputs + 20.0 * planes
+        fixed = 0.0
+        if host_kernels and n:
+            n_exchanging, bound = pools if pools is not None else (0, False)
+            fixed = _core.workspace_bytes(entry, ps, n, threads, list(fields), n_exchanging, bound)
+        _memory.check_host(f"{type(self).__name__}.{what}", n, per, fixed,
+                           f"the workspace of states={ps.states} on {threads} thread(s)",
+                           "lower states (or threads)")
 
     def _host_jacobian(self, ps, si, n, shape, fields, scale, threads, out=None):
         """Signal (*shape, samples) and Jacobian (*shape, len(fields),
@@ -709,6 +730,7 @@ class Simulator(_Base):
         arrays, shape = self._tissue(tissue)
         s, ps, _, _ = self._stream_for(p, set(arrays), stream)
         n = int(np.prod(shape, dtype=np.int64))
+        self._check_memory("vjp", ps, shape, arrays, "adjoint", fields, outputs=2)
         si = _host_si(arrays, shape)
         threads = self.threads if self.threads is not None else _dispatch.default_threads()
         signal = np.empty(shape + (s.n_samples,), dtype=np.complex64)
@@ -788,9 +810,10 @@ class Simulator(_Base):
         arrays, shape = self._tissue(tissue)
         s, ps, _, _ = self._stream_for(p, set(arrays), stream)
         n = int(np.prod(shape, dtype=np.int64))
+        fields, scale = _fields_and_scale(names)
+        self._check_memory("jacobian_vjp", ps, shape, arrays, "adjoint2", fields, outputs=2 + 2 * len(fields))
         si = _host_si(arrays, shape)
         threads = self.threads if self.threads is not None else _dispatch.default_threads()
-        fields, scale = _fields_and_scale(names)
         signal, J = self._host_jacobian(ps, si, n, shape, fields, scale, threads)
         one = isinstance(diff, str)
         J_out = J[..., 0, :] if one else J
@@ -1020,11 +1043,13 @@ class Simulator(_Base):
         want = shape + (s.n_samples,)
         if device == "cuda" and (ifaces or out_on_device):
             return self._simulate_resident(ps, arrays, ifaces, shape, want, out)
+        if out is not None:
+            _check_host_out("out", out, want)
+        self._check_memory("simulate", ps, shape, arrays, "forward", outputs=0 if out is not None else 1,
+                           host_kernels=device == "cpu")
         si = _host_si(arrays, shape)
         if out is None:
             out = np.empty(want, dtype=np.complex64)
-        else:
-            _check_host_out("out", out, want)
         flat = out.reshape(n, s.n_samples)
         if device == "cuda":
             _core.forward_cuda_streamed(ps, si, n, flat, p["budget_bytes"] or 0)
@@ -1040,13 +1065,15 @@ class Simulator(_Base):
         inputs (moved through the host; the cotangent may be a device array,
         the gradients are NumPy)."""
         tissue, gpu, library, _ = self._pooled_backend(tissue, on_device)
-        signal = self._pooled(p, tissue, (), (), None, gpu)[0]
         owner = type(self).__name__
         n_exchanging, bound = _pools.configuration(tissue, owner)
         arrays, shape = self._tissue(tissue)
         s, ps, _, _ = self._stream_for(p, set(arrays), stream)
         n = int(np.prod(shape, dtype=np.int64))
         fields = [_pools.field_index(k) for k in tissue_names]
+        self._check_memory("vjp", ps, shape, arrays, "pooled_adjoint", fields, outputs=2,
+                           pools=(n_exchanging, bound), host_kernels=not gpu)
+        signal = self._pooled(p, tissue, (), (), None, gpu)[0]
         scale = np.array([V.TISSUE_UNITS[k][0] for k in tissue_names])
         threads = self.threads if self.threads is not None else _dispatch.default_threads()
         tshapes = {k: np.shape(arrays[k]) for k in tissue_names}
@@ -1140,11 +1167,14 @@ class Simulator(_Base):
             else:
                 _check_host_out("out", out, want)
                 signal = out
+        fields = [_pools.field_index(k) for k in names]
+        self._check_memory("jacobian" if names else "simulate", ps, shape, arrays, "pooled", fields,
+                           outputs=0 if out is not None else 1 + len(names), pools=(n_exchanging, bound),
+                           host_kernels=not gpu)
         if signal is None:
             signal = np.empty(want, dtype=np.complex64)
         if names and jac is None:
             jac = np.empty((n, len(names), ns), dtype=np.complex64)
-        fields = [_pools.field_index(k) for k in names]
         # seeded with the SI value of one public unit: derivatives per public unit
         seeds = [float(V.TISSUE_UNITS[k][0]) for k in names]
         threads = self.threads if self.threads is not None else _dispatch.default_threads()

@@ -50,43 +50,55 @@ const Kernels& chosen() {
 
 }  // namespace
 
-int host_forward_dispatch(const EventStream& s, const Tissue& t, float* out, int threads) {
+int host_forward_dispatch(const EventStream& s, const Tissue& t, float* out, int threads) noexcept {
   const Kernels& k = chosen();
   return host::forward_status(s, t, out, threads, k.real, k.complex);
 }
 
 int host_jacobian_dispatch(const EventStream& s, const Tissue& t, const int* fields, int n_dirs, float* out,
-                           float* jac, int threads, const float* seeds) {
+                           float* jac, int threads, const float* seeds) noexcept {
   return host::jacobian_status(s, t, fields, n_dirs, out, jac, threads, seeds, chosen().jacobian);
 }
 
 int host_adjoint_dispatch(const EventStream& s, const Tissue& t, const int* fields, int n_tdirs, const float* cot,
-                          double* ev_grad, float* tgrad, int threads) {
+                          double* ev_grad, float* tgrad, int threads) noexcept {
   return host::adjoint_status(s, t, fields, n_tdirs, cot, ev_grad, tgrad, threads, chosen().adjoint);
 }
 
 int host_adjoint2_dispatch(const EventStream& s, const Tissue& t, int outer_field, const float* cot,
-                           int64_t cot_stride, double* ev_grad, int threads) {
+                           int64_t cot_stride, double* ev_grad, int threads) noexcept {
   return host::adjoint2_status(s, t, outer_field, cot, cot_stride, ev_grad, threads, chosen().adjoint2);
 }
 
 int host_pooled_dispatch(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_dirs,
-                         const float* seeds, float* out, float* jac, int threads) {
+                         const float* seeds, float* out, float* jac, int threads) noexcept {
   return host::pooled_status(s, t, p, fields, n_dirs, seeds, out, jac, threads, chosen().pooled,
                              chosen().pooled_jacobian);
 }
 
 int host_pooled_adjoint_dispatch(const EventStream& s, const Tissue& t, const Pools& p, const int* fields,
                                  int n_tdirs, const float* cot, double* ev_grad, float* tgrad, int threads,
-                                 unsigned mask) {
+                                 unsigned mask) noexcept {
   return host::pooled_adjoint_status(s, t, p, fields, n_tdirs, cot, ev_grad, tgrad, threads, mask);
 }
 
 int host_perk_dispatch(const PerkModel& m, const float* x, const float* g, int64_t n, float* out, float* xbar,
-                       int threads) {
+                       int threads) noexcept {
   return host::perk_status(m, x, g, n, out, xbar, threads, chosen().perk);
 }
 
-const char* host_isa() { return chosen().isa; }
+const char* host_isa() noexcept { return chosen().isa; }
+
+double host_workspace_bytes(int entry, const EventStream& s, const Pools* p, int64_t n, int threads, const int* fields,
+                            int n_dirs, unsigned mask) noexcept {
+  if (entry >= 0 && entry <= 3)
+    return host::workspace_bytes(static_cast<host::Entry>(entry), s, n, threads, fields, n_dirs);
+  if (!p) return 0.0;
+  return host::pooled_workspace_bytes(s, *p, n, threads, n_dirs, entry == 5, mask);
+}
+
+double host_available_memory() noexcept { return static_cast<double>(available_memory_bytes()); }
+
+Interrupt host_set_interrupt(Interrupt i) noexcept { return set_interrupt(i); }
 
 }  // namespace blochsim

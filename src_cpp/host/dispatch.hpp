@@ -2,6 +2,7 @@
 #pragma once
 
 #include <blochsim/events.hpp>
+#include <blochsim/interrupt.hpp>
 #include <blochsim/perk.hpp>
 #include <blochsim/pools.hpp>
 
@@ -10,63 +11,74 @@ namespace blochsim {
 // Forward EPG of every problem of t on `threads` threads; returns a Status.
 // The block kernels are built for several x86-64 levels (kernels.cpp) and
 // the best one the CPU supports is chosen at the first call.
-int host_forward_dispatch(const EventStream& s, const Tissue& t, float* out, int threads);
+int host_forward_dispatch(const EventStream& s, const Tissue& t, float* out, int threads) noexcept;
 
 // Signal and tissue Jacobian of every problem of t along the tissue fields
 // fields[0 .. n_dirs), direction j seeded with seeds[j] (host::
 // jacobian_status); returns a Status.
 int host_jacobian_dispatch(const EventStream& s, const Tissue& t, const int* fields, int n_dirs, float* out,
-                           float* jac, int threads, const float* seeds);
+                           float* jac, int threads, const float* seeds) noexcept;
 
 // Reverse mode of every problem of t (host::adjoint_status): the gradient
 // of a real loss with cotangent cot with respect to each event's duration,
 // flip, phase and receiver phase (ev_grad, summed over problems) and to the
 // tissue fields fields[0 .. n_tdirs) per problem (tgrad); returns a Status.
 int host_adjoint_dispatch(const EventStream& s, const Tissue& t, const int* fields, int n_tdirs, const float* cot,
-                          double* ev_grad, float* tgrad, int threads);
+                          double* ev_grad, float* tgrad, int threads) noexcept;
 
 // Second order of every problem of t (host::adjoint2_status): d/d field
 // outer_field of the event gradients of the cotangent cot; returns a Status.
 int host_adjoint2_dispatch(const EventStream& s, const Tissue& t, int outer_field, const float* cot,
-                           int64_t cot_stride, double* ev_grad, int threads);
+                           int64_t cot_stride, double* ev_grad, int threads) noexcept;
 
 // The device's register path run on the host for testing: a team of one
 // member with 32 orders (real path) or 16 (complex), or of 4 members with
 // 16 or 8 orders each; returns states_exceed_team when K does not fit.
-int host_forward_registers(const EventStream& s, const Tissue& t, float* out, int team);
+int host_forward_registers(const EventStream& s, const Tissue& t, float* out, int team) noexcept;
 
 // The device's Jacobian register path run on the host for testing, as the
 // device plays it: M0 from the unscaled signal, the other directions two a
 // pass on a team of 4 members with 8 orders each (4 on the complex path);
 // returns states_exceed_team past 32 (16) states.
 int host_jacobian_registers(const EventStream& s, const Tissue& t, const int* fields, int n_dirs, float* out,
-                            float* jac, const float* seeds);
+                            float* jac, const float* seeds) noexcept;
 
 // The device's pooled register path (pools_registers.hpp) run on the host
 // for testing, a team of 4 members with the device's orders a member
 // (pooled_team_orders), for the pools pooled_team_kind names; returns
 // states_exceed_team past 4 members' orders and bad_pools for other pools.
-int host_pooled_registers(const EventStream& s, const Tissue& t, const Pools& p, float* out);
+int host_pooled_registers(const EventStream& s, const Tissue& t, const Pools& p, float* out) noexcept;
 
 // Signal (and, with n_dirs > 0, Jacobian) of every problem of t with the
 // pools of p (host::pooled_status); returns a Status.
 int host_pooled_dispatch(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_dirs,
-                         const float* seeds, float* out, float* jac, int threads);
+                         const float* seeds, float* out, float* jac, int threads) noexcept;
 
 // Reverse mode with the pools of p (host::pooled_adjoint_status); returns a
 // Status.
 int host_pooled_adjoint_dispatch(const EventStream& s, const Tissue& t, const Pools& p, const int* fields,
                                  int n_tdirs, const float* cot, double* ev_grad, float* tgrad, int threads,
-                                 unsigned mask);
+                                 unsigned mask) noexcept;
 
 // PERK estimates of n voxels from their inputs x (n, m.d), out (n, m.p);
 // with a cotangent g (n, m.p), also its pullback xbar (n, m.d)
 // (host::perk_status); returns a Status.
 int host_perk_dispatch(const PerkModel& m, const float* x, const float* g, int64_t n, float* out, float* xbar,
-                       int threads);
+                       int threads) noexcept;
 
 // Name of the instruction set the block kernels run with ("x86-64-v4", ...).
-const char* host_isa();
+const char* host_isa() noexcept;
+
+// Bytes a host entry allocates beyond its inputs and outputs (entry 0-3:
+// host::Entry; 4: pooled_status, 5: pooled_adjoint_status, with p).
+double host_workspace_bytes(int entry, const EventStream& s, const Pools* p, int64_t n, int threads, const int* fields,
+                            int n_dirs, unsigned mask) noexcept;
+
+// Memory available to a new allocation (bytes; interrupt.hpp).
+double host_available_memory() noexcept;
+
+// Installs the poll for host calls made on this thread; returns the previous one.
+Interrupt host_set_interrupt(Interrupt i) noexcept;
 
 namespace kernels {
 #define BLOCHSIM_DECLARE_KERNELS(suffix)                                                              \

@@ -86,6 +86,9 @@ enum Status : int {
   bad_pool_fraction = 10,  // a pool fraction or rate < 0, fractions summing past 1, bound T1/T2 <= 0
   pools_without_motion = 11,  // D or v given with pools
   driven_needs_pools = 12,    // an exact rectangular pulse in a stream for the single-pool kernels
+  out_of_memory = 13,         // the call's workspace does not fit the memory available
+  interrupted = 14,           // the caller's poll (interrupt.hpp) asked the call to stop
+  internal_error = 15,        // an unexpected C++ exception, caught at the entry
 };
 
 // Launchers return cuda_error_base + the cudaError_t value for CUDA errors.
@@ -108,6 +111,10 @@ inline const char* status_message(int status) {
     case pools_without_motion: return "pools: diffusion (D) and flow (v) are not modelled with pools";
     case driven_needs_pools:
       return "exact rectangular pulses (event_driven) are played by the pooled kernels only (host::pooled_status)";
+    case out_of_memory:
+      return "the call's workspace does not fit the memory available (fewer states, threads or problems a call)";
+    case interrupted: return "interrupted";
+    case internal_error: return "internal error: an unexpected C++ exception was caught";
     default: return "unknown blochsim status";
   }
 }

@@ -19,6 +19,7 @@
 #include "adjoint.hpp"
 #include "epg.hpp"
 #include "events.hpp"
+#include "interrupt.hpp"
 #include "jacobian.hpp"
 
 // Host code only: skipped by nvcc's device pass when a .cu file includes it.
@@ -47,29 +48,65 @@ inline int forward_range(const EventStream& s, const Tissue& t, int64_t b0, int6
 
 // Run fn(i0, i1, work) over [0, count) on `threads` threads (the calling
 // thread is one of them), each thread with a workspace of `work_floats`
-// floats and its own contiguous range.  Returns the first non-zero status
-// of any range.
+// floats and its own contiguous range, played in pieces of at most 1/256 of
+// it so that the call stops within a piece of being asked to (interrupt.hpp;
+// `stop` is the call's, for bodies that also check it within a piece).  A
+// workspace that does not fit the memory available is refused before any
+// thread starts (out_of_memory); an exception in a thread becomes a status
+// and stops the others; a thread that cannot be started leaves its range to
+// the calling thread.  Returns the first failure of any range (an
+// interruption only when nothing failed).
 template <class Body>
-inline int run_ranges(int64_t count, int threads, std::size_t work_floats, Body&& fn) {
+inline int run_ranges(int64_t count, int threads, std::size_t work_floats, Body&& fn, Stop* stop = nullptr) {
   if (threads < 1) return bad_threads;
   if (count == 0) return ok;
   const int64_t nthreads = std::min<int64_t>(threads, count);
+  if (!workspace_fits(static_cast<double>(work_floats + 16) * sizeof(float) * static_cast<double>(nthreads)))
+    return out_of_memory;
+  Stop own;
+  Stop& halt = stop ? *stop : own;
   std::vector<int> status(static_cast<std::size_t>(nthreads), ok);
-  auto body = [&](int64_t i) {
-    // 64-byte aligned, so that each plane row is one aligned register load
-    std::vector<float> buf(work_floats + 16);
-    float* work = buf.data();
-    while (reinterpret_cast<std::uintptr_t>(work) % 64 != 0) ++work;
-    status[static_cast<std::size_t>(i)] = fn(count * i / nthreads, count * (i + 1) / nthreads, work);
+  auto body = [&](int64_t i) noexcept {
+    int r = ok;
+    try {
+      // 64-byte aligned, so that each plane row is one aligned register load
+      std::vector<float> buf(work_floats + 16);
+      float* work = buf.data();
+      while (reinterpret_cast<std::uintptr_t>(work) % 64 != 0) ++work;
+      const int64_t i0 = count * i / nthreads, i1 = count * (i + 1) / nthreads;
+      const int64_t piece = std::max<int64_t>(1, (i1 - i0) / 256);
+      for (int64_t j = i0; j < i1 && r == ok; j += piece) {
+        if (halt()) {
+          r = interrupted;
+          break;
+        }
+        r = fn(j, std::min(j + piece, i1), work);
+      }
+    } catch (const std::bad_alloc&) {
+      r = out_of_memory;
+    } catch (...) {
+      r = internal_error;
+    }
+    if (r != ok) halt.stop();
+    status[static_cast<std::size_t>(i)] = r;
   };
   std::vector<std::thread> pool;
-  pool.reserve(static_cast<std::size_t>(nthreads - 1));
-  for (int64_t i = 1; i < nthreads; ++i) pool.emplace_back(body, i);
+  int64_t started = 1;
+  try {
+    pool.reserve(static_cast<std::size_t>(nthreads - 1));
+    for (; started < nthreads; ++started) pool.emplace_back(body, started);
+  } catch (...) {
+    // no more threads: the calling thread plays the ranges left
+  }
   body(0);
+  for (int64_t i = started; i < nthreads; ++i) body(i);
   for (auto& th : pool) th.join();
-  for (int st : status)
-    if (st != ok) return st;
-  return ok;
+  bool was_interrupted = false;
+  for (int st : status) {
+    if (st == interrupted) was_interrupted = true;
+    else if (st != ok) return st;
+  }
+  return was_interrupted ? static_cast<int>(interrupted) : static_cast<int>(ok);
 }
 
 // Run body(b0, b1, work) over the blocks of t on `threads` threads, each
@@ -93,10 +130,12 @@ inline int run_blocks(const EventStream& s, const Tissue& t, float* out, int thr
 // Python extension passes builds for each x86-64 level).
 inline int forward_status(const EventStream& s, const Tissue& t, float* out, int threads,
                           RangeFn real_fn = &forward_range<false>,
-                          RangeFn complex_fn = &forward_range<true>) {
-  const int v = validate(s, t);
-  if (v != ok) return v;
-  return run_blocks(s, t, out, threads, s.real_path ? real_fn : complex_fn);
+                          RangeFn complex_fn = &forward_range<true>) noexcept {
+  return guarded([&]() -> int {
+    const int v = validate(s, t);
+    if (v != ok) return v;
+    return run_blocks(s, t, out, threads, s.real_path ? real_fn : complex_fn);
+  });
 }
 
 // Signature of a function that plays the Jacobian of blocks [b0, b1) with a
@@ -123,13 +162,15 @@ inline int jacobian_range_any(const EventStream& s, const Tissue& t, const int* 
 // one public unit gives derivatives per public unit).
 inline int jacobian_status(const EventStream& s, const Tissue& t, const int* fields, int n_dirs, float* out,
                            float* jac, int threads, const float* seeds = nullptr,
-                           JacobianRangeFn fn = &jacobian_range_any) {
-  const int v = validate(s, t);
-  if (v != ok) return v;
-  const int d = validate_directions(fields, n_dirs);
-  if (d != ok) return d;
-  return run_blocks_with(t, threads, jacobian_workspace(s, fields, n_dirs), [&](int64_t b0, int64_t b1, float* work) {
-    return fn(s, t, fields, n_dirs, b0, b1, work, out, jac, seeds);
+                           JacobianRangeFn fn = &jacobian_range_any) noexcept {
+  return guarded([&]() -> int {
+    const int v = validate(s, t);
+    if (v != ok) return v;
+    const int d = validate_directions(fields, n_dirs);
+    if (d != ok) return d;
+    return run_blocks_with(t, threads, jacobian_workspace(s, fields, n_dirs), [&](int64_t b0, int64_t b1, float* work) {
+      return fn(s, t, fields, n_dirs, b0, b1, work, out, jac, seeds);
+    });
   });
 }
 
@@ -174,13 +215,20 @@ inline int adjoint_partitioned(const EventStream& s, const Tissue& t, int thread
   if (nblocks == 0 || nev == 0) return ok;
   const int64_t parts = std::min(adjoint_partitions, nblocks);
   std::vector<double> rows(static_cast<std::size_t>(parts * m), 0.0);
-  const int st = run_ranges(parts, threads, work_floats, [&](int64_t p0, int64_t p1, float* work) {
-    for (int64_t p = p0; p < p1; ++p) {
-      const int r = range(nblocks * p / parts, nblocks * (p + 1) / parts, work, rows.data() + p * m);
-      if (r != ok) return r;
-    }
-    return static_cast<int>(ok);
-  });
+  Stop halt;
+  const int st = run_ranges(
+      parts, threads, work_floats,
+      [&](int64_t p0, int64_t p1, float* work) {
+        // block by block (the rows add in the same order), so that a stop is seen within a block
+        for (int64_t p = p0; p < p1; ++p)
+          for (int64_t b = nblocks * p / parts; b < nblocks * (p + 1) / parts; ++b) {
+            if (halt()) return static_cast<int>(interrupted);
+            const int r = range(b, b + 1, work, rows.data() + p * m);
+            if (r != ok) return r;
+          }
+        return static_cast<int>(ok);
+      },
+      &halt);
   if (st != ok) return st;
   for (int64_t p = 0; p < parts; ++p)
     for (int64_t i = 0; i < m; ++i) ev_grad[i] += rows[p * m + i];
@@ -193,19 +241,21 @@ inline int adjoint_partitioned(const EventStream& s, const Tissue& t, int thread
 // rx_phase_rad) of each event, summed over the problems, and tgrad (t.n,
 // n_tdirs) = dL / d tissue field fields[j] (SI units) per problem.
 inline int adjoint_status(const EventStream& s, const Tissue& t, const int* fields, int n_tdirs, const float* cot,
-                          double* ev_grad, float* tgrad, int threads, AdjointRangeFn fn = &adjoint_range_any) {
-  const int v = validate(s, t);
-  if (v != ok) return v;
-  const int d = validate_adjoint_directions(fields, n_tdirs);
-  if (d != ok) return d;
-  if (s.n_events == 0)
-    for (int64_t i = 0; i < t.n * n_tdirs; ++i) tgrad[i] = 0.0f;
-  std::vector<int32_t> band(static_cast<std::size_t>(s.n_events + 1));
-  band_starts(s, band.data());
-  return adjoint_partitioned(s, t, threads, adjoint_workspace(s, fields, n_tdirs), ev_grad,
-                             [&](int64_t b0, int64_t b1, float* work, double* rows) {
-                               return fn(s, t, fields, n_tdirs, b0, b1, work, cot, band.data(), rows, tgrad);
-                             });
+                          double* ev_grad, float* tgrad, int threads, AdjointRangeFn fn = &adjoint_range_any) noexcept {
+  return guarded([&]() -> int {
+    const int v = validate(s, t);
+    if (v != ok) return v;
+    const int d = validate_adjoint_directions(fields, n_tdirs);
+    if (d != ok) return d;
+    if (s.n_events == 0)
+      for (int64_t i = 0; i < t.n * n_tdirs; ++i) tgrad[i] = 0.0f;
+    std::vector<int32_t> band(static_cast<std::size_t>(s.n_events + 1));
+    band_starts(s, band.data());
+    return adjoint_partitioned(s, t, threads, adjoint_workspace(s, fields, n_tdirs), ev_grad,
+                               [&](int64_t b0, int64_t b1, float* work, double* rows) {
+                                 return fn(s, t, fields, n_tdirs, b0, b1, work, cot, band.data(), rows, tgrad);
+                               });
+  });
 }
 
 // Signature of a function that runs second order for blocks [b0, b1)
@@ -232,21 +282,58 @@ inline int adjoint2_range_any(const EventStream& s, const Tissue& t, int outer_f
 // is dC / d(duration_s, flip_rad, phase_rad, rx_phase_rad) of each event.
 inline int adjoint2_status(const EventStream& s, const Tissue& t, int outer_field, const float* cot,
                            int64_t cot_stride, double* ev_grad, int threads,
-                           Adjoint2RangeFn fn = &adjoint2_range_any) {
-  const int v = validate(s, t);
-  if (v != ok) return v;
-  if (outer_field < 0 || outer_field >= tissue_fields || cot_stride < s.n_samples) return bad_shape;
-  std::vector<int32_t> band(static_cast<std::size_t>(s.n_events + 1));
-  band_starts(s, band.data());
-  return adjoint_partitioned(s, t, threads, adjoint2_workspace(s), ev_grad,
-                             [&](int64_t b0, int64_t b1, float* work, double* rows) {
-                               return fn(s, t, outer_field, b0, b1, work, cot, cot_stride, band.data(), rows);
-                             });
+                           Adjoint2RangeFn fn = &adjoint2_range_any) noexcept {
+  return guarded([&]() -> int {
+    const int v = validate(s, t);
+    if (v != ok) return v;
+    if (outer_field < 0 || outer_field >= tissue_fields || cot_stride < s.n_samples) return bad_shape;
+    std::vector<int32_t> band(static_cast<std::size_t>(s.n_events + 1));
+    band_starts(s, band.data());
+    return adjoint_partitioned(s, t, threads, adjoint2_workspace(s), ev_grad,
+                               [&](int64_t b0, int64_t b1, float* work, double* rows) {
+                                 return fn(s, t, outer_field, b0, b1, work, cot, cot_stride, band.data(), rows);
+                               });
+  });
 }
 
-// As forward_status, throwing std::invalid_argument on a bad stream.
+// The host entries, for workspace_bytes.
+enum class Entry : int { forward = 0, jacobian = 1, adjoint = 2, adjoint2 = 3 };
+
+// Bytes an entry allocates beyond its inputs and outputs for n problems on
+// `threads` threads: every thread's workspace, and the partition rows of
+// the adjoints.  What a caller compares with the memory it has before a
+// large call (the entries themselves refuse a workspace that does not fit
+// with out_of_memory).  fields/n_dirs as the entry's.
+inline double workspace_bytes(Entry e, const EventStream& s, int64_t n, int threads, const int* fields = nullptr,
+                              int n_dirs = 0) noexcept {
+  const int64_t blocks = (n + lanes - 1) / lanes;
+  const double nthreads = static_cast<double>(std::max<int64_t>(1, std::min<int64_t>(threads, blocks)));
+  const double rows = static_cast<double>(std::min<int64_t>(adjoint_partitions, blocks)) *
+                          static_cast<double>(s.n_events) * event_gradients * sizeof(double) +
+                      static_cast<double>(s.n_events + 1) * sizeof(int32_t);
+  const double align = 16 * sizeof(float);
+  switch (e) {
+    case Entry::forward:
+      return nthreads * (static_cast<double>(epg::SlidingPlaneStore<Vec, true>::workspace(s)) * lanes * sizeof(float) +
+                         align);
+    case Entry::jacobian:
+      return nthreads * (static_cast<double>(jacobian_workspace(s, fields, n_dirs)) * sizeof(float) + align);
+    case Entry::adjoint:
+      return nthreads * (static_cast<double>(adjoint_workspace(s, fields, n_dirs)) * sizeof(float) + align) + rows;
+    case Entry::adjoint2:
+      return nthreads * (static_cast<double>(adjoint2_workspace(s)) * sizeof(float) + align) + rows;
+  }
+  return 0.0;
+}
+
+// As forward_status, throwing std::bad_alloc when the workspace does not
+// fit, std::runtime_error when interrupted, std::invalid_argument on a bad
+// stream.
 inline void forward(const EventStream& s, const Tissue& t, float* out, int threads = 1) {
   const int st = forward_status(s, t, out, threads);
+  if (st == out_of_memory) throw std::bad_alloc();
+  if (st == interrupted || st == internal_error)
+    throw std::runtime_error(std::string("blochsim: ") + status_message(st));
   if (st != ok) throw std::invalid_argument(std::string("blochsim: ") + status_message(st));
 }
 

@@ -74,6 +74,9 @@ template <int N>
 inline int pooled_pass(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_dirs,
                        const float* seeds, float* out, float* jac, int64_t jac_dirs, int64_t first_dir,
                        int threads) {
+  if (!workspace_fits(static_cast<double>(pool_workspace(s, p)) * sizeof(Dual<double, N>) *
+                      std::min<int64_t>(threads, t.n)))
+    return out_of_memory;
   return run_ranges(t.n, threads, 0, [&](int64_t i0, int64_t i1, float*) {
     return pooled_range<Dual<double, N>>(s, t, p, fields, n_dirs, seeds, i0, i1, out, jac, jac_dirs,
                                          first_dir);
@@ -96,54 +99,56 @@ inline int pooled_pass(const EventStream& s, const Tissue& t, const Pools& p, co
 // precision one problem at a time (pooled_problem on duals).
 inline int pooled_status(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_dirs,
                          const float* seeds, float* out, float* jac, int threads,
-                         PooledRangeFn fn = &pooled_range_any, PooledJacobianRangeFn jfn = nullptr) {
-  const int v = validate(s, t, true);
-  if (v != ok) return v;
-  const int vp = validate_pools(s, t, p);
-  if (vp != ok) return vp;
-  if (n_dirs < 0 || (n_dirs > 0 && (!fields || !jac))) return bad_shape;
-  for (int j = 0; j < n_dirs; ++j) {
-    if (fields[j] < 0 || fields[j] >= pool_field_count || fields[j] == 6 || fields[j] == 7) return bad_shape;
-    for (int l = 0; l < j; ++l)
-      if (fields[l] == fields[j]) return bad_shape;
-  }
-  if (t.n == 0 || s.n_samples == 0) return ok;
-  if (n_dirs == 0)
-    return run_blocks_with(t, threads, static_cast<std::size_t>(pool_block_workspace(s, p)) * lanes,
-                           [&](int64_t b0, int64_t b1, float* work) { return fn(s, t, p, b0, b1, work, out); });
-  if (jfn && pooled_lane_jacobian(p)) {
-    // single precision on lanes of duals, pooled_lane_directions a pass
-    using V = Dual<Vec, pooled_lane_directions>;
-    const std::size_t per = static_cast<std::size_t>(pool_block_workspace(s, p)) * sizeof(V) / sizeof(float);
-    for (int first = 0; first < n_dirs; first += pooled_lane_directions) {
-      PooledJacobianOut jo;
-      jo.fields = fields + first;
-      jo.n_dirs = n_dirs - first < pooled_lane_directions ? n_dirs - first : pooled_lane_directions;
-      jo.seeds = seeds ? seeds + first : nullptr;
-      jo.jac = jac;
-      jo.jac_dirs = n_dirs;
-      jo.first_dir = first;
-      const int st = run_blocks_with(t, threads, per, [&](int64_t b0, int64_t b1, float* work) {
-        return jfn(s, t, p, jo, b0, b1, work, out);
-      });
+                         PooledRangeFn fn = &pooled_range_any, PooledJacobianRangeFn jfn = nullptr) noexcept {
+  return guarded([&]() -> int {
+    const int v = validate(s, t, true);
+    if (v != ok) return v;
+    const int vp = validate_pools(s, t, p);
+    if (vp != ok) return vp;
+    if (n_dirs < 0 || (n_dirs > 0 && (!fields || !jac))) return bad_shape;
+    for (int j = 0; j < n_dirs; ++j) {
+      if (fields[j] < 0 || fields[j] >= pool_field_count || fields[j] == 6 || fields[j] == 7) return bad_shape;
+      for (int l = 0; l < j; ++l)
+        if (fields[l] == fields[j]) return bad_shape;
+    }
+    if (t.n == 0 || s.n_samples == 0) return ok;
+    if (n_dirs == 0)
+      return run_blocks_with(t, threads, static_cast<std::size_t>(pool_block_workspace(s, p)) * lanes,
+                             [&](int64_t b0, int64_t b1, float* work) { return fn(s, t, p, b0, b1, work, out); });
+    if (jfn && pooled_lane_jacobian(p)) {
+      // single precision on lanes of duals, pooled_lane_directions a pass
+      using V = Dual<Vec, pooled_lane_directions>;
+      const std::size_t per = static_cast<std::size_t>(pool_block_workspace(s, p)) * sizeof(V) / sizeof(float);
+      for (int first = 0; first < n_dirs; first += pooled_lane_directions) {
+        PooledJacobianOut jo;
+        jo.fields = fields + first;
+        jo.n_dirs = n_dirs - first < pooled_lane_directions ? n_dirs - first : pooled_lane_directions;
+        jo.seeds = seeds ? seeds + first : nullptr;
+        jo.jac = jac;
+        jo.jac_dirs = n_dirs;
+        jo.first_dir = first;
+        const int st = run_blocks_with(t, threads, per, [&](int64_t b0, int64_t b1, float* work) {
+          return jfn(s, t, p, jo, b0, b1, work, out);
+        });
+        if (st != ok) return st;
+      }
+      return ok;
+    }
+    for (int first = 0; first < n_dirs; first += pooled_pass_directions) {
+      const int nd = n_dirs - first < pooled_pass_directions ? n_dirs - first : pooled_pass_directions;
+      const int* f = fields + first;
+      const float* sd = seeds ? seeds + first : nullptr;
+      int st;
+      switch (nd) {
+        case 1: st = pools_detail::pooled_pass<1>(s, t, p, f, nd, sd, out, jac, n_dirs, first, threads); break;
+        case 2: st = pools_detail::pooled_pass<2>(s, t, p, f, nd, sd, out, jac, n_dirs, first, threads); break;
+        case 3: st = pools_detail::pooled_pass<3>(s, t, p, f, nd, sd, out, jac, n_dirs, first, threads); break;
+        default: st = pools_detail::pooled_pass<4>(s, t, p, f, nd, sd, out, jac, n_dirs, first, threads); break;
+      }
       if (st != ok) return st;
     }
     return ok;
-  }
-  for (int first = 0; first < n_dirs; first += pooled_pass_directions) {
-    const int nd = n_dirs - first < pooled_pass_directions ? n_dirs - first : pooled_pass_directions;
-    const int* f = fields + first;
-    const float* sd = seeds ? seeds + first : nullptr;
-    int st;
-    switch (nd) {
-      case 1: st = pools_detail::pooled_pass<1>(s, t, p, f, nd, sd, out, jac, n_dirs, first, threads); break;
-      case 2: st = pools_detail::pooled_pass<2>(s, t, p, f, nd, sd, out, jac, n_dirs, first, threads); break;
-      case 3: st = pools_detail::pooled_pass<3>(s, t, p, f, nd, sd, out, jac, n_dirs, first, threads); break;
-      default: st = pools_detail::pooled_pass<4>(s, t, p, f, nd, sd, out, jac, n_dirs, first, threads); break;
-    }
-    if (st != ok) return st;
-  }
-  return ok;
+  });
 }
 
 // Reverse mode with pools (pools_adjoint.hpp), one problem at a time in
@@ -158,44 +163,81 @@ inline int pooled_status(const EventStream& s, const Tissue& t, const Pools& p, 
 // in fixed partitions, so the result does not depend on the thread count.
 inline int pooled_adjoint_status(const EventStream& s, const Tissue& t, const Pools& p, const int* fields,
                                  int n_tdirs, const float* cot, double* ev_grad, float* tgrad, int threads,
-                                 unsigned mask = pooled_all_event_dirs) {
-  const int v = validate(s, t, true);
-  if (v != ok) return v;
-  const int vp = validate_pools(s, t, p);
-  if (vp != ok) return vp;
-  if (threads < 1) return bad_threads;
-  if (mask > pooled_all_event_dirs) return bad_shape;
-  if (n_tdirs < 0 || n_tdirs > pool_field_count || (n_tdirs > 0 && (!fields || (t.n > 0 && !tgrad))))
-    return bad_shape;
-  for (int j = 0; j < n_tdirs; ++j) {
-    if (fields[j] < 0 || fields[j] >= pool_field_count || fields[j] == 6 || fields[j] == 7) return bad_shape;
-    for (int l = 0; l < j; ++l)
-      if (fields[l] == fields[j]) return bad_shape;
-  }
-  const int64_t nev = s.n_events, m = nev * pooled_event_gradients;
-  for (int64_t i = 0; i < m; ++i) ev_grad[i] = 0.0;
-  if (nev == 0) {
-    for (int64_t i = 0; i < t.n * n_tdirs; ++i) tgrad[i] = 0.0f;
+                                 unsigned mask = pooled_all_event_dirs) noexcept {
+  return guarded([&]() -> int {
+    const int v = validate(s, t, true);
+    if (v != ok) return v;
+    const int vp = validate_pools(s, t, p);
+    if (vp != ok) return vp;
+    if (threads < 1) return bad_threads;
+    if (mask > pooled_all_event_dirs) return bad_shape;
+    if (n_tdirs < 0 || n_tdirs > pool_field_count || (n_tdirs > 0 && (!fields || (t.n > 0 && !tgrad))))
+      return bad_shape;
+    for (int j = 0; j < n_tdirs; ++j) {
+      if (fields[j] < 0 || fields[j] >= pool_field_count || fields[j] == 6 || fields[j] == 7) return bad_shape;
+      for (int l = 0; l < j; ++l)
+        if (fields[l] == fields[j]) return bad_shape;
+    }
+    const int64_t nev = s.n_events, m = nev * pooled_event_gradients;
+    for (int64_t i = 0; i < m; ++i) ev_grad[i] = 0.0;
+    if (nev == 0) {
+      for (int64_t i = 0; i < t.n * n_tdirs; ++i) tgrad[i] = 0.0f;
+      return ok;
+    }
+    if (t.n == 0) return ok;
+    const int64_t parts = std::min(adjoint_partitions, t.n);
+    std::vector<double> rows(static_cast<std::size_t>(parts * m), 0.0);
+    const LineshapeTable ls = host_lineshape_table();
+    const std::size_t per = static_cast<std::size_t>(pooled_adjoint_workspace(s, p, mask, n_tdirs, pooled_adjoint_width));
+    const int64_t ns = s.n_samples;
+    if (!workspace_fits(static_cast<double>(per) * sizeof(double) * std::min<int64_t>(threads, parts)))
+      return out_of_memory;
+    Stop halt;
+    const int st = run_ranges(
+        parts, threads, 0,
+        [&](int64_t p0, int64_t p1, float*) {
+          std::vector<double> work(per);
+          for (int64_t part = p0; part < p1; ++part)
+            for (int64_t i = t.n * part / parts; i < t.n * (part + 1) / parts; ++i) {
+              if (halt()) return static_cast<int>(interrupted);
+              pooled_adjoint_problem<pooled_adjoint_width>(s, t, p, ls, i, mask, fields, n_tdirs, cot + i * ns * 2,
+                                                           work.data(), rows.data() + part * m, tgrad + i * n_tdirs);
+            }
+          return static_cast<int>(ok);
+        },
+        &halt);
+    if (st != ok) return st;
+    for (int64_t part = 0; part < parts; ++part)
+      for (int64_t i = 0; i < m; ++i) ev_grad[i] += rows[part * m + i];
     return ok;
-  }
-  if (t.n == 0) return ok;
-  const int64_t parts = std::min(adjoint_partitions, t.n);
-  std::vector<double> rows(static_cast<std::size_t>(parts * m), 0.0);
-  const LineshapeTable ls = host_lineshape_table();
-  const std::size_t per = static_cast<std::size_t>(pooled_adjoint_workspace(s, p, mask, n_tdirs, pooled_adjoint_width));
-  const int64_t ns = s.n_samples;
-  const int st = run_ranges(parts, threads, 0, [&](int64_t p0, int64_t p1, float*) {
-    std::vector<double> work(per);
-    for (int64_t part = p0; part < p1; ++part)
-      for (int64_t i = t.n * part / parts; i < t.n * (part + 1) / parts; ++i)
-        pooled_adjoint_problem<pooled_adjoint_width>(s, t, p, ls, i, mask, fields, n_tdirs, cot + i * ns * 2, work.data(),
-                               rows.data() + part * m, tgrad + i * n_tdirs);
-    return static_cast<int>(ok);
   });
-  if (st != ok) return st;
-  for (int64_t part = 0; part < parts; ++part)
-    for (int64_t i = 0; i < m; ++i) ev_grad[i] += rows[part * m + i];
-  return ok;
+}
+
+// Bytes pooled_status (n_dirs directions) or, with `adjoint`,
+// pooled_adjoint_status (n_dirs tissue directions, event mask) allocates
+// beyond its inputs and outputs for n problems on `threads` threads, as
+// workspace_bytes.
+inline double pooled_workspace_bytes(const EventStream& s, const Pools& p, int64_t n, int threads, int n_dirs,
+                                     bool adjoint, unsigned mask = pooled_all_event_dirs) noexcept {
+  const double align = 16 * sizeof(float);
+  if (adjoint) {
+    const int64_t parts = std::min<int64_t>(adjoint_partitions, std::max<int64_t>(n, 1));
+    const double nthreads = static_cast<double>(std::max<int64_t>(1, std::min<int64_t>(threads, parts)));
+    return nthreads * static_cast<double>(pooled_adjoint_workspace(s, p, mask, n_dirs, pooled_adjoint_width)) *
+               sizeof(double) +
+           static_cast<double>(parts) * static_cast<double>(s.n_events) * pooled_event_gradients * sizeof(double);
+  }
+  const int64_t blocks = (n + lanes - 1) / lanes;
+  const double block = static_cast<double>(pool_block_workspace(s, p)) * lanes;
+  if (n_dirs == 0)
+    return static_cast<double>(std::max<int64_t>(1, std::min<int64_t>(threads, blocks))) *
+           (block * sizeof(float) + align);
+  // on lanes of duals, or one problem at a time in double precision: the larger
+  const double lanes_of_duals = static_cast<double>(std::max<int64_t>(1, std::min<int64_t>(threads, blocks))) *
+                                (block * sizeof(Dual<Vec, pooled_lane_directions>) / lanes + align);
+  const double one_at_a_time = static_cast<double>(std::max<int64_t>(1, std::min<int64_t>(threads, n))) *
+                               static_cast<double>(pool_workspace(s, p)) * sizeof(Dual<double, pooled_pass_directions>);
+  return std::max(lanes_of_duals, one_at_a_time);
 }
 
 }  // namespace host

@@ -1,0 +1,147 @@
+// Host-side safety of a call: stopping it from outside (Ctrl-C in Python,
+// a cancel button in a C++ program), refusing a workspace that does not fit
+// the memory available, and turning any C++ exception into a status so that
+// nothing escapes an entry point.
+//
+// A caller installs a poll for the calls made on its thread
+// (InterruptScope); the calling thread runs it between blocks of work, at
+// most every poll_interval, and a non-zero return stops every thread of the
+// call at its next block: the entry returns `interrupted` and its outputs
+// hold whatever the finished blocks wrote.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdio>
+#include <cstring>
+#include <new>
+#include <thread>
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <unistd.h>
+#endif
+
+#include "config.hpp"
+
+#if !defined(__CUDA_ARCH__)
+namespace blochsim {
+
+// A poll run on the calling thread between blocks of work: non-zero stops
+// the call.
+struct Interrupt {
+  int (*poll)(void* ctx) = nullptr;
+  void* ctx = nullptr;
+};
+
+namespace detail {
+inline thread_local Interrupt current_interrupt{};
+}  // namespace detail
+
+// Installs i for the calls this thread makes; returns the previous poll.
+inline Interrupt set_interrupt(Interrupt i) noexcept {
+  const Interrupt prev = detail::current_interrupt;
+  detail::current_interrupt = i;
+  return prev;
+}
+
+// Installs a poll for the calls made on this thread while it lives.
+class InterruptScope {
+ public:
+  InterruptScope(int (*poll)(void*), void* ctx) noexcept : prev_(set_interrupt(Interrupt{poll, ctx})) {}
+  ~InterruptScope() { set_interrupt(prev_); }
+  InterruptScope(const InterruptScope&) = delete;
+  InterruptScope& operator=(const InterruptScope&) = delete;
+
+ private:
+  Interrupt prev_;
+};
+
+// The stop state of one call, shared by its threads: the calling thread
+// polls (rate-limited), every thread reads the flag.
+class Stop {
+ public:
+  using clock = std::chrono::steady_clock;
+  static constexpr std::chrono::milliseconds poll_interval{20};
+
+  Stop() noexcept : poll_(detail::current_interrupt), caller_(std::this_thread::get_id()), last_(clock::now()) {}
+
+  // True once the call should stop.
+  bool operator()() noexcept {
+    if (flag_.load(std::memory_order_relaxed)) return true;
+    if (poll_.poll && std::this_thread::get_id() == caller_) {
+      const clock::time_point now = clock::now();
+      if (now - last_ >= poll_interval) {
+        last_ = now;
+        if (poll_.poll(poll_.ctx) != 0) {
+          asked_.store(true, std::memory_order_relaxed);
+          flag_.store(true, std::memory_order_relaxed);
+          return true;
+        }
+      }
+    }
+    return false;
+  }
+
+  // Stops the other threads (one has failed).
+  void stop() noexcept { flag_.store(true, std::memory_order_relaxed); }
+
+  // Whether the caller's poll asked for the stop.
+  bool asked() const noexcept { return asked_.load(std::memory_order_relaxed); }
+
+ private:
+  Interrupt poll_;
+  std::thread::id caller_;
+  clock::time_point last_;
+  std::atomic<bool> flag_{false};
+  std::atomic<bool> asked_{false};
+};
+
+// Bytes of memory a new allocation can take without swapping: the kernel's
+// MemAvailable on Linux, else the free physical pages; SIZE_MAX where
+// neither is known.
+inline std::size_t available_memory_bytes() noexcept {
+#if defined(__linux__)
+  if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
+    char line[256];
+    unsigned long long kb = 0;
+    bool found = false;
+    while (std::fgets(line, sizeof line, f)) {
+      if (std::strncmp(line, "MemAvailable:", 13) == 0) {
+        found = std::sscanf(line + 13, "%llu", &kb) == 1;
+        break;
+      }
+    }
+    std::fclose(f);
+    if (found) return static_cast<std::size_t>(kb) * 1024;
+  }
+#endif
+#if defined(_SC_AVPHYS_PAGES) && defined(_SC_PAGESIZE)
+  const long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+  if (pages > 0 && size > 0) return static_cast<std::size_t>(pages) * static_cast<std::size_t>(size);
+#endif
+  return static_cast<std::size_t>(-1);
+}
+
+// Whether a workspace of `bytes` fits; small ones are not checked (reading
+// the kernel's figure costs more than they do).
+inline bool workspace_fits(double bytes) noexcept {
+  constexpr double unchecked = 64.0 * 1024 * 1024;
+  if (bytes <= unchecked) return true;
+  return bytes <= static_cast<double>(available_memory_bytes());
+}
+
+// Runs f() and turns a C++ exception into a status.
+template <class F>
+inline int guarded(F&& f) noexcept {
+  try {
+    return f();
+  } catch (const std::bad_alloc&) {
+    return out_of_memory;
+  } catch (...) {
+    return internal_error;
+  }
+}
+
+}  // namespace blochsim
+#endif  // !__CUDA_ARCH__
