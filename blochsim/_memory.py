@@ -4,6 +4,11 @@ much there is, and how to split it."""
 from blochsim import _core
 
 
+#: calls needing at most this many bytes are not checked (reading the
+#: kernel's figure costs more than they do)
+_UNCHECKED = 64.0 * 2**20
+
+
 def available() -> float:
     """Bytes of host memory a new allocation can take (Linux: the kernel's
     MemAvailable; elsewhere the free physical pages)."""
@@ -41,6 +46,8 @@ def check_host(owner: str, n: int, per_voxel: float, fixed: float = 0.0, fixed_w
         Naming the bytes needed and available, and how to split the call.
     """
     need = n * per_voxel + fixed
+    if need <= _UNCHECKED:
+        return
     have = available()
     if need <= have:
         return

@@ -159,4 +159,10 @@ def drop_idle(tissue: dict, names, owner: str) -> dict:
         drop.append(f"pool{x}")
     if not drop:
         return tissue
-    return {k: v for k, v in tissue.items() if not any(k.startswith(d + "_") for d in drop)}
+    kept = {k: v for k, v in tissue.items() if not any(k.startswith(d + "_") for d in drop)}
+    # the dropped properties still shape the result: the first kept one carries their shape
+    full = V.broadcast_voxels({k: np.asarray(v) for k, v in tissue.items()})
+    first = next(iter(kept), None)
+    if first is not None and V.broadcast_voxels({k: np.asarray(v) for k, v in kept.items()}) != full:
+        kept[first] = np.broadcast_to(V.tissue_array(first, kept[first]), full)
+    return kept

@@ -53,7 +53,12 @@ for _x in "BCDE":
     })
 
 # properties bounded above too (shares of the magnetisation)
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 UPPER_BOUNDS = {"fat_fraction": 1.0}
+# |value| past which single precision cannot carry a property through the
+# kernels exactly (signals and derivatives within float32; phases of B0 and
+# shifts over a second resolved to a fraction of a degree)
+MAGNITUDE_BOUNDS = {"M0": 1e30, "B0": 1e6, "B1": 1e3, "v": 1e3}
 
 UNIT_NAMES = {
     "T1": "ms", "T2": "ms", "T2star": "ms", "T2prime": "ms", "M0": "", "B1": "", "B0": "Hz",
@@ -129,6 +134,15 @@ def tissue_array(name: str, value) -> np.ndarray:
         check_bound(name, arr, low, strict, UNIT_NAMES[name])
     if name in UPPER_BOUNDS and np.any(arr > UPPER_BOUNDS[name]):
         raise ValueError(f"{name} must be <= {UPPER_BOUNDS[name]:g}, got {_first_bad(arr, arr > UPPER_BOUNDS[name])}")
+    bound = MAGNITUDE_BOUNDS["B0"] if name.endswith("_shift") else MAGNITUDE_BOUNDS.get(name)
+    if bound is not None and np.any(np.abs(arr) > bound):
+        u = f" {UNIT_NAMES[name]}" if UNIT_NAMES.get(name) else ""
+        raise ValueError(f"{name} must be within +-{bound:g}{u} (single precision carries no more), got "
+                         f"{_first_bad(arr, np.abs(arr) > bound)}")
+    with np.errstate(over="ignore"):
+        big = ~np.isfinite(arr * TISSUE_UNITS[name][0]) | (np.abs(arr * TISSUE_UNITS[name][0]) > _FLOAT32_MAX)
+    if np.any(big):
+        raise ValueError(f"{name} is beyond single precision in SI units, got {_first_bad(arr, big)}")
     return arr
 
 

@@ -205,6 +205,18 @@ def _lines_starting(text, word):
         at = end
 
 
+def _parse_numbers(text, dtype):
+    """The blank-separated numbers of text in one call; where a token is not
+    a number, those before it (or none): the callers then read line by line
+    to name the line at fault."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return np.fromstring(text, dtype=dtype, sep=" ")
+    except ValueError:
+        return np.zeros(0, dtype)
+
+
 def _is_number(text):
     try:
         float(text)
@@ -356,9 +368,11 @@ class _File:
                 raise PulseqError(f"{self.path}, line {line + 1}: cannot read {count_line.strip()!r} in "
                                   "[SHAPES]") from None
             stripped = values.strip()
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                vals = np.fromstring(stripped, dtype=np.float64, sep=" ") if stripped else np.zeros(0)
+            vals = _parse_numbers(stripped, np.float64) if stripped else np.zeros(0)
+            if not np.all(np.isfinite(vals)):
+                k = int(np.argmax(~np.isfinite(vals)))
+                raise PulseqError(f"{self.path}, line {line + 2 + k}: shape {sid} holds a number that is not "
+                                  f"finite ({vals[k]:g})")
             # one value a line: fewer values than lines means a line that is not a number (or a blank one)
             if stripped and vals.size != stripped.count("\n") + 1:
                 for k, ln in enumerate(values.split("\n")):  # name the line at fault
@@ -383,7 +397,10 @@ class _File:
                 continue
             try:
                 # version 1.5 ends an RF row with a letter (the pulse's use)
-                self.rows[section][int(tok[0])] = [float(t) for t in tok[1:-1 if tok[-1].isalpha() else None]]
+                row = [float(t) for t in tok[1:-1 if tok[-1].isalpha() else None]]
+                if not all(math.isfinite(x) for x in row):
+                    raise ValueError("not finite")
+                self.rows[section][int(tok[0])] = row
             except (ValueError, IndexError):
                 raise PulseqError(f"{self.path}, line {first + k + 1}: cannot read {raw.strip()!r} in "
                                   f"[{section}]") from None
@@ -396,14 +413,9 @@ class _File:
         lines = [ln for ln in text.split("\n") if ln.strip()]
         if not lines:
             return True
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                values = np.fromstring(text, dtype=np.float64, sep=" ")
-        except ValueError:  # a token that is not a number: named below
-            values = np.zeros(0)
+        values = _parse_numbers(text, np.float64)
         widths = {len(ln.split()) for ln in lines}
-        if len(widths) == 1 and values.size == len(lines) * min(widths):
+        if len(widths) == 1 and values.size == len(lines) * min(widths) and np.all(np.isfinite(values)):
             table = values.reshape(len(lines), -1)
             ids = table[:, 0]
             if np.array_equal(ids, np.round(ids)):
@@ -431,9 +443,7 @@ class _File:
                 text = _COMMENT.sub("", text)
                 body = text.split("\n")
             count = sum(1 for ln in body if ln.strip())
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                values = np.fromstring(text, dtype=np.int64, sep=" ") if count else np.zeros(0, np.int64)
+            values = _parse_numbers(text, np.int64) if count else np.zeros(0, np.int64)
             if values.size == 8 * count:
                 table = values.reshape(-1, 8)
                 # rows out of shape would shift the columns: the numbers then do not count up by one
@@ -463,8 +473,8 @@ class _File:
             value = float(self.defs[name][0])
         except (ValueError, IndexError):
             raise PulseqError(f"{self.path}: [DEFINITIONS] {name} is not a number") from None
-        if not value > 0:
-            raise PulseqError(f"{self.path}: [DEFINITIONS] {name} must be > 0, got {value:g}")
+        if not 0 < value < math.inf:
+            raise PulseqError(f"{self.path}: [DEFINITIONS] {name} must be > 0 and finite, got {value:g}")
         return value
 
     def _check_rasters(self):

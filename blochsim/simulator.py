@@ -263,7 +263,9 @@ class Simulator(_Base):
         cached = getattr(self, "_stream_cache", None)
         if cached is not None and cached[0] == key:
             return cached[1]
-        s = pack(self.preparation(p), self.repetition(p), p["repetitions"])
+        # the repetition first: it refuses a protocol that lacks what the call needs
+        repetition = self.repetition(p)
+        s = pack(self.preparation(p), repetition, p["repetitions"])
         self._stream_cache = (key, s)
         return s
 

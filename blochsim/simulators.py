@@ -41,6 +41,35 @@ def _scalar(name, value, **bounds):
     return float(V.protocol_array(name, value, ndim_max=0, **bounds))
 
 
+#: largest RF offset from water the saturation kernels take, Hz (phases in single precision)
+_MAX_OFFSET_HZ = 1e7
+
+
+def _ernst(a, TR, T1):
+    """sin a (1 - E1) / (1 - cos a E1), E1 = e^{-TR/T1}: the spoiled steady
+    state over M0, with 1 - E1 by expm1 so that it stays exact where E1
+    rounds to 1 (T1 far longer than TR, a flip of 0)."""
+    u = -np.expm1(-TR / T1)
+    return np.sin(a) * u / (u + 2 * np.sin(a / 2) ** 2 * (1 - u))
+
+
+def _relaxes(TR, T1, T2=None):
+    """Refuse a steady state whose TR is so short against T1 (and T2) that
+    no relaxation happens in double precision: the closed form is then
+    0/0 (and without relaxation no steady state exists)."""
+    times = [("T1", T1)] + ([] if T2 is None else [("T2", T2)])
+    for name, T in times:
+        ratio = np.asarray(TR, dtype=np.float64) / np.asarray(T, dtype=np.float64)
+        if np.any(ratio < _MIN_RELAXATION):
+            raise ValueError(f"TR = {float(np.min(TR)):g} ms against {name} = {float(np.max(T)):g} ms relaxes "
+                             f"nothing in double precision (TR/{name} < {_MIN_RELAXATION:g}): the steady state "
+                             "is not defined")
+
+
+#: smallest TR/T1 (TR/T2) a closed-form steady state resolves
+_MIN_RELAXATION = 1e-9
+
+
 def _need(sim, p, keys):
     """Refuse a call whose protocol lacks any of ``keys``."""
     for k in keys:
@@ -659,8 +688,7 @@ class SPGRSimulator(ClosedFormSimulator):
         _need(self, p, ("flip", "TR"))
         flip, TR, TE = _contrasts(p, ("flip", "TR", "TE"))
         a = np.radians(flip)
-        E1 = np.exp(-TR / t["T1"])
-        s = t.get("M0", 1.0) * np.sin(a) * (1 - E1) / (1 - np.cos(a) * E1)
+        s = t.get("M0", 1.0) * _ernst(a, TR, t["T1"])
         if "T2star" in t:
             s = s * np.exp(-TE / t["T2star"])
         s = s.astype(np.complex128)
@@ -759,8 +787,7 @@ class DoubleAngleSimulator(ClosedFormSimulator):
         else:
             if "T1" not in t:
                 raise TypeError("DoubleAngleSimulator needs tissue property 'T1' with a TR")
-            E1 = np.exp(-p["TR"] / t["T1"])
-            s = np.sin(a) * (1 - E1) / (1 - np.cos(a) * E1)
+            s = _ernst(a, p["TR"], t["T1"])
         if "T2star" in t:
             s = s * np.exp(-p["TE"] / t["T2star"])
         return t.get("M0", 1.0) * s
@@ -852,8 +879,7 @@ class DESPOT1Simulator(ClosedFormSimulator):
     def signal(self, p, t):
         _need(self, p, ("flip", "TR"))
         a = np.radians(p["flip"]) * t.get("B1", 1.0)
-        E1 = np.exp(-p["TR"] / t["T1"])
-        s = t.get("M0", 1.0) * np.sin(a) * (1 - E1) / (1 - np.cos(a) * E1)
+        s = t.get("M0", 1.0) * _ernst(a, p["TR"], t["T1"])
         if "T2star" in t:
             s = s * np.exp(-p["TE"] / t["T2star"])
         return s
@@ -919,11 +945,12 @@ class DESPOT2Simulator(DESPOT1Simulator):
 
     def check_protocol(self, p):
         if p["TR"] is not None and p["TE"] is None:
-            p["TE"] = 0.5 * float(np.asarray(p["TR"], dtype=np.float64))
+            p["TE"] = 0.5 * _scalar("TR", p["TR"], low=0.0, strict=True, unit="ms")
         return super().check_protocol(p)
 
     def signal(self, p, t):
         _need(self, p, ("flip", "TR"))
+        _relaxes(p["TR"], t["T1"], t["T2"])
         a = np.radians(p["flip"]) * t.get("B1", 1.0)
         E1, E2 = np.exp(-p["TR"] / t["T1"]), np.exp(-p["TR"] / t["T2"])
         s = t.get("M0", 1.0) * (1 - E1) * np.sin(a) / (1 - (E1 - E2) * np.cos(a) - E1 * E2)
@@ -1003,6 +1030,7 @@ class bSSFPSimulator(ClosedFormSimulator):
         _need(self, p, ("flip", "TR"))
         flip, TR, TE, inc = _contrasts(p, ("flip", "TR", "TE", "phase_inc"))
         T1, T2 = t["T1"], t["T2"]
+        _relaxes(TR, T1, T2)
         B0 = t.get("B0", 0.0)
         shape = np.broadcast_shapes(np.shape(T1), np.shape(T2), np.shape(B0), flip.shape)
         a = np.broadcast_to(np.radians(flip), shape)
@@ -1516,17 +1544,21 @@ class ASLSimulator(ClosedFormSimulator):
         d = tt - att
         inside = (np.real(d) > 0) & (np.real(d) < tau)
         span = np.where(inside, d, np.clip(np.real(d), 0.0, tau))
-        end = att + span  # the label's last arrival so far
+        arrived = np.real(d) > 0
+        # time since the first arrival (0 before it), so that no exponent is positive
+        lead = np.where(arrived, tt - att, 0.0)
         if p["labeling"] == "pcasl":
             # ∫_att^end e^{-att/T1b} e^{-(t - t')k} dt' = e^{-att/T1b} e^{-(t - end)k} (1 - e^{-span k})/k
-            integral = np.exp(-att / T1b) * np.exp(-(tt - end) * k_app) * -np.expm1(-span * k_app) / k_app
+            integral = np.exp(-att / T1b) * np.exp(-(lead - span) * k_app) * -np.expm1(-span * k_app) / k_app
         else:
-            # ∫_att^end e^{-t'/T1b} e^{-(t - t')k} dt' = e^{-t k} ∫ e^{-t'(1/T1b - k)} dt'
+            # ∫_att^end e^{-t'/T1b} e^{-(t - t')k} dt' = e^{-att/T1b} [e^{-(t - att)k} - e^{-(t - end)k - span/T1b}] / kd
+            # with kd = 1/T1b - k (its limit span e^{-(t - att)k} as kd -> 0)
             kd = 1 / T1b - k_app
             small = np.abs(kd) * tau < 1e-8
             kd_safe = np.where(small, 1.0, kd)
-            part = np.where(small, span, np.exp(-att * kd) * -np.expm1(-span * kd_safe) / kd_safe)
-            integral = np.exp(-tt * k_app) * part
+            first = np.exp(-lead * k_app)
+            last = np.exp(-(lead - span) * k_app - span / T1b)
+            integral = np.exp(-att / T1b) * np.where(small, span * first, (first - last) / kd_safe)
         return 2 * t.get("M0", 1.0) / lam * f * p["alpha"] * integral
 
     def derivatives(self, p, t, names, s):
@@ -1709,7 +1741,7 @@ class MultiEchoGRESimulator(Simulator):
         p["TE"] = _train("TE", p["TE"], low=0.0, unit="ms")
         if np.any(np.diff(p["TE"]) <= 0):
             raise ValueError(f"TE must increase, got {p['TE']}")
-        if p["TE"][-1] > p["TR"]:
+        if p["TE"].size and p["TE"][-1] > p["TR"]:
             raise ValueError(f"TE = {p['TE'][-1]:g} ms must be at most TR = {p['TR']:g} ms")
         p["n"] = V.positive_int("n", p["n"])
         if p["rf_spoiling"] is not None:
@@ -1852,7 +1884,9 @@ class LookLockerSimulator(ClosedFormSimulator):
         a = B1 * np.radians(p["flip"])
         ca = np.cos(a)
         E = np.exp(-p["spacing"] / T1)
-        z_inf = (1 - E) / (1 - ca * E)
+        # (1 - E) / (1 - cos a E) with 1 - E by expm1 (exact where E rounds to 1)
+        u = -np.expm1(-p["spacing"] / T1)
+        z_inf = u / (u + 2 * np.sin(a / 2) ** 2 * (1 - u))
         k = np.arange(p["n"])
         EI = np.exp(-p["TI"] / T1)
         if p["TR"] is None:
@@ -2098,6 +2132,11 @@ class CESTSimulator(Simulator):
         p["offsets"] = np.atleast_1d(V.protocol_array("offsets", p["offsets"]))
         p["field_strength"] = float(V.protocol_array("field_strength", p["field_strength"], low=0.0, strict=True,
                                                      unit="T", ndim_max=0))
+        far = np.abs(p["offsets"]) * self.hz_per_ppm(p) > _MAX_OFFSET_HZ
+        if np.any(far):
+            raise ValueError(f"offsets must be within +-{_MAX_OFFSET_HZ:g} Hz of water ("
+                             f"{_MAX_OFFSET_HZ / self.hz_per_ppm(p):g} ppm at {p['field_strength']:g} T; single "
+                             f"precision carries no more), got {p['offsets'][np.argmax(far)]:g} ppm")
         p["B1sat"] = _scalar("B1sat", p["B1sat"], low=0.0, unit="uT")
         p["n_pulses"] = V.positive_int("n_pulses", p["n_pulses"])
         p["pulse_duration"] = float(V.protocol_array("pulse_duration", p["pulse_duration"], low=0.0, strict=True,
@@ -2187,15 +2226,29 @@ class CESTSimulator(Simulator):
         return {**values, "B1sat": 0.0, "offsets": np.zeros(1)}
 
     def _normalizes(self, values):
-        return bool(self._protocol_values({k: v for k, v in values.items() if k in self._defaults})["normalize"])
+        """Whether the call returns Z; refuses tissue whose unsaturated
+        reference reads nothing (Z would be 0/0): M0 = 0, or a B1 at which
+        the readout's 90° (scaled by B1) tips nothing, sin(90° B1) ~ 0."""
+        if not self._protocol_values({k: v for k, v in values.items() if k in self._defaults})["normalize"]:
+            return False
+        for name, silent in (("M0", lambda a: a == 0),
+                             ("B1", lambda a: np.abs(np.sin(np.pi / 2 * a)) < 1e-3)):
+            if name in values and not V.is_device_array(values[name]):
+                a = np.asarray(V.tissue_array(name, values[name]), dtype=np.float64)
+                if np.any(silent(a)):
+                    raise ValueError(f"{name} = {a[silent(a)].flat[0]:g} reads no signal without saturation, so "
+                                     "Z = M_sat / M_0 (normalize=True) is 0/0; use normalize=False for the raw "
+                                     "liquid Mz")
+        return True
 
     def simulate(self, out=None, **values):
         """The Z-spectrum, complex64, shape (*voxels, n_offsets); see the class."""
         if out is not None:
             raise TypeError("CESTSimulator.simulate does not take out=")
+        normalize = self._normalizes(values)
         expanded, _ = self._expanded(values)
         s = super().simulate(**expanded)[..., 0]
-        if not self._normalizes(values):
+        if not normalize:
             return s
         ref, _ = self._expanded(self._reference_values(values))
         return (s / super().simulate(**ref)[..., 0]).astype(np.complex64)
@@ -2214,8 +2267,9 @@ class CESTSimulator(Simulator):
             signal, J = Simulator.jacobian(self, names, order, **expanded)
             return signal[..., 0], np.moveaxis(J[..., 0], -1, -2)  # (*voxels, n), (*voxels, names, n)
 
+        normalize = self._normalizes(values)
         s, J = spectrum(values)
-        if self._normalizes(values):
+        if normalize:
             r, Jr = spectrum(self._reference_values(values))  # (*voxels, 1), (*voxels, names, 1)
             J = J / r[..., None, :] - (s / r ** 2)[..., None, :] * Jr
             s = s / r
@@ -2236,8 +2290,9 @@ class CESTSimulator(Simulator):
             raise ValueError("vjp with respect to 'B0' needs B0 passed as a tissue value")
         if len(set(names)) != len(names):
             raise ValueError(f"wrt names a parameter twice: {list(names)}")
+        normalize = self._normalizes(values)
         s, pull_s = self._vjp_spectrum(names, values)
-        if not self._normalizes(values):
+        if not normalize:
             return s, pull_s
         # the reference does not depend on the saturation's amplitude or offsets
         ref_names = tuple(k for k in names if k not in ("B1sat", "offsets"))

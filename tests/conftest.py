@@ -1,5 +1,21 @@
-"""Shared pytest configuration: the ``gpu`` marker skips without a device."""
+"""Shared pytest configuration: the ``gpu`` marker skips without a device;
+the fuzz tests' example counts (``BLOCHSIM_FUZZ=long`` for the long run)."""
+import os
+
 import pytest
+
+try:
+    from hypothesis import HealthCheck, settings
+except ImportError:  # pragma: no cover - hypothesis is a test dependency
+    settings = None
+
+if settings is not None:
+    # CI: a bounded number of examples per target, no timing assertions
+    settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True,
+                              suppress_health_check=[HealthCheck.too_slow])
+    settings.register_profile("long", max_examples=2000, deadline=None,
+                              suppress_health_check=[HealthCheck.too_slow])
+    settings.load_profile(os.environ.get("BLOCHSIM_FUZZ", "ci"))
 
 
 def _cuda_usable():

@@ -185,6 +185,7 @@ def test_memory_refusals_name_the_call_and_a_chunk_that_fits(monkeypatch):
     """With 4 MiB available, each entry refuses what does not fit and says
     how many voxels would; a call of that many runs."""
     monkeypatch.setattr(_memory, "available", lambda: 4.0 * 2**20)
+    monkeypatch.setattr(_memory, "_UNCHECKED", 0.0)
     sim = S.MRFSimulator(flip=np.full(100, 20.0), TR=10.0, states=8)
     T1 = np.full(20000, 1000.0)
     calls = {
