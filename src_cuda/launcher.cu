@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <blochsim/cuda.cuh>
+#include <blochsim/interrupt.hpp>
 
 #include "launcher.hpp"
 
@@ -185,42 +186,50 @@ std::size_t bytes_per_problem(const EventStream& s, const Tissue&) {
 
 int pooled(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_dirs, const float* seeds,
            float* out, float* jac, char* err, int n) {
-  return pooled_from_host(s, t, p, out, err, n, fields, n_dirs, seeds, jac);
+  return guarded([&] { return pooled_from_host(s, t, p, out, err, n, fields, n_dirs, seeds, jac); });
 }
 
 int pooled_resident(const EventStream& s, const Tissue& t, const Pools& p, float* out, void* stream, char* err,
                     int n) {
-  return pooled_device(s, t, p, out, as_stream(stream), err, n);
+  return guarded([&] { return pooled_device(s, t, p, out, as_stream(stream), err, n); });
 }
 
 int pooled_adjoint(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_tdirs,
                    const float* cot, double* ev_grad, float* tgrad, unsigned mask, char* err, int n) {
-  return pooled_adjoint_from_host(s, t, p, fields, n_tdirs, cot, ev_grad, tgrad, err, n, mask);
+  return guarded([&] { return pooled_adjoint_from_host(s, t, p, fields, n_tdirs, cot, ev_grad, tgrad, err, n, mask); });
 }
 
 int forward(const EventStream& s, const Tissue& t, float* out, void* stream, char* err, int n) {
-  return forward_device(s, t, out, as_stream(stream), err, n);
+  return guarded([&] { return forward_device(s, t, out, as_stream(stream), err, n); });
 }
 
 int jacobian(const EventStream& s, const Tissue& t, const int* fields, const float* seeds, int n_dirs, float* out,
              float* jac, void* stream, char* err, int n) {
-  return jacobian_device(s, t, fields, n_dirs, out, jac, as_stream(stream), err, n, seeds);
+  return guarded([&] { return jacobian_device(s, t, fields, n_dirs, out, jac, as_stream(stream), err, n, seeds); });
 }
 
 int jacobian_max_states(int real_path) { return cuda::jacobian_max_states(real_path != 0); }
 
 int adjoint(const EventStream& s, const Tissue& t, const int* fields, int n_tdirs, const float* cot, double* ev_grad,
             float* tgrad, void* stream, char* err, int n) {
-  return adjoint_device(s, t, fields, n_tdirs, cot, ev_grad, tgrad, as_stream(stream), err, n);
+  return guarded([&] { return adjoint_device(s, t, fields, n_tdirs, cot, ev_grad, tgrad, as_stream(stream), err, n); });
 }
 
 int adjoint2(const EventStream& s, const Tissue& t, int outer_field, const float* cot, int64_t cot_stride,
              double* ev_grad, void* stream, char* err, int n) {
-  return adjoint2_device(s, t, outer_field, cot, cot_stride, ev_grad, as_stream(stream), err, n);
+  return guarded([&] { return adjoint2_device(s, t, outer_field, cot, cot_stride, ev_grad, as_stream(stream), err, n); });
 }
+
+int forward_streamed_unguarded(const EventStream& s, const Tissue& t, float* out, std::size_t budget_bytes,
+                               char* err, int n);
 
 int forward_streamed(const EventStream& s, const Tissue& t, float* out, std::size_t budget_bytes, char* err,
                      int n) {
+  return guarded([&] { return forward_streamed_unguarded(s, t, out, budget_bytes, err, n); });
+}
+
+int forward_streamed_unguarded(const EventStream& s, const Tissue& t, float* out, std::size_t budget_bytes,
+                               char* err, int n) {
   const int v = validate(s, t);
   if (v != ok) return say(v, err, n);
   if (t.n == 0 || s.n_samples == 0) return ok;
@@ -286,8 +295,13 @@ int forward_streamed(const EventStream& s, const Tissue& t, float* out, std::siz
   }
   BLOCHSIM_TRY(cudaStreamSynchronize(streams[0]), "cudaStreamSynchronize");
   int c = 0;
+  Stop halt;  // the caller's poll (Ctrl-C in Python), between chunks
   for (int64_t first = 0; first < t.n; first += chunk, ++c) {
     const int k = c % 2;
+    if (halt()) {
+      cleanup();
+      return static_cast<int>(interrupted);
+    }
     r = drain(k);
     if (r != ok) {
       cleanup();

@@ -11,6 +11,20 @@ import pytest
 
 import blochsim
 
+
+def include_dir():
+    """The installed headers, or the source tree's where the package is an
+    editable install (whose package folder holds none)."""
+    installed = blochsim.get_include()
+    source = Path(__file__).resolve().parents[1] / "src_cpp" / "include"
+    return installed if os.path.isdir(installed) or not source.is_dir() else str(source)
+
+
+def extra_flags():
+    """Compiler flags from BLOCHSIM_TEST_CXXFLAGS (tests/sanitize.sh builds
+    under AddressSanitizer and UndefinedBehaviorSanitizer with it)."""
+    return os.environ.get("BLOCHSIM_TEST_CXXFLAGS", "").split()
+
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "cpp" / "cpmg.cpp"
 
 
@@ -26,7 +40,7 @@ def cpmg(tmp_path_factory):
     if not EXAMPLE.is_file():
         pytest.skip(f"{EXAMPLE} not present (tests run outside the source tree)")
     exe = tmp_path_factory.mktemp("cpp_example") / "cpmg"
-    cmd = [cxx, "-O2", "-std=c++17", f"-I{blochsim.get_include()}", "-pthread", str(EXAMPLE),
+    cmd = [cxx, "-O2", "-std=c++17", f"-I{include_dir()}", "-pthread", *extra_flags(), str(EXAMPLE),
            "-o", str(exe)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, f"compiling {EXAMPLE} failed:\n{r.stderr}"

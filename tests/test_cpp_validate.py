@@ -2,12 +2,29 @@
 program built against the installed headers hands validate() streams the
 Python layer never builds."""
 
+import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
 import blochsim
+
+
+def include_dir():
+    """The installed headers, or the source tree's where the package is an
+    editable install (whose package folder holds none)."""
+    installed = blochsim.get_include()
+    source = Path(__file__).resolve().parents[1] / "src_cpp" / "include"
+    return installed if os.path.isdir(installed) or not source.is_dir() else str(source)
+
+
+def extra_flags():
+    """Compiler flags from BLOCHSIM_TEST_CXXFLAGS (tests/sanitize.sh builds
+    under AddressSanitizer and UndefinedBehaviorSanitizer with it)."""
+    return os.environ.get("BLOCHSIM_TEST_CXXFLAGS", "").split()
+
 
 SOURCE = r"""
 #include <blochsim/blochsim.hpp>
@@ -42,7 +59,7 @@ def _run_program(tmp_path, name, source):
     src = tmp_path / f"{name}.cpp"
     src.write_text(source)
     exe = tmp_path / name
-    r = subprocess.run([cxx, "-O1", "-std=c++17", f"-I{blochsim.get_include()}", "-pthread", str(src), "-o",
+    r = subprocess.run([cxx, "-O1", "-std=c++17", f"-I{include_dir()}", "-pthread", *extra_flags(), str(src), "-o",
                         str(exe)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     return subprocess.run([str(exe)], capture_output=True, text=True, timeout=60).stdout.splitlines()

@@ -345,3 +345,33 @@ def test_the_cxx_entries_hold_no_process_wide_state():
     t.join()
     np.testing.assert_array_equal(sim.simulate(T1=np.full(100, 1000.0), T2=80.0), a)
     assert os.getpid() > 0
+
+
+def test_estimators_shared_between_threads_are_bitwise_serial():
+    """A fitted DictionaryMatcher and PERK mapped from four threads at once
+    give the serial maps bit for bit."""
+    sim = S.MRFSimulator(flip=np.linspace(5.0, 60.0, 40), TR=10.0, states=16, threads=2)
+    grid = dict(T1=np.geomspace(300.0, 3000.0, 30), T2=np.geomspace(20.0, 300.0, 20))
+    matcher = DictionaryMatcher(sim).fit(**grid)
+    perk = PERK(sim, n_features=100).fit(samples=500, T1=(300.0, 3000.0), T2=(20.0, 300.0))
+    signals = sim.simulate(T1=np.geomspace(400.0, 2500.0, 64), T2=np.geomspace(30.0, 250.0, 64))
+    want = {"dict": matcher.map(signals), "perk": perk.map(signals)}
+    got, errors = [], []
+
+    def work(k):
+        try:
+            kind = "dict" if k % 2 else "perk"
+            for _ in range(3):
+                got.append((kind, (matcher if kind == "dict" else perk).map(signals)))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for kind, maps in got:
+        for k, v in want[kind].items():
+            np.testing.assert_array_equal(maps[k], v)

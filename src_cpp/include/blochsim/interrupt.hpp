@@ -24,7 +24,6 @@
 
 #include "config.hpp"
 
-#if !defined(__CUDA_ARCH__)
 namespace blochsim {
 
 // A poll run on the calling thread between blocks of work: non-zero stops
@@ -144,4 +143,3 @@ inline int guarded(F&& f) noexcept {
 }
 
 }  // namespace blochsim
-#endif  // !__CUDA_ARCH__
