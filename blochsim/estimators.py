@@ -93,6 +93,15 @@ def _simulate_table(sim, params, fixed, chunk):
     return np.concatenate(parts, axis=0)
 
 
+def _some_contrasts(n, what):
+    """Refuse fitting a simulator that gives no samples: nothing identifies
+    the parameters (its maps would be undefined)."""
+    if n == 0:
+        raise ValueError(f"{what}: the simulator gives no samples (zero contrasts), so there is nothing to "
+                         "estimate from")
+    return n
+
+
 def _contrasts(sim, fixed):
     """The number of contrasts sim gives (one probe voxel)."""
     probe = {k: 1.0 for k in sim.required}
@@ -305,7 +314,8 @@ class PERK:
         model = {k: np.ascontiguousarray(v, dtype=np.float32)
                  for k, v in dict(omega=omega, phase=phase, weight=W * scale, offset=offset).items()}
         self._model = model
-        self.names, self.known, self.fixed, self.contrasts = names, known, fixed, first[2].shape[1]
+        self.names, self.known, self.fixed = names, known, fixed
+        self.contrasts = _some_contrasts(first[2].shape[1], "PERK.fit")
         self.inputs = d
         self._uncertainty = False
         if uncertainty:
@@ -525,7 +535,7 @@ class DictionaryMatcher:
         self.params = {k: v[keep] for k, v in params.items()}
         self._norms = norms[keep].astype(np.float64)
         unit = atoms[keep] / self._norms[:, None].astype(np.float32)
-        self.contrasts = atoms.shape[1]
+        self.contrasts = _some_contrasts(atoms.shape[1], "DictionaryMatcher.fit")
         self._basis = None
         if self.rank is not None and self.rank < self.contrasts:
             # right singular vectors from the Gram matrix (contrasts × contrasts)
@@ -761,7 +771,7 @@ class LookupTable:
                              f"{list(axes) or 'none'}")
         (name, values), = axes.items()
         s = _simulate_table(self.simulator, {name: values}, fixed, 65536)
-        self.contrasts = s.shape[1]
+        self.contrasts = _some_contrasts(s.shape[1], "LookupTable.fit")
         f = self._feature(s, "LookupTable.fit")
         if not np.all(np.isfinite(f)):
             bad = int(np.flatnonzero(~np.isfinite(f))[0])
@@ -880,7 +890,8 @@ class NonlinearLeastSquares:
                 raise ValueError(f"NonlinearLeastSquares.fit: init names {k!r}, which is not estimated")
         self._bounds, self.fixed, self.noise_std, self.init = spans, fixed, noise_std, init
         self.names = list(spans)
-        self.contrasts = _contrasts(self.simulator, {**fixed, **{k: np.mean(v) for k, v in spans.items()}})
+        self.contrasts = _some_contrasts(
+            _contrasts(self.simulator, {**fixed, **{k: np.mean(v) for k, v in spans.items()}}), "NonlinearLeastSquares.fit")
         return self
 
     def map(self, signals):

@@ -195,3 +195,100 @@ def test_pooled_adjoint_entry_against_the_closed_form(tmp_path):
     np.testing.assert_allclose(float(d_fb), np.sin(np.pi / 3), atol=1e-6)
     np.testing.assert_allclose(float(d_fB), 0.0, atol=1e-6)
     assert out[1] == "4"  # zero threads: bad_threads
+
+
+RELIABLE = r"""
+#include <blochsim/blochsim.hpp>
+#include <cstdio>
+
+// The C++ entries return statuses: zero problems write nothing and succeed,
+// a workspace that cannot fit is refused before it is allocated, and a poll
+// installed by the caller stops a call.
+static int calls = 0;
+static int stop_now(void*) { return ++calls >= 1; }
+
+int main() {
+  int32_t iv = 0, zero = 0, one = 1;
+  uint32_t f = blochsim::event_rf | blochsim::event_readout;
+  float flip = 0.5f, nought = 0.0f;
+  double dur = 1e-3;
+  blochsim::EventStream s;
+  s.n_events = 1;
+  s.interval = &iv;
+  s.shift_before = s.slot = &zero;
+  s.shift_after = &one;
+  s.flags = &f;
+  s.flip_rad = &flip;
+  s.phase_rad = s.rx_phase_rad = &nought;
+  s.n_intervals = 1;
+  s.duration_s = &dur;
+  s.n_samples = 1;
+  s.states = 4;
+  blochsim::Tissue t;  // n = 0: no problems, no arrays
+  int field = 0;
+  double ev[8] = {};
+  blochsim::Pools p;
+  std::printf("%d %d %d %d %d\n", blochsim::host::forward_status(s, t, nullptr, 2),
+              blochsim::host::jacobian_status(s, t, &field, 1, nullptr, nullptr, 2),
+              blochsim::host::adjoint_status(s, t, &field, 1, nullptr, ev, nullptr, 2),
+              blochsim::host::pooled_status(s, t, p, nullptr, 0, nullptr, nullptr, nullptr, 2),
+              blochsim::host::pooled_adjoint_status(s, t, p, nullptr, 0, nullptr, ev, nullptr, 2));
+  // a billion states: refused before allocating
+  float T1 = 1.0f, T2 = 0.1f;
+  float out[2];
+  t.n = 1;
+  t.T1_s.data = &T1;
+  t.T2_s.data = &T2;
+  s.states = 1000000000;
+  const int big = blochsim::host::forward_status(s, t, out, 2);
+  std::printf("%d %.3g\n", big, blochsim::host::workspace_bytes(blochsim::host::Entry::forward, s, 1, 2));
+  bool threw = false;
+  try {
+    blochsim::host::forward(s, t, out, 2);
+  } catch (const std::bad_alloc&) {
+    threw = true;
+  }
+  std::printf("%d\n", threw ? 1 : 0);
+  // a poll that asks to stop: a long call (a 2000-pulse train, many problems) returns interrupted
+  static int32_t ivs[2000], zeros[2000], ones[2000];
+  static uint32_t fs[2000];
+  static float flips[2000], noughts[2000];
+  for (int e = 0; e < 2000; ++e) {
+    ivs[e] = 0, zeros[e] = 0, ones[e] = 1, fs[e] = blochsim::event_rf, flips[e] = 0.3f, noughts[e] = 0.0f;
+  }
+  fs[1999] |= blochsim::event_readout;
+  s.n_events = 2000;
+  s.interval = ivs;
+  s.shift_before = s.slot = zeros;
+  s.shift_after = ones;
+  s.flags = fs;
+  s.flip_rad = flips;
+  s.phase_rad = s.rx_phase_rad = noughts;
+  s.states = 16;
+  static float T1s[200000], T2s[200000];
+  static float outs[400000];
+  for (int i = 0; i < 200000; ++i) T1s[i] = 1.0f, T2s[i] = 0.1f;
+  t.n = 200000;
+  t.T1_s.data = T1s;
+  t.T1_s.stride = 1;
+  t.T2_s.data = T2s;
+  t.T2_s.stride = 1;
+  int st;
+  {
+    blochsim::InterruptScope scope(&stop_now, nullptr);
+    st = blochsim::host::forward_status(s, t, outs, 2);
+  }
+  t.n = 100;
+  std::printf("%d %d\n", st, blochsim::host::forward_status(s, t, outs, 2));
+  return 0;
+}
+"""
+
+
+def test_entries_return_statuses_for_empty_huge_and_interrupted_calls(tmp_path):
+    out = _run_program(tmp_path, "reliable", RELIABLE)
+    assert out[0] == "0 0 0 0 0"
+    status, need = out[1].split()
+    assert status == "13" and float(need) > 1e11  # out_of_memory; a billion states x 16 lanes x 2 threads
+    assert out[2] == "1"  # host::forward throws std::bad_alloc for it
+    assert out[3] == "14 0"  # interrupted, then a call without the poll succeeds

@@ -136,6 +136,15 @@ def test_estimators_on_zero_voxels():
         assert all(np.shape(v) == (0,) for v in maps.values()), type(est).__name__
     perk = PERK(sim, n_features=50).fit(samples=200, T1=(200.0, 3000.0))
     assert perk.map(np.zeros((0, 3), np.complex64))["T1"].shape == (0,)
+    assert perk.map(np.zeros((2, 0, 3), np.complex64))["T1"].shape == (2, 0)
+    # a simulator with no samples identifies nothing: fitting it is refused
+    silent = S.InversionRecoverySimulator(TI=[])
+    for name, fit in [("DictionaryMatcher", lambda: DictionaryMatcher(silent).fit(**grid)),
+                      ("LookupTable", lambda: LookupTable(silent, feature=lambda s: np.abs(s).sum(-1)).fit(**grid)),
+                      ("NonlinearLeastSquares", lambda: NonlinearLeastSquares(silent).fit(T1=(50.0, 5000.0))),
+                      ("PERK", lambda: PERK(silent, n_features=10).fit(samples=20, T1=(200.0, 3000.0)))]:
+        with pytest.raises(ValueError, match=f"{name}.fit: the simulator gives no samples"):
+            fit()
 
 
 # --------------------------------------------------------------------------
