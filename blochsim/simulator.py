@@ -852,6 +852,8 @@ class Simulator(_Base):
         n = int(np.prod(shape, dtype=np.int64))
         nd = len(names)
         fields, scale = _fields_and_scale(names)
+        # the signal and its Jacobian, their cotangents, the tissue planes
+        _check_device_memory(n * (16 * s.n_samples * (1 + nd) + 4 * (len(arrays) + len(ifaces))), n)
         own, cuda_stream = _work_stream([i.stream for i in ifaces.values() if i.stream is not None])
         dev, keep = _resident_tissue(arrays, ifaces, shape, n, own, cuda_stream)
         library = next(iter(ifaces.values())).library if ifaces else "blochsim"
@@ -901,6 +903,8 @@ class Simulator(_Base):
         s, ps, _, _ = self._stream_for(p, set(arrays) | set(ifaces), stream)
         n = int(np.prod(shape, dtype=np.int64))
         want = shape + (s.n_samples,)
+        # the signal and its cotangent, the tissue planes and the tissue gradient
+        _check_device_memory(n * (16 * s.n_samples + 4 * (len(arrays) + len(ifaces)) + 4 * len(fields)), n)
         own, cuda_stream = _work_stream([i.stream for i in ifaces.values() if i.stream is not None])
         dev, keep = _resident_tissue(arrays, ifaces, shape, n, own, cuda_stream)
         library = next(iter(ifaces.values())).library if ifaces else "blochsim"
@@ -1240,14 +1244,7 @@ class Simulator(_Base):
         need = (0 if out is not None else n * ps.n_samples * 8) + 4 * n * (len(arrays) + len(ifaces))
         if jacobian is not None and jac_out is None:
             need += n * ps.n_samples * 8 * jacobian[2]
-        free, total = _core.memory_info()
-        if need > free:
-            per = max(1, need // max(n, 1))
-            raise MemoryError(
-                f"this call needs {need / 2**30:.2f} GiB of device memory and {free / 2**30:.2f} GiB of "
-                f"{total / 2**30:.2f} GiB are free; simulate at most about {max(free // per, 1):,} voxels "
-                f"per call (chunk the first axis), or pass NumPy arrays with device='cuda', which stream "
-                f"through the device in chunks of budget_bytes")
+        _check_device_memory(need, n)
         own, stream = _work_stream(streams)
         dev, keep = _resident_tissue(arrays, ifaces, shape, n, own, stream)
         library = next(iter(ifaces.values())).library if ifaces else "blochsim"
@@ -1275,6 +1272,19 @@ class Simulator(_Base):
         # one); waiting for it hands back a result any stream may read.
         _core.stream_synchronize(stream)
         return result
+
+
+def _check_device_memory(need, n):
+    """Refuse (MemoryError) a device call needing ``need`` bytes for ``n``
+    voxels when the device has less free, with a chunk size that fits."""
+    free, total = _core.memory_info()
+    if need > free:
+        per = max(1, need // max(n, 1))
+        raise MemoryError(
+            f"this call needs {need / 2**30:.2f} GiB of device memory and {free / 2**30:.2f} GiB of "
+            f"{total / 2**30:.2f} GiB are free; simulate at most about {max(free // per, 1):,} voxels "
+            f"per call (chunk the first axis), or pass NumPy arrays with device='cuda', which stream "
+            f"through the device in chunks of budget_bytes")
 
 
 def _device_results(signal, J, out, library, names):

@@ -10,8 +10,8 @@ except ImportError:  # pragma: no cover - hypothesis is a test dependency
     settings = None
 
 if settings is not None:
-    # CI: a bounded number of examples per target, no timing assertions
-    settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True,
+    # CI: a bounded number of examples per target (all targets together take seconds), no timing assertions
+    settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True,
                               suppress_health_check=[HealthCheck.too_slow])
     settings.register_profile("long", max_examples=2000, deadline=None,
                               suppress_health_check=[HealthCheck.too_slow])

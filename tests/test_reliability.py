@@ -384,3 +384,16 @@ def test_estimators_shared_between_threads_are_bitwise_serial():
     for kind, maps in got:
         for k, v in want[kind].items():
             np.testing.assert_array_equal(maps[k], v)
+
+
+def test_device_memory_refusal_names_a_chunk(monkeypatch):
+    """The device check (host-side logic, the free memory reported by the
+    driver replaced): a call past the free memory is refused with a chunk
+    size; one within it passes."""
+    from blochsim import simulator
+
+    monkeypatch.setattr(_core, "memory_info", lambda: (10 * 2**20, 80 * 2**30))
+    with pytest.raises(MemoryError, match=r"needs 0.02 GiB of device memory and 0.01 GiB of 80.00 GiB are free; "
+                                          r"simulate at most about 524,288 voxels per call"):
+        simulator._check_device_memory(20 * 2**20, 2**20)
+    simulator._check_device_memory(5 * 2**20, 2**20)
