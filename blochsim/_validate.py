@@ -134,15 +134,16 @@ def tissue_array(name: str, value) -> np.ndarray:
         check_bound(name, arr, low, strict, UNIT_NAMES[name])
     if name in UPPER_BOUNDS and np.any(arr > UPPER_BOUNDS[name]):
         raise ValueError(f"{name} must be <= {UPPER_BOUNDS[name]:g}, got {_first_bad(arr, arr > UPPER_BOUNDS[name])}")
+    # one reduction for both bounds below (arr is finite here)
+    peak = abs(float(arr)) if arr.ndim == 0 else float(np.max(np.abs(arr))) if arr.size else 0.0
     bound = MAGNITUDE_BOUNDS["B0"] if name.endswith("_shift") else MAGNITUDE_BOUNDS.get(name)
-    if bound is not None and np.any(np.abs(arr) > bound):
+    if bound is not None and peak > bound:
         u = f" {UNIT_NAMES[name]}" if UNIT_NAMES.get(name) else ""
         raise ValueError(f"{name} must be within +-{bound:g}{u} (single precision carries no more), got "
                          f"{_first_bad(arr, np.abs(arr) > bound)}")
-    with np.errstate(over="ignore"):
-        big = ~np.isfinite(arr * TISSUE_UNITS[name][0]) | (np.abs(arr * TISSUE_UNITS[name][0]) > _FLOAT32_MAX)
-    if np.any(big):
-        raise ValueError(f"{name} is beyond single precision in SI units, got {_first_bad(arr, big)}")
+    if peak * TISSUE_UNITS[name][0] > _FLOAT32_MAX:
+        raise ValueError(f"{name} is beyond single precision in SI units, got "
+                         f"{_first_bad(arr, np.abs(arr) * TISSUE_UNITS[name][0] > _FLOAT32_MAX)}")
     return arr
 
 

@@ -23,6 +23,8 @@ shape and plays it through the EPG kernels.  Writing a custom sequence::
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from blochsim import _core, _dispatch, _memory, _pools, steady
@@ -598,10 +600,10 @@ class Simulator(_Base):
         voxel, the tissue planes and, with ``host_kernels``, the workspaces
         of the host entry ``entry`` (_core.ENTRIES) with ``fields`` and the
         pool counts ``pools``."""
-        n = int(np.prod(shape, dtype=np.int64))
+        n = math.prod(shape)
         threads = self.threads if self.threads is not None else _dispatch.default_threads()
         # each property not a scalar: a float64 broadcast copy, its SI values, and the float32 plane
-        planes = sum(1 for a in arrays.values() if np.size(a) != 1)
+        planes = sum(1 for a in arrays.values() if getattr(a, "size", 1) != 1)
         per = 8.0 * ps.n_samples * outputs + 20.0 * planes
         fixed = 0.0
         if host_kernels and n:
