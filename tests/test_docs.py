@@ -9,8 +9,8 @@ import pytest
 import blochsim
 
 MODULES = ["blochsim"] + sorted(
-    f"blochsim.{m.name}" for m in pkgutil.iter_modules(blochsim.__path__)
-    if m.name not in ("__main__", "_core") and not m.name.startswith("_"))
+    m.name for m in pkgutil.walk_packages(blochsim.__path__, prefix="blochsim.")
+    if not any(part.startswith("_") for part in m.name.split(".")[1:]))
 
 
 @pytest.mark.parametrize("name", MODULES)
