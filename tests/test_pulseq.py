@@ -1,8 +1,6 @@
 """Pulseq files written out in the test (format 1.4), read by
 Simulator.from_pulseq and played, against the spin echo's closed form and
 the RF-spoiled gradient echo's isochromat ensemble."""
-import importlib.util
-import pathlib
 
 import numpy as np
 import pytest
@@ -10,11 +8,7 @@ import pytest
 from blochsim import Simulator
 from blochsim.pulseq import PulseqBlock, PulseqError, decompress_shape
 
-# the FLASH isochromat oracle of test_protocols.py (tests import in importlib mode)
-_spec = importlib.util.spec_from_file_location("_protocol_oracles", pathlib.Path(__file__).with_name("test_protocols.py"))
-_oracles = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_oracles)
-_flash_isochromats = _oracles._flash_isochromats
+from protocol_oracles import _flash_isochromats  # the FLASH isochromat oracle
 
 
 def _seq(path, blocks, rf=(), trap=(), adc=(), shapes=(), version=(1, 4, 1), compress=True, grad=()):
