@@ -1,0 +1,94 @@
+"""Helpers the estimators share: ranges and grids, signals, simulated tables,
+threads."""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from blochsim import _dispatch
+from blochsim import _validate as V
+
+
+def _modelled(sim, name, what):
+    if not isinstance(name, str):
+        raise TypeError(f"{what}: parameter names are strings, got {name!r}")
+    if name not in sim.tissue_properties:
+        raise TypeError(f"{what}: {type(sim).__name__} does not model {name!r}; "
+                        f"it models {list(sim.tissue_properties)}")
+
+
+def _ranges(sim, ranges, what):
+    """Split keyword ranges into {name: (low, high)} and fixed scalars."""
+    spans, fixed = {}, {}
+    for name, value in ranges.items():
+        _modelled(sim, name, what)
+        if isinstance(value, numbers.Real) and not isinstance(value, bool):
+            if not np.isfinite(value):
+                raise ValueError(f"{what}: {name} = {value!r} is not finite")
+            fixed[name] = float(value)
+            continue
+        try:
+            low, high = (float(v) for v in value)
+        except (TypeError, ValueError):
+            raise TypeError(f"{what}: {name} must be a (low, high) pair or a fixed number, got {value!r}") from None
+        if not (np.isfinite(low) and np.isfinite(high)):
+            raise ValueError(f"{what}: range of {name} ({low}, {high}) is not finite")
+        if not low < high:
+            raise ValueError(f"{what}: range of {name} needs low < high, got ({low}, {high})")
+        spans[name] = (low, high)
+    return spans, fixed
+
+
+def _signals(signals, contrasts, what):
+    """Signals as a complex array (*voxels, contrasts) on the host."""
+    if V.is_device_array(signals):
+        raise TypeError(f"{what}: signals are a device array; the estimators take NumPy arrays "
+                        f"(copy with .get() or cupy.asnumpy)")
+    s = np.asarray(signals)
+    if s.ndim == 0 or s.shape[-1] != contrasts:
+        raise ValueError(f"{what}: signals have {s.shape[-1] if s.ndim else 0} contrasts along their last "
+                         f"axis (shape {s.shape}); the fitted simulator gives {contrasts}")
+    if not np.issubdtype(s.dtype, np.number) or np.issubdtype(s.dtype, np.bool_):
+        raise TypeError(f"{what}: signals must be numeric, got dtype {s.dtype}")
+    bad = ~np.isfinite(s).all(axis=-1)
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"{what}: signals are not finite at voxel {at} ({s[at]!r:.60})")
+    return s
+
+
+def _simulate_table(sim, params, fixed, chunk):
+    """Signals (n, contrasts) of the parameter columns in ``params``."""
+    n = len(next(iter(params.values())))
+    parts = []
+    for a in range(0, n, chunk):
+        kw = {k: v[a:a + chunk] for k, v in params.items()}
+        parts.append(np.asarray(sim.simulate(**kw, **fixed)).reshape(len(kw[next(iter(kw))]), -1))
+    return np.concatenate(parts, axis=0)
+
+
+def _some_contrasts(n, what):
+    """Refuse fitting a simulator that gives no samples: nothing identifies
+    the parameters (its maps would be undefined)."""
+    if n == 0:
+        raise ValueError(f"{what}: the simulator gives no samples (zero contrasts), so there is nothing to "
+                         "estimate from")
+    return n
+
+
+def _contrasts(sim, fixed):
+    """The number of contrasts sim gives (one probe voxel)."""
+    probe = {k: 1.0 for k in sim.required}
+    probe.update({k: v for k, v in fixed.items()})
+    return np.asarray(sim.simulate(**probe)).shape[-1]
+
+
+def _chain(first, rest):
+    yield first
+    yield from rest
+
+
+def _threads(sim):
+    t = getattr(sim, "threads", None)
+    return t if t else _dispatch.default_threads()

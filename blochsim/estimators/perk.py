@@ -1,0 +1,330 @@
+"""PERK: parameter estimation via regression with kernels (Nataraj, Fessler,
+Nielsen 2018)."""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from blochsim import _core
+from blochsim import _validate as V
+from blochsim.estimators._common import _chain, _ranges, _signals, _some_contrasts, _threads
+
+
+_MODES = ("cartesian", "magnitude")
+
+
+class PERK:
+    """Parameter estimation via regression with kernels (SPEC §5).
+
+    Kernel ridge regression with a Gaussian kernel approximated by random
+    Fourier features, trained on signals the simulator produces for
+    parameters drawn uniformly from given ranges with Gaussian noise added.
+
+    Parameters
+    ----------
+    simulator : blochsim.Simulator or blochsim.ClosedFormSimulator
+        The signal model; its protocol is fixed at construction.
+    n_features : int
+        F, the number of random features.
+    length_scale : float or array_like, optional
+        Kernel length scale per input coordinate (one value for all, or
+        one per coordinate).  Default: the training inputs' standard
+        deviation per coordinate times sqrt(d), d the input length.
+    regularization : float
+        Ridge weight λ relative to the features' mean variance: C = cov(z)
+        + λ·trace(cov(z))/F·I.
+    complex_mode : {"cartesian", "magnitude"}
+        Inputs from the complex signal: real and imaginary parts
+        interleaved (2 per contrast), or magnitudes (1 per contrast).
+    normalize : bool
+        Divide each voxel's input by its Euclidean norm (removes M0; M0
+        then cannot be estimated).
+    feature_seed : int
+        Seed of the feature frequencies and phases.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from blochsim.simulators import SpinEchoSimulator
+    >>> from blochsim.estimators import PERK
+    >>> perk = PERK(SpinEchoSimulator(TE=np.arange(10.0, 170.0, 10.0), TR=5000.0), n_features=400)
+    >>> perk = perk.fit(noise_std=0.005, samples=20000, T1=1000.0, T2=(20.0, 200.0), M0=(0.5, 1.5))
+    >>> s = SpinEchoSimulator(TE=np.arange(10.0, 170.0, 10.0), TR=5000.0).simulate(T1=1000.0, T2=80.0, M0=1.2)
+    >>> maps = perk.map(s)
+    >>> sorted(maps)
+    ['M0', 'T2']
+    """
+
+    def __init__(self, simulator, n_features=1000, length_scale=None, regularization=1e-6,
+                 complex_mode="cartesian", normalize=False, feature_seed=0):
+        self.simulator = simulator
+        self.n_features = V.positive_int("n_features", n_features)
+        if length_scale is not None:
+            ls = np.asarray(length_scale, dtype=np.float64)
+            if not np.all(np.isfinite(ls)) or np.any(ls <= 0):
+                raise ValueError(f"length_scale must be positive and finite, got {length_scale!r}")
+        self.length_scale = length_scale
+        if not (isinstance(regularization, numbers.Real) and np.isfinite(regularization) and regularization > 0):
+            raise ValueError(f"regularization must be a positive number, got {regularization!r}")
+        self.regularization = float(regularization)
+        if complex_mode not in _MODES:
+            raise ValueError(f"complex_mode must be one of {_MODES}, got {complex_mode!r}")
+        self.complex_mode = complex_mode
+        self.normalize = bool(normalize)
+        self.feature_seed = feature_seed
+        self._model = None
+
+    # -- inputs ------------------------------------------------------------
+
+    def _inputs(self, s, known_cols):
+        """x (n, d) float32 from signals s (n, contrasts), and what the
+        pullback needs."""
+        s = np.asarray(s)
+        if self.complex_mode == "cartesian":
+            v = np.ascontiguousarray(s, dtype=np.complex64).view(np.float32).astype(np.float64)
+        else:
+            v = np.abs(s).astype(np.float64)
+        r = None
+        if self.normalize:
+            r = np.linalg.norm(v, axis=-1, keepdims=True)
+            r = np.where(r > 0, r, 1.0)
+            v = v / r
+        x = np.concatenate([v] + known_cols, axis=-1) if known_cols else v
+        return np.ascontiguousarray(x, dtype=np.float32), v, r
+
+    def _pullback_inputs(self, s, v, r, xbar):
+        """The cotangent of the signals (SPEC §4 convention) from that of x."""
+        vbar = xbar[:, :v.shape[1]].astype(np.float64)
+        if self.normalize:
+            vbar = (vbar - v * np.sum(v * vbar, axis=-1, keepdims=True)) / r
+        if self.complex_mode == "cartesian":
+            return (vbar[:, 0::2] + 1j * vbar[:, 1::2]).astype(np.complex64)
+        mag = np.abs(s)
+        unit = np.where(mag > 0, s / np.where(mag > 0, mag, 1.0), 0.0)
+        return (vbar * unit).astype(np.complex64)
+
+    # -- training ----------------------------------------------------------
+
+    def _training(self, spans, fixed, known, samples, seed, noise_std, chunk):
+        """Yields (theta (m, p), known columns, signals) chunk by chunk, the
+        same sequence for the same seed."""
+        rng = np.random.default_rng(seed)
+        names = list(spans)
+        lows = np.array([spans[k][0] for k in names])
+        highs = np.array([spans[k][1] for k in names])
+        draws = lows + (highs - lows) * rng.random((samples, len(names)))
+        for c, a in enumerate(range(0, samples, chunk)):
+            block = draws[a:a + chunk]
+            kw = {k: block[:, i] for i, k in enumerate(names)}
+            s = np.asarray(self.simulator.simulate(**kw, **fixed)).reshape(len(block), -1)
+            if noise_std > 0:
+                nrng = np.random.default_rng([seed, c])
+                s = s + noise_std * (nrng.standard_normal(s.shape) + 1j * nrng.standard_normal(s.shape))
+            yield block, [block[:, names.index(k)][:, None] for k in known], s
+
+    def fit(self, noise_std=0.0, samples=20000, seed=0, known=(), chunk=4096, uncertainty=False, **ranges):
+        """Train on simulated signals.
+
+        Parameters
+        ----------
+        noise_std : float
+            Standard deviation of the Gaussian noise added to each real and
+            imaginary part of the training signals (signal units, M0 = 1
+            gives unit equilibrium magnetisation).
+        samples : int
+            Number of training signals.
+        seed : int
+            Seed of the training parameters and noise.
+        known : sequence of str
+            Parameters that are measured separately (a B1 map, say): drawn
+            from their ranges for training, appended to the inputs, and
+            passed to :meth:`map` instead of estimated.
+        chunk : int
+            Training signals simulated at a time (memory grows with F², not
+            with ``samples``).
+        uncertainty : bool
+            Also learn each estimate's error: a second pass regresses the
+            squared training errors on the same features, and
+            ``map(..., uncertainty=True)`` returns their square roots.
+        **ranges
+            ``name=(low, high)``: a parameter drawn uniformly (estimated,
+            unless in ``known``); ``name=value``: fixed.
+
+        Returns
+        -------
+        PERK
+            self, fitted.
+        """
+        spans, fixed = _ranges(self.simulator, ranges, "PERK.fit")
+        known = (known,) if isinstance(known, str) else tuple(known)
+        for k in known:
+            if k not in spans:
+                raise ValueError(f"PERK.fit: known parameter {k!r} needs a (low, high) range")
+        names = [k for k in spans if k not in known]
+        if not names:
+            raise ValueError("PERK.fit: no parameter to estimate; give at least one (low, high) range")
+        if len(names) * (2 if uncertainty else 1) > _core.PERK_MAX_OUTPUTS:
+            raise ValueError(f"PERK.fit: at most {_core.PERK_MAX_OUTPUTS} outputs, got {len(names)} estimates"
+                             + (" and their uncertainties" if uncertainty else ""))
+        samples = V.positive_int("samples", samples)
+        chunk = V.positive_int("chunk", chunk)
+        if not (isinstance(noise_std, numbers.Real) and np.isfinite(noise_std) and noise_std >= 0):
+            raise ValueError(f"PERK.fit: noise_std must be >= 0 and finite, got {noise_std!r}")
+        est = [list(spans).index(k) for k in names]
+        F = self.n_features
+        frng = np.random.default_rng(self.feature_seed)
+
+        def chunks():
+            return self._training(spans, fixed, known, samples, seed, noise_std, chunk)
+
+        stream = chunks()
+        first = next(stream)
+        x0 = self._inputs(first[2], first[1])[0].astype(np.float64)
+        d = x0.shape[1]
+        if self.length_scale is None:
+            sd = np.std(x0, axis=0)
+            ell = np.where(sd > 0, sd, 1.0) * np.sqrt(d)
+        else:
+            ell = np.broadcast_to(np.asarray(self.length_scale, dtype=np.float64), (d,))
+        omega = frng.standard_normal((F, d)) / ell
+        phase = frng.uniform(0.0, 2 * np.pi, F)
+        scale = np.sqrt(2.0 / F)
+
+        def moments(data, target_of):
+            """Means of z, z zᵀ, t and t zᵀ over the training chunks, in float64."""
+            sz, szz, st, stz, m = np.zeros(F), np.zeros((F, F)), 0.0, 0.0, 0
+            for theta, kcols, s in data:
+                x = self._inputs(s, kcols)[0]
+                z = scale * np.cos(x.astype(np.float64) @ omega.T + phase)
+                t = target_of(theta, x)
+                sz += z.sum(0)
+                szz += z.T @ z
+                st = st + t.sum(0)
+                stz = stz + t.T @ z
+                m += len(z)
+            return sz / m, szz / m, st / m, stz / m
+
+        mz, mzz, mt, mtz = moments(_chain(first, stream), lambda theta, x: theta[:, est])
+        C = mzz - np.outer(mz, mz)
+        C[np.diag_indices(F)] += self.regularization * np.trace(C) / F
+        W = np.linalg.solve(C, (mtz - np.outer(mt, mz)).T).T  # (p, F)
+        offset = mt - W @ mz
+        model = {k: np.ascontiguousarray(v, dtype=np.float32)
+                 for k, v in dict(omega=omega, phase=phase, weight=W * scale, offset=offset).items()}
+        self._model = model
+        self.names, self.known, self.fixed = names, known, fixed
+        self.contrasts = _some_contrasts(first[2].shape[1], "PERK.fit")
+        self.inputs = d
+        self._uncertainty = False
+        if uncertainty:
+            def squared_error(theta, x):
+                est_x = np.empty((len(x), len(names)), np.float32)
+                _core.perk(model["omega"], model["phase"], model["weight"], model["offset"], x, est_x,
+                           threads=_threads(self.simulator))
+                return (theta[:, est] - est_x) ** 2
+
+            _, _, me, mez = moments(chunks(), squared_error)
+            W2 = np.linalg.solve(C, (mez - np.outer(me, mz)).T).T
+            model["weight"] = np.ascontiguousarray(np.concatenate([model["weight"], W2 * scale]), dtype=np.float32)
+            model["offset"] = np.ascontiguousarray(np.concatenate([model["offset"], me - W2 @ mz]), dtype=np.float32)
+            self._uncertainty = True
+        return self
+
+    # -- estimation --------------------------------------------------------
+
+    def _prepare(self, signals, known, what):
+        if self._model is None:
+            raise RuntimeError(f"{what} needs a fitted PERK: call fit() first")
+        s = _signals(signals, self.contrasts, what)
+        shape = s.shape[:-1]
+        known = {} if known is None else dict(known)
+        missing = [k for k in self.known if k not in known]
+        extra = [k for k in known if k not in self.known]
+        if missing or extra:
+            raise ValueError(f"{what}: known must give exactly {list(self.known)}, "
+                             f"missing {missing}, unexpected {extra}")
+        cols = []
+        for k in self.known:
+            a = np.asarray(known[k], dtype=np.float64)
+            try:
+                a = np.broadcast_to(a, shape)
+            except ValueError:
+                raise ValueError(f"{what}: known {k} of shape {a.shape} does not broadcast to the voxel shape "
+                                 f"{shape}") from None
+            cols.append(a.reshape(-1, 1))
+        flat = s.reshape(-1, self.contrasts)
+        x, v, r = self._inputs(flat, cols)
+        return shape, flat, x, v, r
+
+    def map(self, signals, known=None, uncertainty=False):
+        """Estimate parameter maps.
+
+        Parameters
+        ----------
+        signals : array_like, complex, shape (*voxels, contrasts)
+        known : dict, optional
+            The ``known`` parameters of :meth:`fit`, each broadcast to the
+            voxel shape.
+        uncertainty : bool
+            Also return ``name + "_std"``: the learned root-mean-square
+            error of each estimate (needs ``fit(uncertainty=True)``).
+
+        Returns
+        -------
+        dict of numpy.ndarray, float32, shape voxels
+            One map per estimated parameter (public units).
+        """
+        shape, flat, x, _, _ = self._prepare(signals, known, "PERK.map")
+        if uncertainty and not self._uncertainty:
+            raise ValueError("PERK.map: uncertainty=True needs fit(uncertainty=True)")
+        m = self._model
+        out = np.empty((len(x), len(m["offset"])), np.float32)
+        _core.perk(m["omega"], m["phase"], m["weight"], m["offset"], x, out, threads=_threads(self.simulator))
+        return self._maps(out, shape, uncertainty)
+
+    def _maps(self, out, shape, uncertainty):
+        p = len(self.names)
+        maps = {k: out[:, i].reshape(shape) for i, k in enumerate(self.names)}
+        if uncertainty:
+            for i, k in enumerate(self.names):
+                maps[k + "_std"] = np.sqrt(np.maximum(out[:, p + i], 0.0)).reshape(shape)
+        return maps
+
+    def vjp(self, signals, known=None):
+        """Maps and their pullback to the signals.
+
+        Returns
+        -------
+        maps : dict of numpy.ndarray, float32, shape voxels
+        pullback : callable
+            ``pullback(cotangents)`` with ``cotangents`` a dict of arrays
+            (voxel shape) per estimated parameter (missing ones are zero),
+            the derivative of a real loss with respect to each map; returns
+            the loss's cotangent of the signals, complex64 shaped like them
+            (∂L/∂Re s + i·∂L/∂Im s, SPEC §4).
+        """
+        shape, flat, x, v, r = self._prepare(signals, known, "PERK.vjp")
+        m = self._model
+        p = len(self.names)
+        weight, offset = m["weight"][:p].copy(), m["offset"][:p].copy()
+        out = np.empty((len(x), p), np.float32)
+        _core.perk(m["omega"], m["phase"], weight, offset, x, out, threads=_threads(self.simulator))
+        maps = self._maps(out, shape, False)
+
+        def pullback(cotangents):
+            unknown = [k for k in cotangents if k not in self.names]
+            if unknown:
+                raise ValueError(f"PERK pullback: no map named {unknown}; maps: {self.names}")
+            g = np.zeros((len(x), p), np.float32)
+            for i, k in enumerate(self.names):
+                if k in cotangents:
+                    g[:, i] = np.broadcast_to(np.asarray(cotangents[k], dtype=np.float32), shape).reshape(-1)
+            xbar = np.empty_like(x)
+            scratch = np.empty((len(x), p), np.float32)
+            _core.perk(m["omega"], m["phase"], weight, offset, x, scratch, g=g, xbar=xbar,
+                       threads=_threads(self.simulator))
+            sbar = self._pullback_inputs(flat, v, r, xbar)
+            return sbar.reshape(shape + (self.contrasts,))
+
+        return maps, pullback
