@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -151,10 +152,15 @@ def test_estimators_on_zero_voxels():
 # Memory, before anything is allocated
 
 
+# a neutral working folder for the child interpreters, so that they import the installed package
+# (from the repository root, `python -c` would import the source folder instead)
+CHILD_CWD = tempfile.gettempdir()
+
+
 def _run(code, timeout=120):
     """Run code in a fresh interpreter: (returncode, stdout + stderr)."""
     r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                       timeout=timeout)
+                       timeout=timeout, cwd=CHILD_CWD)
     return r.returncode, r.stdout + r.stderr
 
 
@@ -249,7 +255,7 @@ def test_ctrl_c_stops_a_long_host_call_and_the_pool_still_works():
         except KeyboardInterrupt:
             print("interrupted after %.3f" % (time.monotonic() - t0), flush=True)
         print("again", bool(np.array_equal(sim.simulate(T1=np.full(64, 1000.0), T2=80.0), small)), flush=True)
-    """)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    """)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=CHILD_CWD)
     assert child.stdout.readline().strip() == "ready"
     time.sleep(1.0)
     sent = time.monotonic()
