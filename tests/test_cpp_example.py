@@ -11,19 +11,7 @@ import pytest
 
 import blochsim
 
-
-def include_dir():
-    """The installed headers, or the source tree's where the package is an
-    editable install (whose package folder holds none)."""
-    installed = blochsim.get_include()
-    source = Path(__file__).resolve().parents[1] / "src_cpp" / "include"
-    return installed if os.path.isdir(installed) or not source.is_dir() else str(source)
-
-
-def extra_flags():
-    """Compiler flags from BLOCHSIM_TEST_CXXFLAGS (tests/sanitize.sh builds
-    under AddressSanitizer and UndefinedBehaviorSanitizer with it)."""
-    return os.environ.get("BLOCHSIM_TEST_CXXFLAGS", "").split()
+from cpp_build import extra_flags, include_dir
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "cpp" / "cpmg.cpp"
 

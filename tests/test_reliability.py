@@ -294,6 +294,28 @@ def test_an_interrupt_from_a_handler_is_the_handlers_exception():
 # Concurrency
 
 
+def _in_threads(work, count, repeat=3):
+    """work(k) called `repeat` times on each of `count` threads started
+    together: the results in the order they came, or the first error."""
+    got, errors = [], []
+
+    def run(k):
+        try:
+            for _ in range(repeat):
+                got.append(work(k))
+        except BaseException as e:  # noqa: BLE001 - raised below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return got
+
+
 def _serial_results():
     sim = S.MRFSimulator(flip=np.linspace(5.0, 60.0, 60), TR=10.0, states=16, threads=2)
     T1 = np.geomspace(200.0, 3000.0, 300)
@@ -306,24 +328,13 @@ def test_calls_from_many_threads_are_bitwise_the_serial_ones():
     the serial one bit for bit."""
     _, T1, want_s, want_j = _serial_results()
     sim = S.MRFSimulator(flip=np.linspace(5.0, 60.0, 60), TR=10.0, states=16, threads=2)
-    got, errors = [], []
 
     def work(k):
-        try:
-            for _ in range(3):
-                if k % 2:
-                    got.append(("s", sim.simulate(T1=T1, T2=80.0)))
-                else:
-                    got.append(("j", sim.jacobian(("T1", "T2"), T1=T1, T2=80.0)[1]))
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+        if k % 2:
+            return "s", sim.simulate(T1=T1, T2=80.0)
+        return "j", sim.jacobian(("T1", "T2"), T1=T1, T2=80.0)[1]
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    got = _in_threads(work, 8)
     assert len(got) == 24
     for kind, value in got:
         np.testing.assert_array_equal(value, want_s if kind == "s" else want_j)
@@ -371,23 +382,12 @@ def test_estimators_shared_between_threads_are_bitwise_serial():
     perk = PERK(sim, n_features=100).fit(samples=500, T1=(300.0, 3000.0), T2=(20.0, 300.0))
     signals = sim.simulate(T1=np.geomspace(400.0, 2500.0, 64), T2=np.geomspace(30.0, 250.0, 64))
     want = {"dict": matcher.map(signals), "perk": perk.map(signals)}
-    got, errors = [], []
 
     def work(k):
-        try:
-            kind = "dict" if k % 2 else "perk"
-            for _ in range(3):
-                got.append((kind, (matcher if kind == "dict" else perk).map(signals)))
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+        kind = "dict" if k % 2 else "perk"
+        return kind, (matcher if kind == "dict" else perk).map(signals)
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
-    for kind, maps in got:
+    for kind, maps in _in_threads(work, 4):
         for k, v in want[kind].items():
             np.testing.assert_array_equal(maps[k], v)
 
