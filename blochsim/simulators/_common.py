@@ -33,7 +33,9 @@ def _relaxes(TR, T1, T2=None):
     no relaxation happens in double precision: the closed form is then
     0/0 (and without relaxation no steady state exists)."""
     times = [("T1", T1)] + ([] if T2 is None else [("T2", T2)])
+    TR = np.real(TR)  # the real part: derivatives by the complex step pass through here
     for name, T in times:
+        T = np.real(T)
         ratio = np.asarray(TR, dtype=np.float64) / np.asarray(T, dtype=np.float64)
         if np.any(ratio < _MIN_RELAXATION):
             raise ValueError(f"TR = {float(np.min(TR)):g} ms against {name} = {float(np.max(T)):g} ms relaxes "
