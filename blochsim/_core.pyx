@@ -12,23 +12,32 @@ from libc.stddef cimport size_t
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport free, malloc
 
-from blochsim._events cimport (EventStream, Pools, Property, Tissue, cuda_error_base, interrupted, lineshape_g,
-                              out_of_memory, status_message)
+from libcpp.vector cimport vector
+
+from blochsim._events cimport (EventStream, Pools, Property, Tissue, cuda_error_base, field_pooled_direction,
+                              field_single_pool_direction, field_table, interrupted, lineshape_g, out_of_memory,
+                              pool_field_count, pool_property, status_message, tissue_fields, tissue_property)
 from blochsim._host cimport (Interrupt, PerkModel, host_available_memory, host_perk_dispatch, host_set_interrupt,
-                             host_workspace_bytes, perk_max_outputs)
+                             host_workspace_bytes, perk_max_outputs, unchecked_workspace_bytes)
 from blochsim._host cimport (host_adjoint2_dispatch, host_adjoint_dispatch, host_forward_dispatch, host_forward_registers, host_isa,
                              host_jacobian_dispatch, host_jacobian_registers, host_pooled_adjoint_dispatch,
                              host_pooled_dispatch, host_pooled_registers)
 cimport blochsim._launcher as L
 
-# Order of the tissue entries handed to the forward functions.
-TISSUE_FIELDS = ("T1_s", "T2_s", "M0", "B1", "B1phase_rad", "B0_hz", "D_m2_s", "v_m_s",
-                 "inv_efficiency")
-_FALLBACK = (1.0e30, 1.0e30, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0)
-# Pool fields after them (pools.hpp PoolField): the semisolid pool's, then
-# five per exchanging pool B, C, D, E.
-POOL_FIELDS = ("bound_fraction", "bound_exchange_hz", "bound_T1_s", "bound_T2_s") + tuple(
-    f"pool{x}_{c}" for x in "BCDE" for c in ("fraction", "exchange_hz", "T1_s", "T2_s", "shift_hz"))
+cdef tuple _field_table():
+    return tuple((field_table[i].name.decode(), field_table[i].unit.decode(), field_table[i].fallback,
+                  bool(field_table[i].flags & field_single_pool_direction),
+                  bool(field_table[i].flags & field_pooled_direction)) for i in range(pool_field_count))
+
+
+#: The tissue and pool fields of the ABI in their order (fields.hpp's
+#: field_table): (SI name, SI unit, value when absent, a direction of the
+#: single-pool derivatives, a direction of the pooled derivatives).
+FIELD_TABLE = _field_table()
+#: The tissue fields (the planes handed to the kernels, in this order) and
+#: the pool fields after them.
+TISSUE_FIELDS = tuple(f[0] for f in FIELD_TABLE[:tissue_fields])
+POOL_FIELDS = tuple(f[0] for f in FIELD_TABLE[tissue_fields:])
 LINESHAPES = ("super-lorentzian", "lorentzian", "gaussian", "super-lorentzian-cutoff")
 
 DEF ERRLEN = 512
@@ -151,31 +160,19 @@ cdef class PackedStream:
         return self.s.states
 
 
-cdef Property* _field(Tissue* t, int i) noexcept:
-    if i == 0: return &t.T1_s
-    if i == 1: return &t.T2_s
-    if i == 2: return &t.M0
-    if i == 3: return &t.B1
-    if i == 4: return &t.B1phase_rad
-    if i == 5: return &t.B0_hz
-    if i == 6: return &t.D_m2_s
-    if i == 7: return &t.v_m_s
-    return &t.inv_efficiency
-
-
 cdef object _host_tissue(Tissue* t, tuple tissue, int64_t n):
     """Point t at float32 host arrays (length n or 1, or None)."""
     cdef const float[::1] view
     cdef Property* p
     refs = []
-    if len(tissue) != 9:
+    if len(tissue) != tissue_fields:
         raise ValueError("blochsim internal error: tissue tuple has the wrong length")
     t.n = n
-    for i in range(9):
-        p = _field(t, i)
+    for i in range(tissue_fields):
+        p = &tissue_property(t[0], i)
         p.data = NULL
         p.stride = 0
-        p.fallback = _FALLBACK[i]
+        p.fallback = field_table[i].fallback
         arr = tissue[i]
         if arr is None:
             continue
@@ -222,14 +219,6 @@ def forward_host(PackedStream ps, tuple tissue, int64_t n, float complex[:, ::1]
     _raise(st, err, holder)
 
 
-cdef Property* _pool_field(Pools* p, int i) noexcept:
-    if i == 0: return &p.bound_fraction
-    if i == 1: return &p.bound_exchange_hz
-    if i == 2: return &p.bound_T1_s
-    if i == 3: return &p.bound_T2_s
-    return &p.pool[(i - 4) // 5][(i - 4) % 5]
-
-
 cdef list _host_pools(Pools* p, tuple pools, int n_exchanging, bint bound, int lineshape):
     """Point p at float32 host arrays (length n or 1, or None) in POOL_FIELDS order."""
     cdef Property* q
@@ -239,7 +228,7 @@ cdef list _host_pools(Pools* p, tuple pools, int n_exchanging, bint bound, int l
     p.bound = 1 if bound else 0
     p.lineshape = lineshape
     for i in range(len(POOL_FIELDS)):
-        q = _pool_field(p, i)
+        q = &pool_property(p[0], tissue_fields + i)
         arr = pools[i]
         if arr is None:
             q.data = NULL
@@ -274,16 +263,15 @@ def pooled(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bint bo
     cdef float complex[:, :, ::1] jv
     cdef int st
     cdef int nd = len(fields)
-    cdef int cf[33]
-    cdef float cs[33]
+    cdef vector[int] cf
+    cdef vector[float] cs
     cdef float* jacp = NULL
     cdef char err[ERRLEN]
     err[0] = 0
-    if nd > 33 or len(seeds) != nd or len(pools) != len(POOL_FIELDS):
+    if len(seeds) != nd or len(pools) != len(POOL_FIELDS):
         raise ValueError("blochsim internal error: pooled call arguments")
-    for i in range(nd):
-        cf[i] = int(fields[i])
-        cs[i] = float(seeds[i])
+    cf = [int(f) for f in fields]
+    cs = [float(x) for x in seeds]
     if out.shape[0] != n or out.shape[1] != ps.s.n_samples:
         raise ValueError("blochsim internal error: output shapes")
     keep = _host_tissue(&t, tissue, n)
@@ -301,11 +289,11 @@ def pooled(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bint bo
     cdef Interrupt prev = _listen(holder)
     with nogil:
         if gpu:
-            st = L.pooled(ps.s, t, p, cf, nd, cs, outp, jacp, err, ERRLEN)
+            st = L.pooled(ps.s, t, p, cf.data(), nd, cs.data(), outp, jacp, err, ERRLEN)
         elif registers:
             st = host_pooled_registers(ps.s, t, p, outp)
         else:
-            st = host_pooled_dispatch(ps.s, t, p, cf, nd, cs, outp, jacp, threads)
+            st = host_pooled_dispatch(ps.s, t, p, cf.data(), nd, cs.data(), outp, jacp, threads)
     host_set_interrupt(prev)
     _raise(st, err, holder)
 
@@ -320,7 +308,7 @@ cdef int _device_pools(Pools* p, tuple pools, int n_exchanging, bint bound, int 
     p.bound = 1 if bound else 0
     p.lineshape = lineshape
     for i in range(len(POOL_FIELDS)):
-        q = _pool_field(p, i)
+        q = &pool_property(p[0], tissue_fields + i)
         q.data = NULL
         q.stride = 0
         if pools[i] is not None:
@@ -372,13 +360,12 @@ def pooled_adjoint(PackedStream ps, tuple tissue, tuple pools, int n_exchanging,
     cdef Pools p
     cdef int st
     cdef int nd = len(fields)
-    cdef int cf[33]
+    cdef vector[int] cf
     cdef char err[ERRLEN]
     err[0] = 0
-    if nd > 33 or len(pools) != len(POOL_FIELDS):
+    if len(pools) != len(POOL_FIELDS):
         raise ValueError("blochsim internal error: pooled adjoint arguments")
-    for i in range(nd):
-        cf[i] = int(fields[i])
+    cf = [int(f) for f in fields]
     if cot.shape[0] != n or cot.shape[1] != ps.s.n_samples or ev_grad.shape[0] != ps.s.n_events \
             or ev_grad.shape[1] != 6 or tgrad.shape[0] != n or tgrad.shape[1] != nd:
         raise ValueError("blochsim internal error: pooled adjoint shapes")
@@ -393,9 +380,9 @@ def pooled_adjoint(PackedStream ps, tuple tissue, tuple pools, int n_exchanging,
     cdef Interrupt prev = _listen(holder)
     with nogil:
         if gpu:
-            st = L.pooled_adjoint(ps.s, t, p, cf, nd, cotp, evp, tgp, mask, err, ERRLEN)
+            st = L.pooled_adjoint(ps.s, t, p, cf.data(), nd, cotp, evp, tgp, mask, err, ERRLEN)
         else:
-            st = host_pooled_adjoint_dispatch(ps.s, t, p, cf, nd, cotp, evp, tgp, threads, mask)
+            st = host_pooled_adjoint_dispatch(ps.s, t, p, cf.data(), nd, cotp, evp, tgp, threads, mask)
     host_set_interrupt(prev)
     _raise(st, err, holder)
 
@@ -426,15 +413,14 @@ def jacobian_host(PackedStream ps, tuple tissue, int64_t n, fields, seeds, float
     cdef Tissue t
     cdef int st
     cdef int nd = len(fields)
-    cdef int cf[9]
-    cdef float cs[9]
+    cdef vector[int] cf
+    cdef vector[float] cs
     cdef char err[ERRLEN]
     err[0] = 0
-    if nd < 1 or nd > 9 or len(seeds) != nd:
-        raise ValueError("blochsim internal error: 1 to 9 Jacobian directions, one seed each")
-    for i in range(nd):
-        cf[i] = int(fields[i])
-        cs[i] = float(seeds[i])
+    if nd < 1 or nd > tissue_fields or len(seeds) != nd:
+        raise ValueError("blochsim internal error: 1 to tissue_fields Jacobian directions, one seed each")
+    cf = [int(f) for f in fields]
+    cs = [float(x) for x in seeds]
     if out.shape[0] != n or out.shape[1] != ps.s.n_samples or jac.shape[0] != n or jac.shape[1] != nd \
             or jac.shape[2] != ps.s.n_samples:
         raise ValueError("blochsim internal error: output shapes")
@@ -447,9 +433,9 @@ def jacobian_host(PackedStream ps, tuple tissue, int64_t n, fields, seeds, float
     cdef Interrupt prev = _listen(holder)
     with nogil:
         if variant == 0:
-            st = host_jacobian_dispatch(ps.s, t, cf, nd, outp, jacp, threads, cs)
+            st = host_jacobian_dispatch(ps.s, t, cf.data(), nd, outp, jacp, threads, cs.data())
         else:
-            st = host_jacobian_registers(ps.s, t, cf, nd, outp, jacp, cs)
+            st = host_jacobian_registers(ps.s, t, cf.data(), nd, outp, jacp, cs.data())
     host_set_interrupt(prev)
     _raise(st, err, holder)
 
@@ -467,13 +453,12 @@ def adjoint_host(PackedStream ps, tuple tissue, int64_t n, fields, const float c
     cdef Tissue t
     cdef int st
     cdef int nd = len(fields)
-    cdef int cf[9]
+    cdef vector[int] cf
     cdef char err[ERRLEN]
     err[0] = 0
-    if nd > 9:
-        raise ValueError("blochsim internal error: 0 to 9 adjoint tissue directions")
-    for i in range(nd):
-        cf[i] = int(fields[i])
+    if nd > tissue_fields:
+        raise ValueError("blochsim internal error: 0 to tissue_fields adjoint tissue directions")
+    cf = [int(f) for f in fields]
     if cot.shape[0] != n or cot.shape[1] != ps.s.n_samples or ev_grad.shape[0] != ps.s.n_events \
             or ev_grad.shape[1] != 4 or tgrad.shape[0] != n or tgrad.shape[1] != nd:
         raise ValueError("blochsim internal error: adjoint shapes")
@@ -486,7 +471,7 @@ def adjoint_host(PackedStream ps, tuple tissue, int64_t n, fields, const float c
     holder = []
     cdef Interrupt prev = _listen(holder)
     with nogil:
-        st = host_adjoint_dispatch(ps.s, t, cf, nd, cotp, evp, tgp, threads)
+        st = host_adjoint_dispatch(ps.s, t, cf.data(), nd, cotp, evp, tgp, threads)
     host_set_interrupt(prev)
     _raise(st, err, holder)
 
@@ -526,22 +511,21 @@ def jacobian_cuda(PackedStream ps, tuple tissue, int64_t n, fields, seeds, uintp
     cdef Tissue t
     cdef int st
     cdef int nd = len(fields)
-    cdef int cf[9]
-    cdef float cs[9]
+    cdef vector[int] cf
+    cdef vector[float] cs
     cdef char err[ERRLEN]
     err[0] = 0
-    if nd < 1 or nd > 9 or len(seeds) != nd:
-        raise ValueError("blochsim internal error: 1 to 9 Jacobian directions")
-    for i in range(nd):
-        cf[i] = int(fields[i])
-        cs[i] = float(seeds[i])
+    if nd < 1 or nd > tissue_fields or len(seeds) != nd:
+        raise ValueError("blochsim internal error: 1 to tissue_fields Jacobian directions")
+    cf = [int(f) for f in fields]
+    cs = [float(x) for x in seeds]
     _device_tissue(&t, tissue, n)
     if n == 0 or ps.s.n_samples == 0:
         return
     holder = []
     cdef Interrupt prev = _listen(holder)
     with nogil:
-        st = L.jacobian(ps.s, t, cf, cs, nd, <float*> out_ptr, <float*> jac_ptr, <void*> stream, err, ERRLEN)
+        st = L.jacobian(ps.s, t, cf.data(), cs.data(), nd, <float*> out_ptr, <float*> jac_ptr, <void*> stream, err, ERRLEN)
     host_set_interrupt(prev)
     _raise(st, err, holder)
 
@@ -555,20 +539,19 @@ def adjoint_cuda(PackedStream ps, tuple tissue, int64_t n, fields, uintptr_t cot
     cdef Tissue t
     cdef int st
     cdef int nd = len(fields)
-    cdef int cf[9]
+    cdef vector[int] cf
     cdef char err[ERRLEN]
     err[0] = 0
-    if nd > 9 or ev_grad.shape[0] != ps.s.n_events or ev_grad.shape[1] != 4:
+    if nd > tissue_fields or ev_grad.shape[0] != ps.s.n_events or ev_grad.shape[1] != 4:
         raise ValueError("blochsim internal error: adjoint shapes")
-    for i in range(nd):
-        cf[i] = int(fields[i])
+    cf = [int(f) for f in fields]
     _device_tissue(&t, tissue, n)
     if ps.s.n_events == 0:
         return
     holder = []
     cdef Interrupt prev = _listen(holder)
     with nogil:
-        st = L.adjoint(ps.s, t, cf, nd, <const float*> cot_ptr, &ev_grad[0, 0], <float*> tgrad_ptr, <void*> stream,
+        st = L.adjoint(ps.s, t, cf.data(), nd, <const float*> cot_ptr, &ev_grad[0, 0], <float*> tgrad_ptr, <void*> stream,
                        err, ERRLEN)
     host_set_interrupt(prev)
     _raise(st, err, holder)
@@ -629,11 +612,11 @@ cdef int _device_tissue(Tissue* t, tuple tissue, int64_t n) except -1:
     per TISSUE_FIELDS entry."""
     cdef Property* p
     t.n = n
-    for i in range(9):
-        p = _field(t, i)
+    for i in range(tissue_fields):
+        p = &tissue_property(t[0], i)
         p.data = NULL
         p.stride = 0
-        p.fallback = _FALLBACK[i]
+        p.fallback = field_table[i].fallback
         if tissue[i] is not None:
             ptr, stride = tissue[i]
             p.data = <const float*> <uintptr_t> ptr
@@ -675,16 +658,19 @@ def workspace_bytes(str entry, PackedStream ps, int64_t n, int threads, fields=(
     workspace_bytes); ``fields`` its directions (indices as the entry's),
     the pool counts for the pooled entries."""
     cdef Pools p
-    cdef int cf[33]
+    cdef vector[int] cf
     cdef int nd = len(fields)
-    if nd > 33:
+    if nd > pool_field_count:
         raise ValueError("blochsim internal error: too many directions")
-    for i in range(nd):
-        cf[i] = int(fields[i])
+    cf = [int(f) for f in fields]
     p.n_exchanging = n_exchanging
     p.bound = 1 if bound else 0
     p.lineshape = 0
-    return host_workspace_bytes(ENTRIES.index(entry), ps.s, &p, n, threads, cf, nd, mask)
+    return host_workspace_bytes(ENTRIES.index(entry), ps.s, &p, n, threads, cf.data(), nd, mask)
+
+
+#: workspaces of at most this many bytes are not checked (interrupt.hpp)
+UNCHECKED_WORKSPACE_BYTES = unchecked_workspace_bytes
 
 
 def available_memory():
@@ -706,230 +692,7 @@ def cuda_available():
     return bool(ok), why.decode(errors="replace")
 
 
-# --------------------------------------------------------------------------
-# Device memory, copies and streams
-
-cdef class DeviceBuffer:
-    """Owns ``nbytes`` of device memory (freed when the object goes).
-
-    With ``stream`` (a :class:`CudaStream`, kept alive by the buffer, or the
-    handle of a stream that outlives it) the memory is allocated and freed
-    in that stream's order, without synchronising the device.  Without it,
-    allocation and release are synchronous and the memory is usable from
-    any stream.
-    """
-    cdef readonly uintptr_t ptr
-    cdef readonly size_t nbytes
-    cdef uintptr_t stream
-    cdef bint ordered
-    cdef object owner
-
-    def __cinit__(self, size_t nbytes, stream=None):
-        cdef void* p = NULL
-        cdef char err[ERRLEN]
-        err[0] = 0
-        self.ptr = 0
-        self.nbytes = nbytes
-        self.ordered = stream is not None
-        self.owner = stream if isinstance(stream, CudaStream) else None
-        if isinstance(stream, CudaStream):
-            self.stream = <uintptr_t> stream.handle
-        else:
-            self.stream = <uintptr_t> (int(stream) if stream is not None else 0)
-        if self.ordered:
-            _raise(L.device_malloc_async(&p, nbytes, <void*> self.stream, err, ERRLEN), err)
-        else:
-            _raise(L.device_malloc(&p, nbytes, err, ERRLEN), err)
-        self.ptr = <uintptr_t> p
-
-    def __dealloc__(self):
-        cdef char err[ERRLEN]
-        if self.ptr:
-            if self.ordered:
-                L.device_free_async(<void*> self.ptr, <void*> self.stream, err, ERRLEN)
-            else:
-                L.device_free(<void*> self.ptr, err, ERRLEN)
-            self.ptr = 0
-
-
-def copy_to_device(uintptr_t dst, const uint8_t[::1] src, uintptr_t stream):
-    """Copy a host byte buffer to device memory (ordered on stream)."""
-    cdef char err[ERRLEN]
-    err[0] = 0
-    if src.shape[0] == 0:
-        return
-    _raise(L.copy_to_device(<void*> dst, &src[0], src.shape[0], <void*> stream, err, ERRLEN), err)
-
-
-def copy_to_host(uint8_t[::1] dst, uintptr_t src, uintptr_t stream):
-    """Copy device memory into a host byte buffer; waits for the stream."""
-    cdef char err[ERRLEN]
-    err[0] = 0
-    if dst.shape[0] == 0:
-        return
-    with nogil:
-        st = L.copy_to_host(&dst[0], <const void*> src, dst.shape[0], <void*> stream, err, ERRLEN)
-    _raise(st, err)
-
-
-cdef class CudaStream:
-    """A non-blocking CUDA stream owned by blochsim."""
-    cdef readonly uintptr_t handle
-
-    def __cinit__(self):
-        cdef void* s = NULL
-        cdef char err[ERRLEN]
-        err[0] = 0
-        self.handle = 0
-        _raise(L.stream_create(&s, err, ERRLEN), err)
-        self.handle = <uintptr_t> s
-
-    def __dealloc__(self):
-        cdef char err[ERRLEN]
-        if self.handle:
-            L.stream_destroy(<void*> self.handle, err, ERRLEN)
-
-
-def stream_synchronize(uintptr_t stream):
-    cdef char err[ERRLEN]
-    cdef int st
-    err[0] = 0
-    with nogil:
-        st = L.stream_synchronize(<void*> stream, err, ERRLEN)
-    _raise(st, err)
-
-
-def memory_info():
-    """(free, total) device memory in bytes."""
-    cdef size_t f = 0, t = 0
-    cdef char err[ERRLEN]
-    err[0] = 0
-    _raise(L.memory_info(&f, &t, err, ERRLEN), err)
-    return f, t
-
-
-def current_device():
-    cdef int d = -1
-    cdef char err[ERRLEN]
-    err[0] = 0
-    _raise(L.current_device(&d, err, ERRLEN), err)
-    return d
-
-
-def pointer_device(uintptr_t ptr):
-    """The device a pointer belongs to, -1 for host memory."""
-    cdef int d = -1
-    cdef char err[ERRLEN]
-    err[0] = 0
-    _raise(L.pointer_device(<const void*> ptr, &d, err, ERRLEN), err)
-    return d
-
-
-def expand_to_float(uintptr_t src, bint src_is_f64, tuple shape, tuple strides, double scale,
-                    uintptr_t dst, int64_t count, uintptr_t stream):
-    """dst[i] = float32(scale * src[offset(i)]) over the index space `shape`
-    (element strides, 0 on broadcast axes)."""
-    cdef int64_t sh[8]
-    cdef int64_t stv[8]
-    cdef int nd = len(shape)
-    cdef char err[ERRLEN]
-    err[0] = 0
-    if nd > 8:
-        raise ValueError("blochsim: device tissue arrays may have at most 8 dimensions")
-    for i in range(nd):
-        sh[i] = shape[i]
-        stv[i] = strides[i]
-    _raise(L.expand_to_float(<const void*> src, src_is_f64, nd, sh, stv, scale, <float*> dst, count,
-                             <void*> stream, err, ERRLEN), err)
-
-
-def first_bad_value(uintptr_t x, int64_t count, bint check_lower, float lower, bint strict,
-                    uintptr_t stream):
-    """(index, value) of the first non-finite or out-of-bound element, or
-    (-1, nan); synchronises the stream."""
-    cdef int64_t idx = -1
-    cdef float v = float("nan")
-    cdef char err[ERRLEN]
-    cdef int st
-    err[0] = 0
-    with nogil:
-        st = L.first_bad_value(<const float*> x, count, check_lower, lower, strict, &idx, &v,
-                               <void*> stream, err, ERRLEN)
-    _raise(st, err)
-    return idx, v
-
-
-# --------------------------------------------------------------------------
-# DLPack export (dlpack.h v0.8 ABI)
-
-ctypedef struct DLDevice:
-    int device_type
-    int device_id
-
-ctypedef struct DLDataType:
-    uint8_t code
-    uint8_t bits
-    uint16_t lanes
-
-ctypedef struct DLTensor:
-    void* data
-    DLDevice device
-    int ndim
-    DLDataType dtype
-    int64_t* shape
-    int64_t* strides
-    uint64_t byte_offset
-
-ctypedef struct DLManagedTensor:
-    DLTensor dl_tensor
-    void* manager_ctx
-    void (*deleter)(DLManagedTensor*) noexcept
-
-DEF KDLCUDA = 2
-DEF KDLFLOAT = 2
-DEF KDLCOMPLEX = 5
-
-
-cdef void _dl_deleter(DLManagedTensor* m) noexcept with gil:
-    if m.manager_ctx != NULL:
-        Py_DECREF(<object> m.manager_ctx)
-    free(m.dl_tensor.shape)
-    free(m)
-
-
-cdef void _capsule_deleter(object capsule) noexcept:
-    cdef DLManagedTensor* m
-    if PyCapsule_IsValid(capsule, b"dltensor"):
-        m = <DLManagedTensor*> PyCapsule_GetPointer(capsule, b"dltensor")
-        m.deleter(m)
-
-
-def dlpack_capsule(owner, uintptr_t ptr, tuple shape, int type_code, int bits, int device_id):
-    """A DLPack capsule over device memory that keeps ``owner`` alive.
-    type_code: 'float' or 'complex' per DLPack (2 or 5)."""
-    cdef DLManagedTensor* m = <DLManagedTensor*> malloc(sizeof(DLManagedTensor))
-    cdef int nd = len(shape)
-    if m == NULL:
-        raise MemoryError()
-    m.dl_tensor.shape = <int64_t*> malloc(sizeof(int64_t) * (nd if nd > 0 else 1))
-    if m.dl_tensor.shape == NULL:
-        free(m)
-        raise MemoryError()
-    for i in range(nd):
-        m.dl_tensor.shape[i] = shape[i]
-    m.dl_tensor.data = <void*> ptr
-    m.dl_tensor.device.device_type = KDLCUDA
-    m.dl_tensor.device.device_id = device_id
-    m.dl_tensor.ndim = nd
-    m.dl_tensor.dtype.code = type_code
-    m.dl_tensor.dtype.bits = bits
-    m.dl_tensor.dtype.lanes = 1
-    m.dl_tensor.strides = NULL
-    m.dl_tensor.byte_offset = 0
-    Py_INCREF(owner)
-    m.manager_ctx = <void*> owner
-    m.deleter = _dl_deleter
-    return PyCapsule_New(m, b"dltensor", _capsule_deleter)
+include "_core_device.pxi"
 
 
 PERK_MAX_OUTPUTS = perk_max_outputs

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from blochsim import _core
+from blochsim import _core, _reverse
+from blochsim import _validate as V
+
+#: the tissue properties by their SI field names
+_SI_TO_PUBLIC = {v[1]: k for k, v in V.TISSUE_UNITS.items()}
 
 _TYPESTRS = {"<f4": (np.float32, False), "<f8": (np.float64, True)}
 
@@ -164,3 +168,139 @@ def new_output(shape, like_library: str):
         return a, int(a.data_ptr())
     a = DeviceArray(shape, np.complex64)
     return a, a.ptr
+
+
+# The plumbing of device calls: tissue intake, streams, resident planes,
+# cotangents and outputs.
+
+def device_results(signal, J, out, library, names):
+    """A pooled call's host results as device arrays: copied into the
+    device ``out`` (an array, or a (signal, J) pair) when given, else new
+    arrays of ``library``."""
+    one = len(names) == 1
+    hosts = [signal] if J is None else [signal, J[..., 0, :] if one else J]
+    if out is None:
+        made = [from_host(h, library) for h in hosts]
+        return made[0], (made[1] if J is not None else None)
+    targets = list(out) if isinstance(out, tuple) else [out]
+    for j, (o, h) in enumerate(zip(targets, hosts)):
+        name = "out" if len(targets) == 1 else f"out[{j}]"
+        it = Interface(name, o, allow_complex64=True)
+        if it.dtype != np.complex64 or it.shape != h.shape:
+            raise ValueError(f"{name} must be a C-contiguous complex64 array of shape {h.shape}, got "
+                             f"{np.dtype(it.dtype)} {it.shape}")
+        _core.copy_to_device(it.ptr, np.ascontiguousarray(h).reshape(-1).view(np.uint8), int(it.stream or 0))
+        _core.stream_synchronize(int(it.stream or 0))
+    return targets[0], (targets[1] if len(targets) > 1 else None)
+
+
+def device_inputs(tissue, on_device):
+    """Tissue for a device call: (host_only, device-array interfaces, host
+    arrays, voxel shape); with no device array (device='cuda' on NumPy
+    inputs) every property is copied to the device first."""
+    host_only = not on_device
+    if host_only:
+        tissue = {k: DeviceArray.from_numpy(np.ascontiguousarray(V.tissue_array(k, v), np.float32))
+                  for k, v in tissue.items()}
+    ifaces = {k: Interface(k, v) for k, v in tissue.items() if V.is_device_array(v)}
+    arrays = {k: V.tissue_array(k, v) for k, v in tissue.items() if k not in ifaces}
+    shapes = {**arrays, **{k: Shaped(i.shape) for k, i in ifaces.items()}}
+    return host_only, ifaces, arrays, (V.broadcast_voxels(shapes) if shapes else ())
+
+
+def work_stream(streams):
+    """The stream a device call runs on: the first producer's, else a new
+    blochsim stream (returned as its owner, to be kept alive)."""
+    if streams:
+        return None, int(streams[0])
+    own = _core.CudaStream()
+    return own, own.handle
+
+
+def resident_tissue(arrays, ifaces, shape, n, own, stream, fields=None):
+    """Device float32 SI planes of the tissue in the order of the SI names
+    ``fields`` (default TISSUE_FIELDS), as (pointer, stride) or None, and
+    the buffers that hold them."""
+    # temporaries are allocated and freed in the stream's order; each holds
+    # the stream blochsim made, so it outlives them
+    order = own if own is not None else stream
+    keep = []
+    dev = []
+    for field in (_core.TISSUE_FIELDS if fields is None else fields):
+        name = _SI_TO_PUBLIC.get(field)
+        factor = V.TISSUE_UNITS[name][0] if name else 1.0
+        if name in ifaces:
+            it = ifaces[name]
+            size = int(np.prod(it.shape, dtype=np.int64))
+            count = 1 if size == 1 else n
+            buf = _core.DeviceBuffer(4 * count, order)
+            if count == 1:
+                _core.expand_to_float(it.ptr, it.is_f64, (1,), (0,), factor, buf.ptr, 1, stream)
+            else:
+                _core.expand_to_float(it.ptr, it.is_f64, tuple(shape), broadcast_strides(it.shape, shape),
+                                      factor, buf.ptr, n, stream)
+            check_device_values(name, buf.ptr, count, shape if count > 1 else (), factor, stream)
+            keep.append(buf)
+            dev.append((buf.ptr, 0 if count == 1 else 1))
+        elif name in arrays:
+            a = arrays[name]
+            host = (np.asarray(a, np.float64).reshape(1) if a.size == 1 else
+                    np.broadcast_to(a, shape).reshape(-1)) * factor
+            host = np.ascontiguousarray(host, dtype=np.float32)
+            buf = _core.DeviceBuffer(host.nbytes, order)
+            _core.copy_to_device(buf.ptr, host.view(np.uint8), stream)
+            keep.append((buf, host))
+            dev.append((buf.ptr, 0 if host.size == 1 else 1))
+        else:
+            dev.append(None)
+    return tuple(dev), keep
+
+
+def device_cotangent(c, want, what, order, stream):
+    """A pullback's cotangent on the device: a complex64 device array of
+    shape ``want`` as it is, or a NumPy one copied to a new buffer (ordered
+    on ``order``); returns (pointer, the object that holds the memory)."""
+    if V.is_device_array(c):
+        it = Interface("cotangent", c, allow_complex64=True)
+        if it.dtype != np.complex64 or it.shape != want:
+            raise ValueError(f"cotangent must be a C-contiguous complex64 device array of {what} shape {want}, "
+                             f"got {it.dtype} {it.shape}")
+        return it.ptr, it
+    host = _reverse.cotangent(c, want, what)
+    buf = _core.DeviceBuffer(max(host.nbytes, 8), order)
+    _core.copy_to_device(buf.ptr, host.reshape(-1).view(np.uint8), stream)
+    return buf.ptr, buf
+
+
+class Shaped:
+    """Stands in for an array in shape broadcasting."""
+
+    def __init__(self, shape):
+        self.shape = tuple(shape)
+
+
+def broadcast_strides(src_shape, shape):
+    """Element strides of a C-contiguous array of src_shape broadcast to shape."""
+    strides = [0] * len(shape)
+    acc = 1
+    for i in range(1, len(src_shape) + 1):
+        size = src_shape[-i]
+        strides[-i] = 0 if size == 1 else acc
+        acc *= size
+    return tuple(strides)
+
+
+def check_device_values(name, ptr, count, shape, factor, stream):
+    """The device-side version of the host checks: finite and within bounds."""
+    _, _, low, strict = V.TISSUE_UNITS[name]
+    idx, value = _core.first_bad_value(ptr, count, low is not None, float(low or 0.0), bool(strict), stream)
+    if idx < 0:
+        return
+    where = tuple(int(i) for i in np.unravel_index(idx, shape)) if shape else ()
+    v = float(f"{value / factor:.7g}")  # the float32 value, back in public units
+    if not np.isfinite(v):
+        raise ValueError(f"{name} must be finite, got {v!r} at index {where}")
+    op = ">" if strict else ">="
+    unit = V.UNIT_NAMES[name]
+    raise ValueError(f"{name} must be {op} {low:g}{' ' + unit if unit else ''}, got {v!r} at index {where}")
+

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 from blochsim import _core
+from blochsim import _validate as V
 
 _CUDA_STATUS = None
 
@@ -65,3 +67,30 @@ def resolve_device(device, device_input=None) -> str:
                                    f"CUDA backend cannot run: {why}")
             raise RuntimeError(f"device='cuda' was asked for, but the CUDA backend cannot run: {why}")
     return device
+
+
+class Route(NamedTuple):
+    """Where one call runs."""
+
+    #: "cpu" or "cuda"
+    device: str
+    #: names of the inputs that are device arrays (``"out"`` for a device output)
+    on_device: list
+    #: host threads
+    threads: int
+
+
+def route(asked, threads, tissue, out=None) -> Route:
+    """The backend of a call: ``asked`` (a simulator's ``device``) if set,
+    else the GPU when a tissue value (or ``out``, an array or a tuple of
+    arrays) is a device array; ``threads`` if set, else
+    :func:`default_threads`.  Refuses device arrays on a call forced to the
+    host, and a GPU call without a usable CUDA backend."""
+    on_device = [k for k, v in tissue.items() if V.is_device_array(v)]
+    outs = out if isinstance(out, tuple) else (out,)
+    if any(o is not None and V.is_device_array(o) for o in outs):
+        on_device.append("out")
+    device = resolve_device(asked, on_device[0] if on_device else None)
+    if device == "cpu" and on_device:
+        raise ValueError(f"device='cpu' was asked for, but {on_device[0]} is a device array")
+    return Route(device, on_device, threads if threads is not None else default_threads())

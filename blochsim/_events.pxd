@@ -50,15 +50,23 @@ cdef extern from "blochsim/events.hpp" namespace "blochsim" nogil:
 
     cdef cppclass Tissue:
         int64_t n
-        Property T1_s
-        Property T2_s
-        Property M0
-        Property B1
-        Property B1phase_rad
-        Property B0_hz
-        Property D_m2_s
-        Property v_m_s
-        Property inv_efficiency
+
+    Property& tissue_property(Tissue& t, int f)
+
+
+cdef extern from "blochsim/events.hpp" namespace "blochsim" nogil:
+    const int tissue_fields
+    const int pool_field_count
+    const uint32_t field_single_pool_direction
+    const uint32_t field_pooled_direction
+
+    cdef struct FieldInfo:
+        const char* name
+        const char* unit
+        float fallback
+        uint32_t flags
+
+    const FieldInfo field_table[]
 
 
 cdef extern from "blochsim/pools.hpp" namespace "blochsim" nogil:
@@ -66,11 +74,8 @@ cdef extern from "blochsim/pools.hpp" namespace "blochsim" nogil:
         int32_t n_exchanging
         int32_t bound
         int32_t lineshape
-        Property bound_fraction
-        Property bound_exchange_hz
-        Property bound_T1_s
-        Property bound_T2_s
-        Property pool[4][5]
+
+    Property& pool_property(Pools& p, int f)
 
 
 cdef extern from "blochsim/lineshape.hpp" namespace "blochsim" nogil:

@@ -21,6 +21,7 @@ cdef extern from "blochsim/interrupt.hpp" namespace "blochsim" nogil:
     cdef struct Interrupt:
         int (*poll)(void* ctx) noexcept
         void* ctx
+    const double unchecked_workspace_bytes
 
 
 cdef extern from "dispatch.hpp" namespace "blochsim" nogil:

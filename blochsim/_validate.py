@@ -204,3 +204,31 @@ def si_planes(arrays: dict, shape, si_names) -> tuple:
         else:
             out.append(None)
     return tuple(out)
+
+
+def check_host_out(name, a, want):
+    """Refuses a host output that is not a writeable C-contiguous complex64
+    NumPy array of shape ``want``."""
+    if not isinstance(a, np.ndarray) or a.dtype != np.complex64 or a.shape != want \
+            or not a.flags.c_contiguous or not a.flags.writeable:
+        raise ValueError(
+            f"{name} must be a writeable C-contiguous complex64 array of shape {want}, got "
+            f"{type(a).__name__} {getattr(a, 'dtype', '')} {getattr(a, 'shape', '')}")
+
+
+def jacobian_out_shapes(out, shape, count, samples, one):
+    """(name, array, wanted shape) of a Jacobian's ``out`` pair: the signal
+    (*shape, samples) and J (*shape, count, samples), or (*shape, samples)
+    for ``one`` name."""
+    return [("out[0]", out[0], shape + (samples,)),
+            ("out[1]", out[1], shape + ((samples,) if one else (count, samples)))]
+
+
+def into(out, s):
+    """``s`` as complex64, written into ``out`` when one is given (and checked)."""
+    s = np.asarray(s).astype(np.complex64)
+    if out is None:
+        return s
+    check_host_out("out", out, s.shape)
+    out[...] = s
+    return out

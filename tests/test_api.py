@@ -91,7 +91,7 @@ def test_custom_simulator_and_repetitions_record_the_last_playing():
 
 
 def test_packing_is_cached_per_shape_and_values_rebind():
-    from blochsim import sequence as seqmod
+    from blochsim.sequence import packing as seqmod
 
     sim = FSESimulator(ESP=5.0)
     before = len(seqmod._LAYOUTS)

@@ -326,7 +326,7 @@ def test_dephasing_direction_short_and_long_trains():
     """The primitive direction of proportional integer moments (the
     short-train and long-train paths agree), and None where rows are not
     proportional."""
-    from blochsim.pulseq import _Reader
+    from blochsim.pulseq.reader import _Reader
     rng = np.random.default_rng(5)
     g = np.array([2, -3, 0])
     for n in (10, 500):

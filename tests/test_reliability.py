@@ -396,10 +396,9 @@ def test_device_memory_refusal_names_a_chunk(monkeypatch):
     """The device check (host-side logic, the free memory reported by the
     driver replaced): a call past the free memory is refused with a chunk
     size; one within it passes."""
-    from blochsim import simulator
-
     monkeypatch.setattr(_core, "memory_info", lambda: (10 * 2**20, 80 * 2**30))
-    with pytest.raises(MemoryError, match=r"needs 0.02 GiB of device memory and 0.01 GiB of 80.00 GiB are free; "
-                                          r"simulate at most about 524,288 voxels per call"):
-        simulator._check_device_memory(20 * 2**20, 2**20)
-    simulator._check_device_memory(5 * 2**20, 2**20)
+    with pytest.raises(MemoryError, match=r"FSESimulator.simulate needs 20.0 MiB of device memory \(1,048,576 voxels "
+                                          r"x 20 B\) and 10.0 MiB is available: simulate at most 524,288 voxels a "
+                                          r"call .*, or pass NumPy arrays with device='cuda'"):
+        _memory.check_device("FSESimulator.simulate", 2**20, 20 * 2**20)
+    _memory.check_device("FSESimulator.simulate", 2**20, 5 * 2**20)

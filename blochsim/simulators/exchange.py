@@ -5,7 +5,8 @@ import numpy as np
 
 from blochsim import _validate as V
 from blochsim.sequence import GAMMA_RAD_PER_S_PER_T, Delay, Pulse, Readout, RectPulse, Sequence, Spoil
-from blochsim.simulator import Simulator, _cotangent
+from blochsim import _reverse
+from blochsim.simulator import Simulator
 from blochsim.simulators._common import _function_form, _need, _scalar
 
 
@@ -255,7 +256,7 @@ class CESTSimulator(Simulator):
         z = s / r
 
         def pullback(cotangent):
-            g = _cotangent(cotangent, s.shape, dtype=np.complex128)
+            g = _reverse.cotangent(cotangent, s.shape, dtype=np.complex128)
             out = pull_s(g / np.conj(r))
             if ref_names:
                 gr = pull_r(np.sum(-g * np.conj(z / r), axis=-1, keepdims=True))
@@ -278,7 +279,7 @@ class CESTSimulator(Simulator):
         hz_per_ppm = self.hz_per_ppm(p)
 
         def pullback(cotangent):
-            cot = _cotangent(cotangent, signal.shape[:-1], dtype=np.complex128)
+            cot = _reverse.cotangent(cotangent, signal.shape[:-1], dtype=np.complex128)
             g = inner_pullback(cot[..., None])
             out = {}
             for k in names:

@@ -1386,7 +1386,7 @@ inline int pooled_from_host(const EventStream& s, const Tissue& t, const Pools& 
   if (vp != ok) return say(vp, err, n);
   if (n_dirs < 0 || (n_dirs > 0 && (!fields || !jac))) return say(bad_shape, err, n);
   for (int j = 0; j < n_dirs; ++j)
-    if (fields[j] < 0 || fields[j] >= pool_field_count || fields[j] == 6 || fields[j] == 7)
+    if (!pooled_direction(fields[j]))
       return say(bad_shape, err, n);
   if (t.n == 0 || s.n_samples == 0) return ok;
   no_stale_error();
@@ -1551,7 +1551,7 @@ inline int pooled_adjoint_from_host(const EventStream& s, const Tissue& t, const
   dirs.mask = mask;
   dirs.n = n_tdirs;
   for (int j = 0; j < n_tdirs; ++j) {
-    if (fields[j] < 0 || fields[j] >= pool_field_count || fields[j] == 6 || fields[j] == 7)
+    if (!pooled_direction(fields[j]))
       return say(bad_shape, err, n);
     for (int l = 0; l < j; ++l)
       if (fields[l] == fields[j]) return say(bad_shape, err, n);

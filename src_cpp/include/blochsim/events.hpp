@@ -163,6 +163,94 @@ inline void pack_events(const EventStream& s, EventRecord* out) {
 
 enum DrivenField : int { drv_duration_s, drv_flip_rad, drv_phase_rad, drv_offset_hz, driven_fields };
 
+// The tissue and pool fields, declared once: their order (the index a
+// Jacobian or adjoint direction names, and the order of the planes the
+// Python layer hands over), their SI names and units, the value an absent
+// field takes, and which derivatives the kernels take along them.  The
+// extension exports this table to Python (_core.FIELD_TABLE); nothing else
+// numbers the fields.
+
+// Fields of Tissue, in its order.
+enum TissueField : int {
+  field_T1,
+  field_T2,
+  field_M0,
+  field_B1,
+  field_B1phase,
+  field_B0,
+  field_D,
+  field_v,
+  field_eta,
+  tissue_fields
+};
+
+constexpr int max_exchanging_pools = 4;
+
+// Columns of one exchanging pool (Pools::pool).
+enum PoolColumn : int { pool_fraction, pool_exchange_hz, pool_T1_s, pool_T2_s, pool_shift_hz, pool_columns };
+
+// Fields of Pools after the tissue's: the semisolid pool's, then
+// pool_columns per exchanging pool B, C, D, E.
+enum PoolField : int {
+  field_bound_fraction = tissue_fields,
+  field_bound_exchange_hz,
+  field_bound_T1_s,
+  field_bound_T2_s,
+  field_pool_first,  // pool j (0 = B): field_pool_first + pool_columns * j + PoolColumn
+  pool_field_count = field_pool_first + pool_columns * max_exchanging_pools
+};
+
+// Field flags.
+enum FieldFlag : uint32_t {
+  field_single_pool_direction = 1u,  // a direction of the single-pool Jacobian and adjoint
+  field_pooled_direction = 2u,       // a direction of the pooled Jacobian and adjoint
+};
+
+struct FieldInfo {
+  const char* name;  // SI name, as the Python layer's units table names it
+  const char* unit;  // SI unit
+  float fallback;    // the value an absent field takes
+  uint32_t flags;    // FieldFlag bits
+};
+
+namespace fields_detail {
+constexpr uint32_t both = field_single_pool_direction | field_pooled_direction;
+}  // namespace fields_detail
+
+// An exchanging pool's T1_s or T2_s left absent takes free water's value
+// (pools.hpp), whatever its fallback here.
+inline constexpr FieldInfo field_table[pool_field_count] = {
+    {"T1_s", "s", 1.0e30f, fields_detail::both},
+    {"T2_s", "s", 1.0e30f, fields_detail::both},
+    {"M0", "", 1.0f, fields_detail::both},
+    {"B1", "", 1.0f, fields_detail::both},
+    {"B1phase_rad", "rad", 0.0f, fields_detail::both},
+    {"B0_hz", "Hz", 0.0f, fields_detail::both},
+    {"D_m2_s", "m^2/s", 0.0f, field_single_pool_direction},
+    {"v_m_s", "m/s", 0.0f, field_single_pool_direction},
+    {"inv_efficiency", "", 1.0f, fields_detail::both},
+    {"bound_fraction", "", 0.0f, field_pooled_direction},
+    {"bound_exchange_hz", "Hz", 0.0f, field_pooled_direction},
+    {"bound_T1_s", "s", 1.0f, field_pooled_direction},
+    {"bound_T2_s", "s", 12.0e-6f, field_pooled_direction},
+#define BLOCHSIM_POOL_FIELDS(X)                                           \
+  {"pool" X "_fraction", "", 0.0f, field_pooled_direction},               \
+      {"pool" X "_exchange_hz", "Hz", 0.0f, field_pooled_direction},      \
+      {"pool" X "_T1_s", "s", 0.0f, field_pooled_direction},              \
+      {"pool" X "_T2_s", "s", 0.0f, field_pooled_direction},              \
+      {"pool" X "_shift_hz", "Hz", 0.0f, field_pooled_direction}
+    BLOCHSIM_POOL_FIELDS("B"),
+    BLOCHSIM_POOL_FIELDS("C"),
+    BLOCHSIM_POOL_FIELDS("D"),
+    BLOCHSIM_POOL_FIELDS("E"),
+#undef BLOCHSIM_POOL_FIELDS
+};
+
+// Whether field f is a direction the pooled kernels differentiate along.
+constexpr bool pooled_direction(int f) {
+  return f >= 0 && f < pool_field_count && (field_table[f].flags & field_pooled_direction) != 0;
+}
+
 // One tissue property for n problems: element i is data[i * stride]
 // (stride 0 broadcasts one value); a null pointer means the property is
 // absent and `fallback` holds.
@@ -175,18 +263,26 @@ struct Property {
   BLOCHSIM_HD bool present() const { return data != nullptr; }
 };
 
+// The tissue, one Property per TissueField in its order (fields.hpp).
 struct Tissue {
-  int64_t n = 0;                                 // problems (voxels or atoms)
-  Property T1_s{nullptr, 0, 1.0e30f};            // longitudinal relaxation (s)
-  Property T2_s{nullptr, 0, 1.0e30f};            // transverse relaxation (s)
-  Property M0{nullptr, 0, 1.0f};                 // scales readouts only
-  Property B1{nullptr, 0, 1.0f};                 // relative transmit field
-  Property B1phase_rad{nullptr, 0, 0.0f};        // transmit phase
-  Property B0_hz{nullptr, 0, 0.0f};              // off-resonance
-  Property D_m2_s{nullptr, 0, 0.0f};             // diffusion coefficient
-  Property v_m_s{nullptr, 0, 0.0f};              // flow velocity along the crusher
-  Property inv_efficiency{nullptr, 0, 1.0f};     // eta of inversions
+  int64_t n = 0;                                                        // problems (voxels or atoms)
+  Property T1_s{nullptr, 0, field_table[field_T1].fallback};            // longitudinal relaxation
+  Property T2_s{nullptr, 0, field_table[field_T2].fallback};            // transverse relaxation
+  Property M0{nullptr, 0, field_table[field_M0].fallback};              // scales readouts only
+  Property B1{nullptr, 0, field_table[field_B1].fallback};              // relative transmit field
+  Property B1phase_rad{nullptr, 0, field_table[field_B1phase].fallback};  // transmit phase
+  Property B0_hz{nullptr, 0, field_table[field_B0].fallback};           // off-resonance
+  Property D_m2_s{nullptr, 0, field_table[field_D].fallback};           // diffusion coefficient
+  Property v_m_s{nullptr, 0, field_table[field_v].fallback};            // flow velocity along the crusher
+  Property inv_efficiency{nullptr, 0, field_table[field_eta].fallback};  // eta of inversions
 };
+
+// The Property of tissue field f (0 <= f < tissue_fields).
+inline Property& tissue_property(Tissue& t, int f) {
+  Property* all[tissue_fields] = {&t.T1_s, &t.T2_s,  &t.M0,    &t.B1,           &t.B1phase_rad,
+                                  &t.B0_hz, &t.D_m2_s, &t.v_m_s, &t.inv_efficiency};
+  return *all[f];
+}
 
 // Output layout: out[(i * n_samples + slot) * 2 + {0, 1}] = (Re, Im) of
 // sample `slot` of problem i, complex64 interleaved.  Slots that no readout

@@ -107,7 +107,7 @@ inline int pooled_status(const EventStream& s, const Tissue& t, const Pools& p, 
     if (vp != ok) return vp;
     if (n_dirs < 0 || (n_dirs > 0 && (!fields || !jac))) return bad_shape;
     for (int j = 0; j < n_dirs; ++j) {
-      if (fields[j] < 0 || fields[j] >= pool_field_count || fields[j] == 6 || fields[j] == 7) return bad_shape;
+      if (!pooled_direction(fields[j])) return bad_shape;
       for (int l = 0; l < j; ++l)
         if (fields[l] == fields[j]) return bad_shape;
     }
@@ -174,7 +174,7 @@ inline int pooled_adjoint_status(const EventStream& s, const Tissue& t, const Po
     if (n_tdirs < 0 || n_tdirs > pool_field_count || (n_tdirs > 0 && (!fields || (t.n > 0 && !tgrad))))
       return bad_shape;
     for (int j = 0; j < n_tdirs; ++j) {
-      if (fields[j] < 0 || fields[j] >= pool_field_count || fields[j] == 6 || fields[j] == 7) return bad_shape;
+      if (!pooled_direction(fields[j])) return bad_shape;
       for (int l = 0; l < j; ++l)
         if (fields[l] == fields[j]) return bad_shape;
     }

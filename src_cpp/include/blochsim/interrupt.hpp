@@ -73,7 +73,6 @@ class Stop {
       if (now - last_ >= poll_interval) {
         last_ = now;
         if (poll_.poll(poll_.ctx) != 0) {
-          asked_.store(true, std::memory_order_relaxed);
           flag_.store(true, std::memory_order_relaxed);
           return true;
         }
@@ -85,15 +84,11 @@ class Stop {
   // Stops the other threads (one has failed).
   void stop() noexcept { flag_.store(true, std::memory_order_relaxed); }
 
-  // Whether the caller's poll asked for the stop.
-  bool asked() const noexcept { return asked_.load(std::memory_order_relaxed); }
-
  private:
   Interrupt poll_;
   std::thread::id caller_;
   clock::time_point last_;
   std::atomic<bool> flag_{false};
-  std::atomic<bool> asked_{false};
 };
 
 // Bytes of memory a new allocation can take without swapping: the kernel's
@@ -122,11 +117,13 @@ inline std::size_t available_memory_bytes() noexcept {
   return static_cast<std::size_t>(-1);
 }
 
-// Whether a workspace of `bytes` fits; small ones are not checked (reading
-// the kernel's figure costs more than they do).
+// Workspaces of at most this many bytes are not checked (reading the
+// kernel's figure costs more than they do); Python's check skips the same.
+inline constexpr double unchecked_workspace_bytes = 64.0 * 1024 * 1024;
+
+// Whether a workspace of `bytes` fits.
 inline bool workspace_fits(double bytes) noexcept {
-  constexpr double unchecked = 64.0 * 1024 * 1024;
-  if (bytes <= unchecked) return true;
+  if (bytes <= unchecked_workspace_bytes) return true;
   return bytes <= static_cast<double>(available_memory_bytes());
 }
 

@@ -18,20 +18,6 @@
 
 namespace blochsim {
 
-// The tissue fields, in the order of Tissue.
-enum TissueField : int {
-  field_T1 = 0,
-  field_T2,
-  field_M0,
-  field_B1,
-  field_B1phase,
-  field_B0,
-  field_D,
-  field_v,
-  field_eta,
-  tissue_fields
-};
-
 // Directions a dual of the Jacobian kernels carries for n_dirs requested
 // ones (the kernels are compiled for these widths; the spare directions are
 // left unseeded).

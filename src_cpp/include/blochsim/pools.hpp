@@ -37,7 +37,6 @@
 
 namespace blochsim {
 
-constexpr int max_exchanging_pools = 4;
 constexpr int max_liquid_pools = 1 + max_exchanging_pools;
 constexpr int max_longitudinal_pools = max_liquid_pools + 1;
 // components of one order under an exact rectangular pulse: F+, F-, Z of
@@ -60,18 +59,6 @@ struct PooledJacobianOut {
 // passes; each pass plays the signal again).
 constexpr int pooled_lane_directions = 2;
 
-// Tissue field indices of the pool properties, after the nine fields of
-// Tissue (T1_s, T2_s, M0, B1, B1phase_rad, B0_hz, D_m2_s, v_m_s,
-// inv_efficiency = 0 .. 8), for Jacobian directions.
-enum PoolField : int {
-  field_bound_fraction = 9,
-  field_bound_exchange_hz = 10,
-  field_bound_T1_s = 11,
-  field_bound_T2_s = 12,
-  field_pool_first = 13,  // pool j (0 = B): 13 + 5 j + PoolColumn
-  pool_field_count = 13 + 5 * max_exchanging_pools
-};
-enum PoolColumn : int { pool_fraction, pool_exchange_hz, pool_T1_s, pool_T2_s, pool_shift_hz, pool_columns };
 
 // The pools of a call: which are on, and their properties per problem (SI:
 // fractions, Hz, s).  An exchanging pool's T1_s or T2_s left absent takes
@@ -80,12 +67,23 @@ struct Pools {
   int32_t n_exchanging = 0;  // pools B, C, ... with transverse states (0 .. 4)
   int32_t bound = 0;         // 1: the semisolid pool is on
   int32_t lineshape = lineshape_super_lorentzian;
-  Property bound_fraction{nullptr, 0, 0.0f};
-  Property bound_exchange_hz{nullptr, 0, 0.0f};
-  Property bound_T1_s{nullptr, 0, 1.0f};
-  Property bound_T2_s{nullptr, 0, 12.0e-6f};
+  Property bound_fraction{nullptr, 0, field_table[field_bound_fraction].fallback};
+  Property bound_exchange_hz{nullptr, 0, field_table[field_bound_exchange_hz].fallback};
+  Property bound_T1_s{nullptr, 0, field_table[field_bound_T1_s].fallback};
+  Property bound_T2_s{nullptr, 0, field_table[field_bound_T2_s].fallback};
   Property pool[max_exchanging_pools][pool_columns] = {};
 };
+
+// The Property of pool field f (tissue_fields <= f < pool_field_count).
+inline Property& pool_property(Pools& p, int f) {
+  switch (f) {
+    case field_bound_fraction: return p.bound_fraction;
+    case field_bound_exchange_hz: return p.bound_exchange_hz;
+    case field_bound_T1_s: return p.bound_T1_s;
+    case field_bound_T2_s: return p.bound_T2_s;
+    default: return p.pool[(f - field_pool_first) / pool_columns][(f - field_pool_first) % pool_columns];
+  }
+}
 
 inline namespace BLOCHSIM_ISA {
 
@@ -240,12 +238,12 @@ BLOCHSIM_HD inline PoolTissue<S> pool_tissue(const Tissue& t, const Pools& p, in
   q.n = 1 + p.n_exchanging;
   q.bound = p.bound != 0;
   q.m = q.n + (q.bound ? 1 : 0);
-  const S T1 = get(t.T1_s, 0, t.T1_s.fallback), T2 = get(t.T2_s, 1, t.T2_s.fallback);
-  q.M0 = get(t.M0, 2, t.M0.fallback);
-  q.B1 = get(t.B1, 3, t.B1.fallback);
-  q.B1phase = get(t.B1phase_rad, 4, t.B1phase_rad.fallback);
-  q.B0 = get(t.B0_hz, 5, t.B0_hz.fallback);
-  q.eta = get(t.inv_efficiency, 8, t.inv_efficiency.fallback);
+  const S T1 = get(t.T1_s, field_T1, t.T1_s.fallback), T2 = get(t.T2_s, field_T2, t.T2_s.fallback);
+  q.M0 = get(t.M0, field_M0, t.M0.fallback);
+  q.B1 = get(t.B1, field_B1, t.B1.fallback);
+  q.B1phase = get(t.B1phase_rad, field_B1phase, t.B1phase_rad.fallback);
+  q.B0 = get(t.B0_hz, field_B0, t.B0_hz.fallback);
+  q.eta = get(t.inv_efficiency, field_eta, t.inv_efficiency.fallback);
   q.R1[0] = S(1.0) / T1;
   q.R2[0] = S(1.0) / T2;
   q.shift[0] = S(0.0);
@@ -1291,7 +1289,7 @@ BLOCHSIM_HD inline bool pooled_lane_jacobian(const Pools& p) {
 BLOCHSIM_HD inline bool pooled_dirs_turn(const PooledJacobianOut& jo) {
   for (int j = 0; j < jo.n_dirs; ++j) {
     const int f = jo.fields[j];
-    if (f == 4 || f == 5 || (f >= field_pool_first && (f - field_pool_first) % pool_columns == pool_shift_hz))
+    if (f == field_B1phase || f == field_B0 || (f >= field_pool_first && (f - field_pool_first) % pool_columns == pool_shift_hz))
       return true;
   }
   return false;

@@ -1,0 +1,108 @@
+"""The host backend: simulate, jacobian, vjp and jacobian_vjp on the CPU's
+kernels, from a packed stream and host tissue arrays."""
+from __future__ import annotations
+
+import numpy as np
+
+from blochsim import _core, _memory, _reverse
+from blochsim import _validate as V
+
+
+def si_planes(arrays, shape):
+    """Tissue arrays as float32 SI values (length n or 1) in TISSUE_FIELDS order."""
+    return V.si_planes(arrays, shape, _core.TISSUE_FIELDS)
+
+
+def forward(owner, ps, arrays, shape, out, threads, variant, streamed=None):
+    """The signal (*shape, samples) of host tissue arrays, into ``out``
+    (checked) or a new array.  With ``streamed`` (a budget in bytes, 0 for
+    most of the free device memory) the kernels run on the GPU, the tissue
+    and the signal streaming through it in chunks of at most that size."""
+    want = shape + (ps.n_samples,)
+    if out is not None:
+        V.check_host_out("out", out, want)
+    _memory.check_call(owner, ps, shape, arrays, "forward", threads, outputs=0 if out is not None else 1,
+                       host_kernels=streamed is None)
+    si = si_planes(arrays, shape)
+    if out is None:
+        out = np.empty(want, dtype=np.complex64)
+    n = int(np.prod(shape, dtype=np.int64))
+    flat = out.reshape(n, ps.n_samples)
+    if streamed is not None:
+        _core.forward_cuda_streamed(ps, si, n, flat, streamed)
+    else:
+        _core.forward_host(ps, si, n, flat, threads, variant)
+    return out
+
+
+def jacobian(owner, ps, arrays, shape, fields, scale, one, threads, variant, out=None, entry="jacobian",
+             outputs=None):
+    """Signal (*shape, samples) and Jacobian (*shape, len(fields), samples;
+    (*shape, samples) for ``one`` name) per public unit, into ``out``
+    (checked) if given; and the SI planes.  The memory check counts
+    ``outputs`` complex64 rows per voxel (default: the results not in
+    ``out``) and the workspace of the host entry ``entry``."""
+    n = int(np.prod(shape, dtype=np.int64))
+    if out is not None:
+        for name, a, want in V.jacobian_out_shapes(out, shape, len(fields), ps.n_samples, one):
+            V.check_host_out(name, a, want)
+    _memory.check_call(owner, ps, shape, arrays, entry, threads, fields,
+                       outputs=outputs if outputs is not None else (0 if out is not None else 1 + len(fields)))
+    si = si_planes(arrays, shape)
+    if out is None:
+        signal = np.empty(shape + (ps.n_samples,), dtype=np.complex64)
+        jac = np.empty((n, len(fields), ps.n_samples), dtype=np.complex64)
+    else:
+        signal, jac = out
+    # seeded with the SI value of one public unit: derivatives per public unit
+    _core.jacobian_host(ps, si, n, fields, scale, signal.reshape(n, ps.n_samples),
+                        jac.reshape(n, len(fields), ps.n_samples), threads, variant)
+    if out is not None:
+        return out, si
+    J = jac.reshape(shape + (len(fields), ps.n_samples))
+    return (signal, J[..., 0, :] if one else J), si
+
+
+def vjp(owner, s, ps, arrays, shape, names, tissue_names, p, prov, pshapes, threads, variant):
+    """The signal and the pullback of the host adjoint."""
+    fields, scale = _reverse.fields_and_scale(tissue_names)
+    n = int(np.prod(shape, dtype=np.int64))
+    _memory.check_call(owner, ps, shape, arrays, "adjoint", threads, fields, outputs=2)
+    si = si_planes(arrays, shape)
+    signal = np.empty(shape + (s.n_samples,), dtype=np.complex64)
+    _core.forward_host(ps, si, n, signal.reshape(n, s.n_samples), threads, variant)
+    tshapes = {k: np.shape(arrays[k]) for k in tissue_names}
+
+    def pullback(cotangent):
+        cot = _reverse.cotangent(cotangent, signal.shape)
+        ev = np.zeros((s.n_events, 4), dtype=np.float64)
+        tg = np.zeros((n, len(fields)), dtype=np.float32)
+        _core.adjoint_host(ps, si, n, fields, cot.reshape(n, s.n_samples), ev, tg, threads)
+        return _reverse.assemble(names, p, prov, pshapes, ev, tg, scale, tissue_names, shape, tshapes)
+
+    return signal, pullback
+
+
+def jacobian_vjp(owner, s, ps, arrays, shape, names, one, wrt_names, p, prov, pshapes, threads, variant):
+    """The signal, the tissue Jacobian and the pullback of a cost of the
+    Jacobian (the host's second-order adjoint, one sweep per direction)."""
+    n = int(np.prod(shape, dtype=np.int64))
+    fields, scale = _reverse.fields_and_scale(names)
+    (signal, J_out), si = jacobian(owner, ps, arrays, shape, fields, scale, one, threads, variant,
+                                   entry="adjoint2", outputs=2 + 2 * len(fields))
+
+    def pullback(J_cotangent, signal_cotangent=None):
+        W = _reverse.cotangent(J_cotangent, J_out.shape, "the Jacobian's").reshape(n, len(names), s.n_samples)
+        ev = np.zeros((s.n_events, 4), dtype=np.float64)
+        for j, field in enumerate(fields):
+            part = np.zeros_like(ev)
+            _core.adjoint2_host(ps, si, n, field, W, j, part, threads)
+            ev += scale[j] * part  # J is per public unit of property j
+        if signal_cotangent is not None:
+            cot = _reverse.cotangent(signal_cotangent, signal.shape).reshape(n, s.n_samples)
+            part = np.zeros_like(ev)
+            _core.adjoint_host(ps, si, n, [], cot, part, np.zeros((n, 0), np.float32), threads)
+            ev += part
+        return _reverse.assemble(wrt_names, p, prov, pshapes, ev, None, None, (), shape, {})
+
+    return signal, J_out, pullback

@@ -1,0 +1,227 @@
+# Included by _core.pyx: device memory, copies and streams, and the DLPack
+# export of device arrays.  It uses _core.pyx's cimports and _raise.
+
+# --------------------------------------------------------------------------
+# Device memory, copies and streams
+
+cdef class DeviceBuffer:
+    """Owns ``nbytes`` of device memory (freed when the object goes).
+
+    With ``stream`` (a :class:`CudaStream`, kept alive by the buffer, or the
+    handle of a stream that outlives it) the memory is allocated and freed
+    in that stream's order, without synchronising the device.  Without it,
+    allocation and release are synchronous and the memory is usable from
+    any stream.
+    """
+    cdef readonly uintptr_t ptr
+    cdef readonly size_t nbytes
+    cdef uintptr_t stream
+    cdef bint ordered
+    cdef object owner
+
+    def __cinit__(self, size_t nbytes, stream=None):
+        cdef void* p = NULL
+        cdef char err[ERRLEN]
+        err[0] = 0
+        self.ptr = 0
+        self.nbytes = nbytes
+        self.ordered = stream is not None
+        self.owner = stream if isinstance(stream, CudaStream) else None
+        if isinstance(stream, CudaStream):
+            self.stream = <uintptr_t> stream.handle
+        else:
+            self.stream = <uintptr_t> (int(stream) if stream is not None else 0)
+        if self.ordered:
+            _raise(L.device_malloc_async(&p, nbytes, <void*> self.stream, err, ERRLEN), err)
+        else:
+            _raise(L.device_malloc(&p, nbytes, err, ERRLEN), err)
+        self.ptr = <uintptr_t> p
+
+    def __dealloc__(self):
+        cdef char err[ERRLEN]
+        if self.ptr:
+            if self.ordered:
+                L.device_free_async(<void*> self.ptr, <void*> self.stream, err, ERRLEN)
+            else:
+                L.device_free(<void*> self.ptr, err, ERRLEN)
+            self.ptr = 0
+
+
+def copy_to_device(uintptr_t dst, const uint8_t[::1] src, uintptr_t stream):
+    """Copy a host byte buffer to device memory (ordered on stream)."""
+    cdef char err[ERRLEN]
+    err[0] = 0
+    if src.shape[0] == 0:
+        return
+    _raise(L.copy_to_device(<void*> dst, &src[0], src.shape[0], <void*> stream, err, ERRLEN), err)
+
+
+def copy_to_host(uint8_t[::1] dst, uintptr_t src, uintptr_t stream):
+    """Copy device memory into a host byte buffer; waits for the stream."""
+    cdef char err[ERRLEN]
+    err[0] = 0
+    if dst.shape[0] == 0:
+        return
+    with nogil:
+        st = L.copy_to_host(&dst[0], <const void*> src, dst.shape[0], <void*> stream, err, ERRLEN)
+    _raise(st, err)
+
+
+cdef class CudaStream:
+    """A non-blocking CUDA stream owned by blochsim."""
+    cdef readonly uintptr_t handle
+
+    def __cinit__(self):
+        cdef void* s = NULL
+        cdef char err[ERRLEN]
+        err[0] = 0
+        self.handle = 0
+        _raise(L.stream_create(&s, err, ERRLEN), err)
+        self.handle = <uintptr_t> s
+
+    def __dealloc__(self):
+        cdef char err[ERRLEN]
+        if self.handle:
+            L.stream_destroy(<void*> self.handle, err, ERRLEN)
+
+
+def stream_synchronize(uintptr_t stream):
+    cdef char err[ERRLEN]
+    cdef int st
+    err[0] = 0
+    with nogil:
+        st = L.stream_synchronize(<void*> stream, err, ERRLEN)
+    _raise(st, err)
+
+
+def memory_info():
+    """(free, total) device memory in bytes."""
+    cdef size_t f = 0, t = 0
+    cdef char err[ERRLEN]
+    err[0] = 0
+    _raise(L.memory_info(&f, &t, err, ERRLEN), err)
+    return f, t
+
+
+def current_device():
+    cdef int d = -1
+    cdef char err[ERRLEN]
+    err[0] = 0
+    _raise(L.current_device(&d, err, ERRLEN), err)
+    return d
+
+
+def pointer_device(uintptr_t ptr):
+    """The device a pointer belongs to, -1 for host memory."""
+    cdef int d = -1
+    cdef char err[ERRLEN]
+    err[0] = 0
+    _raise(L.pointer_device(<const void*> ptr, &d, err, ERRLEN), err)
+    return d
+
+
+def expand_to_float(uintptr_t src, bint src_is_f64, tuple shape, tuple strides, double scale,
+                    uintptr_t dst, int64_t count, uintptr_t stream):
+    """dst[i] = float32(scale * src[offset(i)]) over the index space `shape`
+    (element strides, 0 on broadcast axes)."""
+    cdef int64_t sh[8]
+    cdef int64_t stv[8]
+    cdef int nd = len(shape)
+    cdef char err[ERRLEN]
+    err[0] = 0
+    if nd > 8:
+        raise ValueError("blochsim: device tissue arrays may have at most 8 dimensions")
+    for i in range(nd):
+        sh[i] = shape[i]
+        stv[i] = strides[i]
+    _raise(L.expand_to_float(<const void*> src, src_is_f64, nd, sh, stv, scale, <float*> dst, count,
+                             <void*> stream, err, ERRLEN), err)
+
+
+def first_bad_value(uintptr_t x, int64_t count, bint check_lower, float lower, bint strict,
+                    uintptr_t stream):
+    """(index, value) of the first non-finite or out-of-bound element, or
+    (-1, nan); synchronises the stream."""
+    cdef int64_t idx = -1
+    cdef float v = float("nan")
+    cdef char err[ERRLEN]
+    cdef int st
+    err[0] = 0
+    with nogil:
+        st = L.first_bad_value(<const float*> x, count, check_lower, lower, strict, &idx, &v,
+                               <void*> stream, err, ERRLEN)
+    _raise(st, err)
+    return idx, v
+
+
+# --------------------------------------------------------------------------
+# DLPack export (dlpack.h v0.8 ABI)
+
+ctypedef struct DLDevice:
+    int device_type
+    int device_id
+
+ctypedef struct DLDataType:
+    uint8_t code
+    uint8_t bits
+    uint16_t lanes
+
+ctypedef struct DLTensor:
+    void* data
+    DLDevice device
+    int ndim
+    DLDataType dtype
+    int64_t* shape
+    int64_t* strides
+    uint64_t byte_offset
+
+ctypedef struct DLManagedTensor:
+    DLTensor dl_tensor
+    void* manager_ctx
+    void (*deleter)(DLManagedTensor*) noexcept
+
+DEF KDLCUDA = 2
+DEF KDLFLOAT = 2
+DEF KDLCOMPLEX = 5
+
+
+cdef void _dl_deleter(DLManagedTensor* m) noexcept with gil:
+    if m.manager_ctx != NULL:
+        Py_DECREF(<object> m.manager_ctx)
+    free(m.dl_tensor.shape)
+    free(m)
+
+
+cdef void _capsule_deleter(object capsule) noexcept:
+    cdef DLManagedTensor* m
+    if PyCapsule_IsValid(capsule, b"dltensor"):
+        m = <DLManagedTensor*> PyCapsule_GetPointer(capsule, b"dltensor")
+        m.deleter(m)
+
+
+def dlpack_capsule(owner, uintptr_t ptr, tuple shape, int type_code, int bits, int device_id):
+    """A DLPack capsule over device memory that keeps ``owner`` alive.
+    type_code: 'float' or 'complex' per DLPack (2 or 5)."""
+    cdef DLManagedTensor* m = <DLManagedTensor*> malloc(sizeof(DLManagedTensor))
+    cdef int nd = len(shape)
+    if m == NULL:
+        raise MemoryError()
+    m.dl_tensor.shape = <int64_t*> malloc(sizeof(int64_t) * (nd if nd > 0 else 1))
+    if m.dl_tensor.shape == NULL:
+        free(m)
+        raise MemoryError()
+    for i in range(nd):
+        m.dl_tensor.shape[i] = shape[i]
+    m.dl_tensor.data = <void*> ptr
+    m.dl_tensor.device.device_type = KDLCUDA
+    m.dl_tensor.device.device_id = device_id
+    m.dl_tensor.ndim = nd
+    m.dl_tensor.dtype.code = type_code
+    m.dl_tensor.dtype.bits = bits
+    m.dl_tensor.dtype.lanes = 1
+    m.dl_tensor.strides = NULL
+    m.dl_tensor.byte_offset = 0
+    Py_INCREF(owner)
+    m.manager_ctx = <void*> owner
+    m.deleter = _dl_deleter
+    return PyCapsule_New(m, b"dltensor", _capsule_deleter)

@@ -1,0 +1,337 @@
+"""The call modifiers of a played simulator, composed once for every public
+method: T2′ (a per-sample factor on the played signal), the exact periodic
+steady state (repetitions="auto" on a repetition that never winds),
+repetitions="auto" by playing (rewrites the call's repetitions), and slice
+profiles (a weighted average over flip scales).
+
+:func:`apply` tries them in that order; the first that applies answers the
+call, by calling the simulator's public methods on a plainer call or by the
+exact steady state's own solver.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from blochsim import _pools, _reverse, steady
+from blochsim import _validate as V
+from blochsim._protocol import SliceProfile, check_diff_values, check_order, protocol_key
+from blochsim.sequence import Readout, Traced, trace
+
+# repetitions="auto": the most playings tried, and the agreement asked for
+_MAX_AUTO_REPETITIONS = 65536
+_AUTO_TOLERANCE = 1e-5
+
+
+def _given(sim, values, name):
+    """The call's value of protocol parameter ``name``: this call's, the
+    constructor's, or the default."""
+    return values.get(name, sim._given.get(name, sim._defaults.get(name)))
+
+
+def _names(diff):
+    return (diff,) if isinstance(diff, str) else tuple(diff)
+
+
+class _T2Prime:
+    """T2′: the played signal times exp(-dephasing / T2′) per sample, the
+    dephasing time of each :class:`Readout` (ms)."""
+
+    what = "with T2prime"
+    second_order = ("jacobian_vjp does not take T2prime: its factor exp(-dephasing/T2prime) is per sample, so "
+                    "apply it to J and to the cotangents outside")
+
+    def given(self, sim, values):
+        return "T2prime" in values
+
+    def state(self, sim, values, wrt=()):
+        """The call's T2prime (validated, ms) and ``values`` without it."""
+        if "T2prime" not in values or "T2prime" not in sim.tissue_properties:
+            return None
+        on_device = [k for k, v in values.items() if V.is_device_array(v)]
+        if on_device:
+            raise ValueError(f"T2prime needs host (NumPy) values; {on_device[0]} is a device array")
+        t2p = V.tissue_array("T2prime", values["T2prime"])
+        V.broadcast_voxels({k: (t2p if k == "T2prime" else np.asarray(v)) for k, v in values.items()
+                            if k in sim.tissue_properties})
+        return t2p, {k: v for k, v in values.items() if k != "T2prime"}
+
+    @staticmethod
+    def factor(sim, t2p, values, traced=()):
+        """exp(-dephasing / T2prime) per voxel and recorded sample, shape
+        (*T2prime.shape, samples), each sample's Readout.dephasing (ms;
+        :class:`Traced` along the protocol names ``traced``) and the
+        dephasing as floats."""
+        proto, _ = sim._split(values)
+        p = sim._protocol_values(proto)
+        key = (protocol_key(p), tuple(traced))
+        cached = getattr(sim, "_dephasing_cache", None)
+        if cached is not None and cached[0] == key:
+            tau = cached[1]
+        else:
+            q = dict(p)
+            for k in traced:
+                q[k] = trace(k, p[k])
+            # only the repetition's readouts are recorded (its last playing)
+            tau = [op.dephasing for op in sim.repetition(q).ops() if isinstance(op, Readout)]
+            sim._dephasing_cache = (key, tau)
+        tau_ms = np.array([float(t) for t in tau], dtype=np.float64)
+        return np.exp(-tau_ms / t2p[..., None]), tau, tau_ms
+
+    def simulate(self, sim, state):
+        t2p, values = state
+        f, _, _ = self.factor(sim, t2p, values)
+        return sim.simulate(**values) * f
+
+    def jacobian(self, sim, state, diff, order):
+        """The played Jacobian times the factor, and d/dT2prime = signal *
+        factor * dephasing / T2prime^2."""
+        t2p, values = state
+        names = _names(diff)
+        check_order(order)
+        other = tuple(k for k in names if k != "T2prime")
+        f, _, tau_ms = self.factor(sim, t2p, values)
+        s, J = sim.jacobian(other, order, **values) if other else (sim.simulate(**values), None)
+        shape = np.broadcast_shapes(s.shape, t2p.shape + s.shape[-1:])
+        cols, i = [], 0
+        for k in names:
+            if k == "T2prime":
+                cols.append(s * f * tau_ms / t2p[..., None] ** 2)
+            else:
+                cols.append(J[..., i, :] * f)
+                i += 1
+        J = np.stack([np.broadcast_to(c, shape) for c in cols], axis=-2).astype(np.complex64)
+        s = np.broadcast_to(s * f, shape).astype(np.complex64)
+        return s, (J[..., 0, :] if isinstance(diff, str) else J)
+
+    def vjp(self, sim, state, names):
+        """The played pullback of the cotangent times the factor, plus the
+        factor's own share through T2prime and through the protocol values
+        the samples' dephasing times come from."""
+        t2p, values = state
+        other = tuple(k for k in names if k != "T2prime")
+        protocol = tuple(k for k in other if k not in sim.tissue_properties)
+        f, tau, tau_ms = self.factor(sim, t2p, values, protocol)
+        s, pull = sim.vjp(other, **values) if other else (sim.simulate(**values), None)
+        shape = np.broadcast_shapes(s.shape, t2p.shape + s.shape[-1:])
+        signal = np.broadcast_to(s * f, shape).astype(np.complex64)
+
+        def pullback(cotangent):
+            g = _reverse.cotangent(cotangent, signal.shape, dtype=np.complex128)
+            out = dict(pull(_reverse.reduce_to(g * f, s.shape))) if pull is not None else {}
+            w = np.real(np.conj(g) * s * f)  # dL/d(log factor), per voxel and sample
+            if "T2prime" in names:
+                out["T2prime"] = _reverse.reduce_to(np.sum(w * tau_ms / t2p[..., None] ** 2, axis=-1), t2p.shape)
+            dtau = -np.sum(w / t2p[..., None], axis=tuple(range(w.ndim - 1)))  # dL/d dephasing_j
+            for j, t in enumerate(tau):
+                if not isinstance(t, Traced):
+                    continue
+                for (name, idx, part), c in t.terms.items():
+                    a = np.array(out[name])
+                    a[idx] += c * dtau[j] * (1.0 if part == 0 else 1j)
+                    out[name] = a
+            return out
+
+        return signal, pullback
+
+
+class _Exact:
+    """repetitions="auto" on a repetition that never winds (no Dephase) and
+    a tissue without pools, D or v: the periodic steady state as the fixed
+    point of one playing's map (:mod:`blochsim.steady`)."""
+
+    what = "at the exact steady state"
+    second_order = None  # jacobian_vjp plays
+
+    def state(self, sim, values, wrt=()):
+        """The repetition's program (protocol names of ``wrt`` traced), the
+        tissue arrays, the voxel shape, the protocol and the protocol
+        names; None when the call is not one for the exact solver."""
+        if _given(sim, values, "repetitions") != "auto":
+            return None
+        if _given(sim, values, "slice_profile") is not None:
+            return None
+        if any(V.is_device_array(v) for v in values.values()):
+            return None
+        proto, tissue = sim._split(values)
+        if _pools.any_pool(tissue) or "D" in tissue or "v" in tissue:
+            return None
+        p = sim._protocol_values({**proto, "repetitions": 1})
+        ops = sim.repetition(p).ops()
+        if not steady.never_winds(ops):
+            return None
+        protocol_names = sim._vjp_names(tuple(wrt), p)[0] if wrt else []
+        if protocol_names:
+            q = dict(p)
+            for k in protocol_names:
+                q[k] = trace(k, p[k])
+            ops = sim.repetition(q).ops()
+        arrays, shape = sim._tissue(tissue)
+        prog = steady.program(ops)
+        if "inv_efficiency" in arrays and ("inversion",) not in prog:
+            sim._refuse_idle_inversion()
+        return prog, arrays, shape, p, protocol_names, values
+
+    def simulate(self, sim, state):
+        prog, arrays, shape = state[:3]
+        return steady.signal(prog, arrays, shape)
+
+    def jacobian(self, sim, state, diff, order):
+        prog, arrays, shape, _, _, values = state
+        names, _, _ = sim._jacobian_request(diff, order, values)
+        sig = steady.signal(prog, arrays, shape).astype(np.complex64)
+        J = np.stack([steady.tissue_derivative(prog, arrays, shape, k) for k in names], axis=-2)
+        return sig, (J[..., 0, :] if isinstance(diff, str) else J).astype(np.complex64)
+
+    def vjp(self, sim, state, names):
+        """The protocol's gradients by the periodic adjoint of the order-0
+        maps, the tissue's by the complex step (a pass per name)."""
+        prog, arrays, shape, p, protocol_names, values = state
+        proto, tissue = sim._split(values)
+        check_diff_values([k for k in names if k in sim.tissue_properties], tissue, "vjp")
+        raw = {**sim._defaults, **sim._given, **proto}
+        signal = steady.signal(prog, arrays, shape).astype(np.complex64)
+
+        def pullback(cotangent):
+            g = _reverse.cotangent(cotangent, signal.shape, dtype=np.complex128)
+            entries = steady.protocol_gradients(prog, arrays, shape, g) if protocol_names else {}
+            out = {}
+            for k in names:
+                if k in sim.tissue_properties:
+                    d = steady.tissue_derivative(prog, arrays, shape, k)
+                    out[k] = _reverse.reduce_to(np.sum(np.real(np.conj(g) * d), axis=-1), np.shape(arrays[k]))
+                    continue
+                value = np.asarray(p[k])
+                grad = np.zeros(value.shape, dtype=np.complex128 if value.dtype.kind == "c" else np.float64)
+                for (name, idx, part), v in entries.items():
+                    if name == k:
+                        grad[idx] += v if part == 0 else 1j * v
+                out[k] = grad if np.ndim(raw[k]) > 0 else grad.sum()
+            return out
+
+        return signal, pullback
+
+
+class _AutoRepetitions:
+    """repetitions="auto" otherwise: the playings that reach the periodic
+    steady state for this call's tissue, doubling from 8 until the last
+    playing's samples agree to 1e-5 of their largest magnitude."""
+
+    def rewrite(self, sim, values):
+        if _given(sim, values, "repetitions") != "auto":
+            return values
+        rest = {k: v for k, v in values.items() if k != "repetitions"}
+        if any(V.is_device_array(v) for v in rest.values()):
+            raise ValueError("repetitions='auto' needs host (NumPy) tissue values")
+        R = 8
+        prev = np.asarray(sim.simulate(**rest, repetitions=R))
+        while R < _MAX_AUTO_REPETITIONS:
+            R *= 2
+            cur = np.asarray(sim.simulate(**rest, repetitions=R))
+            scale = float(np.max(np.abs(cur))) if cur.size else 0.0
+            if cur.size == 0 or float(np.max(np.abs(cur - prev))) <= _AUTO_TOLERANCE * max(scale, 1e-30):
+                return {**values, "repetitions": R}
+            prev = cur
+        raise ValueError(f"repetitions='auto': {type(sim).__name__} did not reach a periodic steady state within "
+                         f"{_MAX_AUTO_REPETITIONS} playings (the last doubling changed the samples by "
+                         f"{float(np.max(np.abs(cur - prev))):.3g}); give repetitions as a number")
+
+
+class _Profile:
+    """A slice profile: every tissue value given a trailing profile axis,
+    B1 times the profile's scales, and the played signal averaged over that
+    axis with the profile's weights."""
+
+    what = "with a slice_profile"
+    second_order = ("jacobian_vjp does not take a slice_profile; average jacobian_vjp over the profile's B1 "
+                    "scales instead")
+
+    def given(self, sim, values):
+        return _given(sim, values, "slice_profile") is not None
+
+    def state(self, sim, values, wrt=()):
+        """The profile and ``values`` to play it, or None without one."""
+        raw = _given(sim, values, "slice_profile")
+        if raw is None:
+            return None
+        prof = raw if isinstance(raw, SliceProfile) else SliceProfile(raw, sim)
+        out = {"slice_profile": None}
+        for k, v in values.items():
+            if k == "slice_profile":
+                continue
+            if k in sim.tissue_properties:
+                if V.is_device_array(v):
+                    raise ValueError(f"slice_profile needs host (NumPy) tissue values; {k} is a device array")
+                out[k] = np.asarray(V.tissue_array(k, v))[..., None]
+            else:
+                out[k] = v
+        out["B1"] = out["B1"] * prof.scales if "B1" in out else prof.scales
+        return prof, out, values
+
+    def simulate(self, sim, state):
+        prof, played, _ = state
+        return np.tensordot(sim.simulate(**played), prof.weights, axes=([-2], [0]))
+
+    def jacobian(self, sim, state, diff, order):
+        prof, played, _ = state
+        names = _names(diff)
+        s, J = sim.jacobian(tuple(names), order, **played)  # J: (*voxels, P, names, samples)
+        # d/dB1 of s(B1 · scale) is scale times the played derivative
+        chain = np.stack([prof.scales if k == "B1" else np.ones_like(prof.scales) for k in names], axis=1)
+        s = np.tensordot(s, prof.weights, axes=([-2], [0]))
+        J = np.einsum("...pns,p,pn->...ns", J, prof.weights, chain).astype(np.complex64)
+        return s.astype(np.complex64), (J[..., 0, :] if isinstance(diff, str) else J)
+
+    def vjp(self, sim, state, names):
+        """The played call's pullback of the weighted cotangent, summed back
+        over the profile (B1's share times each scale)."""
+        prof, played, values = state
+        s_p, pull = sim.vjp(names, **played)  # s_p: (*voxels, P, samples)
+        signal = np.tensordot(s_p, prof.weights, axes=([-2], [0])).astype(np.complex64)
+
+        def pullback(cotangent):
+            g = _reverse.cotangent(cotangent, signal.shape, dtype=np.complex128)
+            grads = pull(g[..., None, :] * prof.weights[:, None])
+            out = {}
+            for k in names:
+                if k in sim.tissue_properties:
+                    gk = grads[k] * (prof.scales if k == "B1" else 1.0)
+                    out[k] = _reverse.reduce_to(np.sum(gk, axis=-1), np.shape(V.tissue_array(k, values[k])))
+                else:
+                    out[k] = grads[k]
+            return out
+
+        return signal, pullback
+
+
+_MODIFIERS = (_T2Prime(), _Exact(), _AutoRepetitions(), _Profile())
+
+
+def apply(sim, method, values, *args, out=None):
+    """Public method ``method`` ("simulate", "jacobian", "vjp" or
+    "jacobian_vjp", with its positional ``args``) of ``sim`` through the
+    first modifier that applies to the call.
+
+    Returns
+    -------
+    (result, values)
+        ``result`` the modifier's answer (written into ``out`` for
+        simulate), or None when the call plays as it is, with ``values``
+        (repetitions="auto" resolved).
+    """
+    for m in _MODIFIERS:
+        if hasattr(m, "rewrite"):
+            values = m.rewrite(sim, values)
+            continue
+        if method == "jacobian_vjp":
+            if m.second_order is not None and m.given(sim, values):
+                raise ValueError(m.second_order)
+            continue
+        state = m.state(sim, values, wrt=args[0] if method == "vjp" else ())
+        if state is None:
+            continue
+        if method == "simulate":
+            return V.into(out, getattr(m, method)(sim, state)), values
+        if out is not None:
+            raise ValueError(f"{method} {m.what} returns new arrays: out must be None")
+        return getattr(m, method)(sim, state, *args), values
+    return None, values

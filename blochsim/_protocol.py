@@ -1,0 +1,302 @@
+"""Protocol and packing: the protocol/tissue bookkeeping every simulator
+shares, the checks of a call's request, and the event stream a played
+simulator's protocol packs into (cached per protocol)."""
+from __future__ import annotations
+
+import numpy as np
+
+from blochsim import _core, _pools
+from blochsim import _validate as V
+from blochsim.sequence import Operator, pack, pack_with_provenance, trace
+from blochsim.sequence.packing import EV_INVERSION
+
+# Protocol keywords every played simulator takes.
+PLAYED_COMMON = {"states": None, "crusher_dephasing_rad": None, "voxel_size_m": None,
+                 "repetitions": 1, "budget_bytes": None, "lineshape": "super-lorentzian", "slice_profile": None}
+
+
+class Base:
+    """Protocol/tissue bookkeeping shared by played and closed-form simulators."""
+
+    #: protocol parameters and their defaults (None: required or automatic)
+    protocol: dict = {}
+    #: tissue properties this simulator models
+    tissue_properties: tuple = ()
+    #: tissue properties that must be given
+    required: tuple = ()
+    _common: dict = {}
+
+    def __init__(self, *, device=None, threads=None, **protocol):
+        self._defaults = {**self._common, **type(self).protocol}
+        self._check_names(protocol)
+        self._given = dict(protocol)
+        if device is not None and device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+        self.device = device
+        if threads is not None:
+            threads = V.positive_int("threads", threads)
+        self.threads = threads
+        # validate now, so a bad protocol fails at construction
+        self._protocol_values({})
+
+    def _check_names(self, protocol):
+        for k in protocol:
+            if k not in self._defaults:
+                if k in self.tissue_properties:
+                    raise TypeError(f"{k} is a tissue property of {type(self).__name__}: "
+                                    f"pass it to simulate(), not the constructor")
+                raise TypeError(f"{type(self).__name__} has no protocol parameter {k!r}; "
+                                f"it takes {sorted(self._defaults)}")
+
+    def _protocol_values(self, overrides):
+        values = {**self._defaults, **self._given, **overrides}
+        return self.check_protocol(values)
+
+    def check_protocol(self, p: dict) -> dict:
+        """Validate and normalise the protocol; subclasses extend this."""
+        return p
+
+    def _split(self, kwargs):
+        proto, tissue = {}, {}
+        for k, v in kwargs.items():
+            if k in self._defaults:
+                proto[k] = v
+            elif k in self.tissue_properties:
+                tissue[k] = v
+            elif k in V.TISSUE_UNITS:
+                raise TypeError(f"{type(self).__name__} does not model tissue property {k!r}; "
+                                f"it models {list(self.tissue_properties)}")
+            else:
+                raise TypeError(f"{type(self).__name__}.simulate() got an unknown keyword {k!r}; "
+                                f"protocol: {sorted(self._defaults)}, tissue: {list(self.tissue_properties)}")
+        for r in self.required:
+            if r not in tissue:
+                raise TypeError(f"{type(self).__name__}.simulate() needs tissue property {r!r}")
+        return proto, tissue
+
+    def _jacobian_request(self, diff, order, values):
+        """The checked names, protocol overrides and tissue of a jacobian call."""
+        check_order(order)
+        names = diff_names(diff, self.tissue_properties, type(self).__name__, "jacobian")
+        proto, tissue = self._split(values)
+        check_diff_values(names, tissue)
+        return names, proto, tissue
+
+    def _tissue(self, tissue):
+        arrays = {k: V.tissue_array(k, v) for k, v in tissue.items()}
+        shape = V.broadcast_voxels(arrays) if arrays else ()
+        return arrays, shape
+
+
+class Played(Base):
+    """The protocol side of a played simulator: its checks, the operators
+    of a preparation and a repetition, and their packed event stream."""
+
+    tissue_properties = ("T1", "T2", "M0", "B1", "B0", "B1phase", "inv_efficiency", "D", "v", "T2prime")
+    _common = PLAYED_COMMON
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # every played simulator models the pools
+        cls.tissue_properties = tuple(cls.tissue_properties) + tuple(
+            k for k in _pools.POOL_PROPERTIES if k not in cls.tissue_properties)
+    # 0: the host backend; 1 or 4: the device's register path emulated on the
+    # host with that many team members (tests of the device templates); with
+    # pools, any non-zero value: the device's pooled team of 4 members
+    _host_variant = 0
+
+    def preparation(self, p: dict):
+        """Operators played once before the repetitions (default: none)."""
+        return None
+
+    def repetition(self, p: dict):
+        """Operators of one repetition (the layout); subclasses define it."""
+        raise NotImplementedError(f"{type(self).__name__} must define repetition()")
+
+    def _common_checks(self, p):
+        if p["states"] is not None:
+            p["states"] = V.positive_int("states", p["states"])
+        if isinstance(p["repetitions"], str):
+            if p["repetitions"] != "auto":
+                raise ValueError(f"repetitions must be a positive integer or 'auto', got {p['repetitions']!r}")
+        else:
+            p["repetitions"] = V.positive_int("repetitions", p["repetitions"])
+        if p["budget_bytes"] is not None:
+            p["budget_bytes"] = V.positive_int("budget_bytes", p["budget_bytes"])
+        for g in ("crusher_dephasing_rad", "voxel_size_m"):
+            if p[g] is not None:
+                p[g] = float(V.protocol_array(g, p[g], low=0.0, strict=True, ndim_max=0))
+        if p["lineshape"] not in _pools.LINESHAPES:
+            raise ValueError(f"lineshape must be one of {list(_pools.LINESHAPES)}, got {p['lineshape']!r}")
+        if p["slice_profile"] is not None and not isinstance(p["slice_profile"], SliceProfile):
+            p["slice_profile"] = SliceProfile(p["slice_profile"], self)
+        return p
+
+    def _protocol_values(self, overrides):
+        values = {**self._defaults, **self._given, **overrides}
+        return self.check_protocol(self._common_checks(values))
+
+    def _packed(self, p):
+        """The event stream for protocol p, reused while p does not change."""
+        if p["repetitions"] == "auto":
+            raise ValueError("blochsim internal error: repetitions='auto' reached the packer unresolved")
+        key = protocol_key(p)
+        cached = getattr(self, "_stream_cache", None)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        # the repetition first: it refuses a protocol that lacks what the call needs
+        repetition = self.repetition(p)
+        s = pack(self.preparation(p), repetition, p["repetitions"])
+        self._stream_cache = (key, s)
+        return s
+
+    def _stream_for(self, p, present, stream=None):
+        """The event stream of protocol p (or ``stream``, packed from it),
+        its packed form for the kernels, the states and whether it plays on
+        the real path, given the tissue properties present."""
+        if ("D" in present or "v" in present) and (p["crusher_dephasing_rad"] is None or p["voxel_size_m"] is None):
+            which = "D" if "D" in present else "v"
+            raise ValueError(
+                f"{which} needs the crusher geometry: pass crusher_dephasing_rad and voxel_size_m "
+                f"to {type(self).__name__} (got crusher_dephasing_rad={p['crusher_dephasing_rad']!r}, "
+                f"voxel_size_m={p['voxel_size_m']!r})")
+        s = self._packed(p) if stream is None else stream
+        if "inv_efficiency" in present and not np.any(s.flags & EV_INVERSION):
+            self._refuse_idle_inversion()
+        states = p["states"] if p["states"] is not None else max(8, 1 + s.total_shifts)
+        real, phi0 = s.real_subspace(any(k in present for k in ("B0", "B1phase", "v")))
+        dk = voxel = 0.0
+        if p["crusher_dephasing_rad"] is not None and p["voxel_size_m"] is not None:
+            dk = p["crusher_dephasing_rad"] / p["voxel_size_m"]
+            voxel = p["voxel_size_m"]
+        return s, _core.PackedStream(s, states, dk, voxel, real, phi0), states, bool(real)
+
+    def _refuse_idle_inversion(self):
+        raise TypeError(f"{type(self).__name__} plays no ideal inversion with this protocol, so "
+                        f"inv_efficiency would be ignored: leave it out, or choose an ideal inversion")
+
+    def _vjp_names(self, names, p):
+        """The protocol and tissue names of a vjp request, checked."""
+        if not names:
+            raise ValueError("vjp needs at least one name in wrt")
+        protocol_names, tissue_names = [], []
+        for k in names:
+            if not isinstance(k, str):
+                raise TypeError(f"wrt names parameters by str, got {k!r}")
+            if k in self.tissue_properties:
+                tissue_names.append(k)
+            elif k in self._defaults:
+                v = p[k]
+                if k in PLAYED_COMMON:
+                    raise TypeError(f"{type(self).__name__} cannot differentiate with respect to {k!r}: it is "
+                                    f"a setting of the engine, not a sequence value")
+                if not (isinstance(v, (float, complex, np.floating, np.complexfloating)) or
+                        (isinstance(v, np.ndarray) and v.dtype.kind in "fc")):
+                    raise TypeError(f"{type(self).__name__} cannot differentiate with respect to {k!r}: "
+                                    f"it is not a float protocol parameter (got {v!r})")
+                protocol_names.append(k)
+            else:
+                raise TypeError(f"{type(self).__name__} cannot differentiate with respect to {k!r}: its "
+                                f"protocol is {sorted(set(self._defaults) - set(PLAYED_COMMON))} and it "
+                                f"models {list(self.tissue_properties)}")
+        if len(set(names)) != len(names):
+            raise ValueError(f"wrt names a parameter twice: {list(names)}")
+        return protocol_names, tissue_names
+
+    def _traced_stream(self, p, proto, protocol_names):
+        """The stream packed from protocol p traced in ``protocol_names``,
+        its provenance (which event values each protocol entry reaches) and
+        each protocol gradient's shape (a scalar as given stays a scalar)."""
+        raw = {**self._defaults, **self._given, **proto}
+        traced = dict(p)
+        for k in protocol_names:
+            traced[k] = trace(k, p[k])
+        if p["repetitions"] == "auto":
+            raise ValueError("blochsim internal error: repetitions='auto' reached the packer unresolved")
+        stream, prov = pack_with_provenance(self.preparation(traced), self.repetition(traced), p["repetitions"])
+        pshapes = {k: (np.shape(p[k]) if np.ndim(raw[k]) > 0 else ()) for k in protocol_names}
+        return stream, prov, pshapes
+
+    def stream(self, **protocol):
+        """The packed event stream of one call with these protocol overrides."""
+        self._check_names(protocol)
+        p = self._protocol_values(protocol)
+        if p["repetitions"] == "auto":
+            raise ValueError("stream() needs repetitions as a number: 'auto' depends on the tissue")
+        return pack(self.preparation(p), self.repetition(p), p["repetitions"]), p
+
+
+def diff_names(diff, modelled, owner, what):
+    """The names of a ``diff`` argument (a name or a sequence of distinct names)."""
+    names = (diff,) if isinstance(diff, str) else tuple(diff)
+    if not names:
+        raise ValueError(f"{what} needs at least one property in diff")
+    for k in names:
+        if not isinstance(k, str):
+            raise TypeError(f"diff names properties by str, got {k!r}")
+        if k not in modelled:
+            raise TypeError(f"{owner} cannot differentiate with respect to {k!r}: it models "
+                            f"{list(modelled)} (protocol parameters take vjp)")
+    if len(set(names)) != len(names):
+        raise ValueError(f"diff names a property twice: {list(names)}")
+    return names
+
+
+def check_order(order):
+    """jacobian computes first derivatives only."""
+    if isinstance(order, bool) or not isinstance(order, (int, np.integer)) or order != 1:
+        raise ValueError(f"jacobian computes first derivatives (order=1), got order={order!r}; the "
+                         f"derivative of a cost of the Jacobian is jacobian_vjp")
+
+
+def check_diff_values(names, tissue, what="jacobian"):
+    """Each property differentiated must be passed, as a float."""
+    for name in names:
+        if name not in tissue:
+            raise ValueError(f"{what} with respect to {name!r} needs {name} passed as a tissue value")
+        v = tissue[name]
+        if isinstance(v, (int, float)) or V.is_device_array(v):
+            continue
+        if np.asarray(v).dtype.kind != "f":
+            raise TypeError(f"{name} must be a float array to differentiate, got dtype {np.asarray(v).dtype}")
+
+
+def protocol_key(p):
+    """A hashable snapshot of a protocol dict (arrays by value)."""
+    def snap(v):
+        if isinstance(v, np.ndarray):
+            return (v.dtype.str, v.shape, v.tobytes())
+        if isinstance(v, (tuple, list)):
+            return (type(v).__name__,) + tuple(snap(x) for x in v)
+        if isinstance(v, Operator):  # a pulse given as protocol: its operators, not its short repr
+            return tuple(repr(o) for o in v.ops())
+        return repr(v)
+
+    return tuple((k, snap(p[k])) for k in sorted(p))
+
+
+class SliceProfile:
+    """A checked slice profile: flip scales and weights summing to 1."""
+
+    def __init__(self, value, sim):
+        try:
+            scales, weights = value
+        except (TypeError, ValueError):
+            raise ValueError(f"slice_profile must be a pair (scales, weights), got {value!r}") from None
+        self.scales = np.atleast_1d(V.protocol_array("slice_profile scales", scales, low=0.0))
+        self.weights = np.atleast_1d(V.protocol_array("slice_profile weights", weights, low=0.0))
+        if self.scales.shape != self.weights.shape or self.scales.ndim != 1:
+            raise ValueError(f"slice_profile: {self.scales.size} scales and {self.weights.size} weights")
+        total = float(np.sum(self.weights))
+        if not total > 0:
+            raise ValueError("slice_profile weights must have a positive sum")
+        self.weights = self.weights / total
+        if "B1" not in sim.tissue_properties:
+            raise TypeError(f"slice_profile scales the flips through B1, which {type(sim).__name__} does not model")
+
+    def __eq__(self, other):
+        return (isinstance(other, SliceProfile) and np.array_equal(self.scales, other.scales)
+                and np.array_equal(self.weights, other.weights))
+
+    def __hash__(self):
+        return hash((self.scales.tobytes(), self.weights.tobytes()))

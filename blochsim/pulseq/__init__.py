@@ -1,0 +1,93 @@
+"""Reading Pulseq sequence files (Layton et al. 2017, MRM 77:1544; the
+open file format of pulseq.github.io, versions 1.3, 1.4 and 1.5, with its
+"Time and Shape Specification") into blochsim operators:
+:meth:`blochsim.Simulator.from_pulseq`.
+
+What is read, and the model
+---------------------------
+- **Blocks** play in order for their durations (``BlockDurationRaster``).
+- **RF waveforms** as the format samples them: a shape without a time shape
+  holds each sample over one raster cell (samples at the cell centres);
+  with a time shape the waveform is piecewise linear between its points
+  (a block pulse is two points, so its area is exactly its flip).  The
+  flip is 2π·|∫ amplitude dt|.
+- **Phase and frequency** with the format's time reference: the RF phase
+  at time t from the pulse start is ``phase + 2π·freq·t``.  A pulse in a
+  block with a gradient is slice selective: the simulated spin sits at the
+  slice centre, on resonance with it, and the pulse acts with the phase it
+  has at its centre, ``phase + 2π·freq·t_centre`` (pypulseq's examples set
+  the phase offset to cancel it).  A pulse without a gradient is played at
+  its frequency: an offset of +f Hz resonates with spins at B0 = +f (SPEC's
+  convention, as in :class:`CESTSimulator` and :class:`RectPulse`).
+  Offsets in ppm (format 1.5) need the field strength.
+- **Phase convention.**  SPEC's spins at B0 > 0 turn their transverse
+  phase by -2π·B0·t, while the format's frequency +f advances the RF phase
+  by +2π·f·t and excites spins at +f: the two count phase the other way
+  round.  The file's RF and ADC phases therefore enter negated; samples are
+  in SPEC's frame (a 90° pulse at phase 0 gives -i), the complex conjugate
+  of the format's; magnitudes do not depend on it.
+- **RF models** (``rf``): ``"hard"`` plays each pulse as an instantaneous
+  rotation at its centre (relaxation during the pulse neglected), which is
+  exact for the slice-centre spin only when the waveform has one phase (up
+  to sign) and the spin is on resonance with it; other pulses (adiabatic,
+  frequency or phase modulated, off resonance without a gradient) are
+  refused in hard mode.  ``"shaped"`` plays every waveform: in a pulse
+  without a gradient a run of equal samples as one exact rectangular pulse
+  (:class:`RectPulse`: relaxation, exchange, off-resonance and the
+  semisolid pool act with the RF), and every other sample as a rotation
+  at its centre with free precession either side (the per-dwell
+  hard-pulse approximation on the file's raster).
+  ``"auto"`` (default) plays hard what hard represents and the rest
+  shaped.  In shaped mode a slice-selective pulse is played in the
+  slice-centre spin's frame (no frequency, its centre phase) and the
+  gradient moment up to its centre is applied before it.
+- **ADC** events become one :class:`Readout` each at the ADC window's
+  centre (the echo of a symmetric readout), with the receiver phase of the
+  ADC at that centre: one sample per ADC.
+- **Gradients** decide the dephasing (``dephasing="moment"``, default).
+  The gradient moment vector (x, y, z) between consecutive RF and ADC
+  centres (and, wrapping round, from the last to the first, for
+  repetitions) is integrated exactly (trapezoids, arbitrary waveforms on
+  the gradient raster, or piecewise-linear corner points).  Every such
+  moment must be a whole number of one dephasing unit vector, so that
+  every pathway that refocuses in the file refocuses on order 0 of the
+  EPG: the unit is found per axis as the largest moment of which every
+  moment on that axis is a whole multiple (within 1e-3 of the unit or
+  1e-3 cycles across the voxel, ``voxel_size_m``, 1 mm unless given: a
+  remainder that leaves the signal unchanged to 1e-6), itself putting at
+  least 0.1 cycles across the voxel (orders closer than that are not
+  distinct pathways), and the axes are
+  combined when their whole numbers are proportional (a readout on x and
+  crushers on z of a CPMG train).  Moments that put well under a cycle
+  across the voxel (phase encoding and EPI blips, the voxel being much
+  smaller than the field of view) encode k-space and do not dephase it:
+  an axis is left out whose moments all stay under 0.1 cycles across the
+  voxel, or under one cycle without a common unit, or which is rewound
+  between consecutive RF pulses (phase encoding, a balanced readout) and
+  cannot be held with the others; the samples are then the voxel's
+  signal at the k-space centre.  A pathway that passes an interval whose moment no
+  combination of the others can bring back (an inversion's spoiler on
+  another axis than the train's) never refocuses, and that interval spoils
+  exactly; other independently dephasing axes are kept apart on one order
+  by a map with large enough multipliers, within 8192 orders.  Moments with no common unit, or unbalanced axes
+  that dephase independently, are refused, naming the block; ``axis`` (a
+  direction to follow alone), ``unit`` (cycles/m, checked, never rounded)
+  or a callable ``dephasing(block) -> shifts`` choose otherwise, and
+  ``dephasing="spoil"`` spoils ideally at every block with a net moment and
+  no RF or ADC.  With ``voxel_size_m`` the crusher geometry for D and v
+  follows from the unit: ``crusher_dephasing_rad`` = 2π·|unit|·voxel.
+- Not read: extensions (labels, triggers, rotations), soft delays, the
+  gradients' effect on B0 (eddy currents, concomitant fields), slice
+  profiles (``slice_profile`` gives them), ADC samples other than the
+  centre.  Malformed files (unknown version, a row with missing fields, a
+  shape that does not decompress to its length, an event a block names
+  but no section holds, times off their raster) are refused naming the
+  line, section or block.
+"""
+from blochsim.pulseq.dephasing import DEFAULT_VOXEL_M, ENCODING_CYCLES, MOMENT_TOLERANCE
+from blochsim.pulseq.file import PulseqBlock, PulseqError, decompress_shape
+from blochsim.pulseq.reader import read_pulseq
+from blochsim.pulseq.simulators import PulseqCESTSimulator, PulseqSimulator
+
+__all__ = ["DEFAULT_VOXEL_M", "ENCODING_CYCLES", "MOMENT_TOLERANCE", "PulseqBlock", "PulseqCESTSimulator",
+           "PulseqError", "PulseqSimulator", "decompress_shape", "read_pulseq"]
