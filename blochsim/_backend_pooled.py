@@ -102,7 +102,7 @@ def resident(owner, ps, lineshape, tissue, pools, route, out):
 def vjp(owner, s, ps, lineshape, tissue, pools, route, names, tissue_names, p, prov, pshapes, variant):
     """vjp() with pools or exact rectangular pulses: the signal as
     simulate() computes it, the adjoint in double precision
-    (pools_adjoint.hpp), on the GPU when ``route`` says cuda (device-array
+    (pools/adjoint.hpp), on the GPU when ``route`` says cuda (device-array
     inputs moved through the host; the cotangent may be a device array, the
     gradients are NumPy)."""
     tissue, library = stage(route, tissue)
@@ -119,7 +119,7 @@ def vjp(owner, s, ps, lineshape, tissue, pools, route, names, tissue_names, p, p
     tshapes = {k: np.shape(arrays[k]) for k in tissue_names}
     si, planes = si_planes(arrays, shape), V.si_planes(arrays, shape, _core.POOL_FIELDS)
     # the event parameters the protocol names reach, as bits of the
-    # adjoint's directions (pools_adjoint.hpp EventSeeds order; the
+    # adjoint's directions (pools/adjoint.hpp EventSeeds order; the
     # receiver phase costs nothing)
     columns = set()
     for k in names:

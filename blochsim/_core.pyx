@@ -388,7 +388,7 @@ def pooled_adjoint(PackedStream ps, tuple tissue, tuple pools, int n_exchanging,
 
 
 def lineshape_values(int shape, const double[::1] x, double[::1] g, double[::1] dg):
-    """g(x) and dg/dx of lineshape LINESHAPES[shape] (lineshape.hpp) at each x."""
+    """g(x) and dg/dx of lineshape LINESHAPES[shape] (pools/lineshape.hpp) at each x."""
     cdef Py_ssize_t i
     if shape < 0 or shape >= len(LINESHAPES) or g.shape[0] != x.shape[0] or dg.shape[0] != x.shape[0]:
         raise ValueError("blochsim internal error: lineshape arguments")
@@ -654,7 +654,7 @@ ENTRIES = ("forward", "jacobian", "adjoint", "adjoint2", "pooled", "pooled_adjoi
 def workspace_bytes(str entry, PackedStream ps, int64_t n, int threads, fields=(), int n_exchanging=0,
                     bint bound=False, unsigned mask=31):
     """Bytes the host entry ``entry`` (ENTRIES) allocates beyond its inputs
-    and outputs for n problems on ``threads`` threads (host.hpp
+    and outputs for n problems on ``threads`` threads (host/epg.hpp
     workspace_bytes); ``fields`` its directions (indices as the entry's),
     the pool counts for the pooled entries."""
     cdef Pools p
@@ -669,12 +669,12 @@ def workspace_bytes(str entry, PackedStream ps, int64_t n, int threads, fields=(
     return host_workspace_bytes(ENTRIES.index(entry), ps.s, &p, n, threads, cf.data(), nd, mask)
 
 
-#: workspaces of at most this many bytes are not checked (interrupt.hpp)
+#: workspaces of at most this many bytes are not checked (host/interrupt.hpp)
 UNCHECKED_WORKSPACE_BYTES = unchecked_workspace_bytes
 
 
 def available_memory():
-    """Bytes of host memory a new allocation can take (interrupt.hpp)."""
+    """Bytes of host memory a new allocation can take (host/interrupt.hpp)."""
     return host_available_memory()
 
 

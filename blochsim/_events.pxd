@@ -69,7 +69,7 @@ cdef extern from "blochsim/events.hpp" namespace "blochsim" nogil:
     const FieldInfo field_table[]
 
 
-cdef extern from "blochsim/pools.hpp" namespace "blochsim" nogil:
+cdef extern from "blochsim/pools/pools.hpp" namespace "blochsim" nogil:
     cdef cppclass Pools:
         int32_t n_exchanging
         int32_t bound
@@ -78,5 +78,5 @@ cdef extern from "blochsim/pools.hpp" namespace "blochsim" nogil:
     Property& pool_property(Pools& p, int f)
 
 
-cdef extern from "blochsim/lineshape.hpp" namespace "blochsim" nogil:
+cdef extern from "blochsim/pools/lineshape.hpp" namespace "blochsim" nogil:
     void lineshape_g(int shape, double x, double& g, double& dg)

@@ -17,7 +17,7 @@ cdef extern from "blochsim/perk.hpp" namespace "blochsim" nogil:
         const float* offset
 
 
-cdef extern from "blochsim/interrupt.hpp" namespace "blochsim" nogil:
+cdef extern from "blochsim/host/interrupt.hpp" namespace "blochsim" nogil:
     cdef struct Interrupt:
         int (*poll)(void* ctx) noexcept
         void* ctx

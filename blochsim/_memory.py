@@ -8,7 +8,7 @@ from blochsim import _core
 
 #: host calls needing at most this many bytes are not checked (reading the
 #: kernel's figure costs more than they do); the C++ entries' own check
-#: (interrupt.hpp, workspace_fits) skips the same size
+#: (host/interrupt.hpp, workspace_fits) skips the same size
 _UNCHECKED = float(_core.UNCHECKED_WORKSPACE_BYTES)
 
 _SPLIT = "split the voxel arrays into chunks along their first axis and call once a chunk"

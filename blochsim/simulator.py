@@ -269,7 +269,7 @@ class Simulator(Played):
         -----
         With pools or exact rectangular pulses (:class:`RectPulse`) the
         adjoint runs in double precision one voxel at a time
-        (pools_adjoint.hpp), on the host or, with ``device="cuda"`` or
+        (pools/adjoint.hpp), on the host or, with ``device="cuda"`` or
         device-array inputs, on the GPU; the gradient then also reaches the
         duration and offset of every pulse (and every pool property).
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include <blochsim/cuda.cuh>
-#include <blochsim/interrupt.hpp>
+#include <blochsim/host/interrupt.hpp>
 
 #include "launcher.hpp"
 

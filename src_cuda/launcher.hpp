@@ -12,7 +12,7 @@
 #include <cstdint>
 
 #include <blochsim/events.hpp>
-#include <blochsim/pools.hpp>
+#include <blochsim/pools/pools.hpp>
 
 namespace blochsim {
 namespace cuda {
@@ -85,7 +85,7 @@ int adjoint2(const EventStream& s, const Tissue& t, int outer_field, const float
 int forward_streamed(const EventStream& s, const Tissue& t, float* out, std::size_t budget_bytes, char* err,
                      int n);
 
-// The pooled EPG (pools.hpp) on the device for host inputs and outputs
+// The pooled EPG (pools/pools.hpp) on the device for host inputs and outputs
 // (cuda.cuh pooled_from_host): t's and p's Property pointers, out and jac
 // are host pointers; with n_dirs > 0 the Jacobian along fields (as
 // host_pooled_dispatch) too.  Synchronous.

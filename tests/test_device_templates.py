@@ -1,4 +1,4 @@
-"""The device's register path (epg_registers.hpp), instantiated on the host.
+"""The device's register path (epg/registers.hpp), instantiated on the host.
 
 The GPU runs RegisterStore with teams of threads exchanging boundary orders;
 here the same template runs with a team of 1 (one member holds every order)

@@ -1209,7 +1209,7 @@ def test_real_planes_equal_the_complex_path(pools):
 
 
 # --------------------------------------------------------------------------
-# The device's pooled register team (pools_registers.hpp), run on the host
+# The device's pooled register team (pools/registers.hpp), run on the host
 # with four members (the lanes of a vector), so that the shifts cross
 # members as on the GPU: 16 orders a member on the real planes, 8 on the
 # complex ones with the semisolid pool alone, 4 with an exchanging pool.

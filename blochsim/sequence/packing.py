@@ -159,8 +159,8 @@ def pack(preparation, repetition, repetitions: int = 1) -> EventStream:
     return _pack(preparation, repetition, repetitions, False)[0]
 
 
-# Event-gradient columns of the adjoint kernels (adjoint.hpp EventGradient;
-# pools_adjoint.hpp PooledEventGradient adds the pulse's duration and
+# Event-gradient columns of the adjoint kernels (epg/adjoint.hpp EventGradient;
+# pools/adjoint.hpp PooledEventGradient adds the pulse's duration and
 # offset) and the factor from their SI unit to the operators' unit.
 _GRAD_DURATION, _GRAD_FLIP, _GRAD_PHASE, _GRAD_RX, _GRAD_RF_DURATION, _GRAD_RF_OFFSET = 0, 1, 2, 3, 4, 5
 _MS_TO_S = 1e-3

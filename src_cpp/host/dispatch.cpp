@@ -2,9 +2,9 @@
 // x86-64 level this CPU supports (kernels.cpp, compiled once per level).
 #include "dispatch.hpp"
 
-#include <blochsim/host.hpp>
-#include <blochsim/host_perk.hpp>
-#include <blochsim/host_pools.hpp>
+#include <blochsim/host/epg.hpp>
+#include <blochsim/host/perk.hpp>
+#include <blochsim/host/pools.hpp>
 
 namespace blochsim {
 namespace {

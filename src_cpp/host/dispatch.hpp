@@ -2,9 +2,9 @@
 #pragma once
 
 #include <blochsim/events.hpp>
-#include <blochsim/interrupt.hpp>
+#include <blochsim/host/interrupt.hpp>
 #include <blochsim/perk.hpp>
-#include <blochsim/pools.hpp>
+#include <blochsim/pools/pools.hpp>
 
 namespace blochsim {
 
@@ -43,7 +43,7 @@ int host_forward_registers(const EventStream& s, const Tissue& t, float* out, in
 int host_jacobian_registers(const EventStream& s, const Tissue& t, const int* fields, int n_dirs, float* out,
                             float* jac, const float* seeds) noexcept;
 
-// The device's pooled register path (pools_registers.hpp) run on the host
+// The device's pooled register path (pools/registers.hpp) run on the host
 // for testing, a team of 4 members with the device's orders a member
 // (pooled_team_orders), for the pools pooled_team_kind names; returns
 // states_exceed_team past 4 members' orders and bad_pools for other pools.
@@ -74,7 +74,7 @@ const char* host_isa() noexcept;
 double host_workspace_bytes(int entry, const EventStream& s, const Pools* p, int64_t n, int threads, const int* fields,
                             int n_dirs, unsigned mask) noexcept;
 
-// Memory available to a new allocation (bytes; interrupt.hpp).
+// Memory available to a new allocation (bytes; host/interrupt.hpp).
 double host_available_memory() noexcept;
 
 // Installs the poll for host calls made on this thread; returns the previous one.

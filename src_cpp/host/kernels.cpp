@@ -3,11 +3,11 @@
 // -DBLOCHSIM_ISA_SUFFIX=<suffix>: the lane vectors of tile.hpp are lowered
 // to that level's registers, and the inline namespace keeps each build's
 // inline functions apart at link time.
-#include <blochsim/adjoint.hpp>
-#include <blochsim/epg.hpp>
-#include <blochsim/jacobian.hpp>
+#include <blochsim/epg/adjoint.hpp>
+#include <blochsim/epg/epg.hpp>
+#include <blochsim/epg/jacobian.hpp>
 #include <blochsim/perk.hpp>
-#include <blochsim/pools.hpp>
+#include <blochsim/pools/pools.hpp>
 
 #include "dispatch.hpp"
 

@@ -1,4 +1,4 @@
-// Host instantiations of the device's register kernels (epg_registers.hpp),
+// Host instantiations of the device's register kernels (epg/registers.hpp),
 // so that the cross-member shifts, truncation, order-0 sources and the tail
 // in memory that the GPU runs are tested on machines without one.  Not used
 // for speed.  Team 1 holds 32 orders (real path) or 16 (complex) in one
@@ -8,10 +8,10 @@
 // tail in memory that the tail kernel keeps for any K).  The Jacobian's
 // teams of four hold 8 orders each (4 on the complex path) on duals of two
 // directions, as the device's Jacobian kernel does.
-#include <blochsim/epg_registers.hpp>
-#include <blochsim/interrupt.hpp>
-#include <blochsim/jacobian.hpp>
-#include <blochsim/pools_registers.hpp>
+#include <blochsim/epg/registers.hpp>
+#include <blochsim/host/interrupt.hpp>
+#include <blochsim/epg/jacobian.hpp>
+#include <blochsim/pools/registers.hpp>
 
 #include <algorithm>
 #include <vector>

@@ -7,14 +7,14 @@
 #pragma once
 
 #include "config.hpp"
-#include "epg.hpp"
+#include "epg/epg.hpp"
 #include "events.hpp"
-#include "host.hpp"
-#include "host_perk.hpp"
-#include "host_pools.hpp"
-#include "lineshape.hpp"
+#include "host/epg.hpp"
+#include "host/perk.hpp"
+#include "host/pools.hpp"
 #include "perk.hpp"
-#include "pools.hpp"
+#include "pools/lineshape.hpp"
+#include "pools/pools.hpp"
 #include "tile.hpp"
 
 #define BLOCHSIM_VERSION_MAJOR 0

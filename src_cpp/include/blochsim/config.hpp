@@ -43,7 +43,7 @@
 #define BLOCHSIM_LANE_LOOP
 #endif
 
-// The kernels (tile.hpp, epg.hpp) live in an inline namespace named after
+// The kernels (tile.hpp, epg/epg.hpp) live in an inline namespace named after
 // the instruction set they are compiled for, so that one program can link
 // several builds of them (the extension links one per x86-64 level) without
 // the linker merging their inline functions across instruction sets.
@@ -87,7 +87,7 @@ enum Status : int {
   pools_without_motion = 11,  // D or v given with pools
   driven_needs_pools = 12,    // an exact rectangular pulse in a stream for the single-pool kernels
   out_of_memory = 13,         // the call's workspace does not fit the memory available
-  interrupted = 14,           // the caller's poll (interrupt.hpp) asked the call to stop
+  interrupted = 14,           // the caller's poll (host/interrupt.hpp) asked the call to stop
   internal_error = 15,        // an unexpected C++ exception, caught at the entry
 };
 

@@ -1,6 +1,6 @@
 // Multi-direction dual numbers: a value and its derivatives along N
 // directions, x = v + sum_j d[j] eps_j with eps_i eps_j = 0.  Every kernel
-// template of epg.hpp runs on them unchanged, so one pass over the events
+// template of epg/epg.hpp runs on them unchanged, so one pass over the events
 // gives the signal and its derivative with respect to N tissue properties
 // (forward-mode differentiation; Griewank & Walther, Evaluating
 // Derivatives, 2nd ed., SIAM 2008, ch. 3).
@@ -8,7 +8,7 @@
 // V is a lane type of tile.hpp (a float on the device, a vector of 16 floats
 // on the host), a per-lane scalar (float, double), or itself a dual: a dual
 // of duals carries mixed second derivatives (the adjoint's second order,
-// adjoint.hpp).  Lanes<Dual<V, N>> gives per-lane access as a dual of V's
+// epg/adjoint.hpp).  Lanes<Dual<V, N>> gives per-lane access as a dual of V's
 // per-lane scalar.
 #pragma once
 

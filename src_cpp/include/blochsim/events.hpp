@@ -21,7 +21,7 @@ enum EventFlag : uint32_t {
   event_inversion = 2u,  // Z <- -eta Z at every order
   event_readout = 4u,    // sample F+_0 into output slot `slot`
   event_spoil = 8u,      // F+, F- <- 0 at every order (wins over shift_after)
-  event_saturation = 16u,  // an RF pulse that saturates the semisolid pool only (pools.hpp)
+  event_saturation = 16u,  // an RF pulse that saturates the semisolid pool only (pools/pools.hpp)
   event_driven = 32u,      // an exact rectangular pulse (driven_table; pooled kernels only)
 };
 
@@ -81,7 +81,7 @@ struct EventStream {
   // Optional (n_events,) per pulse: its duration (s), its offset from the
   // water resonance (Hz) and its power factor p = tau * int b^2 dt /
   // (int b dt)^2 (1 for a rectangle), for the saturation of the semisolid
-  // pool (pools.hpp); the single-pool kernels do not read them.  A null
+  // pool (pools/pools.hpp); the single-pool kernels do not read them.  A null
   // rf_duration_s: pulses are instantaneous and deposit nothing; a null
   // offset or power: 0 Hz and 1.
   const float* rf_duration_s = nullptr;
@@ -89,7 +89,7 @@ struct EventStream {
   const float* rf_power = nullptr;
 
   // Optional exact rectangular pulses, played by the pooled kernels only
-  // (pools.hpp): during such a pulse relaxation, exchange, off-resonance and
+  // (pools/pools.hpp): during such a pulse relaxation, exchange, off-resonance and
   // the semisolid pool's saturation act together with the RF field.  driven
   // (n_events,) is each event's row of driven_table or -1 (set exactly where
   // event_driven is); driven_table (n_driven, driven_fields) holds
@@ -114,7 +114,7 @@ struct EventStream {
   float common_phase_rad = 0.0f;
 };
 
-// Whether event e is of the form the kernels' fast path plays (epg.hpp
+// Whether event e is of the form the kernels' fast path plays (epg/epg.hpp
 // play()): an RF pulse after its interval (or none), an optional readout,
 // then exactly one shift up; no shift before, no spoil.
 BLOCHSIM_HD inline bool simple_event(const EventStream& s, int64_t e) {
@@ -218,7 +218,7 @@ constexpr uint32_t both = field_single_pool_direction | field_pooled_direction;
 }  // namespace fields_detail
 
 // An exchanging pool's T1_s or T2_s left absent takes free water's value
-// (pools.hpp), whatever its fallback here.
+// (pools/pools.hpp), whatever its fallback here.
 inline constexpr FieldInfo field_table[pool_field_count] = {
     {"T1_s", "s", 1.0e30f, fields_detail::both},
     {"T2_s", "s", 1.0e30f, fields_detail::both},

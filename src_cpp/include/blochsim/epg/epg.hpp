@@ -6,7 +6,7 @@
 //   - PlaneStore (this file): all orders in memory as (orders,) of V; the
 //     host runs it (as SlidingPlaneStore) with V = 16 problems per SIMD
 //     vector, and the adjoint with the planes in memory on either side.
-//   - RegisterStore (epg_registers.hpp): the orders spread over a team of
+//   - RegisterStore (epg/registers.hpp): the orders spread over a team of
 //     threads, R orders per thread in registers, shifted across the team by
 //     warp shuffles or shared memory.
 // The per-order arithmetic below is shared by every store, so host and
@@ -26,8 +26,8 @@
 #include <cmath>
 #include <type_traits>
 
-#include "events.hpp"
-#include "tile.hpp"
+#include "../events.hpp"
+#include "../tile.hpp"
 
 namespace blochsim {
 inline namespace BLOCHSIM_ISA {
@@ -92,7 +92,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE IvCoef<V> identity_interval() {
 
 // M is the precision of the exponentials (double on the host, float on the
 // device, where they are evaluated per event).  Tau is M, or a dual of M
-// when the duration itself is differentiated (adjoint.hpp).
+// when the duration itself is differentiated (epg/adjoint.hpp).
 template <class V, class M, class Tau>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE IvCoef<V> interval_coef_at(const EventStream& s, const LaneTissue<V>& lt,
                                                              const Tau& tau) {
@@ -327,7 +327,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void apply_order(const Op<V>& o, V& fpr, V& fpi
 }
 
 // The event loop's view of an operator (apply_order and the order-0 source
-// for Op; jacobian.hpp overloads both for its split duals, whose order
+// for Op; epg/jacobian.hpp overloads both for its split duals, whose order
 // update has a variant for operators with pulse derivatives, Pulse, that
 // the stores pick once per event: a branch inside the order loop would cut
 // the device's straight-line schedule into pieces).
@@ -391,7 +391,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void relax_order(const IvCoef<V>& c, const V& g
 }
 
 // The operator an event applies, as a store hands it to play(): a pulse (or
-// inversion) o alone, or after the interval c.  jacobian.hpp's SplitStore
+// inversion) o alone, or after the interval c.  epg/jacobian.hpp's SplitStore
 // replaces these for its duals.
 template <class V, bool Complex>
 struct FusedOps {

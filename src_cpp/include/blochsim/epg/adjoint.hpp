@@ -11,7 +11,7 @@
 // readout's g M0 e^{i rx} at F+_0 (Giles & Pierce, An introduction to the
 // adjoint approach to design, Flow Turbul. Combust. 65:393, 2000).  The
 // transposes, per order:
-//   - a pulse or interval operator (epg.hpp Op, complex-linear per order)
+//   - a pulse or interval operator (epg/epg.hpp Op, complex-linear per order)
 //     is again an Op: P' = conj P, A' = A, B' = conj C, C' = conj B, no source;
 //   - free evolution with diffusion and flow: the same recurrence with
 //     conjugate phases and no recovery;
@@ -43,7 +43,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "dual.hpp"
+#include "../dual.hpp"
 #include "epg.hpp"
 #include "jacobian.hpp"
 

@@ -1,4 +1,4 @@
-// Forward-mode tissue Jacobians: the EPG event loop of epg.hpp played on
+// Forward-mode tissue Jacobians: the EPG event loop of epg/epg.hpp played on
 // multi-direction dual numbers (dual.hpp), so that one pass gives every
 // sample and its derivative with respect to up to N tissue properties.
 //
@@ -12,9 +12,9 @@
 #include <type_traits>
 #include <vector>
 
-#include "dual.hpp"
+#include "../dual.hpp"
 #include "epg.hpp"
-#include "epg_registers.hpp"
+#include "registers.hpp"
 
 namespace blochsim {
 
@@ -178,7 +178,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE bool has_pulse(const SplitOp<B, N>& o) {
 
 // Whether the order update skips the log-derivative factors of directions
 // they do not depend on: a multiply-add each on the host; on the device the
-// branch would cost more than the multiply-add (see order_update in epg.hpp).
+// branch would cost more than the multiply-add (see order_update in epg/epg.hpp).
 #if defined(__CUDA_ARCH__)
 constexpr bool skip_zero_factors = false;
 #else

@@ -18,7 +18,7 @@
 #include <cmath>
 #include <vector>
 
-#include "epg_registers.hpp"
+#include "../epg/registers.hpp"
 #include "pools.hpp"
 
 namespace blochsim {
@@ -32,7 +32,7 @@ BLOCHSIM_HD inline int64_t pooled_table_floats(const EventStream& s, const Pools
   return (2 * n * n + m * m + m) * s.n_intervals + (s.driven ? 2 * d * (d + 1) * s.n_driven : 0);
 }
 
-// Problem i's operators (pools.hpp pool_interval, pool_driven) in the
+// Problem i's operators (pools/pools.hpp pool_interval, pool_driven) in the
 // order pooled_table_floats counts, value j at table[j * stride].
 BLOCHSIM_HD inline void pooled_table(const EventStream& s, const Tissue& t, const Pools& p, const LineshapeTable& ls,
                                      int64_t i, float* table, int64_t stride) {

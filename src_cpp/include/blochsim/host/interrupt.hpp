@@ -22,7 +22,7 @@
 #include <unistd.h>
 #endif
 
-#include "config.hpp"
+#include "../config.hpp"
 
 namespace blochsim {
 

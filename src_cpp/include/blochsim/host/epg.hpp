@@ -16,11 +16,11 @@
 #include <thread>
 #include <vector>
 
-#include "adjoint.hpp"
-#include "epg.hpp"
-#include "events.hpp"
+#include "../epg/adjoint.hpp"
+#include "../epg/epg.hpp"
+#include "../epg/jacobian.hpp"
+#include "../events.hpp"
 #include "interrupt.hpp"
-#include "jacobian.hpp"
 
 // Host code only: skipped by nvcc's device pass when a .cu file includes it.
 #if !defined(__CUDA_ARCH__)
@@ -49,7 +49,7 @@ inline int forward_range(const EventStream& s, const Tissue& t, int64_t b0, int6
 // Run fn(i0, i1, work) over [0, count) on `threads` threads (the calling
 // thread is one of them), each thread with a workspace of `work_floats`
 // floats and its own contiguous range, played in pieces of at most 1/256 of
-// it so that the call stops within a piece of being asked to (interrupt.hpp;
+// it so that the call stops within a piece of being asked to (host/interrupt.hpp;
 // `stop` is the call's, for bodies that also check it within a piece).  A
 // workspace that does not fit the memory available is refused before any
 // thread starts (out_of_memory); an exception in a thread becomes a status
@@ -235,7 +235,7 @@ inline int adjoint_partitioned(const EventStream& s, const Tissue& t, int thread
   return ok;
 }
 
-// Reverse mode on the host (adjoint.hpp): given the cotangent cot (t.n,
+// Reverse mode on the host (epg/adjoint.hpp): given the cotangent cot (t.n,
 // s.n_samples) complex64 interleaved of a real loss L, writes ev_grad
 // (s.n_events, event_gradients) = dL / d(duration_s, flip_rad, phase_rad,
 // rx_phase_rad) of each event, summed over the problems, and tgrad (t.n,
@@ -274,7 +274,7 @@ inline int adjoint2_range_any(const EventStream& s, const Tissue& t, int outer_f
   return epg::adjoint2_range<Vec>(s, t, outer_field, b0, b1, work, cot, cot_stride, band, rows);
 }
 
-// Second order on the host (forward over reverse, adjoint.hpp): writes
+// Second order on the host (forward over reverse, epg/adjoint.hpp): writes
 // ev_grad (s.n_events, event_gradients) = d/d field_outer (SI unit) of the
 // event gradients of the cotangent cot (sample `slot` of problem p at
 // cot[(p * cot_stride + slot) * 2]), summed over the problems.  With cot =

@@ -1,4 +1,4 @@
-// The host backend of the pooled EPG (pools.hpp): blocks of problems on SIMD
+// The host backend of the pooled EPG (pools/pools.hpp): blocks of problems on SIMD
 // lanes (the signal, and Jacobians for up to one exchanging pool with the
 // semisolid pool), or one problem at a time in double precision (the other
 // Jacobians, the adjoint); problems split into one contiguous range per
@@ -9,9 +9,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "host.hpp"
-#include "pools.hpp"
-#include "pools_adjoint.hpp"
+#include "../pools/adjoint.hpp"
+#include "../pools/pools.hpp"
+#include "epg.hpp"
 
 #if !defined(__CUDA_ARCH__)
 namespace blochsim {
@@ -151,14 +151,14 @@ inline int pooled_status(const EventStream& s, const Tissue& t, const Pools& p, 
   });
 }
 
-// Reverse mode with pools (pools_adjoint.hpp), one problem at a time in
+// Reverse mode with pools (pools/adjoint.hpp), one problem at a time in
 // double precision: given the cotangent cot (t.n, s.n_samples) complex64
 // interleaved of a real loss L, writes ev_grad (s.n_events,
 // pooled_event_gradients) = dL / d(interval duration_s, flip_rad,
 // phase_rad, rx_phase_rad, pulse duration_s, pulse offset_hz) of each event
 // summed over the problems, and tgrad (t.n, n_tdirs) = dL / d field
 // fields[j] (as pooled_status's fields) per problem, in SI units.  mask
-// picks the event parameters computed (pools_adjoint.hpp; the others' and
+// picks the event parameters computed (pools/adjoint.hpp; the others' and
 // the readout phase's columns are always written).  The problems are summed
 // in fixed partitions, so the result does not depend on the thread count.
 inline int pooled_adjoint_status(const EventStream& s, const Tissue& t, const Pools& p, const int* fields,

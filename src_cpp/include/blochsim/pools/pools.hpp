@@ -31,8 +31,8 @@
 #include <cmath>
 #include <cstdint>
 
-#include "dual.hpp"
-#include "events.hpp"
+#include "../dual.hpp"
+#include "../events.hpp"
 #include "lineshape.hpp"
 
 namespace blochsim {
@@ -334,7 +334,7 @@ BLOCHSIM_HD inline int64_t pool_workspace(const EventStream& s, const Pools& p) 
 }
 
 // Directions of an event's own parameters in a dual pass (reverse mode,
-// pools_adjoint.hpp); -1: not seeded.
+// pools/adjoint.hpp); -1: not seeded.
 struct EventSeeds {
   int duration = -1, flip = -1, phase = -1, rf_duration = -1, rf_offset = -1;
 };

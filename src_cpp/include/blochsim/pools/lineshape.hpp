@@ -29,7 +29,7 @@
 #include <cmath>
 #include <vector>
 
-#include "config.hpp"
+#include "../config.hpp"
 
 namespace blochsim {
 

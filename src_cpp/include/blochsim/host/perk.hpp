@@ -4,8 +4,8 @@
 
 #include <cstdint>
 
-#include "host.hpp"
-#include "perk.hpp"
+#include "../perk.hpp"
+#include "epg.hpp"
 
 #if !defined(__CUDA_ARCH__)
 namespace blochsim {

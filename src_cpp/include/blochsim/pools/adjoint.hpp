@@ -1,9 +1,9 @@
-// Reverse mode of the pooled EPG (pools.hpp): the gradient of a real loss of
+// Reverse mode of the pooled EPG (pools/pools.hpp): the gradient of a real loss of
 // the samples with respect to every event's parameters (summed over the
 // problems) and to tissue and pool properties (per problem), for one
 // problem at a time in double precision.
 //
-// The method is adjoint.hpp's: the state after each event is real-affine in
+// The method is epg/adjoint.hpp's: the state after each event is real-affine in
 // the state before it, so the adjoint lambda_e = dL/dx_e is the transpose
 // of the event's linear part applied to lambda_{e+1}, plus each readout's
 // g M0 e^{i rx} at every liquid pool's F+_0 (the readout sums them).  With
@@ -16,7 +16,7 @@
 //   - exact pulse, per order: M^H of its d × d matrix;
 //   - semisolid saturation and inversion: real scalings, their own
 //     transposes;
-//   - shifts and spoils: as adjoint.hpp.
+//   - shifts and spoils: as epg/adjoint.hpp.
 // The gradient with respect to a parameter of event e is
 // <lambda_{e+1}, d x_{e+1} / dp> plus its readout's Re(conj(g) ds/dp): the
 // event is played once on dual numbers from its starting state, seeded in
@@ -25,21 +25,21 @@
 // property also moves the equilibrium the problem starts from (the pool
 // fractions), which adds <lambda_0, d x_0 / dtheta>.
 //
-// Memory is bounded by checkpointing, as adjoint.hpp: a state every C =
+// Memory is bounded by checkpointing, as epg/adjoint.hpp: a state every C =
 // ceil(sqrt(events)) events, and one segment of C states replayed at a time.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
-#include "dual.hpp"
+#include "../dual.hpp"
 #include "pools.hpp"
 
 namespace blochsim {
 
 // Event-gradient columns of the pooled adjoint: dL / d(interval duration_s,
 // flip_rad, phase_rad, rx_phase_rad, pulse duration_s, pulse offset_hz).
-// The first four are adjoint.hpp's EventGradient.
+// The first four are epg/adjoint.hpp's EventGradient.
 enum PooledEventGradient : int {
   pgrad_duration = 0,
   pgrad_flip,
