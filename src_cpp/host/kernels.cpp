@@ -7,7 +7,8 @@
 #include <blochsim/epg/epg.hpp>
 #include <blochsim/epg/jacobian.hpp>
 #include <blochsim/perk.hpp>
-#include <blochsim/pools/pools.hpp>
+#include <blochsim/pools/lanes.hpp>
+#include <blochsim/pools/player.hpp>
 
 #include "dispatch.hpp"
 

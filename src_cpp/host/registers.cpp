@@ -11,6 +11,7 @@
 #include <blochsim/epg/registers.hpp>
 #include <blochsim/host/interrupt.hpp>
 #include <blochsim/epg/jacobian.hpp>
+#include <blochsim/pools/lanes.hpp>
 #include <blochsim/pools/registers.hpp>
 
 #include <algorithm>

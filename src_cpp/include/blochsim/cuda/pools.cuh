@@ -3,6 +3,8 @@
 #pragma once
 
 #include "../pools/adjoint.hpp"
+#include "../pools/lanes.hpp"
+#include "../pools/player.hpp"
 #include "../pools/pools.hpp"
 #include "../pools/registers.hpp"
 #include "forward.cuh"

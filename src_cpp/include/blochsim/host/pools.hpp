@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "../pools/adjoint.hpp"
+#include "../pools/lanes.hpp"
+#include "../pools/player.hpp"
 #include "../pools/pools.hpp"
 #include "epg.hpp"
 

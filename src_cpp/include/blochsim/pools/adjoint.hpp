@@ -33,7 +33,7 @@
 #include <cstdint>
 
 #include "../dual.hpp"
-#include "pools.hpp"
+#include "player.hpp"
 
 namespace blochsim {
 
@@ -271,13 +271,11 @@ BLOCHSIM_HD inline void pooled_adjoint_problem(const EventStream& s, const Tissu
         }
       }
       if (f & event_rf) {
-        const auto R = fw.rotation(e);
+        const PoolRotation<double> R = fw.rotation(e);
         for (int j = 0; j < n; ++j)
           for (int k = 0; k < K; ++k) {
-            const Cx<double> a = lfp[j * K + k], b = lfm[j * K + k], c = lz[j * K + k];
-            lfp[j * K + k] = R.c2 * a + R.s2 * (R.e2 * b) - (R.u * c) * 0.5;
-            lfm[j * K + k] = R.s2 * (conj(R.e2) * a) + R.c2 * b - (conj(R.u) * c) * 0.5;
-            lz[j * K + k] = conj(R.u) * a + R.u * b + R.ca * c;
+            Cx<double>&a = lfp[j * K + k], &b = lfm[j * K + k], &c = lz[j * K + k];
+            R.transpose(a.re, a.im, b.re, b.im, c.re, c.im);
           }
       }
       if (fw.q.bound && (f & (event_rf | event_saturation))) {

@@ -3,6 +3,11 @@
 // 28:430) and a semisolid pool with longitudinal states only (the binary
 // spin bath of EPG-X; Malik, Teixeira & Hajnal 2018, MRM 80:767).
 //
+// This header holds the pools' configuration, each problem's values and
+// the per-problem operators; pools/player.hpp plays one problem in double
+// precision (or on duals), pools/lanes.hpp a block of problems on vector
+// lanes, pools/registers.hpp one problem on a device team.
+//
 // One problem is played by one call of pooled_problem<S>, over a scalar
 // type S: double for the signal, Dual<double, N> for the signal and its
 // derivatives along N tissue directions in the same pass.
@@ -446,260 +451,114 @@ BLOCHSIM_HD BLOCHSIM_NOINLINE void pool_driven(const PoolTissue<S>& q, int lines
   }
 }
 
-// One problem's pooled EPG over the scalar type S, one event at a time:
-// the state (F+, F-, Z of each liquid pool, then the semisolid Z; row
-// j K + k of a complex array) and the operators per distinct interval and
-// per exact pulse, formed the first time an event uses them.  es seeds the
-// event's own parameters (reverse mode); ops points at
-// pool_operator_size(s, p) values of S, x at pool_state_size(s, p).
-template <class S>
-struct PoolPlayer {
-  const EventStream& s;
-  const Pools& p;
-  const LineshapeTable& ls;
-  PoolTissue<S> q;
-  Cx<S>* x;
-  S* ops;
-  EventSeeds es;
-  int n, m, K, d;
-  int64_t per_interval, per_driven;
-  int band = 1;  // orders [band, K) are zero
+// The per-order operators of the pooled EPG, shared by every player of it
+// (pools/player.hpp one problem in double precision or on duals,
+// pools/lanes.hpp vector lanes, pools/registers.hpp device teams): the
+// interval's relaxation, exchange and precession (pool_relax), an exact
+// rectangular pulse (pool_drive) and a hard pulse (PoolRotation).  Each
+// acts on one order held in locals (PoolOrder); the players differ only in
+// where they keep the orders and how they form the per-problem operators.
 
-  BLOCHSIM_HD PoolPlayer(const EventStream& s_, const Pools& p_, const LineshapeTable& ls_, const PoolTissue<S>& q_,
-                         Cx<S>* x_, S* ops_)
-      : s(s_), p(p_), ls(ls_), q(q_), x(x_), ops(ops_) {
-    n = q.n;
-    m = q.m;
-    K = s.states;
-    d = 3 * n + (q.bound ? 1 : 0);
-    per_interval = 2 * n * n + m * m + m + 1;
-    per_driven = 1 + 2 * d * (d + 1);
-  }
-  BLOCHSIM_HD Cx<S>* fp() const { return x; }
-  BLOCHSIM_HD Cx<S>* fm() const { return x + n * K; }
-  BLOCHSIM_HD Cx<S>* z() const { return x + 2 * n * K; }
-  BLOCHSIM_HD int64_t size() const { return static_cast<int64_t>(2 * n + m) * K; }
-
-  // Marks every operator as not yet formed.
-  BLOCHSIM_HD void forget_operators() {
-    for (int64_t v = 0; v < s.n_intervals; ++v) ops[v * per_interval] = S(0.0);
-    if (s.driven)
-      for (int64_t v = 0; v < s.n_driven; ++v) ops[per_interval * s.n_intervals + v * per_driven] = S(0.0);
-  }
-  // Equilibrium: each pool's Z_0 at its fraction.
-  BLOCHSIM_HD void equilibrium() {
-    const S zero = S(0.0);
-    for (int64_t l = 0; l < size(); ++l) x[l] = {zero, zero};
-    for (int j = 0; j < m; ++j) z()[j * K].re = q.f[j];
-    band = 1;
-  }
-  // The interval operators of interval iv: P (n × n), L (m × m), r (m).
-  BLOCHSIM_HD void interval_ops(int32_t iv, Cx<S>*& P, S*& L, S*& r) {
-    S* o = ops + iv * per_interval;
-    P = reinterpret_cast<Cx<S>*>(o + 1);
-    L = o + 1 + 2 * n * n;
-    r = L + m * m;
-    if (value_of(o[0]) == 0.0) {
-      pool_interval(q, seeded<S>(s.duration_s[iv], es.duration), P, L, r);
-      o[0] = S(1.0);
-    }
-  }
-  // The exact pulse of driven row id: M (d × d) and its order-0 source c.
-  BLOCHSIM_HD void driven_ops(int32_t id, Cx<S>*& M, Cx<S>*& c) {
-    S* o = ops + per_interval * s.n_intervals + id * per_driven;
-    M = reinterpret_cast<Cx<S>*>(o + 1);
-    c = M + d * d;
-    if (value_of(o[0]) == 0.0) {
-      pool_driven(q, p.lineshape, ls, driven_pulse<S>(s.driven_table + id * driven_fields, es), M, c);
-      o[0] = S(1.0);
-    }
-  }
-  // The semisolid pool's decay under the pulse of event e (1 without one):
-  // exp(-pi G(df) (B1 alpha)^2 p / tau_rf), df the pulse's offset from this
-  // voxel's water resonance.
-  BLOCHSIM_HD S saturation(int64_t e) const {
-    if (!(q.bound && s.rf_duration_s != nullptr) || !(s.flags[e] & (event_rf | event_saturation)) ||
-        !(s.rf_duration_s[e] > 0.0f))
-      return S(1.0);
-    const S tau_rf = seeded<S>(s.rf_duration_s[e], es.rf_duration);
-    const S alpha = q.B1 * seeded<S>(s.flip_rad[e], es.flip);
-    const double power = s.rf_power ? s.rf_power[e] : 1.0;
-    const S offset = seeded<S>(s.rf_offset_hz ? s.rf_offset_hz[e] : 0.0, es.rf_offset);
-    const S xg = (offset - q.B0) * q.T2b * (2.0 * pi);
-    double g, dg;
-    lineshape_eval(p.lineshape, value_of(xg), ls, g, dg);
-    using std::exp;
-    return exp(-((pi * power) / tau_rf) * (q.T2b * lift(xg, g, dg)) * (alpha * alpha));
-  }
-  // The hard pulse of event e per pool, as its coefficients: F+' = c2 a +
-  // s2 e2 b + u c, F-' = s2 conj(e2) a + c2 b + conj(u) c, Z' = -conj(u) a / 2
-  // - u b / 2 + ca c (a, b, c: F+, F-, Z; SPEC §2).
-  struct Rotation {
-    S c2, s2, ca;
-    Cx<S> e2, u;
-  };
-  BLOCHSIM_HD Rotation rotation(int64_t e) const {
-    using std::cos;
-    using std::sin;
-    const S alpha = q.B1 * seeded<S>(s.flip_rad[e], es.flip);
-    const S phi = q.B1phase + seeded<S>(s.phase_rad[e], es.phase);
-    Rotation R;
-    R.ca = cos(alpha);
-    const S sa = sin(alpha);
-    R.c2 = (S(1.0) + R.ca) * 0.5;
-    R.s2 = (S(1.0) - R.ca) * 0.5;
-    const Cx<S> e1{cos(phi), sin(phi)};
-    R.e2 = e1 * e1;
-    R.u = {e1.im * sa, -(e1.re * sa)};  // -i e^{i phi} sin(alpha)
-    return R;
-  }
-
-  BLOCHSIM_HD void shift(int dir) {
-    const Cx<S> czero{S(0.0), S(0.0)};
-    for (int j = 0; j < n; ++j) {
-      Cx<S>* up = (dir > 0 ? fp() : fm()) + j * K;
-      Cx<S>* dn = (dir > 0 ? fm() : fp()) + j * K;
-      const int top = band < K ? band : K - 1;
-      for (int k = top; k >= 1; --k) up[k] = up[k - 1];
-      for (int k = 0; k + 1 < band; ++k) dn[k] = dn[k + 1];
-      dn[band - 1] = czero;
-      up[0] = conj(dn[0]);
-    }
-    band = band < K ? band + 1 : K;
-  }
-
-  // Plays event e; sink(slot, sample) takes its readout.
-  template <class Sink>
-  BLOCHSIM_HD void event(int64_t e, Sink&& sink) {
-    const uint32_t f = s.flags[e];
-    const int32_t iv = s.interval[e];
-    Cx<S>* const Fp = fp();
-    Cx<S>* const Fm = fm();
-    Cx<S>* const Z = z();
-    const Cx<S> czero{S(0.0), S(0.0)};
-    if (iv >= 0) {
-      Cx<S>* P;
-      S *L, *r;
-      interval_ops(iv, P, L, r);
-      for (int k = 0; k < band; ++k) {
-        Cx<S> a[max_liquid_pools], b[max_liquid_pools], c[max_longitudinal_pools];
-        for (int j = 0; j < n; ++j) {
-          a[j] = Fp[j * K + k];
-          b[j] = Fm[j * K + k];
-        }
-        for (int j = 0; j < m; ++j) c[j] = Z[j * K + k];
-        for (int j = 0; j < n; ++j) {
-          Cx<S> u = P[j * n] * a[0], v = conj(P[j * n]) * b[0];
-          for (int l = 1; l < n; ++l) {
-            u = u + P[j * n + l] * a[l];
-            v = v + conj(P[j * n + l]) * b[l];
-          }
-          Fp[j * K + k] = u;
-          Fm[j * K + k] = v;
-        }
-        for (int j = 0; j < m; ++j) {
-          Cx<S> u = L[j * m] * c[0];
-          for (int l = 1; l < m; ++l) u = u + L[j * m + l] * c[l];
-          if (k == 0) u.re = u.re + r[j];
-          Z[j * K + k] = u;
-        }
-      }
-    }
-    for (int sb = s.shift_before[e], c = 0; c < (sb > 0 ? sb : -sb); ++c) shift(sb > 0 ? 1 : -1);
-    if (q.bound && (f & (event_rf | event_saturation))) {
-      const S decay = saturation(e);
-      Cx<S>* zb = Z + n * K;
-      for (int k = 0; k < band; ++k) zb[k] = decay * zb[k];
-    }
-    if (f & event_rf) {
-      const Rotation R = rotation(e);
-      for (int j = 0; j < n; ++j)
-        for (int k = 0; k < band; ++k) {
-          const Cx<S> a = Fp[j * K + k], b = Fm[j * K + k], c = Z[j * K + k];
-          Fp[j * K + k] = R.c2 * a + R.s2 * (R.e2 * b) + R.u * c;
-          Fm[j * K + k] = R.c2 * b + R.s2 * (conj(R.e2) * a) + conj(R.u) * c;
-          Z[j * K + k] = R.ca * c - (conj(R.u) * a + R.u * b) * 0.5;
-        }
-    }
-    if (f & event_driven) {
-      Cx<S> *M, *c;
-      driven_ops(s.driven[e], M, c);
-      for (int k = 0; k < band; ++k) {
-        Cx<S> v[max_driven_size];
-        for (int j = 0; j < n; ++j) {
-          v[3 * j] = Fp[j * K + k];
-          v[3 * j + 1] = Fm[j * K + k];
-          v[3 * j + 2] = Z[j * K + k];
-        }
-        if (q.bound) v[3 * n] = Z[n * K + k];
-        for (int i = 0; i < d; ++i) {
-          Cx<S> u = k == 0 ? c[i] : czero;
-          for (int l = 0; l < d; ++l) u = u + M[i * d + l] * v[l];
-          const int j = i < 3 * n ? i / 3 : n;
-          const int comp = i < 3 * n ? i % 3 : 2;
-          (comp == 0 ? Fp : comp == 1 ? Fm : Z)[j * K + k] = u;
-        }
-      }
-    }
-    if (f & event_inversion)
-      for (int j = 0; j < n; ++j)
-        for (int k = 0; k < band; ++k) Z[j * K + k] = (-q.eta) * Z[j * K + k];
-    if (f & event_readout) {
-      Cx<S> acc = Fp[0];
-      for (int j = 1; j < n; ++j) acc = acc + Fp[j * K];
-      const double rx = s.rx_phase_rad[e];
-      const Cx<S> erx{S(std::cos(rx)), S(-std::sin(rx))};
-      sink(s.slot[e], q.M0 * (acc * erx));
-    }
-    if (f & event_spoil) {
-      for (int64_t l = 0; l < 2 * n * K; ++l) Fp[l] = czero;
-    } else {
-      for (int sa = s.shift_after[e], c = 0; c < (sa > 0 ? sa : -sa); ++c) shift(sa > 0 ? 1 : -1);
-    }
-  }
+// One order of the pooled state in locals (V: a scalar, a dual, or lanes):
+// F+ (ar, ai) and F- (br, bi) of each liquid pool, Z (cr, ci) of each
+// longitudinal family (the liquid pools, then the semisolid pool).  On the
+// real planes (pooled_real_path) only ai, bi and cr are used.  N and M are
+// the most pools the order holds.
+template <class V, int N = max_liquid_pools, int M = max_longitudinal_pools>
+struct PoolOrder {
+  V ar[N], ai[N], br[N], bi[N], cr[M], ci[M];
 };
 
-// Plays the stream for problem i; sink(slot, Cx<S> sample) takes each
-// readout.  work holds pool_workspace(s, p) values of S; ls is the
-// super-Lorentzian table (host_lineshape_table() on the host).
-template <class S, class Sink>
-BLOCHSIM_HD inline void pooled_problem(const EventStream& s, const Tissue& t, const Pools& p, const LineshapeTable& ls,
-                                       int64_t i, const int* fields, int n_dirs, const float* seeds, S* work,
-                                       Sink&& sink) {
-  PoolPlayer<S> pl(s, p, ls, pool_tissue<S>(t, p, i, fields, n_dirs, seeds), reinterpret_cast<Cx<S>*>(work),
-                   work + pool_state_size(s, p));
-  pl.forget_operators();
-  pl.equilibrium();
-  for (int64_t e = 0; e < s.n_events; ++e) pl.event(e, sink);
-}
-
-// The shifts of a stream in each direction (a spoil cancels the shifts
-// after it, as play() does).
-BLOCHSIM_HD inline void stream_shifts(const EventStream& s, int64_t& plus, int64_t& minus) {
-  plus = minus = 0;
-  for (int64_t e = 0; e < s.n_events; ++e) {
-    const int32_t sb = s.shift_before[e], sa = (s.flags[e] & event_spoil) ? 0 : s.shift_after[e];
-    plus += (sb > 0 ? sb : 0) + (sa > 0 ? sa : 0);
-    minus += (sb < 0 ? -sb : 0) + (sa < 0 ? -sa : 0);
+// x = one order o after the interval: F+ by P, F- by conj(P), Z by L (P: n
+// × n complex as (re, im) pairs; L: m × m real; C their type), each Z of x
+// starting from z0 (the recovery, at order 0) or zero.  n and m default to
+// N and M.
+template <bool Real, class V, class C, int N, int M>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pool_relax(const C* P, const C* L, const PoolOrder<V, N, M>& o,
+                                                 PoolOrder<V, N, M>& x, const C* z0 = nullptr, int n = N,
+                                                 int m = M) {
+BLOCHSIM_UNROLL
+  for (int j = 0; j < n; ++j) {
+    if constexpr (Real) {
+      // P is real here: imaginary F+ and F- by P
+      V xi{}, yi{};
+BLOCHSIM_UNROLL
+      for (int l = 0; l < n; ++l) {
+        xi += P[2 * (j * n + l)] * o.ai[l];
+        yi += P[2 * (j * n + l)] * o.bi[l];
+      }
+      x.ai[j] = xi;
+      x.bi[j] = yi;
+    } else {
+      V xr{}, xi{}, yr{}, yi{};
+BLOCHSIM_UNROLL
+      for (int l = 0; l < n; ++l) {
+        const C pr = P[2 * (j * n + l)], pi_ = P[2 * (j * n + l) + 1];
+        xr += pr * o.ar[l] - pi_ * o.ai[l];
+        xi += pr * o.ai[l] + pi_ * o.ar[l];
+        yr += pr * o.br[l] + pi_ * o.bi[l];
+        yi += pr * o.bi[l] - pi_ * o.br[l];
+      }
+      x.ar[j] = xr;
+      x.ai[j] = xi;
+      x.br[j] = yr;
+      x.bi[j] = yi;
+    }
+  }
+BLOCHSIM_UNROLL
+  for (int j = 0; j < m; ++j) {
+    V xr{}, xi{};
+    if (z0) xr = xr + z0[j];
+BLOCHSIM_UNROLL
+    for (int l = 0; l < m; ++l) {
+      const C c = L[j * m + l];
+      xr += c * o.cr[l];
+      if constexpr (!Real) xi += c * o.ci[l];
+    }
+    x.cr[j] = xr;
+    if constexpr (!Real) x.ci[j] = xi;
   }
 }
 
-// Length of a sliding transverse row of pooled_block: K orders and room to
-// slide once per shift of the stream.
-BLOCHSIM_HD inline int64_t pool_row_length(const EventStream& s) {
-  int64_t plus, minus;
-  stream_shifts(s, plus, minus);
-  return s.states + plus + minus + 1;
-}
-
-// Vector lanes of pooled_block's workspace (V units, per lane vector) for
-// the pools of p over the stream s.
-inline int64_t pool_block_workspace(const EventStream& s, const Pools& p) {
-  const int64_t n = 1 + p.n_exchanging, m = n + (p.bound ? 1 : 0), d = 3 * n + (p.bound ? 1 : 0);
-  const int64_t states = 4 * n * pool_row_length(s) + 2 * m * static_cast<int64_t>(s.states);
-  const int64_t per_interval = 1 + 2 * n * n + m * m + m;
-  const int64_t per_driven = 1 + 2 * d * (d + 1);
-  return states + per_interval * s.n_intervals + per_driven * (s.driven ? s.n_driven : 0) + 8;
+// One order o under an exact rectangular pulse (pool_driven): the d × d
+// complex matrix on its components (F+, F-, Z of each of the n liquid
+// pools, then the semisolid Z: d = 3 n + bound), plus at order 0 (order0)
+// the source.  mat(i) and src(i) read entry i of the matrix and of the
+// source as (re, im) pairs, wherever the player keeps them.
+template <class V, int N, int M, class Mat, class Src>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pool_drive(const Mat& mat, const Src& src, bool order0, PoolOrder<V, N, M>& o,
+                                                 int n = N, bool bound = M > N) {
+  const int d = 3 * n + (bound ? 1 : 0);
+  auto re = [&](int i) -> V& {
+    const int j = i < 3 * n ? i / 3 : n, comp = i < 3 * n ? i % 3 : 2;
+    return comp == 0 ? o.ar[j] : comp == 1 ? o.br[j] : o.cr[j];
+  };
+  auto im = [&](int i) -> V& {
+    const int j = i < 3 * n ? i / 3 : n, comp = i < 3 * n ? i % 3 : 2;
+    return comp == 0 ? o.ai[j] : comp == 1 ? o.bi[j] : o.ci[j];
+  };
+  V vr[3 * N + 1], vi[3 * N + 1];
+BLOCHSIM_UNROLL
+  for (int i = 0; i < d; ++i) {
+    vr[i] = re(i);
+    vi[i] = im(i);
+  }
+BLOCHSIM_UNROLL
+  for (int i = 0; i < d; ++i) {
+    V xr{}, xi{};
+    if (order0) {
+      xr = xr + src(2 * i);
+      xi = xi + src(2 * i + 1);
+    }
+BLOCHSIM_UNROLL
+    for (int l = 0; l < d; ++l) {
+      const auto a = mat(2 * (i * d + l)), b = mat(2 * (i * d + l) + 1);
+      xr += a * vr[l] - b * vi[l];
+      xi += a * vi[l] + b * vr[l];
+    }
+    re(i) = xr;
+    im(i) = xi;
+  }
 }
 
 // A hard pulse (SPEC §2) on one order of one liquid pool, from the cos and
@@ -737,6 +596,19 @@ struct PoolRotation {
     zr = ca * x - 0.5f * ((mr * a + mi * b) + (mr * c - mi * d));
     zi = ca * y - 0.5f * ((mr * b - mi * a) + (mr * d + mi * c));
   }
+  // The transpose of apply(), for the adjoint sweep (pools/adjoint.hpp):
+  // F+' = c2 F+ + s2 e2 F- - m Z / 2, F-' = s2 conj(e2) F+ + c2 F- -
+  // conj(m) Z / 2, Z' = conj(m) F+ + m F- + cos(a) Z.
+  template <class V>
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void transpose(V& ar, V& ai, V& br, V& bi, V& zr, V& zi) const {
+    const V a = ar, b = ai, c = br, d = bi, x = zr, y = zi;
+    ar = c2 * a + s2 * (e2r * c - e2i * d) - 0.5f * (mr * x - mi * y);
+    ai = c2 * b + s2 * (e2r * d + e2i * c) - 0.5f * (mr * y + mi * x);
+    br = c2 * c + s2 * (e2r * a + e2i * b) - 0.5f * (mr * x + mi * y);
+    bi = c2 * d + s2 * (e2r * b - e2i * a) - 0.5f * (mr * y - mi * x);
+    zr = ca * x + (mr * a + mi * b) + (mr * c - mi * d);
+    zi = ca * y + (mr * b - mi * a) + (mr * d + mi * c);
+  }
   // apply() of a pulse at phase 0 (e2 = 1, m = i mi) on every part
   template <class V>
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void in_phase(V& ar, V& ai, V& br, V& bi, V& zr, V& zi) const {
@@ -749,568 +621,6 @@ struct PoolRotation {
     zi = ca * y + 0.5f * (mi * (a - c));
   }
 };
-
-
-// The forward pooled EPG of problems [first, first + width) of t in the
-// lanes of V (16 problems a SIMD vector on the host, one a thread on the
-// device), in single precision: the same physics as pooled_problem, with
-// every per-problem operator (interval exponentials, exact pulses, the
-// semisolid saturation) formed per lane in double precision the first time
-// an event uses it and applied to the lanes at once.  Lanes past t.n
-// replay the last problem and write nothing.  work holds
-// pool_block_workspace(s, p) lane vectors, element i at work[i * ws].
-//
-// The transverse rows slide instead of moving their orders at a shift
-// (order k of F+ at element bp + k of its row, of F- at bm + k; a shift
-// moves bp and bm by one and writes three elements a row), so a row holds
-// pool_row_length(s) elements, and every element outside the K orders a
-// row shows is zero.
-//
-// Real (pooled_real_path): every RF phase is 0 or pi and nothing turns the
-// transverse states (no B0, B1phase, chemical shift or exact pulse), so F+
-// and F- stay imaginary and Z real (SPEC §1's real subspace): only those
-// planes are computed; the others stay zero.
-//
-// The pool counts are template parameters (N liquid pools, Bound), so that
-// the loops over pools unroll; WS > 0 is the workspace stride at compile
-// time, WS = 0 takes it from ws.  ls: the super-Lorentzian table in memory
-// the caller can read (host_lineshape_table() on the host).
-//
-// On lanes of duals (V = Dual<lanes, D>) the same pass carries the
-// derivatives along jo's directions (the per-lane operators are formed on
-// Dual<double, D>) and writes them to jo.jac.
-template <class V, int N, bool Bound, int64_t WS, bool Real = false>
-BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, const Pools& p,
-                                       const LineshapeTable& ls, int64_t first, V* work, int64_t ws_runtime,
-                                       float* out, const PooledJacobianOut& jo = PooledJacobianOut{}) {
-  using LT = Lanes<V>;
-  using Sc = typename LT::Scalar;                    // one lane's value
-  using QS = typename LT::template Wide<double>;  // one lane's value in double precision
-  constexpr int W = LT::width;
-  constexpr int n = N, m = N + (Bound ? 1 : 0), d = 3 * N + (Bound ? 1 : 0);
-  constexpr bool bound = Bound;
-  const int64_t ws = WS > 0 ? WS : ws_runtime;
-  int64_t idx[W];
-  for (int l = 0; l < W; ++l) idx[l] = first + l < t.n ? first + l : t.n - 1;
-  PoolTissue<QS> q[W];
-  for (int l = 0; l < W; ++l) q[l] = pool_tissue<QS>(t, p, idx[l], jo.fields, jo.n_dirs, jo.seeds);
-  const int K = s.states;
-  V M0{}, eta{};
-  bool uniform_rf = true;
-  for (int l = 0; l < W; ++l) {
-    LT::set(M0, l, static_cast<Sc>(q[l].M0));
-    LT::set(eta, l, static_cast<Sc>(q[l].eta));
-    uniform_rf = uniform_rf && value_of(q[l].B1) == value_of(q[0].B1) &&
-                 value_of(q[l].B1phase) == value_of(q[0].B1phase);
-  }
-  // B1 and B1phase carry no derivative (the lanes of a dual share their
-  // seeds, so lane 0 stands for all)
-  bool constant_rf = true;
-  if constexpr (IsDual<QS>::value)
-    for (int j = 0; j < jo.n_dirs; ++j) constant_rf = constant_rf && q[0].B1.d[j] == 0.0 && q[0].B1phase.d[j] == 0.0;
-  // every lane at B1 = 1 and no transmit phase: the stream's table holds
-  // each pulse's cos and sin (formed once per sequence)
-  const bool nominal_rf = uniform_rf && constant_rf && value_of(q[0].B1) == 1.0 && value_of(q[0].B1phase) == 0.0 &&
-                          s.rf_table != nullptr;
-  // workspace: F+ (re, im), F- (re, im) of each liquid pool (rows of R
-  // elements), Z (re, im) of every longitudinal family (rows of K); then
-  // the operators
-  auto at = [&](int64_t i) -> V& { return work[i * ws]; };
-  int64_t n_plus, n_minus;
-  stream_shifts(s, n_plus, n_minus);
-  const int64_t R = K + n_plus + n_minus + 1;
-  int64_t bp = n_plus, bm = n_minus;  // where order 0 of the F+ and F- rows is
-  const int64_t fpr = 0, fpi = n * R, fmr = 2 * n * R, fmi = 3 * n * R;
-  const int64_t zr = 4 * n * R, zi = 4 * n * R + m * K;
-  const int64_t ops = 4 * n * R + 2 * m * static_cast<int64_t>(K);
-  const int64_t per_interval = 1 + 2 * n * n + m * m + m;
-  const int64_t drv = ops + per_interval * s.n_intervals;
-  const int64_t per_driven = 1 + 2 * d * (d + 1);
-  for (int64_t i = 0; i < ops; ++i) at(i) = V{};
-  for (int j = 0; j < m; ++j) {
-    V f{};
-    for (int l = 0; l < W; ++l) LT::set(f, l, static_cast<Sc>(q[l].f[j]));
-    at(zr + j * K) = f;
-  }
-  for (int64_t v = 0; v < s.n_intervals; ++v) at(ops + v * per_interval) = V{};
-  if (s.driven)
-    for (int64_t v = 0; v < s.n_driven; ++v) at(drv + v * per_driven) = V{};
-  const bool saturating = bound && s.rf_duration_s != nullptr;
-  // T2b G(offset - B0) per lane for the last pulse offset seen
-  float g_offset = 0.0f;
-  bool g_ready = false;
-  QS g_lane[W];
-  int band = 1;
-  V frame_c = V{} + 1.0f, frame_s{};  // the complex planes' frame (below)
-
-  // F+ row j, order k (plus fpr or fpi); F- likewise (plus fmr or fmi)
-  auto xp = [&](int j, int k) { return j * R + bp + k; };
-  auto xm = [&](int j, int k) { return j * R + bm + k; };
-  auto shift = [&](int dir) {
-    // the row that moves up (F+ for dir > 0) gains order 0 = conj of the
-    // other's new order 0 and drops its old order K - 1; the other drops
-    // its old order 0 and gains a zero order K - 1 from outside
-    if (dir > 0) {
-      --bp;
-      ++bm;
-    } else {
-      ++bp;
-      --bm;
-    }
-    for (int j = 0; j < n; ++j)
-      for (int part = Real ? 1 : 0; part < 2; ++part) {
-        const int64_t up = dir > 0 ? (part ? fpi : fpr) + xp(j, 0) : (part ? fmi : fmr) + xm(j, 0);
-        const int64_t dn = dir > 0 ? (part ? fmi : fmr) + xm(j, 0) : (part ? fpi : fpr) + xp(j, 0);
-        at(up + K) = V{};
-        at(dn - 1) = V{};
-        at(up) = part ? -at(dn) : at(dn);  // F_up,0 = conj(F_dn,0)
-      }
-    band = band < K ? band + 1 : K;
-  };
-
-  for (int64_t e = 0; e < s.n_events; ++e) {
-    const uint32_t f = s.flags[e];
-    const int32_t iv = s.interval[e];
-    // The event's operators first (interval, semisolid saturation, RF),
-    // then one pass over the orders that applies them in turn when no
-    // shift comes between the interval and the pulse.
-    V Pv[2 * n * n], Lv[m * m], Rv[m];
-    if (iv >= 0) {
-      const int64_t o = ops + iv * per_interval;
-      const int64_t P = o + 1, L = P + 2 * n * n, R = L + m * m;
-      if (value_of(LT::get(at(o), 0)) == 0.0f) {
-        for (int l = 0; l < W; ++l) {
-          Cx<QS> Pl[max_liquid_pools * max_liquid_pools];
-          QS Ll[max_longitudinal_pools * max_longitudinal_pools], rl[max_longitudinal_pools];
-          pool_interval(q[l], QS(s.duration_s[iv]), Pl, Ll, rl);
-          for (int i = 0; i < n * n; ++i) {
-            LT::set(at(P + 2 * i), l, static_cast<Sc>(Pl[i].re));
-            LT::set(at(P + 2 * i + 1), l, static_cast<Sc>(Pl[i].im));
-          }
-          for (int i = 0; i < m * m; ++i) LT::set(at(L + i), l, static_cast<Sc>(Ll[i]));
-          for (int i = 0; i < m; ++i) LT::set(at(R + i), l, static_cast<Sc>(rl[i]));
-          LT::set(at(o), l, 1.0f);
-        }
-      }
-      // the operator in locals: the compiler cannot keep it in registers
-      // across the stores to the workspace otherwise
-      for (int i = 0; i < 2 * n * n; ++i) Pv[i] = at(P + i);
-      for (int i = 0; i < m * m; ++i) Lv[i] = at(L + i);
-      for (int i = 0; i < m; ++i) Rv[i] = at(R + i);
-    }
-    const bool sat = (f & (event_rf | event_saturation)) && saturating && s.rf_duration_s[e] > 0.0f;
-    V decay{};
-    if (sat) {
-      const double tau_rf = s.rf_duration_s[e];
-      const float offset = s.rf_offset_hz ? s.rf_offset_hz[e] : 0.0f;
-      if (!g_ready || offset != g_offset) {
-        for (int l = 0; l < W; ++l) {
-          double g, dg;
-          const QS xg = (QS(offset) - q[l].B0) * q[l].T2b * (2.0 * pi);
-          lineshape_eval(p.lineshape, value_of(xg), ls, g, dg);
-          g_lane[l] = q[l].T2b * lift(xg, g, dg);
-        }
-        g_offset = offset;
-        g_ready = true;
-      }
-      const double power = s.rf_power ? s.rf_power[e] : 1.0;
-      for (int l = 0; l < W; ++l) {
-        const QS a = q[l].B1 * static_cast<double>(s.flip_rad[e]);
-        using std::exp;
-        LT::set(decay, l, static_cast<Sc>(exp(-(pi * power / tau_rf) * g_lane[l] * (a * a))));
-      }
-    }
-    const bool rf = (f & event_rf) != 0;
-    V ca{}, sa{}, cp{}, sp{};
-    if (rf && nominal_rf) {
-      const float* row = s.rf_table + e * rf_table_fields;
-      ca = V{} + row[rft_cos];
-      sa = V{} + row[rft_sin];
-      cp = V{} + row[rft_cos_phase];
-      sp = V{} + row[rft_sin_phase];
-    } else if (rf) {
-      using std::cos;
-      using std::sin;
-      for (int l = 0; l < (uniform_rf ? 1 : W); ++l) {
-        const QS a = q[l].B1 * static_cast<double>(s.flip_rad[e]);
-        const QS ph = q[l].B1phase + static_cast<double>(s.phase_rad[e]);
-        LT::set(ca, l, static_cast<Sc>(cos(a)));
-        LT::set(sa, l, static_cast<Sc>(sin(a)));
-        LT::set(cp, l, static_cast<Sc>(cos(ph)));
-        LT::set(sp, l, static_cast<Sc>(sin(ph)));
-      }
-      if (uniform_rf) {
-        ca = LT::splat(LT::get(ca, 0));
-        sa = LT::splat(LT::get(sa, 0));
-        cp = LT::splat(LT::get(cp, 0));
-        sp = LT::splat(LT::get(sp, 0));
-      }
-    }
-    const int32_t sb = s.shift_before[e];
-    const bool common = sb == 0 && iv >= 0 && rf && !sat;
-    // The complex planes hold the state in the frame of the last common
-    // event's pulse phase theta (F+ stored times e^{-i theta}, F- times
-    // e^{i theta}; Z and the shifts are unchanged by it).  The interval's
-    // P commutes with the frame, so the common event folds the step from
-    // theta to its own phase phi into P (a scalar a lane) and turns the
-    // orders by the cheaper in-phase pulse.  Other pulses turn by phi -
-    // theta; readouts add theta to the receiver; exact pulses leave the
-    // frame first.
-    V rel_c{}, rel_s{};  // e^{i (theta - phi)}
-    if (!Real && rf) {
-      rel_c = frame_c * cp + frame_s * sp;
-      rel_s = frame_s * cp - frame_c * sp;
-    }
-    const bool in_phase = !Real && common;
-    if (in_phase) {
-      for (int i = 0; i < n * n; ++i) {
-        const V pr = Pv[2 * i], pim = Pv[2 * i + 1];
-        Pv[2 * i] = pr * rel_c - pim * rel_s;
-        Pv[2 * i + 1] = pr * rel_s + pim * rel_c;
-      }
-      frame_c = cp;
-      frame_s = sp;
-    }
-    const PoolRotation<V> rot = in_phase       ? PoolRotation<V>(ca, sa, V{} + 1.0f, V{})
-                                : Real || !rf ? PoolRotation<V>(ca, sa, cp, sp)
-                                              : PoolRotation<V>(ca, sa, rel_c, V{} - rel_s);
-
-    // One order's state in locals: F+ (ar, ai) and F- (br, bi) of each
-    // liquid pool, Z (cr, ci) of each longitudinal family; on the real
-    // planes only ai, bi and cr.  The common event loads an order once,
-    // relaxes and turns it in registers and stores it once.
-    struct Order {
-      V ar[n], ai[n], br[n], bi[n], cr[m], ci[m];
-    };
-    auto load = [&](int k, Order& o) BLOCHSIM_LAMBDA_INLINE {
-      for (int j = 0; j < n; ++j) {
-        if constexpr (!Real) {
-          o.ar[j] = at(fpr + xp(j, k));
-          o.br[j] = at(fmr + xm(j, k));
-        }
-        o.ai[j] = at(fpi + xp(j, k));
-        o.bi[j] = at(fmi + xm(j, k));
-      }
-      for (int j = 0; j < m; ++j) {
-        o.cr[j] = at(zr + j * K + k);
-        if constexpr (!Real) o.ci[j] = at(zi + j * K + k);
-      }
-    };
-    auto store = [&](int k, const Order& o) BLOCHSIM_LAMBDA_INLINE {
-      for (int j = 0; j < n; ++j) {
-        if constexpr (!Real) {
-          at(fpr + xp(j, k)) = o.ar[j];
-          at(fmr + xm(j, k)) = o.br[j];
-        }
-        at(fpi + xp(j, k)) = o.ai[j];
-        at(fmi + xm(j, k)) = o.bi[j];
-      }
-      for (int j = 0; j < m; ++j) {
-        at(zr + j * K + k) = o.cr[j];
-        if constexpr (!Real) at(zi + j * K + k) = o.ci[j];
-      }
-    };
-    // x = the interval's operators on o (x is not o)
-    auto relax = [&](int k, const Order& o, Order& x) BLOCHSIM_LAMBDA_INLINE {
-      for (int j = 0; j < n; ++j) {
-        if constexpr (Real) {
-          // P is real here: imaginary F+ and F- by P
-          V xi{}, yi{};
-          for (int l = 0; l < n; ++l) {
-            xi += Pv[2 * (j * n + l)] * o.ai[l];
-            yi += Pv[2 * (j * n + l)] * o.bi[l];
-          }
-          x.ai[j] = xi;
-          x.bi[j] = yi;
-        } else {
-          V xr{}, xi{}, yr{}, yi{};
-          for (int l = 0; l < n; ++l) {
-            const V pr = Pv[2 * (j * n + l)], pi_ = Pv[2 * (j * n + l) + 1];
-            xr += pr * o.ar[l] - pi_ * o.ai[l];
-            xi += pr * o.ai[l] + pi_ * o.ar[l];
-            // F- evolves by conj(P)
-            yr += pr * o.br[l] + pi_ * o.bi[l];
-            yi += pr * o.bi[l] - pi_ * o.br[l];
-          }
-          x.ar[j] = xr;
-          x.ai[j] = xi;
-          x.br[j] = yr;
-          x.bi[j] = yi;
-        }
-      }
-      for (int j = 0; j < m; ++j) {
-        V xr = k == 0 ? Rv[j] : V{}, xi{};
-        for (int l = 0; l < m; ++l) {
-          const V c = Lv[j * m + l];
-          xr += c * o.cr[l];
-          if constexpr (!Real) xi += c * o.ci[l];
-        }
-        x.cr[j] = xr;
-        if constexpr (!Real) x.ci[j] = xi;
-      }
-    };
-    auto turn = [&](Order& o, const auto& r) BLOCHSIM_LAMBDA_INLINE {  // the common event's pulse r
-      for (int j = 0; j < n; ++j) {
-        if constexpr (Real) {
-          r.real(o.ai[j], o.bi[j], o.cr[j]);
-        } else {
-          r.in_phase(o.ar[j], o.ai[j], o.br[j], o.bi[j], o.cr[j], o.ci[j]);
-        }
-      }
-    };
-    auto common_pass = [&](const auto& r) BLOCHSIM_LAMBDA_INLINE {
-      for (int k = 0; k < band; ++k) {
-        Order o, x;
-        load(k, o);
-        relax(k, o, x);
-        turn(x, r);
-        store(k, x);
-      }
-    };
-    auto interval_at = [&](int k) BLOCHSIM_LAMBDA_INLINE {
-      Order o, x;
-      load(k, o);
-      relax(k, o, x);
-      store(k, x);
-    };
-    auto saturate_at = [&](int k) BLOCHSIM_LAMBDA_INLINE {
-      at(zr + n * K + k) *= decay;
-      if constexpr (!Real) at(zi + n * K + k) *= decay;
-    };
-    auto rotate_at = [&](int k) BLOCHSIM_LAMBDA_INLINE {
-      for (int j = 0; j < n; ++j) {
-        if constexpr (Real) {
-          rot.real(at(fpi + xp(j, k)), at(fmi + xm(j, k)), at(zr + j * K + k));
-        } else {
-          rot.apply(at(fpr + xp(j, k)), at(fpi + xp(j, k)), at(fmr + xm(j, k)), at(fmi + xm(j, k)),
-                    at(zr + j * K + k), at(zi + j * K + k));
-        }
-      }
-    };
-    if (common) {
-      // the common event, without branches between the orders
-      if constexpr (IsDual<V>::value) {
-        if (constant_rf) {
-          // the pulse carries no derivative: its coefficients as plain
-          // lanes, multiplying each dual at a third of a dual product
-          using B = decltype(V{}.v);
-          const PoolRotation<B> plain = in_phase ? PoolRotation<B>(ca.v, sa.v, B{} + 1.0f, B{})
-                                                 : PoolRotation<B>(ca.v, sa.v, cp.v, sp.v);
-          common_pass(plain);
-        } else {
-          common_pass(rot);
-        }
-      } else {
-        common_pass(rot);
-      }
-    } else if (sb == 0) {
-      for (int k = 0; k < band; ++k) {
-        if (iv >= 0) interval_at(k);
-        if (sat) saturate_at(k);
-        if (rf) rotate_at(k);
-      }
-    } else {
-      if (iv >= 0)
-        for (int k = 0; k < band; ++k) interval_at(k);
-      for (int c = 0; c < (sb > 0 ? sb : -sb); ++c) shift(sb > 0 ? 1 : -1);
-      for (int k = 0; k < band; ++k) {
-        if (sat) saturate_at(k);
-        if (rf) rotate_at(k);
-      }
-    }
-    if (!Real && (f & event_driven)) {
-      // leave the frame: F+ times e^{i theta}, F- times e^{-i theta}
-      for (int j = 0; j < n; ++j)
-        for (int k = 0; k < band; ++k) {
-          V& ar = at(fpr + xp(j, k));
-          V& ai = at(fpi + xp(j, k));
-          V& br = at(fmr + xm(j, k));
-          V& bi = at(fmi + xm(j, k));
-          const V a = ar, b = ai, c = br, d = bi;
-          ar = a * frame_c - b * frame_s;
-          ai = b * frame_c + a * frame_s;
-          br = c * frame_c + d * frame_s;
-          bi = d * frame_c - c * frame_s;
-        }
-      frame_c = V{} + 1.0f;
-      frame_s = V{};
-      const int32_t id = s.driven[e];
-      const int64_t o = drv + id * per_driven, Mo = o + 1, Co = Mo + 2 * d * d;
-      if (value_of(LT::get(at(o), 0)) == 0.0f) {
-        for (int l = 0; l < W; ++l) {
-          Cx<QS> Ml[max_driven_size * max_driven_size], cl[max_driven_size];
-          pool_driven(q[l], p.lineshape, ls, driven_pulse<QS>(s.driven_table + id * driven_fields), Ml, cl);
-          for (int i = 0; i < d * d; ++i) {
-            LT::set(at(Mo + 2 * i), l, static_cast<Sc>(Ml[i].re));
-            LT::set(at(Mo + 2 * i + 1), l, static_cast<Sc>(Ml[i].im));
-          }
-          for (int i = 0; i < d; ++i) {
-            LT::set(at(Co + 2 * i), l, static_cast<Sc>(cl[i].re));
-            LT::set(at(Co + 2 * i + 1), l, static_cast<Sc>(cl[i].im));
-          }
-          LT::set(at(o), l, 1.0f);
-        }
-      }
-      auto row = [&](int i) -> int64_t {  // the workspace row of component i at order 0 (real part)
-        const int j = i < 3 * n ? i / 3 : n, comp = i < 3 * n ? i % 3 : 2;
-        return comp == 0 ? fpr + xp(j, 0) : comp == 1 ? fmr + xm(j, 0) : zr + j * K;
-      };
-      auto imag = [&](int i) -> int64_t {
-        const int j = i < 3 * n ? i / 3 : n, comp = i < 3 * n ? i % 3 : 2;
-        return comp == 0 ? fpi + xp(j, 0) : comp == 1 ? fmi + xm(j, 0) : zi + j * K;
-      };
-      for (int k = 0; k < band; ++k) {
-        V vr[d], vi[d];
-        for (int i = 0; i < d; ++i) {
-          vr[i] = at(row(i) + k);
-          vi[i] = at(imag(i) + k);
-        }
-        for (int i = 0; i < d; ++i) {
-          V xr = k == 0 ? at(Co + 2 * i) : V{}, xi = k == 0 ? at(Co + 2 * i + 1) : V{};
-          for (int l = 0; l < d; ++l) {
-            const V a = at(Mo + 2 * (i * d + l)), b = at(Mo + 2 * (i * d + l) + 1);
-            xr += a * vr[l] - b * vi[l];
-            xi += a * vi[l] + b * vr[l];
-          }
-          at(row(i) + k) = xr;
-          at(imag(i) + k) = xi;
-        }
-      }
-    }
-    if (f & event_inversion)
-      for (int j = 0; j < n; ++j)
-        for (int k = 0; k < band; ++k) {
-          at(zr + j * K + k) = -eta * at(zr + j * K + k);
-          if constexpr (!Real) at(zi + j * K + k) = -eta * at(zi + j * K + k);
-        }
-    if (f & event_readout) {
-      V accr = at(fpr + xp(0, 0)), acci = at(fpi + xp(0, 0));
-      for (int j = 1; j < n; ++j) {
-        accr += at(fpr + xp(j, 0));
-        acci += at(fpi + xp(j, 0));
-      }
-      if constexpr (!Real) {  // out of the frame
-        const V a = accr;
-        accr = a * frame_c - acci * frame_s;
-        acci = acci * frame_c + a * frame_s;
-      }
-      const float cr = s.rf_table ? s.rf_table[e * rf_table_fields + rft_cos_rx]
-                                  : static_cast<float>(std::cos(static_cast<double>(s.rx_phase_rad[e])));
-      const float sr = s.rf_table ? s.rf_table[e * rf_table_fields + rft_sin_rx]
-                                  : static_cast<float>(std::sin(static_cast<double>(s.rx_phase_rad[e])));
-      // M0 (F+) e^{-i rx}
-      const V re = M0 * (accr * cr + acci * sr), im = M0 * (acci * cr - accr * sr);
-      const int32_t slot = s.slot[e];
-      for (int l = 0; l < W; ++l) {
-        if (first + l >= t.n) break;
-        const Sc vr = LT::get(re, l), vi = LT::get(im, l);
-        float* o = out + ((first + l) * s.n_samples + slot) * 2;
-        o[0] = value_of(vr);
-        o[1] = value_of(vi);
-        if constexpr (IsDual<Sc>::value)
-          for (int j = 0; j < jo.n_dirs; ++j) {
-            float* dj = jo.jac + (((first + l) * jo.jac_dirs + jo.first_dir + j) * s.n_samples + slot) * 2;
-            dj[0] = vr.d[j];
-            dj[1] = vi.d[j];
-          }
-      }
-    }
-    if (f & event_spoil) {
-      for (int j = 0; j < n; ++j)
-        for (int k = 0; k < band; ++k) {
-          if constexpr (!Real) {
-            at(fpr + xp(j, k)) = V{};
-            at(fmr + xm(j, k)) = V{};
-          }
-          at(fpi + xp(j, k)) = V{};
-          at(fmi + xm(j, k)) = V{};
-        }
-    } else {
-      for (int sa = s.shift_after[e], c = 0; c < (sa > 0 ? sa : -sa); ++c) shift(sa > 0 ? 1 : -1);
-    }
-  }
-  return ok;
-}
-
-template <class V, int64_t WS = 0>
-BLOCHSIM_HD inline int pooled_block(const EventStream& s, const Tissue& t, const Pools& p, const LineshapeTable& ls,
-                                    int64_t first, V* work, int64_t ws, float* out) {
-  const int key = 2 * p.n_exchanging + (p.bound ? 1 : 0);
-  switch (key) {
-    case 0: return pooled_block_of<V, 1, false, WS>(s, t, p, ls, first, work, ws, out);
-    case 1: return pooled_block_of<V, 1, true, WS>(s, t, p, ls, first, work, ws, out);
-    case 2: return pooled_block_of<V, 2, false, WS>(s, t, p, ls, first, work, ws, out);
-    case 3: return pooled_block_of<V, 2, true, WS>(s, t, p, ls, first, work, ws, out);
-    case 4: return pooled_block_of<V, 3, false, WS>(s, t, p, ls, first, work, ws, out);
-    case 5: return pooled_block_of<V, 3, true, WS>(s, t, p, ls, first, work, ws, out);
-    case 6: return pooled_block_of<V, 4, false, WS>(s, t, p, ls, first, work, ws, out);
-    case 7: return pooled_block_of<V, 4, true, WS>(s, t, p, ls, first, work, ws, out);
-    case 8: return pooled_block_of<V, 5, false, WS>(s, t, p, ls, first, work, ws, out);
-    case 9: return pooled_block_of<V, 5, true, WS>(s, t, p, ls, first, work, ws, out);
-    default: return bad_pools;
-  }
-}
-
-// Whether pooled_block_of may play the stream on its real planes: phases 0
-// or pi, nothing off-axis (the stream's real-subspace verdict with no common
-// phase, and no B0 or B1phase in t), no chemical shift and no exact pulse;
-// and the pool counts the real variant is compiled for (the MT pool alone,
-// one exchanging pool).
-BLOCHSIM_HD inline bool pooled_real_path(const EventStream& s, const Tissue& t, const Pools& p) {
-  if (!s.real_path || s.driven) return false;
-  if (t.B0_hz.present() || t.B0_hz.fallback != 0.0f || t.B1phase_rad.present() || t.B1phase_rad.fallback != 0.0f)
-    return false;
-  const double ph = s.common_phase_rad;
-  if (std::sin(ph) > 1e-6 || std::sin(ph) < -1e-6) return false;
-  for (int j = 0; j < p.n_exchanging; ++j)
-    if (p.pool[j][pool_shift_hz].present()) return false;
-  return (p.n_exchanging == 0 && p.bound) || (p.n_exchanging == 1 && !p.bound);
-}
-
-// pooled_block on the real planes when pooled_real_path(s, p), else as
-// pooled_block (the host's entry; the device plays the complex planes).
-template <class V, int64_t WS = 0>
-inline int pooled_block_host(const EventStream& s, const Tissue& t, const Pools& p, const LineshapeTable& ls,
-                             int64_t first, V* work, int64_t ws, float* out, bool real) {
-  if (real && p.n_exchanging == 0) return pooled_block_of<V, 1, true, WS, true>(s, t, p, ls, first, work, ws, out);
-  if (real) return pooled_block_of<V, 2, false, WS, true>(s, t, p, ls, first, work, ws, out);
-  return pooled_block<V, WS>(s, t, p, ls, first, work, ws, out);
-}
-
-// Whether pooled_jacobian_block plays these pools: the semisolid pool
-// alone, or one exchanging pool with or without it.
-BLOCHSIM_HD inline bool pooled_lane_jacobian(const Pools& p) {
-  return p.n_exchanging == 1 || (p.n_exchanging == 0 && p.bound);
-}
-
-// Whether a Jacobian pass along jo's directions turns the transverse states
-// off the real planes (B1phase, B0, a chemical shift): its derivatives need
-// the complex planes even where the values stay real.
-BLOCHSIM_HD inline bool pooled_dirs_turn(const PooledJacobianOut& jo) {
-  for (int j = 0; j < jo.n_dirs; ++j) {
-    const int f = jo.fields[j];
-    if (f == field_B1phase || f == field_B0 || (f >= field_pool_first && (f - field_pool_first) % pool_columns == pool_shift_hz))
-      return true;
-  }
-  return false;
-}
-
-// A pooled Jacobian pass on lanes of duals (V = Dual<lanes, D>, jo.n_dirs
-// <= D): pooled_block_of for the pools of pooled_lane_jacobian (bad_pools
-// for others), on the real planes when real.
-template <class V, int64_t WS = 0>
-inline int pooled_jacobian_block(const EventStream& s, const Tissue& t, const Pools& p, const LineshapeTable& ls,
-                                 int64_t first, V* work, int64_t ws, float* out, bool real,
-                                 const PooledJacobianOut& jo) {
-  if (!pooled_lane_jacobian(p)) return bad_pools;
-  if (p.n_exchanging == 0) {
-    return real ? pooled_block_of<V, 1, true, WS, true>(s, t, p, ls, first, work, ws, out, jo)
-                : pooled_block_of<V, 1, true, WS>(s, t, p, ls, first, work, ws, out, jo);
-  }
-  if (p.bound) return pooled_block_of<V, 2, true, WS>(s, t, p, ls, first, work, ws, out, jo);
-  return real ? pooled_block_of<V, 2, false, WS, true>(s, t, p, ls, first, work, ws, out, jo)
-              : pooled_block_of<V, 2, false, WS>(s, t, p, ls, first, work, ws, out, jo);
-}
 
 // Checks the pool configuration against the stream (host arrays), without
 // reading the properties' values: what validate_pools checks of device

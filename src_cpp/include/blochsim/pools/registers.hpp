@@ -89,6 +89,47 @@ struct PooledTeam {
   int K;
   bool truncate;  // the team holds orders past K - 1, which shifts must drop
 
+  // Order r of the member's registers into o, and back: on the real planes
+  // plane 0 holds the imaginary part of F+ and F- and the real part of Z.
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void load(int r, PoolOrder<V, n, m>& o) const {
+BLOCHSIM_UNROLL
+    for (int j = 0; j < n; ++j) {
+      if constexpr (Real) {
+        o.ai[j] = fp[j][0][r];
+        o.bi[j] = fm[j][0][r];
+      } else {
+        o.ar[j] = fp[j][0][r];
+        o.ai[j] = fp[j][1][r];
+        o.br[j] = fm[j][0][r];
+        o.bi[j] = fm[j][1][r];
+      }
+    }
+BLOCHSIM_UNROLL
+    for (int j = 0; j < m; ++j) {
+      o.cr[j] = z[j][0][r];
+      if constexpr (!Real) o.ci[j] = z[j][1][r];
+    }
+  }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void store(int r, const PoolOrder<V, n, m>& o) {
+BLOCHSIM_UNROLL
+    for (int j = 0; j < n; ++j) {
+      if constexpr (Real) {
+        fp[j][0][r] = o.ai[j];
+        fm[j][0][r] = o.bi[j];
+      } else {
+        fp[j][0][r] = o.ar[j];
+        fp[j][1][r] = o.ai[j];
+        fm[j][0][r] = o.br[j];
+        fm[j][1][r] = o.bi[j];
+      }
+    }
+BLOCHSIM_UNROLL
+    for (int j = 0; j < m; ++j) {
+      z[j][0][r] = o.cr[j];
+      if constexpr (!Real) z[j][1][r] = o.ci[j];
+    }
+  }
+
   // One order of dephasing (dir > 0) or rephasing (dir < 0) of every
   // liquid pool; the row that moves up gains order 0 = conj of the other's.
   // (Each direction names its arrays: a pointer chosen at run time would
@@ -190,55 +231,10 @@ BLOCHSIM_UNROLL
         }
 BLOCHSIM_UNROLL
         for (int r = 0; r < R; ++r) {
-          // F+ by P, F- by conj(P), Z by L
-          V a[n][NP], b[n][NP], c[m][NP];
-BLOCHSIM_UNROLL
-          for (int j = 0; j < n; ++j)
-BLOCHSIM_UNROLL
-            for (int h = 0; h < NP; ++h) {
-              a[j][h] = fp[j][h][r];
-              b[j][h] = fm[j][h][r];
-            }
-BLOCHSIM_UNROLL
-          for (int j = 0; j < m; ++j)
-BLOCHSIM_UNROLL
-            for (int h = 0; h < NP; ++h) c[j][h] = z[j][h][r];
-BLOCHSIM_UNROLL
-          for (int j = 0; j < n; ++j) {
-            if constexpr (Real) {
-              V x{}, y{};
-BLOCHSIM_UNROLL
-              for (int l = 0; l < n; ++l) {
-                x += Pv[2 * (j * n + l)] * a[l][0];
-                y += Pv[2 * (j * n + l)] * b[l][0];
-              }
-              fp[j][0][r] = x;
-              fm[j][0][r] = y;
-            } else {
-              V xr{}, xi{}, yr{}, yi{};
-BLOCHSIM_UNROLL
-              for (int l = 0; l < n; ++l) {
-                const float pr = Pv[2 * (j * n + l)], pim = Pv[2 * (j * n + l) + 1];
-                xr += pr * a[l][0] - pim * a[l][1];
-                xi += pr * a[l][1] + pim * a[l][0];
-                yr += pr * b[l][0] + pim * b[l][1];
-                yi += pr * b[l][1] - pim * b[l][0];
-              }
-              fp[j][0][r] = xr;
-              fp[j][1][r] = xi;
-              fm[j][0][r] = yr;
-              fm[j][1][r] = yi;
-            }
-          }
-BLOCHSIM_UNROLL
-          for (int j = 0; j < m; ++j)
-BLOCHSIM_UNROLL
-            for (int h = 0; h < NP; ++h) {
-              V x{};
-BLOCHSIM_UNROLL
-              for (int l = 0; l < m; ++l) x += Lv[j * m + l] * c[l][h];
-              z[j][h][r] = x;
-            }
+          PoolOrder<V, n, m> o, x;
+          load(r, o);
+          pool_relax<Real>(Pv, Lv, o, x);
+          store(r, x);
         }
 BLOCHSIM_UNROLL
         for (int j = 0; j < m; ++j) z[j][0][0] += first * Rv[j];
@@ -296,35 +292,15 @@ BLOCHSIM_UNROLL
           const float* o = table + (static_cast<int64_t>(s.n_intervals) * per_interval +
                                     static_cast<int64_t>(s.driven[e]) * per_driven) *
                                        stride;
-          auto comp = [&](int a, int h, int r) -> V& {
-            if (a == 3 * n) return z[n][h][r];
-            const int j = a / 3, k = a % 3;
-            return k == 0 ? fp[j][h][r] : k == 1 ? fm[j][h][r] : z[j][h][r];
-          };
+          // the recovery at order 0 only: member 0's first order
+          auto mat = [&](int a) { return o[a * stride]; };
+          auto src = [&](int a) { return first * o[(2 * d * d + a) * stride]; };
 BLOCHSIM_UNROLL
           for (int r = 0; r < R; ++r) {
-            V vr[d], vi[d];
-BLOCHSIM_UNROLL
-            for (int a = 0; a < d; ++a) {
-              vr[a] = comp(a, 0, r);
-              vi[a] = comp(a, 1, r);
-            }
-BLOCHSIM_UNROLL
-            for (int a = 0; a < d; ++a) {
-              V xr{}, xi{};
-              if (r == 0) {
-                xr = first * o[(2 * d * d + 2 * a) * stride];
-                xi = first * o[(2 * d * d + 2 * a + 1) * stride];
-              }
-BLOCHSIM_UNROLL
-              for (int l = 0; l < d; ++l) {
-                const float mre = o[2 * (a * d + l) * stride], mim = o[(2 * (a * d + l) + 1) * stride];
-                xr += mre * vr[l] - mim * vi[l];
-                xi += mre * vi[l] + mim * vr[l];
-              }
-              comp(a, 0, r) = xr;
-              comp(a, 1, r) = xi;
-            }
+            PoolOrder<V, n, m> x;
+            load(r, x);
+            pool_drive(mat, src, r == 0, x);
+            store(r, x);
           }
         }
       }

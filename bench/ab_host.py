@@ -1,0 +1,58 @@
+"""The host reference calls timed in one process, for A/B comparisons of two
+builds run alternately on the same machine (bench/NOTES.md).
+
+Run: ``python bench/ab_host.py [label]``; prints one line per call with the
+median and the spread of its repeats.  To compare with another commit,
+install it beside this one (``pip install --target DIR``) and run the same
+script with ``PYTHONPATH=DIR python -S``.
+"""
+import sys
+import time
+
+import numpy as np
+
+from blochsim.cli import reference_flips, reference_tissues
+from blochsim.simulators import MRFSimulator
+
+POOLS = {
+    "mt": {"bound_fraction": 0.1, "bound_exchange": 20.0},
+    "poolB": {"poolB_fraction": 0.2, "poolB_exchange": 10.0, "poolB_T2": 20.0, "poolB_shift": 50.0},
+}
+
+
+def timed(f, repeats):
+    f()
+    t = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        f()
+        t.append(time.perf_counter() - t0)
+    return np.median(t), min(t), max(t)
+
+
+def main(label):
+    flips = reference_flips(500)
+    real = MRFSimulator(flip=flips, TR=10.0, states=32)
+    k = np.arange(500)
+    cplx = MRFSimulator(flip=flips, TR=10.0, phases=0.5 * 117.0 * k * (k + 1), states=32)
+    T1, T2 = reference_tissues(100_000)
+    t1, t2 = T1[:10_000], T2[:10_000]
+    s, pull = real.vjp("flip", T1=t1[:1000], T2=t2[:1000])
+    cot = 2 * s
+    calls = {
+        "forward real 1e5": (lambda: real.simulate(T1=T1, T2=T2), 5),
+        "forward complex 1e4": (lambda: cplx.simulate(T1=t1, T2=t2), 10),
+        "jacobian (T1, T2) 1e4": (lambda: real.jacobian(("T1", "T2"), T1=t1, T2=t2), 10),
+        "vjp flip pullback 1e3": (lambda: pull(cot), 5),
+        "MT forward 1e4": (lambda: real.simulate(T1=t1, T2=t2, **POOLS["mt"]), 5),
+        "poolB forward 1e4": (lambda: real.simulate(T1=t1, T2=t2, **POOLS["poolB"]), 5),
+        "MT jacobian (T1, T2) 1e3": (lambda: real.jacobian(("T1", "T2"), T1=t1[:1000], T2=t2[:1000], **POOLS["mt"]), 5),
+        "one voxel": (lambda: real.simulate(T1=1000.0, T2=80.0), 200),
+    }
+    for name, (f, repeats) in calls.items():
+        med, lo, hi = timed(f, repeats)
+        print(f"{label}\t{name}\t{med * 1e3:.3f} ms\t[{lo * 1e3:.3f}, {hi * 1e3:.3f}]", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "this")

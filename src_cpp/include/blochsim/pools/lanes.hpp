@@ -1,0 +1,548 @@
+// The pooled EPG of a block of problems in the lanes of a vector (16 a
+// SIMD vector on the host, one a thread on the device), in single
+// precision: the host's pooled forward and its Jacobian on lanes of duals.
+#pragma once
+
+#include "pools.hpp"
+
+namespace blochsim {
+inline namespace BLOCHSIM_ISA {
+
+// The shifts of a stream in each direction (a spoil cancels the shifts
+// after it, as play() does).
+BLOCHSIM_HD inline void stream_shifts(const EventStream& s, int64_t& plus, int64_t& minus) {
+  plus = minus = 0;
+  for (int64_t e = 0; e < s.n_events; ++e) {
+    const int32_t sb = s.shift_before[e], sa = (s.flags[e] & event_spoil) ? 0 : s.shift_after[e];
+    plus += (sb > 0 ? sb : 0) + (sa > 0 ? sa : 0);
+    minus += (sb < 0 ? -sb : 0) + (sa < 0 ? -sa : 0);
+  }
+}
+
+// Length of a sliding transverse row of pooled_block: K orders and room to
+// slide once per shift of the stream.
+BLOCHSIM_HD inline int64_t pool_row_length(const EventStream& s) {
+  int64_t plus, minus;
+  stream_shifts(s, plus, minus);
+  return s.states + plus + minus + 1;
+}
+
+// Vector lanes of pooled_block's workspace (V units, per lane vector) for
+// the pools of p over the stream s.
+inline int64_t pool_block_workspace(const EventStream& s, const Pools& p) {
+  const int64_t n = 1 + p.n_exchanging, m = n + (p.bound ? 1 : 0), d = 3 * n + (p.bound ? 1 : 0);
+  const int64_t states = 4 * n * pool_row_length(s) + 2 * m * static_cast<int64_t>(s.states);
+  const int64_t per_interval = 1 + 2 * n * n + m * m + m;
+  const int64_t per_driven = 1 + 2 * d * (d + 1);
+  return states + per_interval * s.n_intervals + per_driven * (s.driven ? s.n_driven : 0) + 8;
+}
+
+// The forward pooled EPG of problems [first, first + width) of t in the
+// lanes of V (16 problems a SIMD vector on the host, one a thread on the
+// device), in single precision: the same physics as pooled_problem, with
+// every per-problem operator (interval exponentials, exact pulses, the
+// semisolid saturation) formed per lane in double precision the first time
+// an event uses it and applied to the lanes at once.  Lanes past t.n
+// replay the last problem and write nothing.  work holds
+// pool_block_workspace(s, p) lane vectors, element i at work[i * ws].
+//
+// The transverse rows slide instead of moving their orders at a shift
+// (order k of F+ at element bp + k of its row, of F- at bm + k; a shift
+// moves bp and bm by one and writes three elements a row), so a row holds
+// pool_row_length(s) elements, and every element outside the K orders a
+// row shows is zero.
+//
+// Real (pooled_real_path): every RF phase is 0 or pi and nothing turns the
+// transverse states (no B0, B1phase, chemical shift or exact pulse), so F+
+// and F- stay imaginary and Z real (SPEC §1's real subspace): only those
+// planes are computed; the others stay zero.
+//
+// The pool counts are template parameters (N liquid pools, Bound), so that
+// the loops over pools unroll; WS > 0 is the workspace stride at compile
+// time, WS = 0 takes it from ws.  ls: the super-Lorentzian table in memory
+// the caller can read (host_lineshape_table() on the host).
+//
+// On lanes of duals (V = Dual<lanes, D>) the same pass carries the
+// derivatives along jo's directions (the per-lane operators are formed on
+// Dual<double, D>) and writes them to jo.jac.
+template <class V, int N, bool Bound, int64_t WS, bool Real = false>
+BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, const Pools& p,
+                                       const LineshapeTable& ls, int64_t first, V* work, int64_t ws_runtime,
+                                       float* out, const PooledJacobianOut& jo = PooledJacobianOut{}) {
+  using LT = Lanes<V>;
+  using Sc = typename LT::Scalar;                    // one lane's value
+  using QS = typename LT::template Wide<double>;  // one lane's value in double precision
+  constexpr int W = LT::width;
+  constexpr int n = N, m = N + (Bound ? 1 : 0), d = 3 * N + (Bound ? 1 : 0);
+  constexpr bool bound = Bound;
+  const int64_t ws = WS > 0 ? WS : ws_runtime;
+  int64_t idx[W];
+  for (int l = 0; l < W; ++l) idx[l] = first + l < t.n ? first + l : t.n - 1;
+  PoolTissue<QS> q[W];
+  for (int l = 0; l < W; ++l) q[l] = pool_tissue<QS>(t, p, idx[l], jo.fields, jo.n_dirs, jo.seeds);
+  const int K = s.states;
+  V M0{}, eta{};
+  bool uniform_rf = true;
+  for (int l = 0; l < W; ++l) {
+    LT::set(M0, l, static_cast<Sc>(q[l].M0));
+    LT::set(eta, l, static_cast<Sc>(q[l].eta));
+    uniform_rf = uniform_rf && value_of(q[l].B1) == value_of(q[0].B1) &&
+                 value_of(q[l].B1phase) == value_of(q[0].B1phase);
+  }
+  // B1 and B1phase carry no derivative (the lanes of a dual share their
+  // seeds, so lane 0 stands for all)
+  bool constant_rf = true;
+  if constexpr (IsDual<QS>::value)
+    for (int j = 0; j < jo.n_dirs; ++j) constant_rf = constant_rf && q[0].B1.d[j] == 0.0 && q[0].B1phase.d[j] == 0.0;
+  // every lane at B1 = 1 and no transmit phase: the stream's table holds
+  // each pulse's cos and sin (formed once per sequence)
+  const bool nominal_rf = uniform_rf && constant_rf && value_of(q[0].B1) == 1.0 && value_of(q[0].B1phase) == 0.0 &&
+                          s.rf_table != nullptr;
+  // workspace: F+ (re, im), F- (re, im) of each liquid pool (rows of R
+  // elements), Z (re, im) of every longitudinal family (rows of K); then
+  // the operators
+  auto at = [&](int64_t i) -> V& { return work[i * ws]; };
+  int64_t n_plus, n_minus;
+  stream_shifts(s, n_plus, n_minus);
+  const int64_t R = K + n_plus + n_minus + 1;
+  int64_t bp = n_plus, bm = n_minus;  // where order 0 of the F+ and F- rows is
+  const int64_t fpr = 0, fpi = n * R, fmr = 2 * n * R, fmi = 3 * n * R;
+  const int64_t zr = 4 * n * R, zi = 4 * n * R + m * K;
+  const int64_t ops = 4 * n * R + 2 * m * static_cast<int64_t>(K);
+  const int64_t per_interval = 1 + 2 * n * n + m * m + m;
+  const int64_t drv = ops + per_interval * s.n_intervals;
+  const int64_t per_driven = 1 + 2 * d * (d + 1);
+  for (int64_t i = 0; i < ops; ++i) at(i) = V{};
+  for (int j = 0; j < m; ++j) {
+    V f{};
+    for (int l = 0; l < W; ++l) LT::set(f, l, static_cast<Sc>(q[l].f[j]));
+    at(zr + j * K) = f;
+  }
+  for (int64_t v = 0; v < s.n_intervals; ++v) at(ops + v * per_interval) = V{};
+  if (s.driven)
+    for (int64_t v = 0; v < s.n_driven; ++v) at(drv + v * per_driven) = V{};
+  const bool saturating = bound && s.rf_duration_s != nullptr;
+  // T2b G(offset - B0) per lane for the last pulse offset seen
+  float g_offset = 0.0f;
+  bool g_ready = false;
+  QS g_lane[W];
+  int band = 1;
+  V frame_c = V{} + 1.0f, frame_s{};  // the complex planes' frame (below)
+
+  // F+ row j, order k (plus fpr or fpi); F- likewise (plus fmr or fmi)
+  auto xp = [&](int j, int k) { return j * R + bp + k; };
+  auto xm = [&](int j, int k) { return j * R + bm + k; };
+  auto shift = [&](int dir) {
+    // the row that moves up (F+ for dir > 0) gains order 0 = conj of the
+    // other's new order 0 and drops its old order K - 1; the other drops
+    // its old order 0 and gains a zero order K - 1 from outside
+    if (dir > 0) {
+      --bp;
+      ++bm;
+    } else {
+      ++bp;
+      --bm;
+    }
+    for (int j = 0; j < n; ++j)
+      for (int part = Real ? 1 : 0; part < 2; ++part) {
+        const int64_t up = dir > 0 ? (part ? fpi : fpr) + xp(j, 0) : (part ? fmi : fmr) + xm(j, 0);
+        const int64_t dn = dir > 0 ? (part ? fmi : fmr) + xm(j, 0) : (part ? fpi : fpr) + xp(j, 0);
+        at(up + K) = V{};
+        at(dn - 1) = V{};
+        at(up) = part ? -at(dn) : at(dn);  // F_up,0 = conj(F_dn,0)
+      }
+    band = band < K ? band + 1 : K;
+  };
+
+  for (int64_t e = 0; e < s.n_events; ++e) {
+    const uint32_t f = s.flags[e];
+    const int32_t iv = s.interval[e];
+    // The event's operators first (interval, semisolid saturation, RF),
+    // then one pass over the orders that applies them in turn when no
+    // shift comes between the interval and the pulse.
+    V Pv[2 * n * n], Lv[m * m], Rv[m];
+    if (iv >= 0) {
+      const int64_t o = ops + iv * per_interval;
+      const int64_t P = o + 1, L = P + 2 * n * n, R = L + m * m;
+      if (value_of(LT::get(at(o), 0)) == 0.0f) {
+        for (int l = 0; l < W; ++l) {
+          Cx<QS> Pl[max_liquid_pools * max_liquid_pools];
+          QS Ll[max_longitudinal_pools * max_longitudinal_pools], rl[max_longitudinal_pools];
+          pool_interval(q[l], QS(s.duration_s[iv]), Pl, Ll, rl);
+          for (int i = 0; i < n * n; ++i) {
+            LT::set(at(P + 2 * i), l, static_cast<Sc>(Pl[i].re));
+            LT::set(at(P + 2 * i + 1), l, static_cast<Sc>(Pl[i].im));
+          }
+          for (int i = 0; i < m * m; ++i) LT::set(at(L + i), l, static_cast<Sc>(Ll[i]));
+          for (int i = 0; i < m; ++i) LT::set(at(R + i), l, static_cast<Sc>(rl[i]));
+          LT::set(at(o), l, 1.0f);
+        }
+      }
+      // the operator in locals: the compiler cannot keep it in registers
+      // across the stores to the workspace otherwise
+      for (int i = 0; i < 2 * n * n; ++i) Pv[i] = at(P + i);
+      for (int i = 0; i < m * m; ++i) Lv[i] = at(L + i);
+      for (int i = 0; i < m; ++i) Rv[i] = at(R + i);
+    }
+    const bool sat = (f & (event_rf | event_saturation)) && saturating && s.rf_duration_s[e] > 0.0f;
+    V decay{};
+    if (sat) {
+      const double tau_rf = s.rf_duration_s[e];
+      const float offset = s.rf_offset_hz ? s.rf_offset_hz[e] : 0.0f;
+      if (!g_ready || offset != g_offset) {
+        for (int l = 0; l < W; ++l) {
+          double g, dg;
+          const QS xg = (QS(offset) - q[l].B0) * q[l].T2b * (2.0 * pi);
+          lineshape_eval(p.lineshape, value_of(xg), ls, g, dg);
+          g_lane[l] = q[l].T2b * lift(xg, g, dg);
+        }
+        g_offset = offset;
+        g_ready = true;
+      }
+      const double power = s.rf_power ? s.rf_power[e] : 1.0;
+      for (int l = 0; l < W; ++l) {
+        const QS a = q[l].B1 * static_cast<double>(s.flip_rad[e]);
+        using std::exp;
+        LT::set(decay, l, static_cast<Sc>(exp(-(pi * power / tau_rf) * g_lane[l] * (a * a))));
+      }
+    }
+    const bool rf = (f & event_rf) != 0;
+    V ca{}, sa{}, cp{}, sp{};
+    if (rf && nominal_rf) {
+      const float* row = s.rf_table + e * rf_table_fields;
+      ca = V{} + row[rft_cos];
+      sa = V{} + row[rft_sin];
+      cp = V{} + row[rft_cos_phase];
+      sp = V{} + row[rft_sin_phase];
+    } else if (rf) {
+      using std::cos;
+      using std::sin;
+      for (int l = 0; l < (uniform_rf ? 1 : W); ++l) {
+        const QS a = q[l].B1 * static_cast<double>(s.flip_rad[e]);
+        const QS ph = q[l].B1phase + static_cast<double>(s.phase_rad[e]);
+        LT::set(ca, l, static_cast<Sc>(cos(a)));
+        LT::set(sa, l, static_cast<Sc>(sin(a)));
+        LT::set(cp, l, static_cast<Sc>(cos(ph)));
+        LT::set(sp, l, static_cast<Sc>(sin(ph)));
+      }
+      if (uniform_rf) {
+        ca = LT::splat(LT::get(ca, 0));
+        sa = LT::splat(LT::get(sa, 0));
+        cp = LT::splat(LT::get(cp, 0));
+        sp = LT::splat(LT::get(sp, 0));
+      }
+    }
+    const int32_t sb = s.shift_before[e];
+    const bool common = sb == 0 && iv >= 0 && rf && !sat;
+    // The complex planes hold the state in the frame of the last common
+    // event's pulse phase theta (F+ stored times e^{-i theta}, F- times
+    // e^{i theta}; Z and the shifts are unchanged by it).  The interval's
+    // P commutes with the frame, so the common event folds the step from
+    // theta to its own phase phi into P (a scalar a lane) and turns the
+    // orders by the cheaper in-phase pulse.  Other pulses turn by phi -
+    // theta; readouts add theta to the receiver; exact pulses leave the
+    // frame first.
+    V rel_c{}, rel_s{};  // e^{i (theta - phi)}
+    if (!Real && rf) {
+      rel_c = frame_c * cp + frame_s * sp;
+      rel_s = frame_s * cp - frame_c * sp;
+    }
+    const bool in_phase = !Real && common;
+    if (in_phase) {
+      for (int i = 0; i < n * n; ++i) {
+        const V pr = Pv[2 * i], pim = Pv[2 * i + 1];
+        Pv[2 * i] = pr * rel_c - pim * rel_s;
+        Pv[2 * i + 1] = pr * rel_s + pim * rel_c;
+      }
+      frame_c = cp;
+      frame_s = sp;
+    }
+    const PoolRotation<V> rot = in_phase       ? PoolRotation<V>(ca, sa, V{} + 1.0f, V{})
+                                : Real || !rf ? PoolRotation<V>(ca, sa, cp, sp)
+                                              : PoolRotation<V>(ca, sa, rel_c, V{} - rel_s);
+
+    // One order's state in locals: F+ (ar, ai) and F- (br, bi) of each
+    // liquid pool, Z (cr, ci) of each longitudinal family; on the real
+    // planes only ai, bi and cr.  The common event loads an order once,
+    // relaxes and turns it in registers and stores it once.
+    using Order = PoolOrder<V, n, m>;
+    auto load = [&](int k, Order& o) BLOCHSIM_LAMBDA_INLINE {
+      for (int j = 0; j < n; ++j) {
+        if constexpr (!Real) {
+          o.ar[j] = at(fpr + xp(j, k));
+          o.br[j] = at(fmr + xm(j, k));
+        }
+        o.ai[j] = at(fpi + xp(j, k));
+        o.bi[j] = at(fmi + xm(j, k));
+      }
+      for (int j = 0; j < m; ++j) {
+        o.cr[j] = at(zr + j * K + k);
+        if constexpr (!Real) o.ci[j] = at(zi + j * K + k);
+      }
+    };
+    auto store = [&](int k, const Order& o) BLOCHSIM_LAMBDA_INLINE {
+      for (int j = 0; j < n; ++j) {
+        if constexpr (!Real) {
+          at(fpr + xp(j, k)) = o.ar[j];
+          at(fmr + xm(j, k)) = o.br[j];
+        }
+        at(fpi + xp(j, k)) = o.ai[j];
+        at(fmi + xm(j, k)) = o.bi[j];
+      }
+      for (int j = 0; j < m; ++j) {
+        at(zr + j * K + k) = o.cr[j];
+        if constexpr (!Real) at(zi + j * K + k) = o.ci[j];
+      }
+    };
+    // x = the interval's operators on o (x is not o)
+    auto relax = [&](int k, const Order& o, Order& x) BLOCHSIM_LAMBDA_INLINE {
+      pool_relax<Real>(Pv, Lv, o, x, k == 0 ? Rv : nullptr);
+    };
+    auto turn = [&](Order& o, const auto& r) BLOCHSIM_LAMBDA_INLINE {  // the common event's pulse r
+      for (int j = 0; j < n; ++j) {
+        if constexpr (Real) {
+          r.real(o.ai[j], o.bi[j], o.cr[j]);
+        } else {
+          r.in_phase(o.ar[j], o.ai[j], o.br[j], o.bi[j], o.cr[j], o.ci[j]);
+        }
+      }
+    };
+    auto common_pass = [&](const auto& r) BLOCHSIM_LAMBDA_INLINE {
+      for (int k = 0; k < band; ++k) {
+        Order o, x;
+        load(k, o);
+        relax(k, o, x);
+        turn(x, r);
+        store(k, x);
+      }
+    };
+    auto interval_at = [&](int k) BLOCHSIM_LAMBDA_INLINE {
+      Order o, x;
+      load(k, o);
+      relax(k, o, x);
+      store(k, x);
+    };
+    auto saturate_at = [&](int k) BLOCHSIM_LAMBDA_INLINE {
+      at(zr + n * K + k) *= decay;
+      if constexpr (!Real) at(zi + n * K + k) *= decay;
+    };
+    auto rotate_at = [&](int k) BLOCHSIM_LAMBDA_INLINE {
+      for (int j = 0; j < n; ++j) {
+        if constexpr (Real) {
+          rot.real(at(fpi + xp(j, k)), at(fmi + xm(j, k)), at(zr + j * K + k));
+        } else {
+          rot.apply(at(fpr + xp(j, k)), at(fpi + xp(j, k)), at(fmr + xm(j, k)), at(fmi + xm(j, k)),
+                    at(zr + j * K + k), at(zi + j * K + k));
+        }
+      }
+    };
+    if (common) {
+      // the common event, without branches between the orders
+      if constexpr (IsDual<V>::value) {
+        if (constant_rf) {
+          // the pulse carries no derivative: its coefficients as plain
+          // lanes, multiplying each dual at a third of a dual product
+          using B = decltype(V{}.v);
+          const PoolRotation<B> plain = in_phase ? PoolRotation<B>(ca.v, sa.v, B{} + 1.0f, B{})
+                                                 : PoolRotation<B>(ca.v, sa.v, cp.v, sp.v);
+          common_pass(plain);
+        } else {
+          common_pass(rot);
+        }
+      } else {
+        common_pass(rot);
+      }
+    } else if (sb == 0) {
+      for (int k = 0; k < band; ++k) {
+        if (iv >= 0) interval_at(k);
+        if (sat) saturate_at(k);
+        if (rf) rotate_at(k);
+      }
+    } else {
+      if (iv >= 0)
+        for (int k = 0; k < band; ++k) interval_at(k);
+      for (int c = 0; c < (sb > 0 ? sb : -sb); ++c) shift(sb > 0 ? 1 : -1);
+      for (int k = 0; k < band; ++k) {
+        if (sat) saturate_at(k);
+        if (rf) rotate_at(k);
+      }
+    }
+    if (!Real && (f & event_driven)) {
+      // leave the frame: F+ times e^{i theta}, F- times e^{-i theta}
+      for (int j = 0; j < n; ++j)
+        for (int k = 0; k < band; ++k) {
+          V& ar = at(fpr + xp(j, k));
+          V& ai = at(fpi + xp(j, k));
+          V& br = at(fmr + xm(j, k));
+          V& bi = at(fmi + xm(j, k));
+          const V a = ar, b = ai, c = br, d = bi;
+          ar = a * frame_c - b * frame_s;
+          ai = b * frame_c + a * frame_s;
+          br = c * frame_c + d * frame_s;
+          bi = d * frame_c - c * frame_s;
+        }
+      frame_c = V{} + 1.0f;
+      frame_s = V{};
+      const int32_t id = s.driven[e];
+      const int64_t o = drv + id * per_driven, Mo = o + 1, Co = Mo + 2 * d * d;
+      if (value_of(LT::get(at(o), 0)) == 0.0f) {
+        for (int l = 0; l < W; ++l) {
+          Cx<QS> Ml[max_driven_size * max_driven_size], cl[max_driven_size];
+          pool_driven(q[l], p.lineshape, ls, driven_pulse<QS>(s.driven_table + id * driven_fields), Ml, cl);
+          for (int i = 0; i < d * d; ++i) {
+            LT::set(at(Mo + 2 * i), l, static_cast<Sc>(Ml[i].re));
+            LT::set(at(Mo + 2 * i + 1), l, static_cast<Sc>(Ml[i].im));
+          }
+          for (int i = 0; i < d; ++i) {
+            LT::set(at(Co + 2 * i), l, static_cast<Sc>(cl[i].re));
+            LT::set(at(Co + 2 * i + 1), l, static_cast<Sc>(cl[i].im));
+          }
+          LT::set(at(o), l, 1.0f);
+        }
+      }
+      auto mat = [&](int i) -> const V& { return at(Mo + i); };
+      auto src = [&](int i) -> const V& { return at(Co + i); };
+      for (int k = 0; k < band; ++k) {
+        Order o;
+        load(k, o);
+        pool_drive(mat, src, k == 0, o);
+        store(k, o);
+      }
+    }
+    if (f & event_inversion)
+      for (int j = 0; j < n; ++j)
+        for (int k = 0; k < band; ++k) {
+          at(zr + j * K + k) = -eta * at(zr + j * K + k);
+          if constexpr (!Real) at(zi + j * K + k) = -eta * at(zi + j * K + k);
+        }
+    if (f & event_readout) {
+      V accr = at(fpr + xp(0, 0)), acci = at(fpi + xp(0, 0));
+      for (int j = 1; j < n; ++j) {
+        accr += at(fpr + xp(j, 0));
+        acci += at(fpi + xp(j, 0));
+      }
+      if constexpr (!Real) {  // out of the frame
+        const V a = accr;
+        accr = a * frame_c - acci * frame_s;
+        acci = acci * frame_c + a * frame_s;
+      }
+      const float cr = s.rf_table ? s.rf_table[e * rf_table_fields + rft_cos_rx]
+                                  : static_cast<float>(std::cos(static_cast<double>(s.rx_phase_rad[e])));
+      const float sr = s.rf_table ? s.rf_table[e * rf_table_fields + rft_sin_rx]
+                                  : static_cast<float>(std::sin(static_cast<double>(s.rx_phase_rad[e])));
+      // M0 (F+) e^{-i rx}
+      const V re = M0 * (accr * cr + acci * sr), im = M0 * (acci * cr - accr * sr);
+      const int32_t slot = s.slot[e];
+      for (int l = 0; l < W; ++l) {
+        if (first + l >= t.n) break;
+        const Sc vr = LT::get(re, l), vi = LT::get(im, l);
+        float* o = out + ((first + l) * s.n_samples + slot) * 2;
+        o[0] = value_of(vr);
+        o[1] = value_of(vi);
+        if constexpr (IsDual<Sc>::value)
+          for (int j = 0; j < jo.n_dirs; ++j) {
+            float* dj = jo.jac + (((first + l) * jo.jac_dirs + jo.first_dir + j) * s.n_samples + slot) * 2;
+            dj[0] = vr.d[j];
+            dj[1] = vi.d[j];
+          }
+      }
+    }
+    if (f & event_spoil) {
+      for (int j = 0; j < n; ++j)
+        for (int k = 0; k < band; ++k) {
+          if constexpr (!Real) {
+            at(fpr + xp(j, k)) = V{};
+            at(fmr + xm(j, k)) = V{};
+          }
+          at(fpi + xp(j, k)) = V{};
+          at(fmi + xm(j, k)) = V{};
+        }
+    } else {
+      for (int sa = s.shift_after[e], c = 0; c < (sa > 0 ? sa : -sa); ++c) shift(sa > 0 ? 1 : -1);
+    }
+  }
+  return ok;
+}
+
+template <class V, int64_t WS = 0>
+BLOCHSIM_HD inline int pooled_block(const EventStream& s, const Tissue& t, const Pools& p, const LineshapeTable& ls,
+                                    int64_t first, V* work, int64_t ws, float* out) {
+  const int key = 2 * p.n_exchanging + (p.bound ? 1 : 0);
+  switch (key) {
+    case 0: return pooled_block_of<V, 1, false, WS>(s, t, p, ls, first, work, ws, out);
+    case 1: return pooled_block_of<V, 1, true, WS>(s, t, p, ls, first, work, ws, out);
+    case 2: return pooled_block_of<V, 2, false, WS>(s, t, p, ls, first, work, ws, out);
+    case 3: return pooled_block_of<V, 2, true, WS>(s, t, p, ls, first, work, ws, out);
+    case 4: return pooled_block_of<V, 3, false, WS>(s, t, p, ls, first, work, ws, out);
+    case 5: return pooled_block_of<V, 3, true, WS>(s, t, p, ls, first, work, ws, out);
+    case 6: return pooled_block_of<V, 4, false, WS>(s, t, p, ls, first, work, ws, out);
+    case 7: return pooled_block_of<V, 4, true, WS>(s, t, p, ls, first, work, ws, out);
+    case 8: return pooled_block_of<V, 5, false, WS>(s, t, p, ls, first, work, ws, out);
+    case 9: return pooled_block_of<V, 5, true, WS>(s, t, p, ls, first, work, ws, out);
+    default: return bad_pools;
+  }
+}
+
+// Whether pooled_block_of may play the stream on its real planes: phases 0
+// or pi, nothing off-axis (the stream's real-subspace verdict with no common
+// phase, and no B0 or B1phase in t), no chemical shift and no exact pulse;
+// and the pool counts the real variant is compiled for (the MT pool alone,
+// one exchanging pool).
+BLOCHSIM_HD inline bool pooled_real_path(const EventStream& s, const Tissue& t, const Pools& p) {
+  if (!s.real_path || s.driven) return false;
+  if (t.B0_hz.present() || t.B0_hz.fallback != 0.0f || t.B1phase_rad.present() || t.B1phase_rad.fallback != 0.0f)
+    return false;
+  const double ph = s.common_phase_rad;
+  if (std::sin(ph) > 1e-6 || std::sin(ph) < -1e-6) return false;
+  for (int j = 0; j < p.n_exchanging; ++j)
+    if (p.pool[j][pool_shift_hz].present()) return false;
+  return (p.n_exchanging == 0 && p.bound) || (p.n_exchanging == 1 && !p.bound);
+}
+
+// pooled_block on the real planes when pooled_real_path(s, p), else as
+// pooled_block (the host's entry; the device plays the complex planes).
+template <class V, int64_t WS = 0>
+inline int pooled_block_host(const EventStream& s, const Tissue& t, const Pools& p, const LineshapeTable& ls,
+                             int64_t first, V* work, int64_t ws, float* out, bool real) {
+  if (real && p.n_exchanging == 0) return pooled_block_of<V, 1, true, WS, true>(s, t, p, ls, first, work, ws, out);
+  if (real) return pooled_block_of<V, 2, false, WS, true>(s, t, p, ls, first, work, ws, out);
+  return pooled_block<V, WS>(s, t, p, ls, first, work, ws, out);
+}
+
+// Whether pooled_jacobian_block plays these pools: the semisolid pool
+// alone, or one exchanging pool with or without it.
+BLOCHSIM_HD inline bool pooled_lane_jacobian(const Pools& p) {
+  return p.n_exchanging == 1 || (p.n_exchanging == 0 && p.bound);
+}
+
+// Whether a Jacobian pass along jo's directions turns the transverse states
+// off the real planes (B1phase, B0, a chemical shift): its derivatives need
+// the complex planes even where the values stay real.
+BLOCHSIM_HD inline bool pooled_dirs_turn(const PooledJacobianOut& jo) {
+  for (int j = 0; j < jo.n_dirs; ++j) {
+    const int f = jo.fields[j];
+    if (f == field_B1phase || f == field_B0 || (f >= field_pool_first && (f - field_pool_first) % pool_columns == pool_shift_hz))
+      return true;
+  }
+  return false;
+}
+
+// A pooled Jacobian pass on lanes of duals (V = Dual<lanes, D>, jo.n_dirs
+// <= D): pooled_block_of for the pools of pooled_lane_jacobian (bad_pools
+// for others), on the real planes when real.
+template <class V, int64_t WS = 0>
+inline int pooled_jacobian_block(const EventStream& s, const Tissue& t, const Pools& p, const LineshapeTable& ls,
+                                 int64_t first, V* work, int64_t ws, float* out, bool real,
+                                 const PooledJacobianOut& jo) {
+  if (!pooled_lane_jacobian(p)) return bad_pools;
+  if (p.n_exchanging == 0) {
+    return real ? pooled_block_of<V, 1, true, WS, true>(s, t, p, ls, first, work, ws, out, jo)
+                : pooled_block_of<V, 1, true, WS>(s, t, p, ls, first, work, ws, out, jo);
+  }
+  if (p.bound) return pooled_block_of<V, 2, true, WS>(s, t, p, ls, first, work, ws, out, jo);
+  return real ? pooled_block_of<V, 2, false, WS, true>(s, t, p, ls, first, work, ws, out, jo)
+              : pooled_block_of<V, 2, false, WS>(s, t, p, ls, first, work, ws, out, jo);
+}
+
+}  // namespace BLOCHSIM_ISA
+}  // namespace blochsim
