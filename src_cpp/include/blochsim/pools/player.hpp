@@ -3,6 +3,7 @@
 // problem and the adjoint (pools/adjoint.hpp) play.
 #pragma once
 
+#include "play.hpp"
 #include "pools.hpp"
 
 namespace blochsim {
@@ -104,7 +105,8 @@ struct PoolPlayer {
 
   // Order k of every family into o (F+, F- of the liquid pools, Z of the
   // longitudinal families), and back.
-  BLOCHSIM_HD void load(int k, PoolOrder<S>& o) const {
+  template <int NN, int MM>
+  BLOCHSIM_HD void load(int k, PoolOrder<S, NN, MM>& o) const {
     for (int j = 0; j < n; ++j) {
       o.ar[j] = fp()[j * K + k].re;
       o.ai[j] = fp()[j * K + k].im;
@@ -116,7 +118,8 @@ struct PoolPlayer {
       o.ci[j] = z()[j * K + k].im;
     }
   }
-  BLOCHSIM_HD void store(int k, const PoolOrder<S>& o) {
+  template <int NN, int MM>
+  BLOCHSIM_HD void store(int k, const PoolOrder<S, NN, MM>& o) {
     for (int j = 0; j < n; ++j) {
       fp()[j * K + k] = {o.ar[j], o.ai[j]};
       fm()[j * K + k] = {o.br[j], o.bi[j]};
@@ -138,70 +141,118 @@ struct PoolPlayer {
     band = band < K ? band + 1 : K;
   }
 
-  // Plays event e; sink(slot, sample) takes its readout.
-  template <class Sink>
-  BLOCHSIM_HD void event(int64_t e, Sink&& sink) {
+  // The Store of pooled_event (pools/play.hpp).
+  BLOCHSIM_HD uint32_t flags(int64_t e) const { return s.flags[e]; }
+  BLOCHSIM_HD int32_t shift_before(int64_t e) const { return s.shift_before[e]; }
+  BLOCHSIM_HD int32_t shift_after(int64_t e) const { return s.shift_after[e]; }
+
+  struct Step {
+    bool relaxes = false, saturates = false, rotates = false;
+    int n = 1, m = 1;
+    const S* P = nullptr;  // (re, im) pairs
+    const S* L = nullptr;
+    const S* r = nullptr;
+    S decay = S(1.0);
+    PoolRotation<S> rot{S(1.0), S(0.0), S(1.0), S(0.0)};
+    template <int NN, int MM>
+    BLOCHSIM_HD void relax(int k, PoolOrder<S, NN, MM>& o) const {
+      PoolOrder<S, NN, MM> x;
+      pool_relax<false>(P, L, o, x, k == 0 ? r : nullptr);
+      o = x;
+    }
+    template <int NN, int MM>
+    BLOCHSIM_HD void saturate(PoolOrder<S, NN, MM>& o) const {
+      if constexpr (MM > NN) {
+        o.cr[NN] = decay * o.cr[NN];
+        o.ci[NN] = decay * o.ci[NN];
+      }
+    }
+    template <class F>
+    BLOCHSIM_HD void with_turn(F&& f) const {
+      f([&](auto& o) { PoolTurn<false>::on(rot, o, n); });
+    }
+  };
+  BLOCHSIM_HD Step step(int64_t e, bool) {
+    Step st;
+    st.n = n;
+    st.m = m;
     const uint32_t f = s.flags[e];
     const int32_t iv = s.interval[e];
-    Cx<S>* const Fp = fp();
-    Cx<S>* const Fm = fm();
-    Cx<S>* const Z = z();
-    const Cx<S> czero{S(0.0), S(0.0)};
     if (iv >= 0) {
       Cx<S>* P;
       S *L, *r;
       interval_ops(iv, P, L, r);
-      const S* Pr = reinterpret_cast<const S*>(P);  // (re, im) pairs
-      for (int k = 0; k < band; ++k) {
-        PoolOrder<S> o, x;
-        load(k, o);
-        pool_relax<false>(Pr, L, o, x, k == 0 ? r : nullptr, n, m);
-        store(k, x);
-      }
+      st.relaxes = true;
+      st.P = reinterpret_cast<const S*>(P);
+      st.L = L;
+      st.r = r;
     }
-    for (int sb = s.shift_before[e], c = 0; c < (sb > 0 ? sb : -sb); ++c) shift(sb > 0 ? 1 : -1);
     if (q.bound && (f & (event_rf | event_saturation))) {
-      const S decay = saturation(e);
-      Cx<S>* zb = Z + n * K;
-      for (int k = 0; k < band; ++k) zb[k] = decay * zb[k];
+      st.saturates = true;
+      st.decay = saturation(e);
     }
     if (f & event_rf) {
-      const PoolRotation<S> R = rotation(e);
-      for (int j = 0; j < n; ++j)
-        for (int k = 0; k < band; ++k) {
-          Cx<S>&a = Fp[j * K + k], &b = Fm[j * K + k], &c = Z[j * K + k];
-          R.apply(a.re, a.im, b.re, b.im, c.re, c.im);
-        }
+      st.rotates = true;
+      st.rot = rotation(e);
     }
-    if (f & event_driven) {
-      Cx<S> *M, *c;
-      driven_ops(s.driven[e], M, c);
-      const S* Mr = reinterpret_cast<const S*>(M);  // (re, im) pairs
-      const S* cr = reinterpret_cast<const S*>(c);
-      auto mat = [&](int i) -> const S& { return Mr[i]; };
-      auto src = [&](int i) -> const S& { return cr[i]; };
-      for (int k = 0; k < band; ++k) {
-        PoolOrder<S> o;
-        load(k, o);
-        pool_drive(mat, src, k == 0, o, n, q.bound);
-        store(k, o);
-      }
+    return st;
+  }
+  // f(k, o) on the orders of the band, o sized to the pools at compile
+  // time (so that an order's locals hold what the pools need and no more).
+  template <class F>
+  BLOCHSIM_HD void orders(F&& f) {
+    switch (2 * n + (q.bound ? 1 : 0)) {
+      case 2: return orders_of<1, 1>(f);
+      case 3: return orders_of<1, 2>(f);
+      case 4: return orders_of<2, 2>(f);
+      case 5: return orders_of<2, 3>(f);
+      case 6: return orders_of<3, 3>(f);
+      case 7: return orders_of<3, 4>(f);
+      case 8: return orders_of<4, 4>(f);
+      case 9: return orders_of<4, 5>(f);
+      case 10: return orders_of<5, 5>(f);
+      default: return orders_of<5, 6>(f);
     }
-    if (f & event_inversion)
-      for (int j = 0; j < n; ++j)
-        for (int k = 0; k < band; ++k) Z[j * K + k] = (-q.eta) * Z[j * K + k];
-    if (f & event_readout) {
-      Cx<S> acc = Fp[0];
-      for (int j = 1; j < n; ++j) acc = acc + Fp[j * K];
-      const double rx = s.rx_phase_rad[e];
-      const Cx<S> erx{S(std::cos(rx)), S(-std::sin(rx))};
-      sink(s.slot[e], q.M0 * (acc * erx));
+  }
+  template <int NN, int MM, class F>
+  BLOCHSIM_HD void orders_of(F& f) {
+    for (int k = 0; k < band; ++k) {
+      PoolOrder<S, NN, MM> o;
+      load(k, o);
+      f(k, o);
+      store(k, o);
     }
-    if (f & event_spoil) {
-      for (int64_t l = 0; l < 2 * n * K; ++l) Fp[l] = czero;
-    } else {
-      for (int sa = s.shift_after[e], c = 0; c < (sa > 0 ? sa : -sa); ++c) shift(sa > 0 ? 1 : -1);
-    }
+  }
+  BLOCHSIM_HD void drive(int64_t e) {
+    Cx<S> *M, *c;
+    driven_ops(s.driven[e], M, c);
+    const S* Mr = reinterpret_cast<const S*>(M);  // (re, im) pairs
+    const S* cr = reinterpret_cast<const S*>(c);
+    auto mat = [&](int i) -> const S& { return Mr[i]; };
+    auto src = [&](int i) -> const S& { return cr[i]; };
+    orders([&](int k, auto& o) { pool_drive(mat, src, k == 0, o); });
+  }
+  BLOCHSIM_HD void invert() {
+    for (int j = 0; j < n; ++j)
+      for (int k = 0; k < band; ++k) z()[j * K + k] = (-q.eta) * z()[j * K + k];
+  }
+  template <class Sink>
+  BLOCHSIM_HD void readout(int64_t e, Sink& sink) const {
+    Cx<S> acc = fp()[0];
+    for (int j = 1; j < n; ++j) acc = acc + fp()[j * K];
+    const double rx = s.rx_phase_rad[e];
+    const Cx<S> erx{S(std::cos(rx)), S(-std::sin(rx))};
+    sink(s.slot[e], q.M0 * (acc * erx));
+  }
+  BLOCHSIM_HD void spoil() {
+    const Cx<S> czero{S(0.0), S(0.0)};
+    for (int64_t l = 0; l < 2 * n * K; ++l) fp()[l] = czero;
+  }
+
+  // Plays event e; sink(slot, sample) takes its readout.
+  template <class Sink>
+  BLOCHSIM_HD void event(int64_t e, Sink&& sink) {
+    pooled_event(e, *this, sink);
   }
 };
 
