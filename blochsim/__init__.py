@@ -23,6 +23,7 @@ from blochsim.sequence import (Delay, Dephase, Excitation, Inversion, Operator, 
                                RectPulse, Refocusing, SampledPulse, Saturation, Sequence, Spoil, hyperbolic_secant,
                                power_factor, slice_profile)
 from blochsim.simulator import ClosedFormSimulator, Simulator
+from blochsim import pulseq  # registers the format of Simulator.from_pulseq
 from blochsim.simulators import (bssfp_sim, fse_sim, ir_sim, mrf_sim, se_sim, spgr_sim, ste_sim,
                                  truefisp_sim)
 

@@ -5,7 +5,6 @@ import os
 from typing import NamedTuple
 
 from blochsim import _core
-from blochsim import _validate as V
 
 _CUDA_STATUS = None
 
@@ -16,6 +15,11 @@ def cuda_status():
     if _CUDA_STATUS is None:
         _CUDA_STATUS = _core.cuda_available()
     return _CUDA_STATUS
+
+
+def is_device_array(x) -> bool:
+    """True for objects exposing the CUDA array interface."""
+    return hasattr(x, "__cuda_array_interface__")
 
 
 def backends():
@@ -86,9 +90,9 @@ def route(asked, threads, tissue, out=None) -> Route:
     arrays) is a device array; ``threads`` if set, else
     :func:`default_threads`.  Refuses device arrays on a call forced to the
     host, and a GPU call without a usable CUDA backend."""
-    on_device = [k for k, v in tissue.items() if V.is_device_array(v)]
+    on_device = [k for k, v in tissue.items() if is_device_array(v)]
     outs = out if isinstance(out, tuple) else (out,)
-    if any(o is not None and V.is_device_array(o) for o in outs):
+    if any(o is not None and is_device_array(o) for o in outs):
         on_device.append("out")
     device = resolve_device(asked, on_device[0] if on_device else None)
     if device == "cpu" and on_device:

@@ -9,6 +9,8 @@ import numbers
 
 import numpy as np
 
+from blochsim._dispatch import cuda_status, is_device_array
+
 # Public name -> (factor to SI, SI name, lower bound or None, strict bound?)
 TISSUE_UNITS = {
     "T1": (1e-3, "T1_s", 0.0, True),
@@ -58,7 +60,7 @@ UPPER_BOUNDS = {"fat_fraction": 1.0}
 # |value| past which single precision cannot carry a property through the
 # kernels exactly (signals and derivatives within float32; phases of B0 and
 # shifts over a second resolved to a fraction of a degree)
-MAGNITUDE_BOUNDS = {"M0": 1e30, "B0": 1e6, "B1": 1e3, "v": 1e3}
+MAGNITUDE_BOUNDS = {"M0": 1e30, "B0": 1e6, "B1": 1e3, "v": 1e3, **{f"pool{x}_shift": 1e6 for x in "BCDE"}}
 
 UNIT_NAMES = {
     "T1": "ms", "T2": "ms", "T2star": "ms", "T2prime": "ms", "M0": "", "B1": "", "B0": "Hz",
@@ -69,11 +71,6 @@ UNIT_NAMES = {
 for _x in "BCDE":
     UNIT_NAMES.update({f"pool{_x}_fraction": "", f"pool{_x}_exchange": "Hz", f"pool{_x}_T1": "ms",
                        f"pool{_x}_T2": "ms", f"pool{_x}_shift": "Hz"})
-
-
-def is_device_array(x) -> bool:
-    """True for objects exposing the CUDA array interface."""
-    return hasattr(x, "__cuda_array_interface__")
 
 
 def _first_bad(arr: np.ndarray, mask: np.ndarray) -> str:
@@ -136,7 +133,7 @@ def tissue_array(name: str, value) -> np.ndarray:
         raise ValueError(f"{name} must be <= {UPPER_BOUNDS[name]:g}, got {_first_bad(arr, arr > UPPER_BOUNDS[name])}")
     # one reduction for both bounds below (arr is finite here)
     peak = abs(float(arr)) if arr.ndim == 0 else float(np.max(np.abs(arr))) if arr.size else 0.0
-    bound = MAGNITUDE_BOUNDS["B0"] if name.endswith("_shift") else MAGNITUDE_BOUNDS.get(name)
+    bound = MAGNITUDE_BOUNDS.get(name)
     if bound is not None and peak > bound:
         u = f" {UNIT_NAMES[name]}" if UNIT_NAMES.get(name) else ""
         raise ValueError(f"{name} must be within +-{bound:g}{u} (single precision carries no more), got "
@@ -148,8 +145,6 @@ def tissue_array(name: str, value) -> np.ndarray:
 
 
 def device_unavailable_error(name: str) -> Exception:
-    from blochsim._dispatch import cuda_status
-
     ok, why = cuda_status()
     return RuntimeError(
         f"{name} is a device array (__cuda_array_interface__), but the CUDA backend cannot run: {why}")

@@ -32,6 +32,11 @@ from blochsim._protocol import PLAYED_COMMON, Played, check_diff_values
 
 __all__ = ["ClosedFormSimulator", "PLAYED_COMMON", "Simulator"]
 
+#: The simulator of each sequence-file format, for Simulator.from_pulseq.
+#: The format's package adds its own when imported (blochsim.pulseq, which
+#: ``import blochsim`` imports), so that this module need not import it.
+FILE_SIMULATORS: dict = {}
+
 
 class Simulator(Played):
     """Base class of sequences played through the EPG engine.
@@ -127,9 +132,7 @@ class Simulator(Played):
         >>> sim = blochsim.Simulator.from_pulseq("gre.seq")          # doctest: +SKIP
         >>> s = sim.simulate(T1=1000.0, T2=80.0)                      # doctest: +SKIP
         """
-        from blochsim.pulseq import PulseqSimulator
-
-        return PulseqSimulator(path=path, **options)
+        return FILE_SIMULATORS["pulseq"](path=path, **options)
 
     def simulate(self, out=None, **values):
         """Simulate the signal.

@@ -12,7 +12,7 @@ from blochsim import _validate as V
 from blochsim.pulseq.file import PulseqError, _File
 from blochsim.pulseq.reader import _field_strength, _read, _Reader
 from blochsim.sequence import Delay, Pulse, Readout, Sequence, Spoil
-from blochsim.simulator import Simulator
+from blochsim.simulator import FILE_SIMULATORS, Simulator
 
 _CACHE = {}
 
@@ -68,6 +68,9 @@ class PulseqSimulator(Simulator):
         if p["path"] is None:
             raise TypeError("PulseqSimulator needs path, the Pulseq file")
         return p["_sequence"]
+
+
+FILE_SIMULATORS["pulseq"] = PulseqSimulator
 
 
 # -- pulseq-cest -------------------------------------------------------------
