@@ -157,14 +157,14 @@ struct PoolPlayer {
     template <int NN, int MM>
     BLOCHSIM_HD void relax(int k, PoolOrder<S, NN, MM>& o) const {
       PoolOrder<S, NN, MM> x;
-      pool_relax<false>(P, L, o, x, k == 0 ? r : nullptr);
+      pool_relax<false>(P, L, o, x, k == 0 ? r : nullptr, n, m);
       o = x;
     }
     template <int NN, int MM>
     BLOCHSIM_HD void saturate(PoolOrder<S, NN, MM>& o) const {
-      if constexpr (MM > NN) {
-        o.cr[NN] = decay * o.cr[NN];
-        o.ci[NN] = decay * o.ci[NN];
+      if (n < MM) {  // the semisolid Z follows the n liquid pools' (saturates only with it)
+        o.cr[n] = decay * o.cr[n];
+        o.ci[n] = decay * o.ci[n];
       }
     }
     template <class F>
@@ -198,9 +198,16 @@ struct PoolPlayer {
     return st;
   }
   // f(k, o) on the orders of the band, o sized to the pools at compile
-  // time (so that an order's locals hold what the pools need and no more).
+  // time on the host (so that an order's locals hold what the pools need
+  // and no more: the host's duals are zeroed and copied whole).  The device
+  // keeps one size, the largest: its one-thread pooled Jacobian and adjoint
+  // hold their state in local memory anyway, and ten instantiations of
+  // every pass raise their register spills (ptxas, sm_90).
   template <class F>
   BLOCHSIM_HD void orders(F&& f) {
+#if defined(__CUDA_ARCH__)
+    orders_of<max_liquid_pools, max_longitudinal_pools>(f);
+#else
     switch (2 * n + (q.bound ? 1 : 0)) {
       case 2: return orders_of<1, 1>(f);
       case 3: return orders_of<1, 2>(f);
@@ -213,6 +220,7 @@ struct PoolPlayer {
       case 10: return orders_of<5, 5>(f);
       default: return orders_of<5, 6>(f);
     }
+#endif
   }
   template <int NN, int MM, class F>
   BLOCHSIM_HD void orders_of(F& f) {
@@ -230,7 +238,7 @@ struct PoolPlayer {
     const S* cr = reinterpret_cast<const S*>(c);
     auto mat = [&](int i) -> const S& { return Mr[i]; };
     auto src = [&](int i) -> const S& { return cr[i]; };
-    orders([&](int k, auto& o) { pool_drive(mat, src, k == 0, o); });
+    orders([&](int k, auto& o) { pool_drive(mat, src, k == 0, o, n, q.bound); });
   }
   BLOCHSIM_HD void invert() {
     for (int j = 0; j < n; ++j)
