@@ -17,35 +17,15 @@ one module per family:
 Played simulators run through the EPG kernels (complex64 output); closed
 forms are NumPy expressions in the precision of their inputs.
 """
-from blochsim.simulators.spin_echo import (fse_sim, FSESimulator, hyperecho_sim, HyperechoSimulator, mese_sim,
-                                           MultiEchoSESimulator, se_sim, SpinEchoSimulator, ste_sim,
-                                           StimulatedEchoSimulator)
-from blochsim.simulators.gradient_echo import (despot1_sim, DESPOT1Simulator, doubleangle_sim,
-                                               DoubleAngleSimulator, FAT_PEAK_AMPLITUDES, FAT_PEAKS_PPM,
-                                               flash_sim, FLASHSimulator, megre_sim, MultiEchoGRESimulator,
-                                               spgr_sim, SPGRSimulator, waterfat_sim, WaterFatSimulator)
-from blochsim.simulators.steady_state import (bssfp_sim, bSSFPSimulator, despot2_sim, DESPOT2Simulator,
-                                              dess_sim, DESSSimulator, fmssfp_sim, fmSSFPSimulator, hsfp_sim,
-                                              HSFPSimulator, irbssfp_sim, IRbSSFPSimulator, truefisp_sim,
-                                              TrueFISPSimulator)
-from blochsim.simulators.fingerprinting import (mrf_sim, MRFSimulator)
-from blochsim.simulators.preparations import (InversionRecoverySimulator, ir_sim, ll_sim, LookLockerSimulator,
-                                              molli_sim, MOLLISimulator, mp2rage_sim, MP2RAGESimulator,
-                                              mpnrage_sim, MPnRAGESimulator, mprage_sim, MPRAGESimulator)
-from blochsim.simulators.diffusion import (asl_sim, ASLSimulator, DiffusionSimulator, DiffusionTensorSimulator,
-                                           dti_sim, dwi_sim)
-from blochsim.simulators.exchange import (cest_sim, CESTSimulator, mt_sim, MTSimulator)
+from blochsim.simulators.spin_echo import *  # noqa: F401,F403 (the family's __all__)
+from blochsim.simulators.gradient_echo import *  # noqa: F401,F403 (the family's __all__)
+from blochsim.simulators.steady_state import *  # noqa: F401,F403 (the family's __all__)
+from blochsim.simulators.fingerprinting import *  # noqa: F401,F403 (the family's __all__)
+from blochsim.simulators.preparations import *  # noqa: F401,F403 (the family's __all__)
+from blochsim.simulators.diffusion import *  # noqa: F401,F403 (the family's __all__)
+from blochsim.simulators.exchange import *  # noqa: F401,F403 (the family's __all__)
+from blochsim.simulators import diffusion, exchange, fingerprinting, gradient_echo, preparations, spin_echo, steady_state
 
-__all__ = [
-    "FSESimulator", "MRFSimulator", "SPGRSimulator", "bSSFPSimulator", "TrueFISPSimulator",
-    "InversionRecoverySimulator", "SpinEchoSimulator", "StimulatedEchoSimulator", "CESTSimulator",
-    "MTSimulator", "fse_sim", "mrf_sim", "spgr_sim", "bssfp_sim", "truefisp_sim", "ir_sim", "se_sim",
-    "ste_sim", "cest_sim", "mt_sim", "MPnRAGESimulator", "MPRAGESimulator", "MP2RAGESimulator", "mpnrage_sim",
-    "mprage_sim", "mp2rage_sim", "LookLockerSimulator", "ll_sim", "FLASHSimulator", "flash_sim",
-    "DiffusionSimulator", "dwi_sim", "IRbSSFPSimulator", "irbssfp_sim", "DESSSimulator", "dess_sim",
-    "HyperechoSimulator", "hyperecho_sim", "fmSSFPSimulator", "fmssfp_sim", "WaterFatSimulator",
-    "waterfat_sim", "FAT_PEAKS_PPM", "FAT_PEAK_AMPLITUDES", "DoubleAngleSimulator", "doubleangle_sim",
-    "ASLSimulator", "asl_sim", "HSFPSimulator", "hsfp_sim", "MOLLISimulator", "molli_sim",
-    "MultiEchoGRESimulator", "megre_sim", "MultiEchoSESimulator", "mese_sim", "DiffusionTensorSimulator",
-    "dti_sim", "DESPOT1Simulator", "despot1_sim", "DESPOT2Simulator", "despot2_sim",
-]
+#: every public name of the families
+__all__ = [name for family in (spin_echo, gradient_echo, steady_state, fingerprinting, preparations, diffusion, exchange)
+           for name in family.__all__]

@@ -8,6 +8,8 @@ from blochsim import _validate as V
 from blochsim.simulator import ClosedFormSimulator
 from blochsim.simulators._common import _complex_step, _echo_within, _function_form, _need, _scalar
 
+__all__ = ["ASLSimulator", "DiffusionSimulator", "DiffusionTensorSimulator", "asl_sim", "dti_sim", "dwi_sim"]
+
 
 class DiffusionSimulator(ClosedFormSimulator):
     """Diffusion-weighted spin echo (Stejskal & Tanner 1965, J Chem Phys

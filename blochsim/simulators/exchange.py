@@ -9,6 +9,8 @@ from blochsim import _reverse
 from blochsim.simulator import Simulator
 from blochsim.simulators._common import _function_form, _need, _scalar
 
+__all__ = ["CESTSimulator", "MTSimulator", "cest_sim", "mt_sim"]
+
 
 #: largest RF offset from water the saturation kernels take, Hz (phases in single precision)
 _MAX_OFFSET_HZ = 1e7

@@ -6,6 +6,8 @@ from blochsim.sequence import Delay, Dephase, Inversion, Pulse, Readout, Sequenc
 from blochsim.simulator import Simulator
 from blochsim.simulators._common import _function_form, _need, _scalar, _train
 
+__all__ = ["MRFSimulator", "mrf_sim"]
+
 
 class MRFSimulator(Simulator):
     """MR fingerprinting train (SPEC §9 reference workload).

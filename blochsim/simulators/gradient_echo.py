@@ -11,6 +11,10 @@ from blochsim.simulator import ClosedFormSimulator, Simulator
 from blochsim.simulators._common import (_complex_step, _contrasts, _echo_within, _ernst, _function_form,
                                          _need, _scalar, _train)
 
+__all__ = ["DESPOT1Simulator", "DoubleAngleSimulator", "FAT_PEAKS_PPM", "FAT_PEAK_AMPLITUDES", "FLASHSimulator",
+           "MultiEchoGRESimulator", "SPGRSimulator", "WaterFatSimulator", "despot1_sim", "doubleangle_sim",
+           "flash_sim", "megre_sim", "spgr_sim", "waterfat_sim"]
+
 
 class SPGRSimulator(ClosedFormSimulator):
     """Ideally spoiled gradient echo in its steady state (Ernst):

@@ -9,6 +9,10 @@ from blochsim.sequence import Delay, Inversion, Pulse, Readout, Sequence, Spoil
 from blochsim.simulator import ClosedFormSimulator, Simulator
 from blochsim.simulators._common import _complex_step, _function_form, _need, _scalar, _train
 
+__all__ = ["InversionRecoverySimulator", "LookLockerSimulator", "MOLLISimulator", "MP2RAGESimulator",
+           "MPRAGESimulator", "MPnRAGESimulator", "ir_sim", "ll_sim", "molli_sim", "mp2rage_sim", "mpnrage_sim",
+           "mprage_sim"]
+
 
 class MOLLISimulator(Simulator):
     """Modified Look-Locker inversion recovery (MOLLI; Messroghli et al.

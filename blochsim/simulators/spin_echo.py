@@ -9,6 +9,9 @@ from blochsim.sequence import Delay, Dephase, Excitation, Pulse, Readout, Refocu
 from blochsim.simulator import ClosedFormSimulator, Simulator
 from blochsim.simulators._common import _function_form, _need, _scalar, _train
 
+__all__ = ["FSESimulator", "HyperechoSimulator", "MultiEchoSESimulator", "SpinEchoSimulator",
+           "StimulatedEchoSimulator", "fse_sim", "hyperecho_sim", "mese_sim", "se_sim", "ste_sim"]
+
 
 class FSESimulator(Simulator):
     """Fast (turbo) spin echo / CPMG train.

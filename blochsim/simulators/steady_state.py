@@ -11,6 +11,10 @@ from blochsim.simulators._common import (_contrasts, _echo_within, _function_for
                                          _te_of, _train)
 from blochsim.simulators.gradient_echo import DESPOT1Simulator, _despot_axes, _despot_line
 
+__all__ = ["DESPOT2Simulator", "DESSSimulator", "HSFPSimulator", "IRbSSFPSimulator", "TrueFISPSimulator",
+           "bSSFPSimulator", "bssfp_sim", "despot2_sim", "dess_sim", "fmSSFPSimulator", "fmssfp_sim", "hsfp_sim",
+           "irbssfp_sim", "truefisp_sim"]
+
 
 class TrueFISPSimulator(Simulator):
     """Balanced SSFP played through the EPG engine from equilibrium.

@@ -3,7 +3,6 @@
 // problem and the adjoint (pools/adjoint.hpp) play.
 #pragma once
 
-#include "play.hpp"
 #include "pools.hpp"
 
 namespace blochsim {
@@ -103,30 +102,6 @@ struct PoolPlayer {
     return PoolRotation<S>(cos(alpha), sin(alpha), cos(phi), sin(phi));
   }
 
-  // Order k of every family into o (F+, F- of the liquid pools, Z of the
-  // longitudinal families), and back.
-  template <int NN, int MM>
-  BLOCHSIM_HD void load(int k, PoolOrder<S, NN, MM>& o) const {
-    for (int j = 0; j < n; ++j) {
-      o.ar[j] = fp()[j * K + k].re;
-      o.ai[j] = fp()[j * K + k].im;
-      o.br[j] = fm()[j * K + k].re;
-      o.bi[j] = fm()[j * K + k].im;
-    }
-    for (int j = 0; j < m; ++j) {
-      o.cr[j] = z()[j * K + k].re;
-      o.ci[j] = z()[j * K + k].im;
-    }
-  }
-  template <int NN, int MM>
-  BLOCHSIM_HD void store(int k, const PoolOrder<S, NN, MM>& o) {
-    for (int j = 0; j < n; ++j) {
-      fp()[j * K + k] = {o.ar[j], o.ai[j]};
-      fm()[j * K + k] = {o.br[j], o.bi[j]};
-    }
-    for (int j = 0; j < m; ++j) z()[j * K + k] = {o.cr[j], o.ci[j]};
-  }
-
   BLOCHSIM_HD void shift(int dir) {
     const Cx<S> czero{S(0.0), S(0.0)};
     for (int j = 0; j < n; ++j) {
@@ -141,126 +116,95 @@ struct PoolPlayer {
     band = band < K ? band + 1 : K;
   }
 
-  // The Store of pooled_event (pools/play.hpp).
-  BLOCHSIM_HD uint32_t flags(int64_t e) const { return s.flags[e]; }
-  BLOCHSIM_HD int32_t shift_before(int64_t e) const { return s.shift_before[e]; }
-  BLOCHSIM_HD int32_t shift_after(int64_t e) const { return s.shift_after[e]; }
-
-  struct Step {
-    bool relaxes = false, saturates = false, rotates = false;
-    int n = 1, m = 1;
-    const S* P = nullptr;  // (re, im) pairs
-    const S* L = nullptr;
-    const S* r = nullptr;
-    S decay = S(1.0);
-    PoolRotation<S> rot{S(1.0), S(0.0), S(1.0), S(0.0)};
-    template <int NN, int MM>
-    BLOCHSIM_HD void relax(int k, PoolOrder<S, NN, MM>& o) const {
-      PoolOrder<S, NN, MM> x;
-      pool_relax<false>(P, L, o, x, k == 0 ? r : nullptr, n, m);
-      o = x;
-    }
-    template <int NN, int MM>
-    BLOCHSIM_HD void saturate(PoolOrder<S, NN, MM>& o) const {
-      if (n < MM) {  // the semisolid Z follows the n liquid pools' (saturates only with it)
-        o.cr[n] = decay * o.cr[n];
-        o.ci[n] = decay * o.ci[n];
-      }
-    }
-    template <class F>
-    BLOCHSIM_HD void with_turn(F&& f) const {
-      f([&](auto& o) { PoolTurn<false>::on(rot, o, n); });
-    }
-  };
-  BLOCHSIM_HD Step step(int64_t e, bool) {
-    Step st;
-    st.n = n;
-    st.m = m;
+  // Plays event e; sink(slot, sample) takes its readout.
+  template <class Sink>
+  BLOCHSIM_HD void event(int64_t e, Sink&& sink) {
     const uint32_t f = s.flags[e];
     const int32_t iv = s.interval[e];
+    Cx<S>* const Fp = fp();
+    Cx<S>* const Fm = fm();
+    Cx<S>* const Z = z();
+    const Cx<S> czero{S(0.0), S(0.0)};
     if (iv >= 0) {
       Cx<S>* P;
       S *L, *r;
       interval_ops(iv, P, L, r);
-      st.relaxes = true;
-      st.P = reinterpret_cast<const S*>(P);
-      st.L = L;
-      st.r = r;
+      // (pool_relax's arithmetic on complex numbers: the pools' count is
+      // known only at run time here, and an order of the largest size on
+      // duals costs more to compile than the loop below)
+      for (int k = 0; k < band; ++k) {
+        Cx<S> a[max_liquid_pools], b[max_liquid_pools], c[max_longitudinal_pools];
+        for (int j = 0; j < n; ++j) {
+          a[j] = Fp[j * K + k];
+          b[j] = Fm[j * K + k];
+        }
+        for (int j = 0; j < m; ++j) c[j] = Z[j * K + k];
+        for (int j = 0; j < n; ++j) {
+          Cx<S> u = P[j * n] * a[0], v = conj(P[j * n]) * b[0];
+          for (int l = 1; l < n; ++l) {
+            u = u + P[j * n + l] * a[l];
+            v = v + conj(P[j * n + l]) * b[l];
+          }
+          Fp[j * K + k] = u;
+          Fm[j * K + k] = v;
+        }
+        for (int j = 0; j < m; ++j) {
+          Cx<S> u = L[j * m] * c[0];
+          for (int l = 1; l < m; ++l) u = u + L[j * m + l] * c[l];
+          if (k == 0) u.re = u.re + r[j];
+          Z[j * K + k] = u;
+        }
+      }
     }
+    for (int sb = s.shift_before[e], c = 0; c < (sb > 0 ? sb : -sb); ++c) shift(sb > 0 ? 1 : -1);
     if (q.bound && (f & (event_rf | event_saturation))) {
-      st.saturates = true;
-      st.decay = saturation(e);
+      const S decay = saturation(e);
+      Cx<S>* zb = Z + n * K;
+      for (int k = 0; k < band; ++k) zb[k] = decay * zb[k];
     }
     if (f & event_rf) {
-      st.rotates = true;
-      st.rot = rotation(e);
+      const PoolRotation<S> R = rotation(e);
+      for (int j = 0; j < n; ++j)
+        for (int k = 0; k < band; ++k) {
+          Cx<S>&a = Fp[j * K + k], &b = Fm[j * K + k], &c = Z[j * K + k];
+          R.apply(a.re, a.im, b.re, b.im, c.re, c.im);
+        }
     }
-    return st;
-  }
-  // f(k, o) on the orders of the band, o sized to the pools at compile
-  // time on the host (so that an order's locals hold what the pools need
-  // and no more: the host's duals are zeroed and copied whole).  The device
-  // keeps one size, the largest: its one-thread pooled Jacobian and adjoint
-  // hold their state in local memory anyway, and ten instantiations of
-  // every pass raise their register spills (ptxas, sm_90).
-  template <class F>
-  BLOCHSIM_HD void orders(F&& f) {
-#if defined(__CUDA_ARCH__)
-    orders_of<max_liquid_pools, max_longitudinal_pools>(f);
-#else
-    switch (2 * n + (q.bound ? 1 : 0)) {
-      case 2: return orders_of<1, 1>(f);
-      case 3: return orders_of<1, 2>(f);
-      case 4: return orders_of<2, 2>(f);
-      case 5: return orders_of<2, 3>(f);
-      case 6: return orders_of<3, 3>(f);
-      case 7: return orders_of<3, 4>(f);
-      case 8: return orders_of<4, 4>(f);
-      case 9: return orders_of<4, 5>(f);
-      case 10: return orders_of<5, 5>(f);
-      default: return orders_of<5, 6>(f);
+    if (f & event_driven) {
+      Cx<S> *M, *c;
+      driven_ops(s.driven[e], M, c);
+      for (int k = 0; k < band; ++k) {
+        Cx<S> v[max_driven_size];
+        for (int j = 0; j < n; ++j) {
+          v[3 * j] = Fp[j * K + k];
+          v[3 * j + 1] = Fm[j * K + k];
+          v[3 * j + 2] = Z[j * K + k];
+        }
+        if (q.bound) v[3 * n] = Z[n * K + k];
+        for (int i = 0; i < d; ++i) {
+          Cx<S> u = k == 0 ? c[i] : czero;
+          for (int l = 0; l < d; ++l) u = u + M[i * d + l] * v[l];
+          const int j = i < 3 * n ? i / 3 : n;
+          const int comp = i < 3 * n ? i % 3 : 2;
+          (comp == 0 ? Fp : comp == 1 ? Fm : Z)[j * K + k] = u;
+        }
+      }
     }
-#endif
-  }
-  template <int NN, int MM, class F>
-  BLOCHSIM_HD void orders_of(F& f) {
-    for (int k = 0; k < band; ++k) {
-      PoolOrder<S, NN, MM> o;
-      load(k, o);
-      f(k, o);
-      store(k, o);
+    if (f & event_inversion)
+      for (int j = 0; j < n; ++j)
+        for (int k = 0; k < band; ++k) Z[j * K + k] = (-q.eta) * Z[j * K + k];
+    if (f & event_readout) {
+      Cx<S> acc = Fp[0];
+      for (int j = 1; j < n; ++j) acc = acc + Fp[j * K];
+      const double rx = s.rx_phase_rad[e];
+      const Cx<S> erx{S(std::cos(rx)), S(-std::sin(rx))};
+      sink(s.slot[e], q.M0 * (acc * erx));
     }
-  }
-  BLOCHSIM_HD void drive(int64_t e) {
-    Cx<S> *M, *c;
-    driven_ops(s.driven[e], M, c);
-    const S* Mr = reinterpret_cast<const S*>(M);  // (re, im) pairs
-    const S* cr = reinterpret_cast<const S*>(c);
-    auto mat = [&](int i) -> const S& { return Mr[i]; };
-    auto src = [&](int i) -> const S& { return cr[i]; };
-    orders([&](int k, auto& o) { pool_drive(mat, src, k == 0, o, n, q.bound); });
-  }
-  BLOCHSIM_HD void invert() {
-    for (int j = 0; j < n; ++j)
-      for (int k = 0; k < band; ++k) z()[j * K + k] = (-q.eta) * z()[j * K + k];
-  }
-  template <class Sink>
-  BLOCHSIM_HD void readout(int64_t e, Sink& sink) const {
-    Cx<S> acc = fp()[0];
-    for (int j = 1; j < n; ++j) acc = acc + fp()[j * K];
-    const double rx = s.rx_phase_rad[e];
-    const Cx<S> erx{S(std::cos(rx)), S(-std::sin(rx))};
-    sink(s.slot[e], q.M0 * (acc * erx));
-  }
-  BLOCHSIM_HD void spoil() {
-    const Cx<S> czero{S(0.0), S(0.0)};
-    for (int64_t l = 0; l < 2 * n * K; ++l) fp()[l] = czero;
-  }
-
-  // Plays event e; sink(slot, sample) takes its readout.
-  template <class Sink>
-  BLOCHSIM_HD void event(int64_t e, Sink&& sink) {
-    pooled_event(e, *this, sink);
+    if (f & event_spoil) {
+      for (int64_t l = 0; l < 2 * n * K; ++l) Fp[l] = czero;
+    } else {
+      for (int sa = s.shift_after[e], c = 0; c < (sa > 0 ? sa : -sa); ++c) shift(sa > 0 ? 1 : -1);
+    }
   }
 };
 

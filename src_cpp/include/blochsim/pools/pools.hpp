@@ -471,11 +471,11 @@ struct PoolOrder {
 
 // x = one order o after the interval: F+ by P, F- by conj(P), Z by L (P: n
 // × n complex as (re, im) pairs; L: m × m real; C their type), each Z of x
-// starting from z0 (the recovery, at order 0; Z its type) or zero.  n and m default to
+// starting from z0 (the recovery, at order 0) or zero.  n and m default to
 // N and M.
-template <bool Real, class V, class C, int N, int M, class Z = C>
+template <bool Real, class V, class C, int N, int M>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pool_relax(const C* P, const C* L, const PoolOrder<V, N, M>& o,
-                                                 PoolOrder<V, N, M>& x, const Z* z0 = nullptr, int n = N,
+                                                 PoolOrder<V, N, M>& x, const C* z0 = nullptr, int n = N,
                                                  int m = M) {
 BLOCHSIM_UNROLL
   for (int j = 0; j < n; ++j) {

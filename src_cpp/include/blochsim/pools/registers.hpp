@@ -19,7 +19,6 @@
 #include <vector>
 
 #include "../epg/registers.hpp"
-#include "play.hpp"
 #include "pools.hpp"
 
 namespace blochsim {
@@ -157,172 +156,6 @@ BLOCHSIM_UNROLL
     }
   }
 
-  // The problem's values the event loop reads (out of PoolTissue, whose
-  // arrays the device keeps in local memory), its operator table and what
-  // the last events left for the next.
-  static constexpr int per_interval = 2 * n * n + m * m + m;
-  static constexpr int per_driven = 2 * d * (d + 1);
-  const EventStream* s = nullptr;
-  const Pools* p = nullptr;
-  const LineshapeTable* ls = nullptr;
-  const float* table = nullptr;
-  int64_t stride = 1;
-  double B1 = 1.0, B1phase = 0.0, B0 = 0.0, T2b = 0.0;
-  float M0 = 1.0f, eta = 1.0f;
-  bool nominal_rf = true, saturating = false;
-  float Pv[2 * n * n], Lv[m * m], Rv[m];
-  int32_t cached_iv = -1;
-  float g_offset = 0.0f;
-  bool g_ready = false;
-  double g_T2b = 0.0;  // G(2 pi (offset - B0) T2b) T2b at g_offset
-
-  // The Store of pooled_event (pools/play.hpp).
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE uint32_t flags(int64_t e) const { return s->records[e].flags; }
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE int32_t shift_before(int64_t e) const { return s->records[e].shift_before; }
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE int32_t shift_after(int64_t e) const { return s->records[e].shift_after; }
-
-  // (The operators are copied into the step, not pointed at: a pointer
-  // into the team's members would put all of them in local memory.)
-  struct Step {
-    bool relaxes = false, saturates = false, rotates = false;
-    float P[2 * n * n], L[m * m];
-    V r0[m];  // the recovery, in member 0's first order only
-    float decay = 1.0f;
-    PoolRotation<float> rot{1.0f, 0.0f, 1.0f, 0.0f};
-    BLOCHSIM_HD BLOCHSIM_FORCEINLINE void relax(int r, PoolOrder<V, n, m>& o) const {
-      PoolOrder<V, n, m> x;
-      pool_relax<Real>(P, L, o, x, r == 0 ? r0 : nullptr);
-      o = x;
-    }
-    BLOCHSIM_HD BLOCHSIM_FORCEINLINE void saturate(PoolOrder<V, n, m>& o) const {
-      o.cr[n] *= decay;
-      if constexpr (!Real) o.ci[n] *= decay;
-    }
-    template <class F>
-    BLOCHSIM_HD BLOCHSIM_FORCEINLINE void with_turn(F&& f) const {
-      f([&](PoolOrder<V, n, m>& o) BLOCHSIM_LAMBDA_INLINE { PoolTurn<Real>::on(rot, o, n); });
-    }
-  };
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE Step step(int64_t e, bool) {
-    using std::cos;
-    using std::exp;
-    using std::sin;
-    const EventRecord& rec = s->records[e];
-    const uint32_t f = rec.flags;
-    const int32_t iv = rec.interval;
-    Step st;
-    if (iv >= 0) {
-      if (iv != cached_iv) {
-        const float* o = table + static_cast<int64_t>(iv) * per_interval * stride;
-BLOCHSIM_UNROLL
-        for (int a = 0; a < 2 * n * n; ++a) Pv[a] = o[a * stride];
-BLOCHSIM_UNROLL
-        for (int a = 0; a < m * m; ++a) Lv[a] = o[(2 * n * n + a) * stride];
-BLOCHSIM_UNROLL
-        for (int a = 0; a < m; ++a) Rv[a] = o[(2 * n * n + m * m + a) * stride];
-        cached_iv = iv;
-      }
-      st.relaxes = true;
-BLOCHSIM_UNROLL
-      for (int a = 0; a < 2 * n * n; ++a) st.P[a] = Pv[a];
-BLOCHSIM_UNROLL
-      for (int a = 0; a < m * m; ++a) st.L[a] = Lv[a];
-      const V first = team.first();
-BLOCHSIM_UNROLL
-      for (int j = 0; j < m; ++j) st.r0[j] = first * Rv[j];
-    }
-    if (saturating && (f & (event_rf | event_saturation)) && s->rf_duration_s[e] > 0.0f) {
-      const double tau_rf = s->rf_duration_s[e];
-      const float offset = s->rf_offset_hz ? s->rf_offset_hz[e] : 0.0f;
-      if (!g_ready || offset != g_offset) {
-        double g, dg;
-        lineshape_eval(p->lineshape, 2.0 * pi * (offset - B0) * T2b, *ls, g, dg);
-        g_T2b = static_cast<double>(static_cast<float>(g * T2b));
-        g_offset = offset;
-        g_ready = true;
-      }
-      const double power = s->rf_power ? s->rf_power[e] : 1.0;
-      const double a = B1 * rec.flip_rad;
-      st.saturates = true;
-      st.decay = exp(static_cast<float>(-(pi * power / tau_rf) * g_T2b * a * a));
-    }
-    if (f & event_rf) {
-      float ca, sa, cp, sp;
-      if (nominal_rf) {
-        ca = rec.rf[rft_cos];
-        sa = rec.rf[rft_sin];
-        cp = rec.rf[rft_cos_phase];
-        sp = rec.rf[rft_sin_phase];
-      } else {
-        const float al = static_cast<float>(B1 * static_cast<double>(rec.flip_rad));
-        const float ph = static_cast<float>(B1phase + static_cast<double>(rec.phase_rad));
-        ca = cos(al);
-        sa = sin(al);
-        cp = cos(ph);
-        sp = sin(ph);
-      }
-      st.rotates = true;
-      st.rot = PoolRotation<float>(ca, sa, cp, sp);
-    }
-    return st;
-  }
-  template <class F>
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void orders(F&& f) {
-BLOCHSIM_UNROLL
-    for (int r = 0; r < R; ++r) {
-      PoolOrder<V, n, m> o;
-      load(r, o);
-      f(r, o);
-      store(r, o);
-    }
-  }
-  // The exact pulse's d × d matrix on the components of every order, its
-  // recovery column at order 0 (member 0's first order).
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void drive(int64_t e) {
-    if constexpr (!Real) {
-      const float* o = table + (static_cast<int64_t>(s->n_intervals) * per_interval +
-                                static_cast<int64_t>(s->driven[e]) * per_driven) *
-                                   stride;
-      const V first = team.first();
-      auto mat = [&](int a) { return o[a * stride]; };
-      auto src = [&](int a) { return first * o[(2 * d * d + a) * stride]; };
-      orders([&](int r, PoolOrder<V, n, m>& x) BLOCHSIM_LAMBDA_INLINE { pool_drive(mat, src, r == 0, x); });
-    }
-  }
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void invert() {
-BLOCHSIM_UNROLL
-    for (int j = 0; j < n; ++j)
-BLOCHSIM_UNROLL
-      for (int h = 0; h < NP; ++h)
-BLOCHSIM_UNROLL
-        for (int r = 0; r < R; ++r) z[j][h][r] = -eta * z[j][h][r];
-  }
-  template <class Sink>
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void readout(int64_t e, Sink& sink) const {
-    const EventRecord& rec = s->records[e];
-    V accr{}, acci{};
-BLOCHSIM_UNROLL
-    for (int j = 0; j < n; ++j) {
-      if constexpr (Real) {
-        acci += fp[j][0][0];
-      } else {
-        accr += fp[j][0][0];
-        acci += fp[j][1][0];
-      }
-    }
-    const float cr = rec.rf[rft_cos_rx], sr = rec.rf[rft_sin_rx];
-    // M0 (F+) e^{-i rx}
-    sink.write(rec.slot, M0 * (accr * cr + acci * sr), M0 * (acci * cr - accr * sr));
-  }
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void spoil() {
-BLOCHSIM_UNROLL
-    for (int j = 0; j < n; ++j)
-BLOCHSIM_UNROLL
-      for (int h = 0; h < NP; ++h)
-BLOCHSIM_UNROLL
-        for (int r = 0; r < R; ++r) fp[j][h][r] = fm[j][h][r] = V{};
-  }
-
   // Plays the stream for problem i (its records, EventStream::records, and
   // the arrays the records do not hold): table as pooled_table wrote it
   // (stride between its values), sink.write(slot, re, im) takes each
@@ -332,20 +165,21 @@ BLOCHSIM_UNROLL
   // flip and phase in single precision.  No double-precision function runs
   // per event but the semisolid pool's saturation.
   template <class Sink>
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void play(const EventStream& s_, const Tissue& t, const Pools& p_,
-                                             const LineshapeTable& ls_, int64_t i, const float* table_,
-                                             int64_t stride_, const Team& tm, Sink& sink) {
-    s = &s_;
-    p = &p_;
-    ls = &ls_;
-    table = table_;
-    stride = stride_;
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void play(const EventStream& s, const Tissue& t, const Pools& p,
+                                             const LineshapeTable& ls, int64_t i, const float* table, int64_t stride,
+                                             const Team& tm, Sink& sink) {
+    using std::cos;
+    using std::exp;
+    using std::sin;
     team = tm;
-    K = s_.states;
+    K = s.states;
     truncate = team.members() * R != K;
-    float frac[m];
+    // the problem's values the event loop reads, out of PoolTissue (whose
+    // arrays the device keeps in local memory)
+    double B1, B1phase, B0, T2b;
+    float M0, eta, frac[m];
     {
-      const PoolTissue<double> q = pool_tissue<double>(t, p_, i, nullptr, 0, nullptr);
+      const PoolTissue<double> q = pool_tissue<double>(t, p, i, nullptr, 0, nullptr);
       B1 = q.B1;
       B1phase = q.B1phase;
       B0 = q.B0;
@@ -355,8 +189,6 @@ BLOCHSIM_UNROLL
 BLOCHSIM_UNROLL
       for (int j = 0; j < m; ++j) frac[j] = static_cast<float>(q.f[j]);
     }
-    nominal_rf = B1 == 1.0 && B1phase == 0.0;
-    saturating = Bound && s_.rf_duration_s != nullptr;
 BLOCHSIM_UNROLL
     for (int j = 0; j < n; ++j)
 BLOCHSIM_UNROLL
@@ -371,7 +203,141 @@ BLOCHSIM_UNROLL
         for (int r = 0; r < R; ++r) z[j][c][r] = V{};
       z[j][0][0] = team.first() * frac[j];
     }
-    pooled_play(s_, *this, sink);
+    constexpr int per_interval = 2 * n * n + m * m + m;
+    constexpr int per_driven = 2 * d * (d + 1);
+    const bool saturating = Bound && s.rf_duration_s != nullptr;
+    float Pv[2 * n * n], Lv[m * m], Rv[m];
+    int32_t cached_iv = -1;
+    float g_offset = 0.0f;
+    bool g_ready = false;
+    double g_T2b = 0.0;  // G(2 pi (offset - B0) T2b) T2b at g_offset
+    const V first = team.first();
+    const bool nominal_rf = B1 == 1.0 && B1phase == 0.0;
+
+    for (int64_t e = 0; e < s.n_events; ++e) {
+      const EventRecord& rec = s.records[e];
+      const uint32_t f = rec.flags;
+      const int32_t iv = rec.interval;
+      if (iv >= 0) {
+        if (iv != cached_iv) {
+          const float* o = table + static_cast<int64_t>(iv) * per_interval * stride;
+BLOCHSIM_UNROLL
+          for (int a = 0; a < 2 * n * n; ++a) Pv[a] = o[a * stride];
+BLOCHSIM_UNROLL
+          for (int a = 0; a < m * m; ++a) Lv[a] = o[(2 * n * n + a) * stride];
+BLOCHSIM_UNROLL
+          for (int a = 0; a < m; ++a) Rv[a] = o[(2 * n * n + m * m + a) * stride];
+          cached_iv = iv;
+        }
+BLOCHSIM_UNROLL
+        for (int r = 0; r < R; ++r) {
+          PoolOrder<V, n, m> o, x;
+          load(r, o);
+          pool_relax<Real>(Pv, Lv, o, x);
+          store(r, x);
+        }
+BLOCHSIM_UNROLL
+        for (int j = 0; j < m; ++j) z[j][0][0] += first * Rv[j];
+      }
+      for (int c = 0, sb = rec.shift_before; c < (sb > 0 ? sb : -sb); ++c) shift(sb > 0 ? 1 : -1);
+      if (saturating && (f & (event_rf | event_saturation)) && s.rf_duration_s[e] > 0.0f) {
+        const double tau_rf = s.rf_duration_s[e];
+        const float offset = s.rf_offset_hz ? s.rf_offset_hz[e] : 0.0f;
+        if (!g_ready || offset != g_offset) {
+          double g, dg;
+          lineshape_eval(p.lineshape, 2.0 * pi * (offset - B0) * T2b, ls, g, dg);
+          g_T2b = static_cast<double>(static_cast<float>(g * T2b));
+          g_offset = offset;
+          g_ready = true;
+        }
+        const double power = s.rf_power ? s.rf_power[e] : 1.0;
+        const double a = B1 * rec.flip_rad;
+        const float decay = exp(static_cast<float>(-(pi * power / tau_rf) * g_T2b * a * a));
+BLOCHSIM_UNROLL
+        for (int h = 0; h < NP; ++h)
+BLOCHSIM_UNROLL
+          for (int r = 0; r < R; ++r) z[n][h][r] *= decay;
+      }
+      if (f & event_rf) {
+        float ca, sa, cp, sp;
+        if (nominal_rf) {
+          ca = rec.rf[rft_cos];
+          sa = rec.rf[rft_sin];
+          cp = rec.rf[rft_cos_phase];
+          sp = rec.rf[rft_sin_phase];
+        } else {
+          const float al = static_cast<float>(B1 * static_cast<double>(rec.flip_rad));
+          const float ph = static_cast<float>(B1phase + static_cast<double>(rec.phase_rad));
+          ca = cos(al);
+          sa = sin(al);
+          cp = cos(ph);
+          sp = sin(ph);
+        }
+        const PoolRotation<float> rot(ca, sa, cp, sp);
+BLOCHSIM_UNROLL
+        for (int j = 0; j < n; ++j)
+BLOCHSIM_UNROLL
+          for (int r = 0; r < R; ++r) {
+            if constexpr (Real) {
+              rot.real(fp[j][0][r], fm[j][0][r], z[j][0][r]);
+            } else {
+              rot.apply(fp[j][0][r], fp[j][1][r], fm[j][0][r], fm[j][1][r], z[j][0][r], z[j][1][r]);
+            }
+          }
+      }
+      if constexpr (!Real) {
+        if (f & event_driven) {
+          // the exact pulse's d × d matrix on the components of every order,
+          // its recovery column at order 0
+          const float* o = table + (static_cast<int64_t>(s.n_intervals) * per_interval +
+                                    static_cast<int64_t>(s.driven[e]) * per_driven) *
+                                       stride;
+          // the recovery at order 0 only: member 0's first order
+          auto mat = [&](int a) { return o[a * stride]; };
+          auto src = [&](int a) { return first * o[(2 * d * d + a) * stride]; };
+BLOCHSIM_UNROLL
+          for (int r = 0; r < R; ++r) {
+            PoolOrder<V, n, m> x;
+            load(r, x);
+            pool_drive(mat, src, r == 0, x);
+            store(r, x);
+          }
+        }
+      }
+      if (f & event_inversion) {
+BLOCHSIM_UNROLL
+        for (int j = 0; j < n; ++j)
+BLOCHSIM_UNROLL
+          for (int h = 0; h < NP; ++h)
+BLOCHSIM_UNROLL
+            for (int r = 0; r < R; ++r) z[j][h][r] = -eta * z[j][h][r];
+      }
+      if (f & event_readout) {
+        V accr{}, acci{};
+BLOCHSIM_UNROLL
+        for (int j = 0; j < n; ++j) {
+          if constexpr (Real) {
+            acci += fp[j][0][0];
+          } else {
+            accr += fp[j][0][0];
+            acci += fp[j][1][0];
+          }
+        }
+        const float cr = rec.rf[rft_cos_rx], sr = rec.rf[rft_sin_rx];
+        // M0 (F+) e^{-i rx}
+        sink.write(rec.slot, M0 * (accr * cr + acci * sr), M0 * (acci * cr - accr * sr));
+      }
+      if (f & event_spoil) {
+BLOCHSIM_UNROLL
+        for (int j = 0; j < n; ++j)
+BLOCHSIM_UNROLL
+          for (int h = 0; h < NP; ++h)
+BLOCHSIM_UNROLL
+            for (int r = 0; r < R; ++r) fp[j][h][r] = fm[j][h][r] = V{};
+      } else {
+        for (int c = 0, sa = rec.shift_after; c < (sa > 0 ? sa : -sa); ++c) shift(sa > 0 ? 1 : -1);
+      }
+    }
   }
 };
 
