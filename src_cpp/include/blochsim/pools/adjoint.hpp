@@ -166,6 +166,10 @@ BLOCHSIM_HD inline void pooled_adjoint_problem(const EventStream& s, const Tissu
   }
 
   Cx<double>* const lam = reinterpret_cast<Cx<double>*>(lw);
+  // the adjoint state's orders, as the player's (all K of them)
+  PoolPlayer<double> lp(s, p, ls, fw.q, lam, fops);
+  lp.band = K;
+  using Order = typename PoolPlayer<double>::Order;
   Cx<double>* const lfp = lam;
   Cx<double>* const lfm = lam + n * K;
   Cx<double>* const lz = lam + 2 * n * K;
@@ -247,69 +251,58 @@ BLOCHSIM_HD inline void pooled_adjoint_problem(const EventStream& s, const Tissu
         const Cx<double> add{M0 * (gr * std::cos(rx) - gi * std::sin(rx)), M0 * (gr * std::sin(rx) + gi * std::cos(rx))};
         for (int j = 0; j < n; ++j) lfp[j * K] = lfp[j * K] + add;
       }
-      if (f & event_inversion)
-        for (int j = 0; j < n; ++j)
-          for (int k = 0; k < K; ++k) lz[j * K + k] = (-fw.q.eta) * lz[j * K + k];
-      if (f & event_driven) {
-        Cx<double> *M, *c;
-        fw.driven_ops(s.driven[e], M, c);
-        for (int k = 0; k < K; ++k) {
-          Cx<double> v[max_driven_size];
+      // the transposes, on every order of the adjoint state
+      if (f & event_inversion) {
+        const double minus_eta = -fw.q.eta;
+        lp.each([&](int, Order& o) {
           for (int j = 0; j < n; ++j) {
-            v[3 * j] = lfp[j * K + k];
-            v[3 * j + 1] = lfm[j * K + k];
-            v[3 * j + 2] = lz[j * K + k];
+            o.cr[j] *= minus_eta;
+            o.ci[j] *= minus_eta;
           }
-          if (fw.q.bound) v[3 * n] = lz[n * K + k];
-          for (int l = 0; l < d; ++l) {  // (M^H v)_l = sum_i conj(M_il) v_i
-            Cx<double> u{0.0, 0.0};
-            for (int r = 0; r < d; ++r) u = u + conj(M[r * d + l]) * v[r];
-            const int j = l < 3 * n ? l / 3 : n;
-            const int comp = l < 3 * n ? l % 3 : 2;
-            (comp == 0 ? lfp : comp == 1 ? lfm : lz)[j * K + k] = u;
+        });
+      }
+      if (f & event_driven) {  // M^H
+        Cx<double> *Md, *c;
+        fw.driven_ops(s.driven[e], Md, c);
+        double mh[2 * max_driven_size * max_driven_size];
+        for (int a = 0; a < d; ++a)
+          for (int l = 0; l < d; ++l) {
+            mh[2 * (a * d + l)] = Md[l * d + a].re;
+            mh[2 * (a * d + l) + 1] = -Md[l * d + a].im;
           }
-        }
+        lp.each([&](int, Order& o) {
+          pool_drive<false>([&](int a) { return mh[a]; }, [](int) { return 0.0; }, false, o, n, fw.q.bound);
+        });
       }
       if (f & event_rf) {
         const PoolRotation<double> R = fw.rotation(e);
-        for (int j = 0; j < n; ++j)
-          for (int k = 0; k < K; ++k) {
-            Cx<double>&a = lfp[j * K + k], &b = lfm[j * K + k], &c = lz[j * K + k];
-            R.transpose(a.re, a.im, b.re, b.im, c.re, c.im);
-          }
+        lp.each([&](int, Order& o) {
+          for (int j = 0; j < n; ++j) R.transpose(o.ar[j], o.ai[j], o.br[j], o.bi[j], o.cr[j], o.ci[j]);
+        });
       }
-      if (fw.q.bound && (f & (event_rf | event_saturation))) {
-        const double decay = fw.saturation(e);
-        for (int k = 0; k < K; ++k) lz[n * K + k] = decay * lz[n * K + k];
-      }
+      double decay;
+      if (fw.saturation(e, decay)) lp.each([&](int, Order& o) { o.cr[n] *= decay; });
       const int32_t sb = s.shift_before[e];
       for (int c = 0; c < (sb > 0 ? sb : -sb); ++c) shift_transpose(sb > 0 ? 1 : -1);
-      if (s.interval[e] >= 0) {
+      if (s.interval[e] >= 0) {  // P^H on F+ (so P^T on F-), L^T on Z
         Cx<double>* P;
         double *L, *r;
         fw.interval_ops(s.interval[e], P, L, r);
-        for (int k = 0; k < K; ++k) {
-          Cx<double> a[max_liquid_pools], b[max_liquid_pools], c[max_longitudinal_pools];
-          for (int j = 0; j < n; ++j) {
-            a[j] = lfp[j * K + k];
-            b[j] = lfm[j * K + k];
-          }
-          for (int j = 0; j < m; ++j) c[j] = lz[j * K + k];
+        typename PoolPlayer<double>::Step st;
+        st.n = n;
+        st.m = m;
+        for (int j = 0; j < n; ++j)
           for (int l = 0; l < n; ++l) {
-            Cx<double> u{0.0, 0.0}, v{0.0, 0.0};
-            for (int j = 0; j < n; ++j) {
-              u = u + conj(P[j * n + l]) * a[j];  // P^H
-              v = v + P[j * n + l] * b[j];        // P^T
-            }
-            lfp[l * K + k] = u;
-            lfm[l * K + k] = v;
+            st.P[2 * (j * n + l)] = P[l * n + j].re;
+            st.P[2 * (j * n + l) + 1] = -P[l * n + j].im;
           }
-          for (int l = 0; l < m; ++l) {
-            Cx<double> u{0.0, 0.0};
-            for (int j = 0; j < m; ++j) u = u + L[j * m + l] * c[j];
-            lz[l * K + k] = u;
-          }
-        }
+        for (int j = 0; j < m; ++j)
+          for (int l = 0; l < m; ++l) st.L[j * m + l] = L[l * m + j];
+        lp.each([&](int, Order& o) {
+          Order x;
+          st.relax(o, x, false);
+          o = x;
+        });
       }
     }
   }

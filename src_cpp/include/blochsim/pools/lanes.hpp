@@ -3,7 +3,7 @@
 // precision: the host's pooled forward and its Jacobian on lanes of duals.
 #pragma once
 
-#include "pools.hpp"
+#include "play.hpp"
 
 namespace blochsim {
 inline namespace BLOCHSIM_ISA {
@@ -39,11 +39,11 @@ inline int64_t pool_block_workspace(const EventStream& s, const Pools& p) {
 
 // The forward pooled EPG of problems [first, first + width) of t in the
 // lanes of V (16 problems a SIMD vector on the host, one a thread on the
-// device), in single precision: the same physics as pooled_problem, with
-// every per-problem operator (interval exponentials, exact pulses, the
-// semisolid saturation) formed per lane in double precision the first time
-// an event uses it and applied to the lanes at once.  Lanes past t.n
-// replay the last problem and write nothing.  work holds
+// device), in single precision: pools/play.hpp's event on a Store whose
+// per-problem operators (interval exponentials, exact pulses, the
+// semisolid saturation) are formed per lane in double precision the first
+// time an event uses them and applied to the lanes at once.  Lanes past
+// t.n replay the last problem and write nothing.  work holds
 // pool_block_workspace(s, p) lane vectors, element i at work[i * ws].
 //
 // The transverse rows slide instead of moving their orders at a shift
@@ -55,7 +55,8 @@ inline int64_t pool_block_workspace(const EventStream& s, const Pools& p) {
 // Real (pooled_real_path): every RF phase is 0 or pi and nothing turns the
 // transverse states (no B0, B1phase, chemical shift or exact pulse), so F+
 // and F- stay imaginary and Z real (SPEC §1's real subspace): only those
-// planes are computed; the others stay zero.
+// planes are computed; the others stay zero.  The complex planes are
+// framed (pools/play.hpp).
 //
 // The pool counts are template parameters (N liquid pools, Bound), so that
 // the loops over pools unroll; WS > 0 is the workspace stride at compile
@@ -65,74 +66,144 @@ inline int64_t pool_block_workspace(const EventStream& s, const Pools& p) {
 // On lanes of duals (V = Dual<lanes, D>) the same pass carries the
 // derivatives along jo's directions (the per-lane operators are formed on
 // Dual<double, D>) and writes them to jo.jac.
-template <class V, int N, bool Bound, int64_t WS, bool Real = false>
-BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, const Pools& p,
-                                       const LineshapeTable& ls, int64_t first, V* work, int64_t ws_runtime,
-                                       float* out, const PooledJacobianOut& jo = PooledJacobianOut{}) {
+template <class V_, int N_, bool Bound, int64_t WS, bool Real_>
+struct PoolLanes {
+  using V = V_;
+  using C = V;
+  using Scale = V;
   using LT = Lanes<V>;
   using Sc = typename LT::Scalar;                    // one lane's value
   using QS = typename LT::template Wide<double>;  // one lane's value in double precision
-  constexpr int W = LT::width;
-  constexpr int n = N, m = N + (Bound ? 1 : 0), d = 3 * N + (Bound ? 1 : 0);
-  constexpr bool bound = Bound;
-  const int64_t ws = WS > 0 ? WS : ws_runtime;
-  int64_t idx[W];
-  for (int l = 0; l < W; ++l) idx[l] = first + l < t.n ? first + l : t.n - 1;
+  static constexpr int W = LT::width;
+  static constexpr int N = N_, M = N_ + (Bound ? 1 : 0), D = 3 * N_ + (Bound ? 1 : 0);
+  static constexpr bool fixed = true, real = Real_, framed = !Real_;
+  using Order = PoolOrder<V, N, M>;
+  using Step = PoolStep<V, V, N, M, Real_, true>;
+  static constexpr int n = N, m = M;
+
+  const EventStream& s;
+  const Tissue& t;
+  const Pools& p;
+  const LineshapeTable& ls;
+  int64_t first;
+  V* work;
+  int64_t ws;
+  float* out;
+  const PooledJacobianOut& jo;
   PoolTissue<QS> q[W];
-  for (int l = 0; l < W; ++l) q[l] = pool_tissue<QS>(t, p, idx[l], jo.fields, jo.n_dirs, jo.seeds);
-  const int K = s.states;
   V M0{}, eta{};
-  bool uniform_rf = true;
-  for (int l = 0; l < W; ++l) {
-    LT::set(M0, l, static_cast<Sc>(q[l].M0));
-    LT::set(eta, l, static_cast<Sc>(q[l].eta));
-    uniform_rf = uniform_rf && value_of(q[l].B1) == value_of(q[0].B1) &&
-                 value_of(q[l].B1phase) == value_of(q[0].B1phase);
-  }
-  // B1 and B1phase carry no derivative (the lanes of a dual share their
-  // seeds, so lane 0 stands for all)
-  bool constant_rf = true;
-  if constexpr (IsDual<QS>::value)
-    for (int j = 0; j < jo.n_dirs; ++j) constant_rf = constant_rf && q[0].B1.d[j] == 0.0 && q[0].B1phase.d[j] == 0.0;
-  // every lane at B1 = 1 and no transmit phase: the stream's table holds
-  // each pulse's cos and sin (formed once per sequence)
-  const bool nominal_rf = uniform_rf && constant_rf && value_of(q[0].B1) == 1.0 && value_of(q[0].B1phase) == 0.0 &&
-                          s.rf_table != nullptr;
+  bool uniform_rf = true, constant_rf = true, nominal_rf = false;
+  int K, band = 1;
   // workspace: F+ (re, im), F- (re, im) of each liquid pool (rows of R
   // elements), Z (re, im) of every longitudinal family (rows of K); then
   // the operators
-  auto at = [&](int64_t i) -> V& { return work[i * ws]; };
-  int64_t n_plus, n_minus;
-  stream_shifts(s, n_plus, n_minus);
-  const int64_t R = K + n_plus + n_minus + 1;
-  int64_t bp = n_plus, bm = n_minus;  // where order 0 of the F+ and F- rows is
-  const int64_t fpr = 0, fpi = n * R, fmr = 2 * n * R, fmi = 3 * n * R;
-  const int64_t zr = 4 * n * R, zi = 4 * n * R + m * K;
-  const int64_t ops = 4 * n * R + 2 * m * static_cast<int64_t>(K);
-  const int64_t per_interval = 1 + 2 * n * n + m * m + m;
-  const int64_t drv = ops + per_interval * s.n_intervals;
-  const int64_t per_driven = 1 + 2 * d * (d + 1);
-  for (int64_t i = 0; i < ops; ++i) at(i) = V{};
-  for (int j = 0; j < m; ++j) {
-    V f{};
-    for (int l = 0; l < W; ++l) LT::set(f, l, static_cast<Sc>(q[l].f[j]));
-    at(zr + j * K) = f;
-  }
-  for (int64_t v = 0; v < s.n_intervals; ++v) at(ops + v * per_interval) = V{};
-  if (s.driven)
-    for (int64_t v = 0; v < s.n_driven; ++v) at(drv + v * per_driven) = V{};
-  const bool saturating = bound && s.rf_duration_s != nullptr;
+  int64_t R, bp, bm, fpr, fpi, fmr, fmi, zr, zi, ops, drv;
+  static constexpr int64_t per_interval = 1 + 2 * N * N + M * M + M;
+  static constexpr int64_t per_driven = 1 + 2 * D * (D + 1);
   // T2b G(offset - B0) per lane for the last pulse offset seen
   float g_offset = 0.0f;
   bool g_ready = false;
   QS g_lane[W];
-  int band = 1;
-  V frame_c = V{} + 1.0f, frame_s{};  // the complex planes' frame (below)
+  V frame_c = V{} + 1.0f, frame_s{};
 
+  BLOCHSIM_HD PoolLanes(const EventStream& s_, const Tissue& t_, const Pools& p_, const LineshapeTable& ls_,
+                        int64_t first_, V* work_, int64_t ws_runtime, float* out_, const PooledJacobianOut& jo_)
+      : s(s_), t(t_), p(p_), ls(ls_), first(first_), work(work_), ws(WS > 0 ? WS : ws_runtime), out(out_), jo(jo_) {
+    for (int l = 0; l < W; ++l) {
+      const int64_t i = first + l < t.n ? first + l : t.n - 1;
+      q[l] = pool_tissue<QS>(t, p, i, jo.fields, jo.n_dirs, jo.seeds);
+    }
+    K = s.states;
+    for (int l = 0; l < W; ++l) {
+      LT::set(M0, l, static_cast<Sc>(q[l].M0));
+      LT::set(eta, l, static_cast<Sc>(q[l].eta));
+      uniform_rf = uniform_rf && value_of(q[l].B1) == value_of(q[0].B1) &&
+                   value_of(q[l].B1phase) == value_of(q[0].B1phase);
+    }
+    // B1 and B1phase carry no derivative (the lanes of a dual share their
+    // seeds, so lane 0 stands for all)
+    if constexpr (IsDual<QS>::value)
+      for (int j = 0; j < jo.n_dirs; ++j) constant_rf = constant_rf && q[0].B1.d[j] == 0.0 && q[0].B1phase.d[j] == 0.0;
+    // every lane at B1 = 1 and no transmit phase: the stream's table holds
+    // each pulse's cos and sin (formed once per sequence)
+    nominal_rf = uniform_rf && constant_rf && value_of(q[0].B1) == 1.0 && value_of(q[0].B1phase) == 0.0 &&
+                 s.rf_table != nullptr;
+    int64_t n_plus, n_minus;
+    stream_shifts(s, n_plus, n_minus);
+    R = K + n_plus + n_minus + 1;
+    bp = n_plus;  // where order 0 of the F+ and F- rows is
+    bm = n_minus;
+    fpr = 0;
+    fpi = n * R;
+    fmr = 2 * n * R;
+    fmi = 3 * n * R;
+    zr = 4 * n * R;
+    zi = 4 * n * R + m * K;
+    ops = 4 * n * R + 2 * m * static_cast<int64_t>(K);
+    drv = ops + per_interval * s.n_intervals;
+    for (int64_t i = 0; i < ops; ++i) at(i) = V{};
+    for (int j = 0; j < m; ++j) {
+      V f{};
+      for (int l = 0; l < W; ++l) LT::set(f, l, static_cast<Sc>(q[l].f[j]));
+      at(zr + j * K) = f;
+    }
+    for (int64_t v = 0; v < s.n_intervals; ++v) at(ops + v * per_interval) = V{};
+    if (s.driven)
+      for (int64_t v = 0; v < s.n_driven; ++v) at(drv + v * per_driven) = V{};
+  }
+
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE V& at(int64_t i) const { return work[i * ws]; }
   // F+ row j, order k (plus fpr or fpi); F- likewise (plus fmr or fmi)
-  auto xp = [&](int j, int k) { return j * R + bp + k; };
-  auto xm = [&](int j, int k) { return j * R + bm + k; };
-  auto shift = [&](int dir) {
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE int64_t xp(int j, int k) const { return j * R + bp + k; }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE int64_t xm(int j, int k) const { return j * R + bm + k; }
+
+  BLOCHSIM_HD uint32_t flags(int64_t e) const { return s.flags[e]; }
+  BLOCHSIM_HD int32_t interval_of(int64_t e) const { return s.interval[e]; }
+  BLOCHSIM_HD int32_t shift_before(int64_t e) const { return s.shift_before[e]; }
+  BLOCHSIM_HD int32_t shift_after(int64_t e) const { return s.shift_after[e]; }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE bool at_zero(int k) const { return k == 0; }
+
+  // One order's state in locals; on the real planes only ai, bi and cr.
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void load(int k, Order& o) const {
+    for (int j = 0; j < n; ++j) {
+      if constexpr (!real) {
+        o.ar[j] = at(fpr + xp(j, k));
+        o.br[j] = at(fmr + xm(j, k));
+      }
+      o.ai[j] = at(fpi + xp(j, k));
+      o.bi[j] = at(fmi + xm(j, k));
+    }
+    for (int j = 0; j < m; ++j) {
+      o.cr[j] = at(zr + j * K + k);
+      if constexpr (!real) o.ci[j] = at(zi + j * K + k);
+    }
+  }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void store(int k, const Order& o) const {
+    for (int j = 0; j < n; ++j) {
+      if constexpr (!real) {
+        at(fpr + xp(j, k)) = o.ar[j];
+        at(fmr + xm(j, k)) = o.br[j];
+      }
+      at(fpi + xp(j, k)) = o.ai[j];
+      at(fmi + xm(j, k)) = o.bi[j];
+    }
+    for (int j = 0; j < m; ++j) {
+      at(zr + j * K + k) = o.cr[j];
+      if constexpr (!real) at(zi + j * K + k) = o.ci[j];
+    }
+  }
+  template <class F>
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void each(F&& f) const {
+    for (int k = 0; k < band; ++k) {
+      Order o;
+      load(k, o);
+      f(k, o);
+      store(k, o);
+    }
+  }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void order_zero(Order& o) const { load(0, o); }
+
+  BLOCHSIM_HD void shift(int dir) {
     // the row that moves up (F+ for dir > 0) gains order 0 = conj of the
     // other's new order 0 and drops its old order K - 1; the other drops
     // its old order 0 and gains a zero order K - 1 from outside
@@ -144,7 +215,7 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
       --bm;
     }
     for (int j = 0; j < n; ++j)
-      for (int part = Real ? 1 : 0; part < 2; ++part) {
+      for (int part = real ? 1 : 0; part < 2; ++part) {
         const int64_t up = dir > 0 ? (part ? fpi : fpr) + xp(j, 0) : (part ? fmi : fmr) + xm(j, 0);
         const int64_t dn = dir > 0 ? (part ? fmi : fmr) + xm(j, 0) : (part ? fpi : fpr) + xp(j, 0);
         at(up + K) = V{};
@@ -152,315 +223,156 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
         at(up) = part ? -at(dn) : at(dn);  // F_up,0 = conj(F_dn,0)
       }
     band = band < K ? band + 1 : K;
-  };
+  }
 
-  for (int64_t e = 0; e < s.n_events; ++e) {
-    const uint32_t f = s.flags[e];
-    const int32_t iv = s.interval[e];
-    // The event's operators first (interval, semisolid saturation, RF),
-    // then one pass over the orders that applies them in turn when no
-    // shift comes between the interval and the pulse.
-    V Pv[2 * n * n], Lv[m * m], Rv[m];
-    if (iv >= 0) {
-      const int64_t o = ops + iv * per_interval;
-      const int64_t P = o + 1, L = P + 2 * n * n, R = L + m * m;
-      if (value_of(LT::get(at(o), 0)) == 0.0f) {
-        for (int l = 0; l < W; ++l) {
-          Cx<QS> Pl[max_liquid_pools * max_liquid_pools];
-          QS Ll[max_longitudinal_pools * max_longitudinal_pools], rl[max_longitudinal_pools];
-          pool_interval(q[l], QS(s.duration_s[iv]), Pl, Ll, rl);
-          for (int i = 0; i < n * n; ++i) {
-            LT::set(at(P + 2 * i), l, static_cast<Sc>(Pl[i].re));
-            LT::set(at(P + 2 * i + 1), l, static_cast<Sc>(Pl[i].im));
-          }
-          for (int i = 0; i < m * m; ++i) LT::set(at(L + i), l, static_cast<Sc>(Ll[i]));
-          for (int i = 0; i < m; ++i) LT::set(at(R + i), l, static_cast<Sc>(rl[i]));
-          LT::set(at(o), l, 1.0f);
-        }
-      }
-      // the operator in locals: the compiler cannot keep it in registers
-      // across the stores to the workspace otherwise
-      for (int i = 0; i < 2 * n * n; ++i) Pv[i] = at(P + i);
-      for (int i = 0; i < m * m; ++i) Lv[i] = at(L + i);
-      for (int i = 0; i < m; ++i) Rv[i] = at(R + i);
-    }
-    const bool sat = (f & (event_rf | event_saturation)) && saturating && s.rf_duration_s[e] > 0.0f;
-    V decay{};
-    if (sat) {
-      const double tau_rf = s.rf_duration_s[e];
-      const float offset = s.rf_offset_hz ? s.rf_offset_hz[e] : 0.0f;
-      if (!g_ready || offset != g_offset) {
-        for (int l = 0; l < W; ++l) {
-          double g, dg;
-          const QS xg = (QS(offset) - q[l].B0) * q[l].T2b * (2.0 * pi);
-          lineshape_eval(p.lineshape, value_of(xg), ls, g, dg);
-          g_lane[l] = q[l].T2b * lift(xg, g, dg);
-        }
-        g_offset = offset;
-        g_ready = true;
-      }
-      const double power = s.rf_power ? s.rf_power[e] : 1.0;
+  // The interval's operators, formed per lane the first time; copied into
+  // the event's locals (the compiler cannot keep them in registers across
+  // the stores to the workspace otherwise).
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void interval(int32_t iv, Step& step) const {
+    const int64_t o = ops + iv * per_interval;
+    const int64_t P = o + 1, L = P + 2 * n * n, Rr = L + m * m;
+    if (value_of(LT::get(at(o), 0)) == 0.0f) {
       for (int l = 0; l < W; ++l) {
-        const QS a = q[l].B1 * static_cast<double>(s.flip_rad[e]);
-        using std::exp;
-        LT::set(decay, l, static_cast<Sc>(exp(-(pi * power / tau_rf) * g_lane[l] * (a * a))));
+        Cx<QS> Pl[max_liquid_pools * max_liquid_pools];
+        QS Ll[max_longitudinal_pools * max_longitudinal_pools], rl[max_longitudinal_pools];
+        pool_interval(q[l], QS(s.duration_s[iv]), Pl, Ll, rl);
+        for (int i = 0; i < n * n; ++i) {
+          LT::set(at(P + 2 * i), l, static_cast<Sc>(Pl[i].re));
+          LT::set(at(P + 2 * i + 1), l, static_cast<Sc>(Pl[i].im));
+        }
+        for (int i = 0; i < m * m; ++i) LT::set(at(L + i), l, static_cast<Sc>(Ll[i]));
+        for (int i = 0; i < m; ++i) LT::set(at(Rr + i), l, static_cast<Sc>(rl[i]));
+        LT::set(at(o), l, 1.0f);
       }
     }
-    const bool rf = (f & event_rf) != 0;
-    V ca{}, sa{}, cp{}, sp{};
-    if (rf && nominal_rf) {
+    for (int i = 0; i < 2 * n * n; ++i) step.P[i] = at(P + i);
+    for (int i = 0; i < m * m; ++i) step.L[i] = at(L + i);
+    for (int i = 0; i < m; ++i) step.z0[i] = at(Rr + i);
+  }
+
+  BLOCHSIM_HD bool saturation(int64_t e, V& decay) {
+    if (!(Bound && s.rf_duration_s != nullptr && (s.flags[e] & (event_rf | event_saturation)) &&
+          s.rf_duration_s[e] > 0.0f))
+      return false;
+    const double tau_rf = s.rf_duration_s[e];
+    const float offset = s.rf_offset_hz ? s.rf_offset_hz[e] : 0.0f;
+    if (!g_ready || offset != g_offset) {
+      for (int l = 0; l < W; ++l) {
+        double g, dg;
+        const QS xg = (QS(offset) - q[l].B0) * q[l].T2b * (2.0 * pi);
+        lineshape_eval(p.lineshape, value_of(xg), ls, g, dg);
+        g_lane[l] = q[l].T2b * lift(xg, g, dg);
+      }
+      g_offset = offset;
+      g_ready = true;
+    }
+    const double power = s.rf_power ? s.rf_power[e] : 1.0;
+    for (int l = 0; l < W; ++l) {
+      const QS a = q[l].B1 * static_cast<double>(s.flip_rad[e]);
+      using std::exp;
+      LT::set(decay, l, static_cast<Sc>(exp(-(pi * power / tau_rf) * g_lane[l] * (a * a))));
+    }
+    return true;
+  }
+
+  BLOCHSIM_HD void pulse(int64_t e, V& ca, V& sa, V& cp, V& sp) const {
+    if (nominal_rf) {
       const float* row = s.rf_table + e * rf_table_fields;
       ca = V{} + row[rft_cos];
       sa = V{} + row[rft_sin];
       cp = V{} + row[rft_cos_phase];
       sp = V{} + row[rft_sin_phase];
-    } else if (rf) {
-      using std::cos;
-      using std::sin;
-      for (int l = 0; l < (uniform_rf ? 1 : W); ++l) {
-        const QS a = q[l].B1 * static_cast<double>(s.flip_rad[e]);
-        const QS ph = q[l].B1phase + static_cast<double>(s.phase_rad[e]);
-        LT::set(ca, l, static_cast<Sc>(cos(a)));
-        LT::set(sa, l, static_cast<Sc>(sin(a)));
-        LT::set(cp, l, static_cast<Sc>(cos(ph)));
-        LT::set(sp, l, static_cast<Sc>(sin(ph)));
-      }
-      if (uniform_rf) {
-        ca = LT::splat(LT::get(ca, 0));
-        sa = LT::splat(LT::get(sa, 0));
-        cp = LT::splat(LT::get(cp, 0));
-        sp = LT::splat(LT::get(sp, 0));
-      }
+      return;
     }
-    const int32_t sb = s.shift_before[e];
-    const bool common = sb == 0 && iv >= 0 && rf && !sat;
-    // The complex planes hold the state in the frame of the last common
-    // event's pulse phase theta (F+ stored times e^{-i theta}, F- times
-    // e^{i theta}; Z and the shifts are unchanged by it).  The interval's
-    // P commutes with the frame, so the common event folds the step from
-    // theta to its own phase phi into P (a scalar a lane) and turns the
-    // orders by the cheaper in-phase pulse.  Other pulses turn by phi -
-    // theta; readouts add theta to the receiver; exact pulses leave the
-    // frame first.
-    V rel_c{}, rel_s{};  // e^{i (theta - phi)}
-    if (!Real && rf) {
-      rel_c = frame_c * cp + frame_s * sp;
-      rel_s = frame_s * cp - frame_c * sp;
+    using std::cos;
+    using std::sin;
+    for (int l = 0; l < (uniform_rf ? 1 : W); ++l) {
+      const QS a = q[l].B1 * static_cast<double>(s.flip_rad[e]);
+      const QS ph = q[l].B1phase + static_cast<double>(s.phase_rad[e]);
+      LT::set(ca, l, static_cast<Sc>(cos(a)));
+      LT::set(sa, l, static_cast<Sc>(sin(a)));
+      LT::set(cp, l, static_cast<Sc>(cos(ph)));
+      LT::set(sp, l, static_cast<Sc>(sin(ph)));
     }
-    const bool in_phase = !Real && common;
-    if (in_phase) {
-      for (int i = 0; i < n * n; ++i) {
-        const V pr = Pv[2 * i], pim = Pv[2 * i + 1];
-        Pv[2 * i] = pr * rel_c - pim * rel_s;
-        Pv[2 * i + 1] = pr * rel_s + pim * rel_c;
-      }
-      frame_c = cp;
-      frame_s = sp;
-    }
-    const PoolRotation<V> rot = in_phase       ? PoolRotation<V>(ca, sa, V{} + 1.0f, V{})
-                                : Real || !rf ? PoolRotation<V>(ca, sa, cp, sp)
-                                              : PoolRotation<V>(ca, sa, rel_c, V{} - rel_s);
-
-    // One order's state in locals: F+ (ar, ai) and F- (br, bi) of each
-    // liquid pool, Z (cr, ci) of each longitudinal family; on the real
-    // planes only ai, bi and cr.  The common event loads an order once,
-    // relaxes and turns it in registers and stores it once.
-    using Order = PoolOrder<V, n, m>;
-    auto load = [&](int k, Order& o) BLOCHSIM_LAMBDA_INLINE {
-      for (int j = 0; j < n; ++j) {
-        if constexpr (!Real) {
-          o.ar[j] = at(fpr + xp(j, k));
-          o.br[j] = at(fmr + xm(j, k));
-        }
-        o.ai[j] = at(fpi + xp(j, k));
-        o.bi[j] = at(fmi + xm(j, k));
-      }
-      for (int j = 0; j < m; ++j) {
-        o.cr[j] = at(zr + j * K + k);
-        if constexpr (!Real) o.ci[j] = at(zi + j * K + k);
-      }
-    };
-    auto store = [&](int k, const Order& o) BLOCHSIM_LAMBDA_INLINE {
-      for (int j = 0; j < n; ++j) {
-        if constexpr (!Real) {
-          at(fpr + xp(j, k)) = o.ar[j];
-          at(fmr + xm(j, k)) = o.br[j];
-        }
-        at(fpi + xp(j, k)) = o.ai[j];
-        at(fmi + xm(j, k)) = o.bi[j];
-      }
-      for (int j = 0; j < m; ++j) {
-        at(zr + j * K + k) = o.cr[j];
-        if constexpr (!Real) at(zi + j * K + k) = o.ci[j];
-      }
-    };
-    // x = the interval's operators on o (x is not o)
-    auto relax = [&](int k, const Order& o, Order& x) BLOCHSIM_LAMBDA_INLINE {
-      pool_relax<Real>(Pv, Lv, o, x, k == 0 ? Rv : nullptr);
-    };
-    auto turn = [&](Order& o, const auto& r) BLOCHSIM_LAMBDA_INLINE {  // the common event's pulse r
-      for (int j = 0; j < n; ++j) {
-        if constexpr (Real) {
-          r.real(o.ai[j], o.bi[j], o.cr[j]);
-        } else {
-          r.in_phase(o.ar[j], o.ai[j], o.br[j], o.bi[j], o.cr[j], o.ci[j]);
-        }
-      }
-    };
-    auto common_pass = [&](const auto& r) BLOCHSIM_LAMBDA_INLINE {
-      for (int k = 0; k < band; ++k) {
-        Order o, x;
-        load(k, o);
-        relax(k, o, x);
-        turn(x, r);
-        store(k, x);
-      }
-    };
-    auto interval_at = [&](int k) BLOCHSIM_LAMBDA_INLINE {
-      Order o, x;
-      load(k, o);
-      relax(k, o, x);
-      store(k, x);
-    };
-    auto saturate_at = [&](int k) BLOCHSIM_LAMBDA_INLINE {
-      at(zr + n * K + k) *= decay;
-      if constexpr (!Real) at(zi + n * K + k) *= decay;
-    };
-    auto rotate_at = [&](int k) BLOCHSIM_LAMBDA_INLINE {
-      for (int j = 0; j < n; ++j) {
-        if constexpr (Real) {
-          rot.real(at(fpi + xp(j, k)), at(fmi + xm(j, k)), at(zr + j * K + k));
-        } else {
-          rot.apply(at(fpr + xp(j, k)), at(fpi + xp(j, k)), at(fmr + xm(j, k)), at(fmi + xm(j, k)),
-                    at(zr + j * K + k), at(zi + j * K + k));
-        }
-      }
-    };
-    if (common) {
-      // the common event, without branches between the orders
-      if constexpr (IsDual<V>::value) {
-        if (constant_rf) {
-          // the pulse carries no derivative: its coefficients as plain
-          // lanes, multiplying each dual at a third of a dual product
-          using B = decltype(V{}.v);
-          const PoolRotation<B> plain = in_phase ? PoolRotation<B>(ca.v, sa.v, B{} + 1.0f, B{})
-                                                 : PoolRotation<B>(ca.v, sa.v, cp.v, sp.v);
-          common_pass(plain);
-        } else {
-          common_pass(rot);
-        }
-      } else {
-        common_pass(rot);
-      }
-    } else if (sb == 0) {
-      for (int k = 0; k < band; ++k) {
-        if (iv >= 0) interval_at(k);
-        if (sat) saturate_at(k);
-        if (rf) rotate_at(k);
-      }
-    } else {
-      if (iv >= 0)
-        for (int k = 0; k < band; ++k) interval_at(k);
-      for (int c = 0; c < (sb > 0 ? sb : -sb); ++c) shift(sb > 0 ? 1 : -1);
-      for (int k = 0; k < band; ++k) {
-        if (sat) saturate_at(k);
-        if (rf) rotate_at(k);
-      }
-    }
-    if (!Real && (f & event_driven)) {
-      // leave the frame: F+ times e^{i theta}, F- times e^{-i theta}
-      for (int j = 0; j < n; ++j)
-        for (int k = 0; k < band; ++k) {
-          V& ar = at(fpr + xp(j, k));
-          V& ai = at(fpi + xp(j, k));
-          V& br = at(fmr + xm(j, k));
-          V& bi = at(fmi + xm(j, k));
-          const V a = ar, b = ai, c = br, d = bi;
-          ar = a * frame_c - b * frame_s;
-          ai = b * frame_c + a * frame_s;
-          br = c * frame_c + d * frame_s;
-          bi = d * frame_c - c * frame_s;
-        }
-      frame_c = V{} + 1.0f;
-      frame_s = V{};
-      const int32_t id = s.driven[e];
-      const int64_t o = drv + id * per_driven, Mo = o + 1, Co = Mo + 2 * d * d;
-      if (value_of(LT::get(at(o), 0)) == 0.0f) {
-        for (int l = 0; l < W; ++l) {
-          Cx<QS> Ml[max_driven_size * max_driven_size], cl[max_driven_size];
-          pool_driven(q[l], p.lineshape, ls, driven_pulse<QS>(s.driven_table + id * driven_fields), Ml, cl);
-          for (int i = 0; i < d * d; ++i) {
-            LT::set(at(Mo + 2 * i), l, static_cast<Sc>(Ml[i].re));
-            LT::set(at(Mo + 2 * i + 1), l, static_cast<Sc>(Ml[i].im));
-          }
-          for (int i = 0; i < d; ++i) {
-            LT::set(at(Co + 2 * i), l, static_cast<Sc>(cl[i].re));
-            LT::set(at(Co + 2 * i + 1), l, static_cast<Sc>(cl[i].im));
-          }
-          LT::set(at(o), l, 1.0f);
-        }
-      }
-      auto mat = [&](int i) -> const V& { return at(Mo + i); };
-      auto src = [&](int i) -> const V& { return at(Co + i); };
-      for (int k = 0; k < band; ++k) {
-        Order o;
-        load(k, o);
-        pool_drive(mat, src, k == 0, o);
-        store(k, o);
-      }
-    }
-    if (f & event_inversion)
-      for (int j = 0; j < n; ++j)
-        for (int k = 0; k < band; ++k) {
-          at(zr + j * K + k) = -eta * at(zr + j * K + k);
-          if constexpr (!Real) at(zi + j * K + k) = -eta * at(zi + j * K + k);
-        }
-    if (f & event_readout) {
-      V accr = at(fpr + xp(0, 0)), acci = at(fpi + xp(0, 0));
-      for (int j = 1; j < n; ++j) {
-        accr += at(fpr + xp(j, 0));
-        acci += at(fpi + xp(j, 0));
-      }
-      if constexpr (!Real) {  // out of the frame
-        const V a = accr;
-        accr = a * frame_c - acci * frame_s;
-        acci = acci * frame_c + a * frame_s;
-      }
-      const float cr = s.rf_table ? s.rf_table[e * rf_table_fields + rft_cos_rx]
-                                  : static_cast<float>(std::cos(static_cast<double>(s.rx_phase_rad[e])));
-      const float sr = s.rf_table ? s.rf_table[e * rf_table_fields + rft_sin_rx]
-                                  : static_cast<float>(std::sin(static_cast<double>(s.rx_phase_rad[e])));
-      // M0 (F+) e^{-i rx}
-      const V re = M0 * (accr * cr + acci * sr), im = M0 * (acci * cr - accr * sr);
-      const int32_t slot = s.slot[e];
-      for (int l = 0; l < W; ++l) {
-        if (first + l >= t.n) break;
-        const Sc vr = LT::get(re, l), vi = LT::get(im, l);
-        float* o = out + ((first + l) * s.n_samples + slot) * 2;
-        o[0] = value_of(vr);
-        o[1] = value_of(vi);
-        if constexpr (IsDual<Sc>::value)
-          for (int j = 0; j < jo.n_dirs; ++j) {
-            float* dj = jo.jac + (((first + l) * jo.jac_dirs + jo.first_dir + j) * s.n_samples + slot) * 2;
-            dj[0] = vr.d[j];
-            dj[1] = vi.d[j];
-          }
-      }
-    }
-    if (f & event_spoil) {
-      for (int j = 0; j < n; ++j)
-        for (int k = 0; k < band; ++k) {
-          if constexpr (!Real) {
-            at(fpr + xp(j, k)) = V{};
-            at(fmr + xm(j, k)) = V{};
-          }
-          at(fpi + xp(j, k)) = V{};
-          at(fmi + xm(j, k)) = V{};
-        }
-    } else {
-      for (int sa = s.shift_after[e], c = 0; c < (sa > 0 ? sa : -sa); ++c) shift(sa > 0 ? 1 : -1);
+    if (uniform_rf) {
+      ca = LT::splat(LT::get(ca, 0));
+      sa = LT::splat(LT::get(sa, 0));
+      cp = LT::splat(LT::get(cp, 0));
+      sp = LT::splat(LT::get(sp, 0));
     }
   }
+  // On duals, a pulse that carries no derivative turns the orders with
+  // plain lanes, multiplying each dual at a third of a dual product.
+  template <class F>
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void rotations(const V& ca, const V& sa, const V& cp, const V& sp, F&& f) const {
+    if constexpr (IsDual<V>::value) {
+      using B = decltype(V{}.v);
+      if (constant_rf) {
+        f(PoolRotation<B>(ca.v, sa.v, cp.v, sp.v));
+        return;
+      }
+    }
+    f(PoolRotation<V>(ca, sa, cp, sp));
+  }
+
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE auto driven(int64_t e) const {
+    const int32_t id = s.driven[e];
+    const int64_t o = drv + id * per_driven, Mo = o + 1, Co = Mo + 2 * D * D;
+    if (value_of(LT::get(at(o), 0)) == 0.0f) {
+      for (int l = 0; l < W; ++l) {
+        Cx<QS> Ml[max_driven_size * max_driven_size], cl[max_driven_size];
+        pool_driven(q[l], p.lineshape, ls, driven_pulse<QS>(s.driven_table + id * driven_fields), Ml, cl);
+        for (int i = 0; i < D * D; ++i) {
+          LT::set(at(Mo + 2 * i), l, static_cast<Sc>(Ml[i].re));
+          LT::set(at(Mo + 2 * i + 1), l, static_cast<Sc>(Ml[i].im));
+        }
+        for (int i = 0; i < D; ++i) {
+          LT::set(at(Co + 2 * i), l, static_cast<Sc>(cl[i].re));
+          LT::set(at(Co + 2 * i + 1), l, static_cast<Sc>(cl[i].im));
+        }
+        LT::set(at(o), l, 1.0f);
+      }
+    }
+    const PoolLanes* self = this;
+    return [self, Mo, Co](Order& x, bool zero) BLOCHSIM_LAMBDA_INLINE {
+      pool_drive<true>([&](int i) -> const V& { return self->at(Mo + i); },
+                       [&](int i) -> const V& { return self->at(Co + i); }, zero, x);
+    };
+  }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE V inversion() const { return -eta; }
+
+  // M0 (F+) e^{-i rx} of each lane to out (and its derivatives to jo.jac)
+  template <class Sink>
+  BLOCHSIM_HD void sample(int64_t e, const V& accr, const V& acci, Sink&) const {
+    const float cr = s.rf_table ? s.rf_table[e * rf_table_fields + rft_cos_rx]
+                                : static_cast<float>(std::cos(static_cast<double>(s.rx_phase_rad[e])));
+    const float sr = s.rf_table ? s.rf_table[e * rf_table_fields + rft_sin_rx]
+                                : static_cast<float>(std::sin(static_cast<double>(s.rx_phase_rad[e])));
+    const V re = M0 * (accr * cr + acci * sr), im = M0 * (acci * cr - accr * sr);
+    const int32_t slot = s.slot[e];
+    for (int l = 0; l < W; ++l) {
+      if (first + l >= t.n) break;
+      const Sc vr = LT::get(re, l), vi = LT::get(im, l);
+      float* o = out + ((first + l) * s.n_samples + slot) * 2;
+      o[0] = value_of(vr);
+      o[1] = value_of(vi);
+      if constexpr (IsDual<Sc>::value)
+        for (int j = 0; j < jo.n_dirs; ++j) {
+          float* dj = jo.jac + (((first + l) * jo.jac_dirs + jo.first_dir + j) * s.n_samples + slot) * 2;
+          dj[0] = vr.d[j];
+          dj[1] = vi.d[j];
+        }
+    }
+  }
+};
+
+template <class V, int N, bool Bound, int64_t WS, bool Real = false>
+BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, const Pools& p,
+                                       const LineshapeTable& ls, int64_t first, V* work, int64_t ws_runtime,
+                                       float* out, const PooledJacobianOut& jo = PooledJacobianOut{}) {
+  PoolLanes<V, N, Bound, WS, Real> st(s, t, p, ls, first, work, ws_runtime, out, jo);
+  const int none = 0;
+  for (int64_t e = 0; e < s.n_events; ++e) pooled_event(s, e, st, none);
   return ok;
 }
 

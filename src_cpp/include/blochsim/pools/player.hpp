@@ -1,9 +1,10 @@
 // The pooled EPG of one problem over a scalar type (double, or duals for
-// derivatives), one event at a time: the reference the Jacobians per
-// problem and the adjoint (pools/adjoint.hpp) play.
+// derivatives), one event at a time (pools/play.hpp's event, its pool
+// counts at run time): the Jacobians per problem and the adjoint
+// (pools/adjoint.hpp) play it.
 #pragma once
 
-#include "pools.hpp"
+#include "play.hpp"
 
 namespace blochsim {
 inline namespace BLOCHSIM_ISA {
@@ -95,11 +96,9 @@ struct PoolPlayer {
   }
   // The hard pulse of event e (SPEC §2), at this problem's B1 and B1phase.
   BLOCHSIM_HD PoolRotation<S> rotation(int64_t e) const {
-    using std::cos;
-    using std::sin;
-    const S alpha = q.B1 * seeded<S>(s.flip_rad[e], es.flip);
-    const S phi = q.B1phase + seeded<S>(s.phase_rad[e], es.phase);
-    return PoolRotation<S>(cos(alpha), sin(alpha), cos(phi), sin(phi));
+    S ca, sa, cp, sp;
+    pulse(e, ca, sa, cp, sp);
+    return PoolRotation<S>(ca, sa, cp, sp);
   }
 
   BLOCHSIM_HD void shift(int dir) {
@@ -116,95 +115,108 @@ struct PoolPlayer {
     band = band < K ? band + 1 : K;
   }
 
+  // The Store of pools/play.hpp: the pool counts known at run time, the
+  // complex planes in the water frame.
+  using V = S;
+  using C = S;
+  using Scale = S;
+  static constexpr int N = max_liquid_pools, M = max_longitudinal_pools;
+  static constexpr bool fixed = false, real = false, framed = false;
+  using Order = PoolOrder<S, N, M>;
+  using Step = PoolStep<S, S, N, M, false, false>;
+  BLOCHSIM_HD uint32_t flags(int64_t e) const { return s.flags[e]; }
+  BLOCHSIM_HD int32_t interval_of(int64_t e) const { return s.interval[e]; }
+  BLOCHSIM_HD int32_t shift_before(int64_t e) const { return s.shift_before[e]; }
+  BLOCHSIM_HD int32_t shift_after(int64_t e) const { return s.shift_after[e]; }
+  BLOCHSIM_HD bool at_zero(int k) const { return k == 0; }
+  BLOCHSIM_HD void load(int k, Order& o) const {
+    for (int j = 0; j < n; ++j) {
+      const Cx<S>&a = fp()[j * K + k], &b = fm()[j * K + k];
+      o.ar[j] = a.re;
+      o.ai[j] = a.im;
+      o.br[j] = b.re;
+      o.bi[j] = b.im;
+    }
+    for (int j = 0; j < m; ++j) {
+      o.cr[j] = z()[j * K + k].re;
+      o.ci[j] = z()[j * K + k].im;
+    }
+  }
+  BLOCHSIM_HD void store(int k, const Order& o) {
+    for (int j = 0; j < n; ++j) {
+      fp()[j * K + k] = {o.ar[j], o.ai[j]};
+      fm()[j * K + k] = {o.br[j], o.bi[j]};
+    }
+    for (int j = 0; j < m; ++j) z()[j * K + k] = {o.cr[j], o.ci[j]};
+  }
+  template <class F>
+  BLOCHSIM_HD void each(F&& f) {
+    for (int k = 0; k < band; ++k) {
+      Order o;
+      load(k, o);
+      f(k, o);
+      store(k, o);
+    }
+  }
+  BLOCHSIM_HD void order_zero(Order& o) const { load(0, o); }
+  BLOCHSIM_HD void interval(int32_t iv, Step& st) {
+    Cx<S>* P;
+    S *L, *r;
+    interval_ops(iv, P, L, r);
+    st.n = n;
+    st.m = m;
+    for (int i = 0; i < n * n; ++i) {
+      st.P[2 * i] = P[i].re;
+      st.P[2 * i + 1] = P[i].im;
+    }
+    for (int i = 0; i < m * m; ++i) st.L[i] = L[i];
+    for (int i = 0; i < m; ++i) st.z0[i] = r[i];
+  }
+  BLOCHSIM_HD bool saturation(int64_t e, S& decay) const {
+    if (!(q.bound && s.rf_duration_s != nullptr) || !(s.flags[e] & (event_rf | event_saturation)) ||
+        !(s.rf_duration_s[e] > 0.0f))
+      return false;
+    decay = saturation(e);
+    return true;
+  }
+  BLOCHSIM_HD void pulse(int64_t e, S& ca, S& sa, S& cp, S& sp) const {
+    using std::cos;
+    using std::sin;
+    const S alpha = q.B1 * seeded<S>(s.flip_rad[e], es.flip);
+    const S phi = q.B1phase + seeded<S>(s.phase_rad[e], es.phase);
+    ca = cos(alpha);
+    sa = sin(alpha);
+    cp = cos(phi);
+    sp = sin(phi);
+  }
+  template <class F>
+  BLOCHSIM_HD void rotations(const S& ca, const S& sa, const S& cp, const S& sp, F&& f) const {
+    f(PoolRotation<S>(ca, sa, cp, sp));
+  }
+  BLOCHSIM_HD auto driven(int64_t e) {
+    Cx<S> *Mx, *cx;
+    driven_ops(s.driven[e], Mx, cx);
+    const S* mat = reinterpret_cast<const S*>(Mx);
+    const S* src = reinterpret_cast<const S*>(cx);
+    const int nn = n;
+    const bool bound = q.bound;
+    return [mat, src, nn, bound](Order& o, bool zero) {
+      pool_drive<false>([&](int i) -> const S& { return mat[i]; }, [&](int i) -> const S& { return src[i]; }, zero,
+                        o, nn, bound);
+    };
+  }
+  BLOCHSIM_HD S inversion() const { return -q.eta; }
+  template <class Sink>
+  BLOCHSIM_HD void sample(int64_t e, const S& re, const S& im, Sink& sink) const {
+    const double rx = s.rx_phase_rad[e];
+    const Cx<S> erx{S(std::cos(rx)), S(-std::sin(rx))};
+    sink(s.slot[e], q.M0 * (Cx<S>{re, im} * erx));
+  }
+
   // Plays event e; sink(slot, sample) takes its readout.
   template <class Sink>
   BLOCHSIM_HD void event(int64_t e, Sink&& sink) {
-    const uint32_t f = s.flags[e];
-    const int32_t iv = s.interval[e];
-    Cx<S>* const Fp = fp();
-    Cx<S>* const Fm = fm();
-    Cx<S>* const Z = z();
-    const Cx<S> czero{S(0.0), S(0.0)};
-    if (iv >= 0) {
-      Cx<S>* P;
-      S *L, *r;
-      interval_ops(iv, P, L, r);
-      // (pool_relax's arithmetic on complex numbers: the pools' count is
-      // known only at run time here, and an order of the largest size on
-      // duals costs more to compile than the loop below)
-      for (int k = 0; k < band; ++k) {
-        Cx<S> a[max_liquid_pools], b[max_liquid_pools], c[max_longitudinal_pools];
-        for (int j = 0; j < n; ++j) {
-          a[j] = Fp[j * K + k];
-          b[j] = Fm[j * K + k];
-        }
-        for (int j = 0; j < m; ++j) c[j] = Z[j * K + k];
-        for (int j = 0; j < n; ++j) {
-          Cx<S> u = P[j * n] * a[0], v = conj(P[j * n]) * b[0];
-          for (int l = 1; l < n; ++l) {
-            u = u + P[j * n + l] * a[l];
-            v = v + conj(P[j * n + l]) * b[l];
-          }
-          Fp[j * K + k] = u;
-          Fm[j * K + k] = v;
-        }
-        for (int j = 0; j < m; ++j) {
-          Cx<S> u = L[j * m] * c[0];
-          for (int l = 1; l < m; ++l) u = u + L[j * m + l] * c[l];
-          if (k == 0) u.re = u.re + r[j];
-          Z[j * K + k] = u;
-        }
-      }
-    }
-    for (int sb = s.shift_before[e], c = 0; c < (sb > 0 ? sb : -sb); ++c) shift(sb > 0 ? 1 : -1);
-    if (q.bound && (f & (event_rf | event_saturation))) {
-      const S decay = saturation(e);
-      Cx<S>* zb = Z + n * K;
-      for (int k = 0; k < band; ++k) zb[k] = decay * zb[k];
-    }
-    if (f & event_rf) {
-      const PoolRotation<S> R = rotation(e);
-      for (int j = 0; j < n; ++j)
-        for (int k = 0; k < band; ++k) {
-          Cx<S>&a = Fp[j * K + k], &b = Fm[j * K + k], &c = Z[j * K + k];
-          R.apply(a.re, a.im, b.re, b.im, c.re, c.im);
-        }
-    }
-    if (f & event_driven) {
-      Cx<S> *M, *c;
-      driven_ops(s.driven[e], M, c);
-      for (int k = 0; k < band; ++k) {
-        Cx<S> v[max_driven_size];
-        for (int j = 0; j < n; ++j) {
-          v[3 * j] = Fp[j * K + k];
-          v[3 * j + 1] = Fm[j * K + k];
-          v[3 * j + 2] = Z[j * K + k];
-        }
-        if (q.bound) v[3 * n] = Z[n * K + k];
-        for (int i = 0; i < d; ++i) {
-          Cx<S> u = k == 0 ? c[i] : czero;
-          for (int l = 0; l < d; ++l) u = u + M[i * d + l] * v[l];
-          const int j = i < 3 * n ? i / 3 : n;
-          const int comp = i < 3 * n ? i % 3 : 2;
-          (comp == 0 ? Fp : comp == 1 ? Fm : Z)[j * K + k] = u;
-        }
-      }
-    }
-    if (f & event_inversion)
-      for (int j = 0; j < n; ++j)
-        for (int k = 0; k < band; ++k) Z[j * K + k] = (-q.eta) * Z[j * K + k];
-    if (f & event_readout) {
-      Cx<S> acc = Fp[0];
-      for (int j = 1; j < n; ++j) acc = acc + Fp[j * K];
-      const double rx = s.rx_phase_rad[e];
-      const Cx<S> erx{S(std::cos(rx)), S(-std::sin(rx))};
-      sink(s.slot[e], q.M0 * (acc * erx));
-    }
-    if (f & event_spoil) {
-      for (int64_t l = 0; l < 2 * n * K; ++l) Fp[l] = czero;
-    } else {
-      for (int sa = s.shift_after[e], c = 0; c < (sa > 0 ? sa : -sa); ++c) shift(sa > 0 ? 1 : -1);
-    }
+    pooled_event(s, e, *this, sink);
   }
 };
 

@@ -3,10 +3,11 @@
 // 28:430) and a semisolid pool with longitudinal states only (the binary
 // spin bath of EPG-X; Malik, Teixeira & Hajnal 2018, MRM 80:767).
 //
-// This header holds the pools' configuration, each problem's values and
-// the per-problem operators; pools/player.hpp plays one problem in double
-// precision (or on duals), pools/lanes.hpp a block of problems on vector
-// lanes, pools/registers.hpp one problem on a device team.
+// This header holds the pools' configuration, each problem's values, the
+// per-problem operators and the per-order ones; pools/play.hpp holds the
+// one event that plays them, over a Store: pools/player.hpp one problem in
+// double precision (or on duals), pools/lanes.hpp a block of problems on
+// vector lanes, pools/registers.hpp one problem on a device team.
 //
 // One problem is played by one call of pooled_problem<S>, over a scalar
 // type S: double for the signal, Dual<double, N> for the signal and its
@@ -451,13 +452,13 @@ BLOCHSIM_HD BLOCHSIM_NOINLINE void pool_driven(const PoolTissue<S>& q, int lines
   }
 }
 
-// The per-order operators of the pooled EPG, shared by every player of it
-// (pools/player.hpp one problem in double precision or on duals,
-// pools/lanes.hpp vector lanes, pools/registers.hpp device teams): the
-// interval's relaxation, exchange and precession (pool_relax), an exact
-// rectangular pulse (pool_drive) and a hard pulse (PoolRotation).  Each
-// acts on one order held in locals (PoolOrder); the players differ only in
-// where they keep the orders and how they form the per-problem operators.
+// The per-order operators of the pooled EPG, which pools/play.hpp's event
+// applies for every Store and the adjoint (pools/adjoint.hpp) on transposed
+// matrices: the interval's relaxation, exchange and precession
+// (pool_relax), an exact rectangular pulse (pool_drive) and a hard pulse
+// (PoolRotation).  Each acts on one order held in locals (PoolOrder); the
+// Stores differ only in where they keep the orders and how they form the
+// per-problem operators.
 
 // One order of the pooled state in locals (V: a scalar, a dual, or lanes):
 // F+ (ar, ai) and F- (br, bi) of each liquid pool, Z (cr, ci) of each
@@ -469,65 +470,84 @@ struct PoolOrder {
   V ar[N], ai[N], br[N], bi[N], cr[M], ci[M];
 };
 
+// f(j) for j in [0, n): over the compile-time count N, unrolled, when the
+// player's pool counts are template parameters (Fixed: n == N, so the
+// orders' arrays stay in registers on the device); over the run-time n
+// otherwise (the one-problem player, whose unrolled loops on duals would
+// cost minutes of compile time).
+template <int N, bool Fixed, class F>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE void each_index(int n, F&& f) {
+  if constexpr (Fixed) {
+BLOCHSIM_UNROLL
+    for (int j = 0; j < N; ++j) f(j);
+  } else {
+    for (int j = 0; j < n; ++j) f(j);
+  }
+}
+
 // x = one order o after the interval: F+ by P, F- by conj(P), Z by L (P: n
 // × n complex as (re, im) pairs; L: m × m real; C their type), each Z of x
-// starting from z0 (the recovery, at order 0) or zero.  n and m default to
-// N and M.
-template <bool Real, class V, class C, int N, int M>
+// starting from z0 (the recovery, at order 0) or zero.  Fixed: n = N and
+// m = M.
+template <bool Real, bool Fixed, class V, class C, class Z, int N, int M>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pool_relax(const C* P, const C* L, const PoolOrder<V, N, M>& o,
-                                                 PoolOrder<V, N, M>& x, const C* z0 = nullptr, int n = N,
-                                                 int m = M) {
-BLOCHSIM_UNROLL
-  for (int j = 0; j < n; ++j) {
+                                                 PoolOrder<V, N, M>& x, const Z* z0, int n = N, int m = M) {
+  if constexpr (Fixed) {
+    n = N;
+    m = M;
+  }
+  each_index<N, Fixed>(n, [&](int j) {
     if constexpr (Real) {
       // P is real here: imaginary F+ and F- by P
       V xi{}, yi{};
-BLOCHSIM_UNROLL
-      for (int l = 0; l < n; ++l) {
+      each_index<N, Fixed>(n, [&](int l) {
         xi += P[2 * (j * n + l)] * o.ai[l];
         yi += P[2 * (j * n + l)] * o.bi[l];
-      }
+      });
       x.ai[j] = xi;
       x.bi[j] = yi;
     } else {
       V xr{}, xi{}, yr{}, yi{};
-BLOCHSIM_UNROLL
-      for (int l = 0; l < n; ++l) {
+      each_index<N, Fixed>(n, [&](int l) {
         const C pr = P[2 * (j * n + l)], pi_ = P[2 * (j * n + l) + 1];
         xr += pr * o.ar[l] - pi_ * o.ai[l];
         xi += pr * o.ai[l] + pi_ * o.ar[l];
         yr += pr * o.br[l] + pi_ * o.bi[l];
         yi += pr * o.bi[l] - pi_ * o.br[l];
-      }
+      });
       x.ar[j] = xr;
       x.ai[j] = xi;
       x.br[j] = yr;
       x.bi[j] = yi;
     }
-  }
-BLOCHSIM_UNROLL
-  for (int j = 0; j < m; ++j) {
+  });
+  each_index<M, Fixed>(m, [&](int j) {
     V xr{}, xi{};
     if (z0) xr = xr + z0[j];
-BLOCHSIM_UNROLL
-    for (int l = 0; l < m; ++l) {
+    each_index<M, Fixed>(m, [&](int l) {
       const C c = L[j * m + l];
       xr += c * o.cr[l];
       if constexpr (!Real) xi += c * o.ci[l];
-    }
+    });
     x.cr[j] = xr;
     if constexpr (!Real) x.ci[j] = xi;
-  }
+  });
 }
 
 // One order o under an exact rectangular pulse (pool_driven): the d × d
 // complex matrix on its components (F+, F-, Z of each of the n liquid
 // pools, then the semisolid Z: d = 3 n + bound), plus at order 0 (order0)
 // the source.  mat(i) and src(i) read entry i of the matrix and of the
-// source as (re, im) pairs, wherever the player keeps them.
-template <class V, int N, int M, class Mat, class Src>
+// source as (re, im) pairs, wherever the player keeps them.  Fixed: n = N
+// and bound = M > N.
+template <bool Fixed, class V, int N, int M, class Mat, class Src>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pool_drive(const Mat& mat, const Src& src, bool order0, PoolOrder<V, N, M>& o,
                                                  int n = N, bool bound = M > N) {
+  constexpr int D = 3 * N + (M > N ? 1 : 0);
+  if constexpr (Fixed) {
+    n = N;
+    bound = M > N;
+  }
   const int d = 3 * n + (bound ? 1 : 0);
   auto re = [&](int i) -> V& {
     const int j = i < 3 * n ? i / 3 : n, comp = i < 3 * n ? i % 3 : 2;
@@ -537,28 +557,25 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pool_drive(const Mat& mat, const Src& src,
     const int j = i < 3 * n ? i / 3 : n, comp = i < 3 * n ? i % 3 : 2;
     return comp == 0 ? o.ai[j] : comp == 1 ? o.bi[j] : o.ci[j];
   };
-  V vr[3 * N + 1], vi[3 * N + 1];
-BLOCHSIM_UNROLL
-  for (int i = 0; i < d; ++i) {
+  V vr[D], vi[D];
+  each_index<D, Fixed>(d, [&](int i) {
     vr[i] = re(i);
     vi[i] = im(i);
-  }
-BLOCHSIM_UNROLL
-  for (int i = 0; i < d; ++i) {
+  });
+  each_index<D, Fixed>(d, [&](int i) {
     V xr{}, xi{};
     if (order0) {
       xr = xr + src(2 * i);
       xi = xi + src(2 * i + 1);
     }
-BLOCHSIM_UNROLL
-    for (int l = 0; l < d; ++l) {
+    each_index<D, Fixed>(d, [&](int l) {
       const auto a = mat(2 * (i * d + l)), b = mat(2 * (i * d + l) + 1);
       xr += a * vr[l] - b * vi[l];
       xi += a * vi[l] + b * vr[l];
-    }
+    });
     re(i) = xr;
     im(i) = xi;
-  }
+  });
 }
 
 // A hard pulse (SPEC §2) on one order of one liquid pool, from the cos and

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "../epg/registers.hpp"
-#include "pools.hpp"
+#include "play.hpp"
 
 namespace blochsim {
 inline namespace BLOCHSIM_ISA {
@@ -75,26 +75,53 @@ BLOCHSIM_HD constexpr int pooled_team_orders() {
   return Real ? 16 : (N == 1 ? 8 : 4);
 }
 
-// The state of one problem over a team (members of R orders each) and its
-// event loop.  Real: the stream's phases are 0 or pi and nothing turns the
-// transverse states (pooled_real_path), so one plane a family is kept: the
-// imaginary part of F+ and F-, the real part of Z.  Otherwise plane 0 is
-// the real part and plane 1 the imaginary part.
-template <class V, int N, bool Bound, int R, bool Real, class Team>
+// The state of one problem over a team (members of R orders each): the
+// Store of pools/play.hpp's event.  Real: the stream's phases are 0 or pi
+// and nothing turns the transverse states (pooled_real_path), so one plane
+// a family is kept: the imaginary part of F+ and F-, the real part of Z.
+// Otherwise plane 0 is the real part and plane 1 the imaginary part.
+template <class V_, int N_, bool Bound, int R, bool Real_, class Team>
 struct PooledTeam {
-  static constexpr int n = N, m = N + (Bound ? 1 : 0), d = 3 * N + (Bound ? 1 : 0);
-  static constexpr int NP = Real ? 1 : 2;
+  using V = V_;
+  using C = float;
+  using Scale = float;
+  static constexpr int N = N_, M = N_ + (Bound ? 1 : 0), D = 3 * N_ + (Bound ? 1 : 0);
+  static constexpr bool fixed = true, real = Real_, framed = false;
+  static constexpr int n = N, m = M, d = D;
+  using Order = PoolOrder<V, N, M>;
+  using Step = PoolStep<float, V, N, M, Real_, true>;
+  static constexpr int NP = Real_ ? 1 : 2;
+  static constexpr int per_interval = 2 * n * n + m * m + m;
+  static constexpr int per_driven = 2 * d * (d + 1);
   V fp[n][NP][R], fm[n][NP][R], z[m][NP][R];
   Team team;
   int K;
   bool truncate;  // the team holds orders past K - 1, which shifts must drop
+  const EventStream* es;
+  const Pools* pools;
+  const LineshapeTable* lsp;
+  const float* table;
+  int64_t stride;
+  // the problem's values the event loop reads, out of PoolTissue (whose
+  // arrays the device keeps in local memory)
+  double B1, B1phase, B0, T2b;
+  float M0, eta;
+  bool nominal_rf, saturating;
+  V first;
+  // the last interval's operators, and the semisolid lineshape at the last
+  // pulse offset seen: G(2 pi (offset - B0) T2b) T2b
+  float Pv[2 * n * n], Lv[m * m], Rv[m];
+  int32_t cached_iv;
+  float g_offset;
+  bool g_ready;
+  double g_T2b;
 
   // Order r of the member's registers into o, and back: on the real planes
   // plane 0 holds the imaginary part of F+ and F- and the real part of Z.
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void load(int r, PoolOrder<V, n, m>& o) const {
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void load(int r, Order& o) const {
 BLOCHSIM_UNROLL
     for (int j = 0; j < n; ++j) {
-      if constexpr (Real) {
+      if constexpr (real) {
         o.ai[j] = fp[j][0][r];
         o.bi[j] = fm[j][0][r];
       } else {
@@ -107,13 +134,13 @@ BLOCHSIM_UNROLL
 BLOCHSIM_UNROLL
     for (int j = 0; j < m; ++j) {
       o.cr[j] = z[j][0][r];
-      if constexpr (!Real) o.ci[j] = z[j][1][r];
+      if constexpr (!real) o.ci[j] = z[j][1][r];
     }
   }
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void store(int r, const PoolOrder<V, n, m>& o) {
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void store(int r, const Order& o) {
 BLOCHSIM_UNROLL
     for (int j = 0; j < n; ++j) {
-      if constexpr (Real) {
+      if constexpr (real) {
         fp[j][0][r] = o.ai[j];
         fm[j][0][r] = o.bi[j];
       } else {
@@ -126,9 +153,23 @@ BLOCHSIM_UNROLL
 BLOCHSIM_UNROLL
     for (int j = 0; j < m; ++j) {
       z[j][0][r] = o.cr[j];
-      if constexpr (!Real) z[j][1][r] = o.ci[j];
+      if constexpr (!real) z[j][1][r] = o.ci[j];
     }
   }
+  template <class F>
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void each(F&& f) {
+BLOCHSIM_UNROLL
+    for (int r = 0; r < R; ++r) {
+      Order o;
+      load(r, o);
+      f(r, o);
+      store(r, o);
+    }
+  }
+  // order 0 is member 0's first: at_zero(0) holds in every member, whose
+  // sources are scaled by team.first() (1 in member 0, else 0)
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE bool at_zero(int r) const { return r == 0; }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void order_zero(Order& o) const { load(0, o); }
 
   // One order of dephasing (dir > 0) or rephasing (dir < 0) of every
   // liquid pool; the row that moves up gains order 0 = conj of the other's.
@@ -148,7 +189,7 @@ BLOCHSIM_UNROLL
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void up_from(V (&up)[NP][R], V (&dn)[NP][R], const V& f) {
 BLOCHSIM_UNROLL
     for (int c = 0; c < NP; ++c) epg::team_move<R>(team, up[c], dn[c], truncate, K);
-    if constexpr (Real) {
+    if constexpr (real) {
       up[0][0] -= f * dn[0][0];
     } else {
       up[0][0] += f * dn[0][0];
@@ -156,28 +197,115 @@ BLOCHSIM_UNROLL
     }
   }
 
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE uint32_t flags(int64_t e) const { return es->records[e].flags; }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE int32_t interval_of(int64_t e) const { return es->records[e].interval; }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE int32_t shift_before(int64_t e) const { return es->records[e].shift_before; }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE int32_t shift_after(int64_t e) const { return es->records[e].shift_after; }
+
+  // The interval's operators from the table (read again only when the
+  // interval changes), copied into the event's step.
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void interval(int32_t iv, Step& step) {
+    if (iv != cached_iv) {
+      const float* o = table + static_cast<int64_t>(iv) * per_interval * stride;
+BLOCHSIM_UNROLL
+      for (int a = 0; a < 2 * n * n; ++a) Pv[a] = o[a * stride];
+BLOCHSIM_UNROLL
+      for (int a = 0; a < m * m; ++a) Lv[a] = o[(2 * n * n + a) * stride];
+BLOCHSIM_UNROLL
+      for (int a = 0; a < m; ++a) Rv[a] = o[(2 * n * n + m * m + a) * stride];
+      cached_iv = iv;
+    }
+BLOCHSIM_UNROLL
+    for (int a = 0; a < 2 * n * n; ++a) step.P[a] = Pv[a];
+BLOCHSIM_UNROLL
+    for (int a = 0; a < m * m; ++a) step.L[a] = Lv[a];
+BLOCHSIM_UNROLL
+    for (int a = 0; a < m; ++a) step.z0[a] = first * Rv[a];
+  }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE bool saturation(int64_t e, float& decay) {
+    using std::exp;
+    const EventStream& s = *es;
+    if (!(saturating && (s.records[e].flags & (event_rf | event_saturation)) && s.rf_duration_s[e] > 0.0f))
+      return false;
+    const double tau_rf = s.rf_duration_s[e];
+    const float offset = s.rf_offset_hz ? s.rf_offset_hz[e] : 0.0f;
+    if (!g_ready || offset != g_offset) {
+      double g, dg;
+      lineshape_eval(pools->lineshape, 2.0 * pi * (offset - B0) * T2b, *lsp, g, dg);
+      g_T2b = static_cast<double>(static_cast<float>(g * T2b));
+      g_offset = offset;
+      g_ready = true;
+    }
+    const double power = s.rf_power ? s.rf_power[e] : 1.0;
+    const double a = B1 * s.records[e].flip_rad;
+    decay = exp(static_cast<float>(-(pi * power / tau_rf) * g_T2b * a * a));
+    return true;
+  }
+  // A problem at B1 = 1 with no transmit phase takes each pulse's cos and
+  // sin from its record (the stream's rf table, formed once per sequence);
+  // others turn their own flip and phase in single precision.
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pulse(int64_t e, float& ca, float& sa, float& cp, float& sp) const {
+    using std::cos;
+    using std::sin;
+    const EventRecord& rec = es->records[e];
+    if (nominal_rf) {
+      ca = rec.rf[rft_cos];
+      sa = rec.rf[rft_sin];
+      cp = rec.rf[rft_cos_phase];
+      sp = rec.rf[rft_sin_phase];
+    } else {
+      const float al = static_cast<float>(B1 * static_cast<double>(rec.flip_rad));
+      const float ph = static_cast<float>(B1phase + static_cast<double>(rec.phase_rad));
+      ca = cos(al);
+      sa = sin(al);
+      cp = cos(ph);
+      sp = sin(ph);
+    }
+  }
+  template <class F>
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void rotations(float ca, float sa, float cp, float sp, F&& f) const {
+    f(PoolRotation<float>(ca, sa, cp, sp));
+  }
+  // the exact pulse's d × d matrix on the components of every order, its
+  // recovery column at order 0 (member 0's first order)
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE auto driven(int64_t e) const {
+    const float* o = table + (static_cast<int64_t>(es->n_intervals) * per_interval +
+                              static_cast<int64_t>(es->driven[e]) * per_driven) *
+                                 stride;
+    const int64_t st = stride;
+    const V f = first;
+    return [o, st, f](Order& x, bool zero) BLOCHSIM_LAMBDA_INLINE {
+      pool_drive<true>([&](int a) { return o[a * st]; }, [&](int a) { return f * o[(2 * d * d + a) * st]; }, zero,
+                       x);
+    };
+  }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE float inversion() const { return -eta; }
+  // M0 (F+) e^{-i rx} to sink.write(slot, re, im) (meaningful in member 0)
+  template <class Sink>
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void sample(int64_t e, const V& accr, const V& acci, Sink& sink) const {
+    const EventRecord& rec = es->records[e];
+    const float cr = rec.rf[rft_cos_rx], sr = rec.rf[rft_sin_rx];
+    sink.write(rec.slot, M0 * (accr * cr + acci * sr), M0 * (acci * cr - accr * sr));
+  }
+
   // Plays the stream for problem i (its records, EventStream::records, and
   // the arrays the records do not hold): table as pooled_table wrote it
   // (stride between its values), sink.write(slot, re, im) takes each
-  // readout (its values meaningful in member 0).  A problem at B1 = 1 with
-  // no transmit phase takes each pulse's cos and sin from its record (the
-  // stream's rf table, formed once per sequence); others turn their own
-  // flip and phase in single precision.  No double-precision function runs
-  // per event but the semisolid pool's saturation.
+  // readout (its values meaningful in member 0).  No double-precision
+  // function runs per event but the semisolid pool's saturation.
   template <class Sink>
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void play(const EventStream& s, const Tissue& t, const Pools& p,
-                                             const LineshapeTable& ls, int64_t i, const float* table, int64_t stride,
-                                             const Team& tm, Sink& sink) {
-    using std::cos;
-    using std::exp;
-    using std::sin;
+                                             const LineshapeTable& ls, int64_t i, const float* table_,
+                                             int64_t stride_, const Team& tm, Sink& sink) {
     team = tm;
     K = s.states;
     truncate = team.members() * R != K;
-    // the problem's values the event loop reads, out of PoolTissue (whose
-    // arrays the device keeps in local memory)
-    double B1, B1phase, B0, T2b;
-    float M0, eta, frac[m];
+    es = &s;
+    pools = &p;
+    lsp = &ls;
+    table = table_;
+    stride = stride_;
+    float frac[m];
     {
       const PoolTissue<double> q = pool_tissue<double>(t, p, i, nullptr, 0, nullptr);
       B1 = q.B1;
@@ -189,6 +317,13 @@ BLOCHSIM_UNROLL
 BLOCHSIM_UNROLL
       for (int j = 0; j < m; ++j) frac[j] = static_cast<float>(q.f[j]);
     }
+    nominal_rf = B1 == 1.0 && B1phase == 0.0;
+    saturating = Bound && s.rf_duration_s != nullptr;
+    first = team.first();
+    cached_iv = -1;
+    g_offset = 0.0f;
+    g_ready = false;
+    g_T2b = 0.0;
 BLOCHSIM_UNROLL
     for (int j = 0; j < n; ++j)
 BLOCHSIM_UNROLL
@@ -201,143 +336,9 @@ BLOCHSIM_UNROLL
       for (int c = 0; c < NP; ++c)
 BLOCHSIM_UNROLL
         for (int r = 0; r < R; ++r) z[j][c][r] = V{};
-      z[j][0][0] = team.first() * frac[j];
+      z[j][0][0] = first * frac[j];
     }
-    constexpr int per_interval = 2 * n * n + m * m + m;
-    constexpr int per_driven = 2 * d * (d + 1);
-    const bool saturating = Bound && s.rf_duration_s != nullptr;
-    float Pv[2 * n * n], Lv[m * m], Rv[m];
-    int32_t cached_iv = -1;
-    float g_offset = 0.0f;
-    bool g_ready = false;
-    double g_T2b = 0.0;  // G(2 pi (offset - B0) T2b) T2b at g_offset
-    const V first = team.first();
-    const bool nominal_rf = B1 == 1.0 && B1phase == 0.0;
-
-    for (int64_t e = 0; e < s.n_events; ++e) {
-      const EventRecord& rec = s.records[e];
-      const uint32_t f = rec.flags;
-      const int32_t iv = rec.interval;
-      if (iv >= 0) {
-        if (iv != cached_iv) {
-          const float* o = table + static_cast<int64_t>(iv) * per_interval * stride;
-BLOCHSIM_UNROLL
-          for (int a = 0; a < 2 * n * n; ++a) Pv[a] = o[a * stride];
-BLOCHSIM_UNROLL
-          for (int a = 0; a < m * m; ++a) Lv[a] = o[(2 * n * n + a) * stride];
-BLOCHSIM_UNROLL
-          for (int a = 0; a < m; ++a) Rv[a] = o[(2 * n * n + m * m + a) * stride];
-          cached_iv = iv;
-        }
-BLOCHSIM_UNROLL
-        for (int r = 0; r < R; ++r) {
-          PoolOrder<V, n, m> o, x;
-          load(r, o);
-          pool_relax<Real>(Pv, Lv, o, x);
-          store(r, x);
-        }
-BLOCHSIM_UNROLL
-        for (int j = 0; j < m; ++j) z[j][0][0] += first * Rv[j];
-      }
-      for (int c = 0, sb = rec.shift_before; c < (sb > 0 ? sb : -sb); ++c) shift(sb > 0 ? 1 : -1);
-      if (saturating && (f & (event_rf | event_saturation)) && s.rf_duration_s[e] > 0.0f) {
-        const double tau_rf = s.rf_duration_s[e];
-        const float offset = s.rf_offset_hz ? s.rf_offset_hz[e] : 0.0f;
-        if (!g_ready || offset != g_offset) {
-          double g, dg;
-          lineshape_eval(p.lineshape, 2.0 * pi * (offset - B0) * T2b, ls, g, dg);
-          g_T2b = static_cast<double>(static_cast<float>(g * T2b));
-          g_offset = offset;
-          g_ready = true;
-        }
-        const double power = s.rf_power ? s.rf_power[e] : 1.0;
-        const double a = B1 * rec.flip_rad;
-        const float decay = exp(static_cast<float>(-(pi * power / tau_rf) * g_T2b * a * a));
-BLOCHSIM_UNROLL
-        for (int h = 0; h < NP; ++h)
-BLOCHSIM_UNROLL
-          for (int r = 0; r < R; ++r) z[n][h][r] *= decay;
-      }
-      if (f & event_rf) {
-        float ca, sa, cp, sp;
-        if (nominal_rf) {
-          ca = rec.rf[rft_cos];
-          sa = rec.rf[rft_sin];
-          cp = rec.rf[rft_cos_phase];
-          sp = rec.rf[rft_sin_phase];
-        } else {
-          const float al = static_cast<float>(B1 * static_cast<double>(rec.flip_rad));
-          const float ph = static_cast<float>(B1phase + static_cast<double>(rec.phase_rad));
-          ca = cos(al);
-          sa = sin(al);
-          cp = cos(ph);
-          sp = sin(ph);
-        }
-        const PoolRotation<float> rot(ca, sa, cp, sp);
-BLOCHSIM_UNROLL
-        for (int j = 0; j < n; ++j)
-BLOCHSIM_UNROLL
-          for (int r = 0; r < R; ++r) {
-            if constexpr (Real) {
-              rot.real(fp[j][0][r], fm[j][0][r], z[j][0][r]);
-            } else {
-              rot.apply(fp[j][0][r], fp[j][1][r], fm[j][0][r], fm[j][1][r], z[j][0][r], z[j][1][r]);
-            }
-          }
-      }
-      if constexpr (!Real) {
-        if (f & event_driven) {
-          // the exact pulse's d × d matrix on the components of every order,
-          // its recovery column at order 0
-          const float* o = table + (static_cast<int64_t>(s.n_intervals) * per_interval +
-                                    static_cast<int64_t>(s.driven[e]) * per_driven) *
-                                       stride;
-          // the recovery at order 0 only: member 0's first order
-          auto mat = [&](int a) { return o[a * stride]; };
-          auto src = [&](int a) { return first * o[(2 * d * d + a) * stride]; };
-BLOCHSIM_UNROLL
-          for (int r = 0; r < R; ++r) {
-            PoolOrder<V, n, m> x;
-            load(r, x);
-            pool_drive(mat, src, r == 0, x);
-            store(r, x);
-          }
-        }
-      }
-      if (f & event_inversion) {
-BLOCHSIM_UNROLL
-        for (int j = 0; j < n; ++j)
-BLOCHSIM_UNROLL
-          for (int h = 0; h < NP; ++h)
-BLOCHSIM_UNROLL
-            for (int r = 0; r < R; ++r) z[j][h][r] = -eta * z[j][h][r];
-      }
-      if (f & event_readout) {
-        V accr{}, acci{};
-BLOCHSIM_UNROLL
-        for (int j = 0; j < n; ++j) {
-          if constexpr (Real) {
-            acci += fp[j][0][0];
-          } else {
-            accr += fp[j][0][0];
-            acci += fp[j][1][0];
-          }
-        }
-        const float cr = rec.rf[rft_cos_rx], sr = rec.rf[rft_sin_rx];
-        // M0 (F+) e^{-i rx}
-        sink.write(rec.slot, M0 * (accr * cr + acci * sr), M0 * (acci * cr - accr * sr));
-      }
-      if (f & event_spoil) {
-BLOCHSIM_UNROLL
-        for (int j = 0; j < n; ++j)
-BLOCHSIM_UNROLL
-          for (int h = 0; h < NP; ++h)
-BLOCHSIM_UNROLL
-            for (int r = 0; r < R; ++r) fp[j][h][r] = fm[j][h][r] = V{};
-      } else {
-        for (int c = 0, sa = rec.shift_after; c < (sa > 0 ? sa : -sa); ++c) shift(sa > 0 ? 1 : -1);
-      }
-    }
+    for (int64_t e = 0; e < s.n_events; ++e) pooled_event(s, e, *this, sink);
   }
 };
 
