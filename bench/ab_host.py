@@ -1,8 +1,9 @@
 """The host reference calls timed in one process, for A/B comparisons of two
 builds run alternately on the same machine (bench/NOTES.md).
 
-Run: ``python bench/ab_host.py [label]``; prints one line per call with the
-median and the spread of its repeats.  To compare with another commit,
+Run: ``python bench/ab_host.py [label [word]]``; prints one line per call
+(those whose name holds ``word``, if given) with the median and the spread
+of its repeats.  To compare with another commit,
 install it beside this one (``pip install --target DIR``) and run the same
 script with ``PYTHONPATH=DIR python -S``.
 """
@@ -17,6 +18,8 @@ from blochsim.simulators import MRFSimulator
 POOLS = {
     "mt": {"bound_fraction": 0.1, "bound_exchange": 20.0},
     "poolB": {"poolB_fraction": 0.2, "poolB_exchange": 10.0, "poolB_T2": 20.0, "poolB_shift": 50.0},
+    "poolBC": {"poolB_fraction": 0.1, "poolB_exchange": 10.0, "poolB_shift": 50.0,
+               "poolC_fraction": 0.05, "poolC_exchange": 20.0, "poolC_shift": -100.0},
 }
 
 
@@ -30,7 +33,7 @@ def timed(f, repeats):
     return np.median(t), min(t), max(t)
 
 
-def main(label):
+def main(label, word=""):
     flips = reference_flips(500)
     real = MRFSimulator(flip=flips, TR=10.0, states=32)
     k = np.arange(500)
@@ -39,6 +42,12 @@ def main(label):
     t1, t2 = T1[:10_000], T2[:10_000]
     s, pull = real.vjp("flip", T1=t1[:1000], T2=t2[:1000])
     cot = 2 * s
+    # the one-problem player: Jacobians of two exchanging pools, and the
+    # pooled adjoint (200 voxels, 200 TRs)
+    short = MRFSimulator(flip=flips[:200], TR=10.0, states=32)
+    t1s, t2s = t1[:200], t2[:200]
+    sp, pull_mt = short.vjp(("flip", "T2"), T1=t1s, T2=t2s, **POOLS["mt"])
+    cot_mt = 2 * sp
     calls = {
         "forward real 1e5": (lambda: real.simulate(T1=T1, T2=T2), 5),
         "forward complex 1e4": (lambda: cplx.simulate(T1=t1, T2=t2), 10),
@@ -47,12 +56,17 @@ def main(label):
         "MT forward 1e4": (lambda: real.simulate(T1=t1, T2=t2, **POOLS["mt"]), 5),
         "poolB forward 1e4": (lambda: real.simulate(T1=t1, T2=t2, **POOLS["poolB"]), 5),
         "MT jacobian (T1, T2) 1e3": (lambda: real.jacobian(("T1", "T2"), T1=t1[:1000], T2=t2[:1000], **POOLS["mt"]), 5),
+        "poolB+C jacobian (T1, T2) 200, 200 TRs": (
+            lambda: short.jacobian(("T1", "T2"), T1=t1s, T2=t2s, **POOLS["poolBC"]), 5),
+        "MT vjp (flip, T2) pullback 200, 200 TRs": (lambda: pull_mt(cot_mt), 5),
         "one voxel": (lambda: real.simulate(T1=1000.0, T2=80.0), 200),
     }
     for name, (f, repeats) in calls.items():
+        if word not in name:
+            continue
         med, lo, hi = timed(f, repeats)
         print(f"{label}\t{name}\t{med * 1e3:.3f} ms\t[{lo * 1e3:.3f}, {hi * 1e3:.3f}]", flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "this")
+    main(*sys.argv[1:3]) if len(sys.argv) > 1 else main("this")

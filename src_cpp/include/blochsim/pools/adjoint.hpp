@@ -298,11 +298,7 @@ BLOCHSIM_HD inline void pooled_adjoint_problem(const EventStream& s, const Tissu
           }
         for (int j = 0; j < m; ++j)
           for (int l = 0; l < m; ++l) st.L[j * m + l] = L[l * m + j];
-        lp.each([&](int, Order& o) {
-          Order x;
-          st.relax(o, x, false);
-          o = x;
-        });
+        lp.transform([&](int, const Order& o, Order& x) { st.relax(o, x, false); });
       }
     }
   }

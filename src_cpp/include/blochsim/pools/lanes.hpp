@@ -152,7 +152,7 @@ struct PoolLanes {
       for (int64_t v = 0; v < s.n_driven; ++v) at(drv + v * per_driven) = V{};
   }
 
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE V& at(int64_t i) const { return work[i * ws]; }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE V& at(int64_t i) const { return work[i * (WS > 0 ? WS : ws)]; }
   // F+ row j, order k (plus fpr or fpi); F- likewise (plus fmr or fmi)
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE int64_t xp(int j, int k) const { return j * R + bp + k; }
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE int64_t xm(int j, int k) const { return j * R + bm + k; }
@@ -163,47 +163,71 @@ struct PoolLanes {
   BLOCHSIM_HD int32_t shift_after(int64_t e) const { return s.shift_after[e]; }
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE bool at_zero(int k) const { return k == 0; }
 
-  // One order's state in locals; on the real planes only ai, bi and cr.
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void load(int k, Order& o) const {
-    for (int j = 0; j < n; ++j) {
-      if constexpr (!real) {
-        o.ar[j] = at(fpr + xp(j, k));
-        o.br[j] = at(fmr + xm(j, k));
+  // Where the orders are (a copy the passes keep in registers: the
+  // store's own members are reloaded after every call the compiler cannot
+  // see into).  One order's state in locals; on the real planes only ai, bi
+  // and cr.
+  struct Rows {
+    V* work;
+    int64_t ws, fpr, fpi, fmr, fmi, zr, zi, R, bp, bm;
+    int K;
+    BLOCHSIM_HD BLOCHSIM_FORCEINLINE V& at(int64_t i) const { return work[i * (WS > 0 ? WS : ws)]; }
+    BLOCHSIM_HD BLOCHSIM_FORCEINLINE void load(int k, Order& o) const {
+      for (int j = 0; j < n; ++j) {
+        if constexpr (!real) {
+          o.ar[j] = at(fpr + j * R + bp + k);
+          o.br[j] = at(fmr + j * R + bm + k);
+        }
+        o.ai[j] = at(fpi + j * R + bp + k);
+        o.bi[j] = at(fmi + j * R + bm + k);
       }
-      o.ai[j] = at(fpi + xp(j, k));
-      o.bi[j] = at(fmi + xm(j, k));
-    }
-    for (int j = 0; j < m; ++j) {
-      o.cr[j] = at(zr + j * K + k);
-      if constexpr (!real) o.ci[j] = at(zi + j * K + k);
-    }
-  }
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void store(int k, const Order& o) const {
-    for (int j = 0; j < n; ++j) {
-      if constexpr (!real) {
-        at(fpr + xp(j, k)) = o.ar[j];
-        at(fmr + xm(j, k)) = o.br[j];
+      for (int j = 0; j < m; ++j) {
+        o.cr[j] = at(zr + j * K + k);
+        if constexpr (!real) o.ci[j] = at(zi + j * K + k);
       }
-      at(fpi + xp(j, k)) = o.ai[j];
-      at(fmi + xm(j, k)) = o.bi[j];
     }
-    for (int j = 0; j < m; ++j) {
-      at(zr + j * K + k) = o.cr[j];
-      if constexpr (!real) at(zi + j * K + k) = o.ci[j];
+    BLOCHSIM_HD BLOCHSIM_FORCEINLINE void store(int k, const Order& o) const {
+      for (int j = 0; j < n; ++j) {
+        if constexpr (!real) {
+          at(fpr + j * R + bp + k) = o.ar[j];
+          at(fmr + j * R + bm + k) = o.br[j];
+        }
+        at(fpi + j * R + bp + k) = o.ai[j];
+        at(fmi + j * R + bm + k) = o.bi[j];
+      }
+      for (int j = 0; j < m; ++j) {
+        at(zr + j * K + k) = o.cr[j];
+        if constexpr (!real) at(zi + j * K + k) = o.ci[j];
+      }
+    }
+  };
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE Rows rows() const { return {work, ws, fpr, fpi, fmr, fmi, zr, zi, R, bp, bm, K}; }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void load(int k, Order& o) const { rows().load(k, o); }
+  template <class F>
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void each(F&& f) const {
+    const Rows r = rows();
+    const int b = band;
+    for (int k = 0; k < b; ++k) {
+      Order o;
+      r.load(k, o);
+      f(k, o);
+      r.store(k, o);
     }
   }
   template <class F>
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void each(F&& f) const {
-    for (int k = 0; k < band; ++k) {
-      Order o;
-      load(k, o);
-      f(k, o);
-      store(k, o);
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void transform(F&& f) const {
+    const Rows r = rows();
+    const int b = band;
+    for (int k = 0; k < b; ++k) {
+      Order o, x;
+      r.load(k, o);
+      f(k, o, x);
+      r.store(k, x);
     }
   }
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void order_zero(Order& o) const { load(0, o); }
 
-  BLOCHSIM_HD void shift(int dir) {
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void shift(int dir) {
     // the row that moves up (F+ for dir > 0) gains order 0 = conj of the
     // other's new order 0 and drops its old order K - 1; the other drops
     // its old order 0 and gains a zero order K - 1 from outside
@@ -250,7 +274,7 @@ struct PoolLanes {
     for (int i = 0; i < m; ++i) step.z0[i] = at(Rr + i);
   }
 
-  BLOCHSIM_HD bool saturation(int64_t e, V& decay) {
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE bool saturation(int64_t e, V& decay) {
     if (!(Bound && s.rf_duration_s != nullptr && (s.flags[e] & (event_rf | event_saturation)) &&
           s.rf_duration_s[e] > 0.0f))
       return false;
@@ -275,7 +299,7 @@ struct PoolLanes {
     return true;
   }
 
-  BLOCHSIM_HD void pulse(int64_t e, V& ca, V& sa, V& cp, V& sp) const {
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pulse(int64_t e, V& ca, V& sa, V& cp, V& sp) const {
     if (nominal_rf) {
       const float* row = s.rf_table + e * rf_table_fields;
       ca = V{} + row[rft_cos];
@@ -343,7 +367,7 @@ struct PoolLanes {
 
   // M0 (F+) e^{-i rx} of each lane to out (and its derivatives to jo.jac)
   template <class Sink>
-  BLOCHSIM_HD void sample(int64_t e, const V& accr, const V& acci, Sink&) const {
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void sample(int64_t e, const V& accr, const V& acci, Sink&) const {
     const float cr = s.rf_table ? s.rf_table[e * rf_table_fields + rft_cos_rx]
                                 : static_cast<float>(std::cos(static_cast<double>(s.rx_phase_rad[e])));
     const float sr = s.rf_table ? s.rf_table[e * rf_table_fields + rft_sin_rx]

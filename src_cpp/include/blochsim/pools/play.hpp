@@ -20,8 +20,10 @@
 //   the event's fields  flags(e), interval_of(e), shift_before(e),
 //            shift_after(e);
 //   orders   each(f): f(k, order) over the orders the store plays
-//            (loaded, changed, stored back), at_zero(k): whether k is
-//            order 0 (its sources apply), shift(dir), order_zero(o);
+//            (loaded, changed, stored back); transform(f): f(k, in, out)
+//            likewise, out stored (f writes all of it); at_zero(k):
+//            whether k is order 0 (its sources apply); shift(dir);
+//            order_zero(o);
 //   operators  interval(iv, step), saturation(e, decay) (false without
 //            one), pulse(e, cos a, sin a, cos phi, sin phi),
 //            rotations(ca, sa, cp, sp, f) (calls f with the pulse's
@@ -35,6 +37,14 @@
 
 namespace blochsim {
 inline namespace BLOCHSIM_ISA {
+
+// A compile-time bool that converts to one (a flag folded away inside a
+// pass).
+template <bool B>
+struct Constant {
+  static constexpr bool value = B;
+  BLOCHSIM_HD constexpr operator bool() const { return B; }
+};
 
 // One event's interval operators in the player's locals (P: n × n complex
 // as (re, im) pairs, L: m × m, z0: the recovery r scaled to the store's
@@ -52,7 +62,7 @@ struct PoolStep {
   // P times e^{i t} (t given by its cos c and sin s): the frame's step
   // folded into the interval (it commutes with P).
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void turn(const C& c, const C& s) {
-    each_index<N * N, Fixed>(n * n, [&](int i) {
+    each_index<N * N, Fixed>(n * n, [&](int i) BLOCHSIM_LAMBDA_INLINE {
       const C pr = P[2 * i], pim = P[2 * i + 1];
       P[2 * i] = pr * c - pim * s;
       P[2 * i + 1] = pr * s + pim * c;
@@ -97,7 +107,6 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pooled_event(const EventStream& s, int64_t
   if (rf) st.pulse(e, ca, sa, cp, sp);
   const int32_t sb = st.shift_before(e);
   const bool common = sb == 0 && iv >= 0 && rf && !sat;
-  bool in_phase = false;
   if constexpr (St::framed) {
     if (rf) {
       // e^{i (theta - phi)}
@@ -106,7 +115,6 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pooled_event(const EventStream& s, int64_t
         step.turn(rc, rs);
         st.frame_c = cp;
         st.frame_s = sp;
-        in_phase = true;
         cp = C{} + 1.0f;
         sp = C{};
       } else {
@@ -118,36 +126,51 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pooled_event(const EventStream& s, int64_t
 
   const typename St::Scale one_decay = decay;
   st.rotations(ca, sa, cp, sp, [&](const auto& rot) BLOCHSIM_LAMBDA_INLINE {
-    // one pass over the orders: the interval, the saturation, the pulse
-    auto pass = [&](bool relax, bool saturate, bool turn) BLOCHSIM_LAMBDA_INLINE {
-      st.each([&](int k, Order& o) BLOCHSIM_LAMBDA_INLINE {
-        if (relax) {
-          Order x;
-          step.relax(o, x, st.at_zero(k));
-          o = x;
-        }
-        if (saturate) {
-          o.cr[n] = o.cr[n] * one_decay;
-          if constexpr (!Real) o.ci[n] = o.ci[n] * one_decay;
-        }
-        if (turn)
-          each_index<N, Fixed>(n, [&](int j) {
-            if constexpr (Real) {
-              rot.real(o.ai[j], o.bi[j], o.cr[j]);
-            } else if (in_phase) {
-              rot.in_phase(o.ar[j], o.ai[j], o.br[j], o.bi[j], o.cr[j], o.ci[j]);
-            } else {
-              rot.apply(o.ar[j], o.ai[j], o.br[j], o.bi[j], o.cr[j], o.ci[j]);
-            }
-          });
+    // the saturation and the pulse on one order; the common event's pass
+    // calls it with constants (Constant<true>: a compile-time true), so
+    // that its body has no branches between the orders
+    auto finish = [&](Order& o, auto saturate, auto turn, auto in_phase) BLOCHSIM_LAMBDA_INLINE {
+      if (saturate) {
+        o.cr[n] = o.cr[n] * one_decay;
+        if constexpr (!Real) o.ci[n] = o.ci[n] * one_decay;
+      }
+      if (turn)
+        each_index<N, Fixed>(n, [&](int j) BLOCHSIM_LAMBDA_INLINE {
+          if constexpr (Real) {
+            rot.real(o.ai[j], o.bi[j], o.cr[j]);
+          } else if constexpr (decltype(in_phase)::value) {
+            rot.in_phase(o.ar[j], o.ai[j], o.br[j], o.bi[j], o.cr[j], o.ci[j]);
+          } else {
+            rot.apply(o.ar[j], o.ai[j], o.br[j], o.bi[j], o.cr[j], o.ci[j]);
+          }
+        });
+    };
+    constexpr Constant<true> yes{};
+    constexpr Constant<false> no{};
+    // the interval (into a second order: no copy), then the rest
+    auto relax_pass = [&](bool saturate, bool turn) BLOCHSIM_LAMBDA_INLINE {
+      st.transform([&](int k, const Order& o, Order& x) BLOCHSIM_LAMBDA_INLINE {
+        step.relax(o, x, st.at_zero(k));
+        finish(x, saturate, turn, no);
       });
     };
-    if (sb == 0) {
-      if (iv >= 0 || sat || rf) pass(iv >= 0, sat, rf);
+    auto finish_pass = [&](bool saturate, bool turn) BLOCHSIM_LAMBDA_INLINE {
+      st.each([&](int, Order& o) BLOCHSIM_LAMBDA_INLINE { finish(o, saturate, turn, no); });
+    };
+    if (common) {
+      st.transform([&](int k, const Order& o, Order& x) BLOCHSIM_LAMBDA_INLINE {
+        step.relax(o, x, st.at_zero(k));
+        finish(x, no, yes, Constant<St::framed>{});
+      });
+    } else if (sb == 0) {
+      if (iv >= 0)
+        relax_pass(sat, rf);
+      else if (sat || rf)
+        finish_pass(sat, rf);
     } else {
-      if (iv >= 0) pass(true, false, false);
+      if (iv >= 0) relax_pass(false, false);
       for (int c = 0; c < (sb > 0 ? sb : -sb); ++c) st.shift(sb > 0 ? 1 : -1);
-      if (sat || rf) pass(false, sat, rf);
+      if (sat || rf) finish_pass(sat, rf);
     }
   });
 
@@ -157,7 +180,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pooled_event(const EventStream& s, int64_t
         // leave the frame: F+ times e^{i theta}, F- times e^{-i theta}
         const C c = st.frame_c, sn = st.frame_s;
         st.each([&](int, Order& o) BLOCHSIM_LAMBDA_INLINE {
-          each_index<N, Fixed>(n, [&](int j) {
+          each_index<N, Fixed>(n, [&](int j) BLOCHSIM_LAMBDA_INLINE {
             const V a = o.ar[j], b = o.ai[j], x = o.br[j], y = o.bi[j];
             o.ar[j] = a * c - b * sn;
             o.ai[j] = b * c + a * sn;
@@ -175,7 +198,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pooled_event(const EventStream& s, int64_t
   if (f & event_inversion) {
     const typename St::Scale minus_eta = st.inversion();
     st.each([&](int, Order& o) BLOCHSIM_LAMBDA_INLINE {
-      each_index<N, Fixed>(n, [&](int j) {
+      each_index<N, Fixed>(n, [&](int j) BLOCHSIM_LAMBDA_INLINE {
         o.cr[j] = o.cr[j] * minus_eta;
         if constexpr (!Real) o.ci[j] = o.ci[j] * minus_eta;
       });
@@ -185,7 +208,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pooled_event(const EventStream& s, int64_t
     Order o;
     st.order_zero(o);
     V re{}, im{};
-    each_index<N, Fixed>(n, [&](int j) {
+    each_index<N, Fixed>(n, [&](int j) BLOCHSIM_LAMBDA_INLINE {
       if constexpr (!Real) re += o.ar[j];
       im += o.ai[j];
     });
@@ -198,7 +221,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pooled_event(const EventStream& s, int64_t
   }
   if (f & event_spoil) {
     st.each([&](int, Order& o) BLOCHSIM_LAMBDA_INLINE {
-      each_index<N, Fixed>(n, [&](int j) {
+      each_index<N, Fixed>(n, [&](int j) BLOCHSIM_LAMBDA_INLINE {
         if constexpr (!Real) {
           o.ar[j] = V{};
           o.br[j] = V{};

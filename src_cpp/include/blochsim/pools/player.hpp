@@ -149,13 +149,24 @@ struct PoolPlayer {
     }
     for (int j = 0; j < m; ++j) z()[j * K + k] = {o.cr[j], o.ci[j]};
   }
+  // (the orders are declared once a pass: an order of duals at the largest
+  // pool counts costs more to construct than the work on a small one)
   template <class F>
   BLOCHSIM_HD void each(F&& f) {
+    Order o;
     for (int k = 0; k < band; ++k) {
-      Order o;
       load(k, o);
       f(k, o);
       store(k, o);
+    }
+  }
+  template <class F>
+  BLOCHSIM_HD void transform(F&& f) {
+    Order o, x;
+    for (int k = 0; k < band; ++k) {
+      load(k, o);
+      f(k, o, x);
+      store(k, x);
     }
   }
   BLOCHSIM_HD void order_zero(Order& o) const { load(0, o); }

@@ -496,11 +496,11 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pool_relax(const C* P, const C* L, const P
     n = N;
     m = M;
   }
-  each_index<N, Fixed>(n, [&](int j) {
+  each_index<N, Fixed>(n, [&](int j) BLOCHSIM_LAMBDA_INLINE {
     if constexpr (Real) {
       // P is real here: imaginary F+ and F- by P
       V xi{}, yi{};
-      each_index<N, Fixed>(n, [&](int l) {
+      each_index<N, Fixed>(n, [&](int l) BLOCHSIM_LAMBDA_INLINE {
         xi += P[2 * (j * n + l)] * o.ai[l];
         yi += P[2 * (j * n + l)] * o.bi[l];
       });
@@ -508,7 +508,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pool_relax(const C* P, const C* L, const P
       x.bi[j] = yi;
     } else {
       V xr{}, xi{}, yr{}, yi{};
-      each_index<N, Fixed>(n, [&](int l) {
+      each_index<N, Fixed>(n, [&](int l) BLOCHSIM_LAMBDA_INLINE {
         const C pr = P[2 * (j * n + l)], pi_ = P[2 * (j * n + l) + 1];
         xr += pr * o.ar[l] - pi_ * o.ai[l];
         xi += pr * o.ai[l] + pi_ * o.ar[l];
@@ -521,10 +521,10 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pool_relax(const C* P, const C* L, const P
       x.bi[j] = yi;
     }
   });
-  each_index<M, Fixed>(m, [&](int j) {
+  each_index<M, Fixed>(m, [&](int j) BLOCHSIM_LAMBDA_INLINE {
     V xr{}, xi{};
     if (z0) xr = xr + z0[j];
-    each_index<M, Fixed>(m, [&](int l) {
+    each_index<M, Fixed>(m, [&](int l) BLOCHSIM_LAMBDA_INLINE {
       const C c = L[j * m + l];
       xr += c * o.cr[l];
       if constexpr (!Real) xi += c * o.ci[l];
@@ -549,26 +549,26 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pool_drive(const Mat& mat, const Src& src,
     bound = M > N;
   }
   const int d = 3 * n + (bound ? 1 : 0);
-  auto re = [&](int i) -> V& {
+  auto re = [&](int i) BLOCHSIM_LAMBDA_INLINE -> V& {
     const int j = i < 3 * n ? i / 3 : n, comp = i < 3 * n ? i % 3 : 2;
     return comp == 0 ? o.ar[j] : comp == 1 ? o.br[j] : o.cr[j];
   };
-  auto im = [&](int i) -> V& {
+  auto im = [&](int i) BLOCHSIM_LAMBDA_INLINE -> V& {
     const int j = i < 3 * n ? i / 3 : n, comp = i < 3 * n ? i % 3 : 2;
     return comp == 0 ? o.ai[j] : comp == 1 ? o.bi[j] : o.ci[j];
   };
   V vr[D], vi[D];
-  each_index<D, Fixed>(d, [&](int i) {
+  each_index<D, Fixed>(d, [&](int i) BLOCHSIM_LAMBDA_INLINE {
     vr[i] = re(i);
     vi[i] = im(i);
   });
-  each_index<D, Fixed>(d, [&](int i) {
+  each_index<D, Fixed>(d, [&](int i) BLOCHSIM_LAMBDA_INLINE {
     V xr{}, xi{};
     if (order0) {
       xr = xr + src(2 * i);
       xi = xi + src(2 * i + 1);
     }
-    each_index<D, Fixed>(d, [&](int l) {
+    each_index<D, Fixed>(d, [&](int l) BLOCHSIM_LAMBDA_INLINE {
       const auto a = mat(2 * (i * d + l)), b = mat(2 * (i * d + l) + 1);
       xr += a * vr[l] - b * vi[l];
       xi += a * vi[l] + b * vr[l];

@@ -166,6 +166,16 @@ BLOCHSIM_UNROLL
       store(r, o);
     }
   }
+  template <class F>
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void transform(F&& f) {
+BLOCHSIM_UNROLL
+    for (int r = 0; r < R; ++r) {
+      Order o, x;
+      load(r, o);
+      f(r, o, x);
+      store(r, x);
+    }
+  }
   // order 0 is member 0's first: at_zero(0) holds in every member, whose
   // sources are scaled by team.first() (1 in member 0, else 0)
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE bool at_zero(int r) const { return r == 0; }
