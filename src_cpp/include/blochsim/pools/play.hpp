@@ -147,15 +147,16 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pooled_event(const EventStream& s, int64_t
     };
     constexpr Constant<true> yes{};
     constexpr Constant<false> no{};
-    // the interval (into a second order: no copy), then the rest
-    auto relax_pass = [&](bool saturate, bool turn) BLOCHSIM_LAMBDA_INLINE {
+    // the interval (into a second order: no copy back), or a copy, then
+    // the rest
+    auto pass = [&](bool relax, bool saturate, bool turn) BLOCHSIM_LAMBDA_INLINE {
       st.transform([&](int k, const Order& o, Order& x) BLOCHSIM_LAMBDA_INLINE {
-        step.relax(o, x, st.at_zero(k));
+        if (relax)
+          step.relax(o, x, st.at_zero(k));
+        else
+          pool_copy<Fixed>(o, x, n, m);
         finish(x, saturate, turn, no);
       });
-    };
-    auto finish_pass = [&](bool saturate, bool turn) BLOCHSIM_LAMBDA_INLINE {
-      st.each([&](int, Order& o) BLOCHSIM_LAMBDA_INLINE { finish(o, saturate, turn, no); });
     };
     if (common) {
       st.transform([&](int k, const Order& o, Order& x) BLOCHSIM_LAMBDA_INLINE {
@@ -163,14 +164,11 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pooled_event(const EventStream& s, int64_t
         finish(x, no, yes, Constant<St::framed>{});
       });
     } else if (sb == 0) {
-      if (iv >= 0)
-        relax_pass(sat, rf);
-      else if (sat || rf)
-        finish_pass(sat, rf);
+      if (iv >= 0 || sat || rf) pass(iv >= 0, sat, rf);
     } else {
-      if (iv >= 0) relax_pass(false, false);
+      if (iv >= 0) pass(true, false, false);
       for (int c = 0; c < (sb > 0 ? sb : -sb); ++c) st.shift(sb > 0 ? 1 : -1);
-      if (sat || rf) finish_pass(sat, rf);
+      if (sat || rf) pass(false, sat, rf);
     }
   });
 

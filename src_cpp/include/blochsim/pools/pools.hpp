@@ -534,6 +534,25 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pool_relax(const C* P, const C* L, const P
   });
 }
 
+// x = o (the first n liquid pools and m families when not Fixed).
+template <bool Fixed, class V, int N, int M>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pool_copy(const PoolOrder<V, N, M>& o, PoolOrder<V, N, M>& x, int n, int m) {
+  if constexpr (Fixed) {
+    x = o;
+  } else {
+    for (int j = 0; j < n; ++j) {
+      x.ar[j] = o.ar[j];
+      x.ai[j] = o.ai[j];
+      x.br[j] = o.br[j];
+      x.bi[j] = o.bi[j];
+    }
+    for (int j = 0; j < m; ++j) {
+      x.cr[j] = o.cr[j];
+      x.ci[j] = o.ci[j];
+    }
+  }
+}
+
 // One order o under an exact rectangular pulse (pool_driven): the d × d
 // complex matrix on its components (F+, F-, Z of each of the n liquid
 // pools, then the semisolid Z: d = 3 n + bound), plus at order 0 (order0)
