@@ -22,18 +22,39 @@ def is_device_array(x) -> bool:
     return hasattr(x, "__cuda_array_interface__")
 
 
+#: Lanes (problems a vector) of the host kernels of each level.
+HOST_LANES = {"x86-64": 4, "x86-64-v3": 8, "x86-64-v4": 16, "generic": 4}
+
+
+def host_level() -> str:
+    """The x86-64 level whose host kernels run: the best this CPU supports,
+    or the one ``$BLOCHSIM_HOST_ISA`` names (read once, at the first host
+    call).  Raises RuntimeError, naming the variable and its value, when
+    that level is unknown or beyond this CPU."""
+    isa = _core.host_instruction_set()
+    if isa.startswith("refused: "):
+        raise RuntimeError(isa[len("refused: "):])
+    return isa
+
+
 def backends():
     """What is built and usable.
 
     Returns
     -------
     dict
-        ``{"cpu": {"available": True, "isa": ..., "threads": ...},
-        "cuda": {"available": bool, "reason": str}}``.
+        ``{"cpu": {"available": bool, "isa": str, "lanes": int, "threads": int,
+        "reason": str}, "cuda": {"available": bool, "reason": str}}``: the
+        host's x86-64 level (``"x86-64"``, ``"x86-64-v3"``, ``"x86-64-v4"``,
+        or ``"generic"`` off x86-64) and its lanes, the default threads, and
+        why a backend cannot run.
     """
     ok, why = cuda_status()
+    isa = _core.host_instruction_set()
+    refused = isa.startswith("refused: ")
     return {
-        "cpu": {"available": True, "isa": _core.host_instruction_set(), "threads": default_threads()},
+        "cpu": {"available": not refused, "isa": "" if refused else isa, "lanes": HOST_LANES.get(isa, 0),
+                "threads": default_threads(), "reason": isa[len("refused: "):] if refused else ""},
         "cuda": {"available": ok, "reason": "" if ok else why},
     }
 
@@ -97,4 +118,6 @@ def route(asked, threads, tissue, out=None) -> Route:
     device = resolve_device(asked, on_device[0] if on_device else None)
     if device == "cpu" and on_device:
         raise ValueError(f"device='cpu' was asked for, but {on_device[0]} is a device array")
+    if device == "cpu":
+        host_level()
     return Route(device, on_device, threads if threads is not None else default_threads())

@@ -90,5 +90,6 @@ def _chain(first, rest):
 
 
 def _threads(sim):
+    _dispatch.host_level()
     t = getattr(sim, "threads", None)
     return t if t else _dispatch.default_threads()

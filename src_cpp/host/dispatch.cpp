@@ -2,11 +2,15 @@
 // x86-64 level this CPU supports (kernels.cpp, compiled once per level).
 #include "dispatch.hpp"
 
+#include <cstdlib>
+#include <string>
+
 #include <blochsim/host/epg.hpp>
 #include <blochsim/host/perk.hpp>
 #include <blochsim/host/pools.hpp>
 
 namespace blochsim {
+static_assert(host::lanes == host_block_lanes, "the host entries and the level kernels count the same blocks");
 namespace {
 
 struct Kernels {
@@ -21,25 +25,48 @@ struct Kernels {
   const char* isa;
 };
 
+#define BLOCHSIM_LEVEL(suffix, name)                                                                       \
+  Kernels {                                                                                                  \
+    &kernels::range_real_##suffix, &kernels::range_complex_##suffix, &kernels::jacobian_range_##suffix,     \
+        &kernels::adjoint_range_##suffix, &kernels::adjoint2_range_##suffix, &kernels::pooled_range_##suffix, \
+        &kernels::pooled_jacobian_range_##suffix, &kernels::perk_range_##suffix, name                      \
+  }
+
+// The kernels of the best level this CPU runs, or of the level
+// $BLOCHSIM_HOST_ISA names (x86-64, x86-64-v3, x86-64-v4: to test and time
+// each level on one machine).  A level the CPU cannot run, or a name not
+// built, leaves the best level's kernels in place and names the refusal in
+// isa ("refused: ..."), which the Python layer raises before any call.
 Kernels pick() {
+  const char* want = std::getenv("BLOCHSIM_HOST_ISA");
+  const bool asked = want != nullptr && want[0] != '\0';
 #if defined(BLOCHSIM_MULTI_ISA)
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
-    return {&kernels::range_real_v4, &kernels::range_complex_v4, &kernels::jacobian_range_v4,
-            &kernels::adjoint_range_v4, &kernels::adjoint2_range_v4, &kernels::pooled_range_v4, &kernels::pooled_jacobian_range_v4, &kernels::perk_range_v4,
-            "x86-64-v4"};
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-    return {&kernels::range_real_v3, &kernels::range_complex_v3, &kernels::jacobian_range_v3,
-            &kernels::adjoint_range_v3, &kernels::adjoint2_range_v3, &kernels::pooled_range_v3, &kernels::pooled_jacobian_range_v3, &kernels::perk_range_v3,
-            "x86-64-v3"};
-  return {&kernels::range_real_default, &kernels::range_complex_default, &kernels::jacobian_range_default,
-          &kernels::adjoint_range_default, &kernels::adjoint2_range_default, &kernels::pooled_range_default, &kernels::pooled_jacobian_range_default, &kernels::perk_range_default,
-          "x86-64"};
+  const bool v4 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                  __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  const bool v3 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const Kernels best = v4 ? BLOCHSIM_LEVEL(v4, "x86-64-v4") : v3 ? BLOCHSIM_LEVEL(v3, "x86-64-v3")
+                                                                 : BLOCHSIM_LEVEL(default, "x86-64");
+  if (!asked) return best;
+  const std::string w(want);
+  Kernels k = best;
+  if (w == "x86-64") return BLOCHSIM_LEVEL(default, "x86-64");
+  if (w == "x86-64-v3" && v3) return BLOCHSIM_LEVEL(v3, "x86-64-v3");
+  if (w == "x86-64-v4" && v4) return BLOCHSIM_LEVEL(v4, "x86-64-v4");
+  static std::string why;
+  why = (w == "x86-64-v3" || w == "x86-64-v4")
+            ? "refused: BLOCHSIM_HOST_ISA='" + w + "' names a level this CPU cannot run (it runs " + best.isa + ")"
+            : "refused: BLOCHSIM_HOST_ISA='" + w + "' is not one of 'x86-64', 'x86-64-v3', 'x86-64-v4'";
+  k.isa = why.c_str();
+  return k;
 #else
-  return {&kernels::range_real_default, &kernels::range_complex_default, &kernels::jacobian_range_default,
-          &kernels::adjoint_range_default, &kernels::adjoint2_range_default, &kernels::pooled_range_default, &kernels::pooled_jacobian_range_default, &kernels::perk_range_default,
-          "generic"};
+  Kernels k = BLOCHSIM_LEVEL(default, "generic");
+  if (asked && std::string(want) != "generic") {
+    static std::string why;
+    why = "refused: BLOCHSIM_HOST_ISA='" + std::string(want) + "': this build has one level, 'generic'";
+    k.isa = why.c_str();
+  }
+  return k;
 #endif
 }
 

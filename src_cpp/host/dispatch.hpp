@@ -8,6 +8,11 @@
 
 namespace blochsim {
 
+// Problems in one block of the host entries (host::lanes): the unit their
+// ranges and workspaces count in, whatever the lane width of the level's
+// kernels (a multiple of it).
+constexpr int host_block_lanes = 16;
+
 // Forward EPG of every problem of t on `threads` threads; returns a Status.
 // The block kernels are built for several x86-64 levels (kernels.cpp) and
 // the best one the CPU supports is chosen at the first call.

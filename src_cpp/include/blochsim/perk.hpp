@@ -88,7 +88,9 @@ BLOCHSIM_FORCEINLINE void vector_sincos(V x, V& s, V& c) {
 }
 typedef int32_t vint16 __attribute__((vector_size(64)));
 typedef int32_t vint4 __attribute__((vector_size(16)));
+typedef int32_t vint8 __attribute__((vector_size(32)));
 BLOCHSIM_FORCEINLINE void lane_sincos(vfloat16 x, vfloat16& s, vfloat16& c) { vector_sincos<vfloat16, vint16>(x, s, c); }
+BLOCHSIM_FORCEINLINE void lane_sincos(vfloat8 x, vfloat8& s, vfloat8& c) { vector_sincos<vfloat8, vint8>(x, s, c); }
 BLOCHSIM_FORCEINLINE void lane_sincos(vfloat4 x, vfloat4& s, vfloat4& c) { vector_sincos<vfloat4, vint4>(x, s, c); }
 #endif
 

@@ -47,6 +47,8 @@ typedef float vfloat16 __attribute__((vector_size(64)));
 typedef double vdouble16 __attribute__((vector_size(128)));
 typedef float vfloat4 __attribute__((vector_size(16)));
 typedef double vdouble4 __attribute__((vector_size(32)));
+typedef float vfloat8 __attribute__((vector_size(32)));
+typedef double vdouble8 __attribute__((vector_size(64)));
 
 template <>
 struct Lanes<vfloat16> {
@@ -62,6 +64,22 @@ struct Lanes<vfloat16> {
   BLOCHSIM_FORCEINLINE static void setd(vdouble16& v, int l, double x) { v[l] = x; }
   BLOCHSIM_FORCEINLINE static vfloat16 narrow(const vdouble16& d) { return __builtin_convertvector(d, vfloat16); }
   BLOCHSIM_FORCEINLINE static vdouble16 widen(const vfloat16& v) { return __builtin_convertvector(v, vdouble16); }
+};
+
+template <>
+struct Lanes<vfloat8> {
+  static constexpr int width = 8;
+  using Double = vdouble8;
+  using Scalar = float;
+  template <class M>
+  using Wide = M;
+  BLOCHSIM_FORCEINLINE static vfloat8 splat(float s) { return vfloat8{} + s; }
+  BLOCHSIM_FORCEINLINE static float get(const vfloat8& v, int l) { return v[l]; }
+  BLOCHSIM_FORCEINLINE static void set(vfloat8& v, int l, float x) { v[l] = x; }
+  BLOCHSIM_FORCEINLINE static double getd(const vdouble8& v, int l) { return v[l]; }
+  BLOCHSIM_FORCEINLINE static void setd(vdouble8& v, int l, double x) { v[l] = x; }
+  BLOCHSIM_FORCEINLINE static vfloat8 narrow(const vdouble8& d) { return __builtin_convertvector(d, vfloat8); }
+  BLOCHSIM_FORCEINLINE static vdouble8 widen(const vfloat8& v) { return __builtin_convertvector(v, vdouble8); }
 };
 
 template <>
@@ -92,8 +110,16 @@ struct ElementOf<vfloat16> {
   using type = float;
 };
 template <>
+struct ElementOf<vfloat8> {
+  using type = float;
+};
+template <>
 struct ElementOf<vfloat4> {
   using type = float;
+};
+template <>
+struct ElementOf<vdouble8> {
+  using type = double;
 };
 template <>
 struct ElementOf<vdouble16> {
@@ -111,7 +137,9 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE float value_of(float x) { return x; }
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE double value_of(double x) { return x; }
 #if defined(BLOCHSIM_HAVE_VECTOR_LANES)
 BLOCHSIM_FORCEINLINE vfloat16 value_of(vfloat16 x) { return x; }
+BLOCHSIM_FORCEINLINE vfloat8 value_of(vfloat8 x) { return x; }
 BLOCHSIM_FORCEINLINE vfloat4 value_of(vfloat4 x) { return x; }
+BLOCHSIM_FORCEINLINE vdouble8 value_of(vdouble8 x) { return x; }
 BLOCHSIM_FORCEINLINE vdouble16 value_of(vdouble16 x) { return x; }
 BLOCHSIM_FORCEINLINE vdouble4 value_of(vdouble4 x) { return x; }
 #endif
