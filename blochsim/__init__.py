@@ -14,6 +14,7 @@ Examples
 from __future__ import annotations
 
 import os as _os
+from importlib import metadata as _metadata
 
 from blochsim._core import CudaError
 from blochsim._device import DeviceArray
@@ -27,7 +28,11 @@ from blochsim import pulseq  # registers the format of Simulator.from_pulseq
 from blochsim.simulators import (bssfp_sim, fse_sim, ir_sim, mrf_sim, se_sim, spgr_sim, ste_sim,
                                  truefisp_sim)
 
-__version__ = "0.1.0"
+try:
+    #: The installed distribution's version (meson.build's project version).
+    __version__ = _metadata.version("blochsim")
+except _metadata.PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "backends", "CudaError", "DeviceArray", "get_include", "get_pkgconfig_dir", "Simulator", "ClosedFormSimulator",

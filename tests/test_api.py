@@ -204,3 +204,14 @@ def test_jacobian_out_argument():
         sim.jacobian(("T1", "T2"), T1=T1, T2=T2, out=(s.astype(np.complex128), J))
     with pytest.raises(TypeError, match=r"out must be a tuple \(signal, J\)"):
         sim.jacobian(("T1", "T2"), T1=T1, T2=T2, out=J)
+
+
+def test_version_is_the_distributions():
+    from importlib import metadata
+    import pathlib
+    import re
+
+    assert blochsim.__version__ == metadata.version("blochsim")
+    meson = pathlib.Path(__file__).resolve().parents[1] / "meson.build"
+    if meson.exists():
+        assert re.search(r"version: '([^']+)'", meson.read_text()).group(1) == blochsim.__version__

@@ -115,3 +115,4 @@ def test_this_process_reports_its_level():
         pytest.skip("a level is forced")
     assert cpu["available"] and cpu["reason"] == ""
     assert cpu["lanes"] == {"x86-64": 4, "x86-64-v3": 8, "x86-64-v4": 16, "generic": 4}[cpu["isa"]]
+
