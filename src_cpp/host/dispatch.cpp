@@ -42,21 +42,35 @@ Kernels pick() {
   const bool asked = want != nullptr && want[0] != '\0';
 #if defined(BLOCHSIM_MULTI_ISA)
   __builtin_cpu_init();
-  const bool v4 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                  __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-  const bool v3 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  const Kernels best = v4 ? BLOCHSIM_LEVEL(v4, "x86-64-v4") : v3 ? BLOCHSIM_LEVEL(v3, "x86-64-v3")
-                                                                 : BLOCHSIM_LEVEL(default, "x86-64");
+  const bool cpu_v4 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  const bool cpu_v3 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  Kernels best = BLOCHSIM_LEVEL(default, "x86-64");
+#if defined(BLOCHSIM_HAVE_V3)
+  const Kernels k3 = BLOCHSIM_LEVEL(v3, "x86-64-v3");
+  if (cpu_v3) best = k3;
+#endif
+#if defined(BLOCHSIM_HAVE_V4)
+  const Kernels k4 = BLOCHSIM_LEVEL(v4, "x86-64-v4");
+  if (cpu_v4) best = k4;
+#endif
   if (!asked) return best;
   const std::string w(want);
-  Kernels k = best;
   if (w == "x86-64") return BLOCHSIM_LEVEL(default, "x86-64");
-  if (w == "x86-64-v3" && v3) return BLOCHSIM_LEVEL(v3, "x86-64-v3");
-  if (w == "x86-64-v4" && v4) return BLOCHSIM_LEVEL(v4, "x86-64-v4");
+#if defined(BLOCHSIM_HAVE_V3)
+  if (w == "x86-64-v3" && cpu_v3) return k3;
+#endif
+#if defined(BLOCHSIM_HAVE_V4)
+  if (w == "x86-64-v4" && cpu_v4) return k4;
+#endif
   static std::string why;
-  why = (w == "x86-64-v3" || w == "x86-64-v4")
-            ? "refused: BLOCHSIM_HOST_ISA='" + w + "' names a level this CPU cannot run (it runs " + best.isa + ")"
-            : "refused: BLOCHSIM_HOST_ISA='" + w + "' is not one of 'x86-64', 'x86-64-v3', 'x86-64-v4'";
+  if (w != "x86-64-v3" && w != "x86-64-v4")
+    why = "refused: BLOCHSIM_HOST_ISA='" + w + "' is not one of 'x86-64', 'x86-64-v3', 'x86-64-v4'";
+  else if ((w == "x86-64-v3" && !cpu_v3) || (w == "x86-64-v4" && !cpu_v4))
+    why = "refused: BLOCHSIM_HOST_ISA='" + w + "' names a level this CPU cannot run (it runs " + best.isa + ")";
+  else
+    why = "refused: BLOCHSIM_HOST_ISA='" + w + "' names a level this build has no kernels for (meson option host-isa)";
+  Kernels k = best;
   k.isa = why.c_str();
   return k;
 #else
