@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -14,6 +15,9 @@ import pytest
 import blochsim
 
 LEVELS = ("x86-64", "x86-64-v3", "x86-64-v4")
+
+# The children run outside the source tree, so that they import the
+# installed package rather than the checkout's blochsim/ folder.
 
 CHILD = r"""
 import json, sys
@@ -44,7 +48,8 @@ json.dump(out, sys.stdout)
 
 def _child(level):
     env = dict(os.environ, BLOCHSIM_HOST_ISA=level)
-    r = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=600)
+    r = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=600,
+                       cwd=tempfile.gettempdir())
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     return d.pop("cpu"), {k: np.array(v[0]) + 1j * np.array(v[1]) for k, v in d.items()}
@@ -93,7 +98,8 @@ def test_the_variable_refused_by_name():
             "from blochsim.simulators import MRFSimulator\n"
             "print(blochsim.backends()['cpu'])\n"
             "MRFSimulator(flip=[10.0] * 3, TR=10.0).simulate(T1=1000.0, T2=80.0)\n")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                       cwd=tempfile.gettempdir())
     assert r.returncode != 0
     assert "'available': False" in r.stdout
     assert ("RuntimeError: BLOCHSIM_HOST_ISA='avx9000' is not one of 'x86-64', 'x86-64-v3', 'x86-64-v4'" in r.stderr
@@ -105,7 +111,8 @@ def test_the_variable_refused_for_estimators():
     code = ("import numpy as np\n"
             "from blochsim.estimators._common import _threads\n"
             "_threads(None)\n")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                       cwd=tempfile.gettempdir())
     assert r.returncode != 0 and "BLOCHSIM_HOST_ISA='avx9000'" in r.stderr
 
 
