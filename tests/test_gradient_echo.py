@@ -399,7 +399,7 @@ def test_slice_profile_jacobian_and_pullback_against_differences():
     dl = {k: np.sum(np.real(np.conj(2 * s) * J[:, i]), axis=-1) for i, k in enumerate(names)}
     np.testing.assert_allclose(g["T1"], dl["T1"], rtol=1e-4)  # per voxel, as T1 was passed
     np.testing.assert_allclose(g["B1"], dl["B1"].sum(), rtol=1e-4)  # a scalar B1: summed over voxels
-    h = 1e-2
+    h = 0.1  # degrees: a step the single-precision signal resolves at every host level
     up, dn = flips.copy(), flips.copy()
     up[3] += h
     dn[3] -= h
