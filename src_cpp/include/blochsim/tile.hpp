@@ -50,53 +50,29 @@ typedef double vdouble4 __attribute__((vector_size(32)));
 typedef float vfloat8 __attribute__((vector_size(32)));
 typedef double vdouble8 __attribute__((vector_size(64)));
 
-template <>
-struct Lanes<vfloat16> {
-  static constexpr int width = 16;
-  using Double = vdouble16;
+// The lanes of a GCC vector of W floats (F), with its double-precision
+// twin (D).
+template <class F, class D, int W>
+struct VectorLanes {
+  static constexpr int width = W;
+  using Double = D;
   using Scalar = float;
   template <class M>
   using Wide = M;
-  BLOCHSIM_FORCEINLINE static vfloat16 splat(float s) { return vfloat16{} + s; }
-  BLOCHSIM_FORCEINLINE static float get(const vfloat16& v, int l) { return v[l]; }
-  BLOCHSIM_FORCEINLINE static void set(vfloat16& v, int l, float x) { v[l] = x; }
-  BLOCHSIM_FORCEINLINE static double getd(const vdouble16& v, int l) { return v[l]; }
-  BLOCHSIM_FORCEINLINE static void setd(vdouble16& v, int l, double x) { v[l] = x; }
-  BLOCHSIM_FORCEINLINE static vfloat16 narrow(const vdouble16& d) { return __builtin_convertvector(d, vfloat16); }
-  BLOCHSIM_FORCEINLINE static vdouble16 widen(const vfloat16& v) { return __builtin_convertvector(v, vdouble16); }
+  BLOCHSIM_FORCEINLINE static F splat(float s) { return F{} + s; }
+  BLOCHSIM_FORCEINLINE static float get(const F& v, int l) { return v[l]; }
+  BLOCHSIM_FORCEINLINE static void set(F& v, int l, float x) { v[l] = x; }
+  BLOCHSIM_FORCEINLINE static double getd(const D& v, int l) { return v[l]; }
+  BLOCHSIM_FORCEINLINE static void setd(D& v, int l, double x) { v[l] = x; }
+  BLOCHSIM_FORCEINLINE static F narrow(const D& d) { return __builtin_convertvector(d, F); }
+  BLOCHSIM_FORCEINLINE static D widen(const F& v) { return __builtin_convertvector(v, D); }
 };
-
 template <>
-struct Lanes<vfloat8> {
-  static constexpr int width = 8;
-  using Double = vdouble8;
-  using Scalar = float;
-  template <class M>
-  using Wide = M;
-  BLOCHSIM_FORCEINLINE static vfloat8 splat(float s) { return vfloat8{} + s; }
-  BLOCHSIM_FORCEINLINE static float get(const vfloat8& v, int l) { return v[l]; }
-  BLOCHSIM_FORCEINLINE static void set(vfloat8& v, int l, float x) { v[l] = x; }
-  BLOCHSIM_FORCEINLINE static double getd(const vdouble8& v, int l) { return v[l]; }
-  BLOCHSIM_FORCEINLINE static void setd(vdouble8& v, int l, double x) { v[l] = x; }
-  BLOCHSIM_FORCEINLINE static vfloat8 narrow(const vdouble8& d) { return __builtin_convertvector(d, vfloat8); }
-  BLOCHSIM_FORCEINLINE static vdouble8 widen(const vfloat8& v) { return __builtin_convertvector(v, vdouble8); }
-};
-
+struct Lanes<vfloat16> : VectorLanes<vfloat16, vdouble16, 16> {};
 template <>
-struct Lanes<vfloat4> {
-  static constexpr int width = 4;
-  using Double = vdouble4;
-  using Scalar = float;
-  template <class M>
-  using Wide = M;
-  BLOCHSIM_FORCEINLINE static vfloat4 splat(float s) { return vfloat4{} + s; }
-  BLOCHSIM_FORCEINLINE static float get(const vfloat4& v, int l) { return v[l]; }
-  BLOCHSIM_FORCEINLINE static void set(vfloat4& v, int l, float x) { v[l] = x; }
-  BLOCHSIM_FORCEINLINE static double getd(const vdouble4& v, int l) { return v[l]; }
-  BLOCHSIM_FORCEINLINE static void setd(vdouble4& v, int l, double x) { v[l] = x; }
-  BLOCHSIM_FORCEINLINE static vfloat4 narrow(const vdouble4& d) { return __builtin_convertvector(d, vfloat4); }
-  BLOCHSIM_FORCEINLINE static vdouble4 widen(const vfloat4& v) { return __builtin_convertvector(v, vdouble4); }
-};
+struct Lanes<vfloat8> : VectorLanes<vfloat8, vdouble8, 8> {};
+template <>
+struct Lanes<vfloat4> : VectorLanes<vfloat4, vdouble4, 4> {};
 #endif
 
 // The element type of a lane type (itself for a scalar).

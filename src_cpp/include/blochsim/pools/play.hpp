@@ -124,15 +124,14 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pooled_event(const EventStream& s, int64_t
     }
   }
 
-  const typename St::Scale one_decay = decay;
   st.rotations(ca, sa, cp, sp, [&](const auto& rot) BLOCHSIM_LAMBDA_INLINE {
     // the saturation and the pulse on one order; the common event's pass
     // calls it with constants (Constant<true>: a compile-time true), so
     // that its body has no branches between the orders
     auto finish = [&](Order& o, auto saturate, auto turn, auto in_phase) BLOCHSIM_LAMBDA_INLINE {
       if (saturate) {
-        o.cr[n] = o.cr[n] * one_decay;
-        if constexpr (!Real) o.ci[n] = o.ci[n] * one_decay;
+        o.cr[n] = o.cr[n] * decay;
+        if constexpr (!Real) o.ci[n] = o.ci[n] * decay;
       }
       if (turn)
         each_index<N, Fixed>(n, [&](int j) BLOCHSIM_LAMBDA_INLINE {
