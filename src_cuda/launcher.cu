@@ -1,5 +1,8 @@
-// The device backend behind launcher.hpp: the kernels of blochsim/cuda.cuh
-// and the memory, copy, validation and streaming helpers of the Python layer.
+// The device backend behind launcher.hpp, one translation unit per kernel
+// family so that they compile in parallel and a change recompiles one
+// family: this file holds the forward kernels (cuda/forward.cuh), the
+// streamed forward, and the memory, copy and validation helpers of the
+// Python layer; jacobian.cu, adjoint.cu and pools.cu the others.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -7,7 +10,7 @@
 #include <cstring>
 #include <vector>
 
-#include <blochsim/cuda.cuh>
+#include <blochsim/cuda/forward.cuh>
 #include <blochsim/host/interrupt.hpp>
 
 #include "launcher.hpp"
@@ -184,40 +187,8 @@ std::size_t bytes_per_problem(const EventStream& s, const Tissue&) {
   return b;
 }
 
-int pooled(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_dirs, const float* seeds,
-           float* out, float* jac, char* err, int n) {
-  return guarded([&] { return pooled_from_host(s, t, p, out, err, n, fields, n_dirs, seeds, jac); });
-}
-
-int pooled_resident(const EventStream& s, const Tissue& t, const Pools& p, float* out, void* stream, char* err,
-                    int n) {
-  return guarded([&] { return pooled_device(s, t, p, out, as_stream(stream), err, n); });
-}
-
-int pooled_adjoint(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_tdirs,
-                   const float* cot, double* ev_grad, float* tgrad, unsigned mask, char* err, int n) {
-  return guarded([&] { return pooled_adjoint_from_host(s, t, p, fields, n_tdirs, cot, ev_grad, tgrad, err, n, mask); });
-}
-
 int forward(const EventStream& s, const Tissue& t, float* out, void* stream, char* err, int n) {
   return guarded([&] { return forward_device(s, t, out, as_stream(stream), err, n); });
-}
-
-int jacobian(const EventStream& s, const Tissue& t, const int* fields, const float* seeds, int n_dirs, float* out,
-             float* jac, void* stream, char* err, int n) {
-  return guarded([&] { return jacobian_device(s, t, fields, n_dirs, out, jac, as_stream(stream), err, n, seeds); });
-}
-
-int jacobian_max_states(int real_path) { return cuda::jacobian_max_states(real_path != 0); }
-
-int adjoint(const EventStream& s, const Tissue& t, const int* fields, int n_tdirs, const float* cot, double* ev_grad,
-            float* tgrad, void* stream, char* err, int n) {
-  return guarded([&] { return adjoint_device(s, t, fields, n_tdirs, cot, ev_grad, tgrad, as_stream(stream), err, n); });
-}
-
-int adjoint2(const EventStream& s, const Tissue& t, int outer_field, const float* cot, int64_t cot_stride,
-             double* ev_grad, void* stream, char* err, int n) {
-  return guarded([&] { return adjoint2_device(s, t, outer_field, cot, cot_stride, ev_grad, as_stream(stream), err, n); });
 }
 
 int forward_streamed_unguarded(const EventStream& s, const Tissue& t, float* out, std::size_t budget_bytes,

@@ -108,7 +108,9 @@ __global__ void __launch_bounds__(adjoint_threads)
   if (st != ok) *status = st;
 }
 
-// partial (blocks, m) summed over the blocks in order into out (m,).
+// partial (blocks, m) summed over the blocks in order into out (m,).  A
+// template so that every .cu file including this header may instantiate it.
+template <int Unused = 0>
 __global__ void sum_partials_kernel(const double* partial, int64_t blocks, int64_t m, double* out) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= m) return;
@@ -161,7 +163,7 @@ inline int adjoint_sweeps(const EventStream& s, const Tissue& t, int64_t ws_byte
     e = cudaGetLastError();
   }
   if (e == cudaSuccess) {
-    sum_partials_kernel<<<static_cast<unsigned>((m + 255) / 256), 256, 0, stream>>>(partial, blocks_total, m, dsum);
+    sum_partials_kernel<0><<<static_cast<unsigned>((m + 255) / 256), 256, 0, stream>>>(partial, blocks_total, m, dsum);
     e = cudaGetLastError();
   }
   int status = ok;

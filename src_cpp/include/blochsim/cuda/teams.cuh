@@ -3,6 +3,7 @@
 // sit in a launch, and the sinks that write their readouts.
 #pragma once
 
+#include "../dual.hpp"
 #include "../epg/epg.hpp"
 #include "../epg/registers.hpp"
 #include "runtime.cuh"
