@@ -2,6 +2,12 @@
 
 Run: ``pytest bench/ --benchmark-only`` (add ``--benchmark-json=FILE`` to
 keep the numbers).  Each benchmark records atoms/s in ``extra_info``.
+
+Per host level (``BLOCHSIM_HOST_ISA`` forces one for the whole process)::
+
+    for l in x86-64 x86-64-v3 x86-64-v4; do
+        BLOCHSIM_HOST_ISA=$l pytest bench/test_bench_host.py -k per_core --benchmark-only
+    done
 """
 import numpy as np
 import pytest
@@ -35,6 +41,17 @@ def test_mrf_forward_complex_path(benchmark, n):
     """Every RF phase different (quadratic phase): the complex kernel."""
     k = np.arange(500)
     _run(benchmark, n, 0.5 * 117.0 * k * (k + 1))
+
+
+def test_mrf_forward_per_core(benchmark):
+    """The reference workload (1e5 atoms, real path) on one thread, at the
+    host level this process runs (``extra_info["isa"]``, ``["lanes"]``)."""
+    import blochsim
+
+    cpu = blochsim.backends()["cpu"]
+    benchmark.extra_info["isa"] = cpu["isa"]
+    benchmark.extra_info["lanes"] = cpu["lanes"]
+    _run(benchmark, 100_000, 0.0, threads=1)
 
 
 @pytest.mark.parametrize("threads", [1, 2])

@@ -186,6 +186,9 @@ inline int adjoint_sweeps(const EventStream& s, const Tissue& t, int64_t ws_byte
 // device pointers; ev_grad (s.n_events, event_gradients) float64 is a host
 // array, written when the call returns (it synchronises `stream`).  The
 // problems run in launches of as many as fit in half the free memory.
+// (A template, so that only a translation unit that calls it instantiates
+// its kernels.)
+template <int Unused = 0>
 inline int adjoint_device(const EventStream& s, const Tissue& t, const int* fields, int n_tdirs, const float* cot,
                           double* ev_grad, float* tgrad, cudaStream_t stream, char* err = nullptr, int n = 0) {
   using namespace detail;
@@ -224,6 +227,9 @@ inline int adjoint_device(const EventStream& s, const Tissue& t, const int* fiel
 // Second order on the device (host::adjoint2_status's counterpart): cot is
 // a device pointer (row stride cot_stride complex values), ev_grad a host
 // array written when the call returns (it synchronises `stream`).
+// (A template, so that only a translation unit that calls it instantiates
+// its kernels.)
+template <int Unused = 0>
 inline int adjoint2_device(const EventStream& s, const Tissue& t, int outer_field, const float* cot,
                            int64_t cot_stride, double* ev_grad, cudaStream_t stream, char* err = nullptr,
                            int n = 0) {

@@ -123,6 +123,9 @@ inline cudaError_t allow_shared(F* kernel, size_t bytes) {
 }
 
 // Plays `ds` (device pointers) for the problems of t into out on `st`.
+// (A template, so that only a translation unit that calls it instantiates
+// its kernels.)
+template <int Unused = 0>
 inline int launch(const EventStream& ds, const Tissue& t, float* out, cudaStream_t st, char* err, int n) {
   if (t.n == 0 || ds.n_samples == 0) return ok;
   no_stale_error();
@@ -247,6 +250,9 @@ inline int upload_stream(const EventStream& s, DeviceStream& d, cudaStream_t st,
 // pointers, out being (t.n, s.n_samples) complex64 interleaved.  Ordered on
 // `stream`, not synchronised.  Returns 0, a blochsim Status, or
 // cuda_error_base + cudaError_t with a message in err (n bytes).
+// (A template, so that only a translation unit that calls it instantiates
+// its kernels.)
+template <int Unused = 0>
 inline int forward_device(const EventStream& s, const Tissue& t, float* out, cudaStream_t stream,
                           char* err = nullptr, int n = 0) {
   const int v = validate(s, t);

@@ -149,6 +149,9 @@ __global__ void __launch_bounds__(warp_block, jacobian_min_blocks) jacobian_kern
   }
 }
 
+// (A template, so that only a translation unit that calls it instantiates
+// its kernels.)
+template <int Unused = 0>
 inline int launch_jacobian(const EventStream& ds, const Tissue& t, const Directions& dirs, float* out,
                            float* jac, cudaStream_t st, char* err, int n) {
   no_stale_error();
@@ -191,6 +194,9 @@ inline int jacobian_max_states(bool real_path) {
 // derivatives per public unit).  At most jacobian_max_states(s.real_path)
 // states (states_exceed_team past them).  Ordered on `stream`, not
 // synchronised.
+// (A template, so that only a translation unit that calls it instantiates
+// its kernels.)
+template <int Unused = 0>
 inline int jacobian_device(const EventStream& s, const Tissue& t, const int* fields, int n_dirs, float* out,
                            float* jac, cudaStream_t stream, char* err = nullptr, int n = 0,
                            const float* seeds = nullptr) {

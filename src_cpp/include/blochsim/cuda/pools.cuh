@@ -369,6 +369,9 @@ inline int pooled_from_host(const EventStream& s, const Tissue& t, const Pools& 
 // the device; s is a host stream.  Ordered on `stream`, and synchronous
 // with it (the kernels' status is read back).  Returns 0, a blochsim
 // Status, or cuda_error_base + cudaError_t with a message in err.
+// (A template, so that only a translation unit that calls it instantiates
+// its kernels.)
+template <int Unused = 0>
 inline int pooled_device(const EventStream& s, const Tissue& t, const Pools& p, float* out, cudaStream_t stream,
                          char* err = nullptr, int n = 0) {
   using namespace detail;
