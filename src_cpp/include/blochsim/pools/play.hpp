@@ -87,7 +87,7 @@ struct PoolStep {
 // pulse.  Other pulses turn by phi - theta; readouts add theta to the
 // receiver; exact pulses leave the frame first.
 template <class St, class Sink>
-BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pooled_event(const EventStream& s, int64_t e, St& st, Sink&& sink) {
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pooled_event([[maybe_unused]] const EventStream& s, int64_t e, St& st, Sink&& sink) {
   using V = typename St::V;
   using C = typename St::C;
   using Order = typename St::Order;
