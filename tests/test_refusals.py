@@ -5,7 +5,7 @@ import pytest
 
 import blochsim
 from blochsim import Delay, Dephase, Pulse, Readout, SampledPulse, Simulator
-from blochsim.simulators import FSESimulator, MRFSimulator, SPGRSimulator, bSSFPSimulator
+from blochsim.simulators import FSESimulator, MRFSimulator, SPGRSimulator, StimulatedEchoSimulator, bSSFPSimulator
 
 FLIP = np.full(8, 180.0)
 
@@ -48,7 +48,7 @@ def test_unknown_property_names():
     with pytest.raises(TypeError, match=r"does not model tissue property 'inv_efficiency'"):
         fse().simulate(flip=FLIP, T2=80.0, inv_efficiency=0.9)
     with pytest.raises(TypeError, match=r"does not model tissue property 'B0'"):
-        MRFSimulator(flip=FLIP, TR=10.0).simulate(T1=1000.0, B0=3.0)
+        StimulatedEchoSimulator(TE=20.0, TM=50.0).simulate(T1=1000.0, T2=80.0, B0=3.0)
     with pytest.raises(TypeError, match=r"no protocol parameter 'TEE'"):
         FSESimulator(ESP=5.0, TEE=3.0)
     with pytest.raises(TypeError, match=r"T1 is a tissue property"):

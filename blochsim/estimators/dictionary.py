@@ -2,6 +2,10 @@
 normalised inner product."""
 from __future__ import annotations
 
+import importlib
+import json
+import numbers
+
 import numpy as np
 
 from blochsim import _validate as V
@@ -14,9 +18,21 @@ class DictionaryMatcher:
     Parameters
     ----------
     simulator : blochsim.Simulator or blochsim.ClosedFormSimulator
-    rank : int, optional
+    rank : int, "auto" or None
         Compress atoms and signals onto the dictionary's ``rank`` leading
-        right singular vectors before matching (SVD compression).
+        right singular vectors before matching (SVD compression; McGivney
+        et al. 2014, IEEE TMI 33:2311).  ``"auto"`` (default) compresses a
+        dictionary whose full atoms would take more than
+        :attr:`auto_bytes` (64 MiB), at the smallest rank that keeps all
+        but :attr:`auto_tolerance` (1e-6) of the atoms' energy, learned
+        from a sample of atoms; the full atoms are then never held, only
+        their projections.  ``None`` never compresses.
+    refine : int
+        With a compressed dictionary fitted from grids, the ``refine`` best
+        atoms in the subspace (at least k) are simulated again in full and
+        ranked by their exact normalised inner products, so that the
+        match, its score and M0 are those of the full dictionary whenever
+        the best atom is among them.  0 matches in the subspace alone.
     groups : int, optional
         Group matching: cluster the atoms into ``groups`` groups around
         unit representatives; a signal is compared with the representatives
@@ -38,9 +54,24 @@ class DictionaryMatcher:
     ['M0', 'T1', 'T2', 'index', 'score']
     """
 
-    def __init__(self, simulator, rank=None, groups=None, search=2, chunk=4096):
+    #: full dictionaries larger than this (bytes of complex64) are compressed by rank="auto"
+    auto_bytes = 64 << 20
+    #: energy of the atoms that rank="auto" may leave out of the subspace
+    auto_tolerance = 1e-6
+    #: atoms simulated to learn the subspace of an "auto" compression
+    auto_sample = 4096
+
+    def __init__(self, simulator, rank="auto", groups=None, search=2, chunk=4096, refine=4):
         self.simulator = simulator
-        self.rank = None if rank is None else V.positive_int("rank", rank)
+        if rank is None or (isinstance(rank, str) and rank == "auto"):
+            self.rank = rank
+        elif isinstance(rank, str):
+            raise ValueError(f"rank must be a positive integer, 'auto' or None, got {rank!r}")
+        else:
+            self.rank = V.positive_int("rank", rank)
+        if isinstance(refine, bool) or not isinstance(refine, numbers.Integral) or refine < 0:
+            raise ValueError(f"refine must be a non-negative integer, got {refine!r}")
+        self.refine = int(refine)
         self.groups = None if groups is None else V.positive_int("groups", groups)
         self.search = V.positive_int("search", search)
         self.chunk = V.positive_int("chunk", chunk)
@@ -64,6 +95,7 @@ class DictionaryMatcher:
         DictionaryMatcher
             self, fitted.
         """
+        self._grids, self._fixed = None, {}
         if dictionary is not None:
             if grids:
                 raise TypeError("DictionaryMatcher.fit: give a dictionary or grids, not both")
@@ -76,43 +108,96 @@ class DictionaryMatcher:
                 if len(v) != len(atoms):
                     raise ValueError(f"DictionaryMatcher.fit: params[{k!r}] has {len(v)} values for "
                                      f"{len(atoms)} atoms")
-        else:
-            axes, fixed = {}, {}
-            for k, v in grids.items():
-                _modelled(self.simulator, k, "DictionaryMatcher.fit")
-                a = np.asarray(v, dtype=np.float64)
-                if a.ndim == 0:
-                    fixed[k] = float(a)
-                elif a.ndim == 1 and len(a) > 0 and np.all(np.isfinite(a)):
-                    axes[k] = a
-                else:
-                    raise ValueError(f"DictionaryMatcher.fit: grid {k} must be a finite 1-D array or a number")
-            if not axes:
-                raise ValueError("DictionaryMatcher.fit: give at least one grid axis (a 1-D array)")
-            mesh = np.meshgrid(*axes.values(), indexing="ij")
-            params = {k: m.reshape(-1) for k, m in zip(axes, mesh)}
-            atoms = _simulate_table(self.simulator, params, fixed, self.chunk)
-        atoms = atoms.astype(np.complex64)
-        norms = np.linalg.norm(atoms, axis=1)
+            return self._store(atoms.astype(np.complex64), params)
+        axes, fixed = {}, {}
+        for k, v in grids.items():
+            _modelled(self.simulator, k, "DictionaryMatcher.fit")
+            a = np.asarray(v, dtype=np.float64)
+            if a.ndim == 0:
+                fixed[k] = float(a)
+            elif a.ndim == 1 and len(a) > 0 and np.all(np.isfinite(a)):
+                axes[k] = a
+            else:
+                raise ValueError(f"DictionaryMatcher.fit: grid {k} must be a finite 1-D array or a number")
+        if not axes:
+            raise ValueError("DictionaryMatcher.fit: give at least one grid axis (a 1-D array)")
+        mesh = np.meshgrid(*axes.values(), indexing="ij")
+        params = {k: m.reshape(-1) for k, m in zip(axes, mesh)}
+        self._grids, self._fixed = axes, fixed
+        n = len(next(iter(params.values())))
+        first = _simulate_table(self.simulator, {k: v[:1] for k, v in params.items()}, fixed, 1)
+        contrasts = _some_contrasts(first.shape[1], "DictionaryMatcher.fit")
+        if self.rank == "auto" and n * contrasts * 8 > self.auto_bytes:
+            return self._fit_streamed(params, fixed, contrasts)
+        atoms = _simulate_table(self.simulator, params, fixed, self.chunk)
+        return self._store(atoms.astype(np.complex64), params)
+
+    def _fit_streamed(self, params, fixed, contrasts):
+        """rank="auto" on a large dictionary: the subspace from a sample of
+        atoms, then every atom simulated chunk by chunk and kept only as its
+        projection."""
+        n = len(next(iter(params.values())))
+        rng = np.random.default_rng(0)
+        pick = np.sort(rng.choice(n, min(n, self.auto_sample), replace=False))
+        sample = _simulate_table(self.simulator, {k: v[pick] for k, v in params.items()}, fixed, self.chunk)
+        basis = self._subspace(_unit_rows(sample.astype(np.complex64))[0], self.auto_tolerance)
+        parts, norms = [], []
+        for a in range(0, n, self.chunk):
+            block = _simulate_table(self.simulator, {k: v[a:a + self.chunk] for k, v in params.items()},
+                                    fixed, self.chunk).astype(np.complex64)
+            unit, nb = _unit_rows(block)
+            parts.append(unit @ basis)
+            norms.append(nb)
+        unit = np.concatenate(parts)
+        norms = np.concatenate(norms)
+        return self._keep(unit, norms, params, contrasts, basis)
+
+    def _store(self, atoms, params):
+        """Normalise (and, for an integer rank or a large "auto", compress)
+        the full atoms."""
+        self.contrasts = _some_contrasts(atoms.shape[1], "DictionaryMatcher.fit")
+        unit, norms = _unit_rows(atoms)
+        basis = None
+        if isinstance(self.rank, int) and self.rank < self.contrasts:
+            basis = self._subspace(unit[norms > 0], rank=self.rank)
+        elif self.rank == "auto" and atoms.size * 8 > self.auto_bytes:
+            basis = self._subspace(unit[norms > 0], self.auto_tolerance)
+        if basis is not None:
+            unit = unit @ basis
+        return self._keep(unit, norms, params, self.contrasts, basis)
+
+    @staticmethod
+    def _subspace(unit, tolerance=None, rank=None):
+        """Leading right singular vectors of the unit atoms (contrasts, r),
+        from their Gram matrix: ``rank`` of them, or the fewest that keep
+        all but ``tolerance`` of the energy."""
+        G = unit.conj().T.astype(np.complex128) @ unit.astype(np.complex128)
+        w, U = np.linalg.eigh(G)
+        w, U = np.clip(w[::-1], 0.0, None), U[:, ::-1]
+        if rank is None:
+            kept = np.cumsum(w) / max(w.sum(), 1e-300)
+            rank = int(np.searchsorted(kept, 1.0 - tolerance) + 1)
+            rank = min(rank, len(w))
+        return np.ascontiguousarray(U[:, :rank].astype(np.complex64))
+
+    def _keep(self, unit, norms, params, contrasts, basis):
         keep = norms > 0  # a null atom matches nothing
+        self.contrasts = contrasts
         self._original = np.flatnonzero(keep)
         self.params = {k: v[keep] for k, v in params.items()}
         self._norms = norms[keep].astype(np.float64)
-        unit = atoms[keep] / self._norms[:, None].astype(np.float32)
-        self.contrasts = _some_contrasts(atoms.shape[1], "DictionaryMatcher.fit")
-        self._basis = None
-        if self.rank is not None and self.rank < self.contrasts:
-            # right singular vectors from the Gram matrix (contrasts × contrasts)
-            G = unit.conj().T.astype(np.complex128) @ unit.astype(np.complex128)
-            w, U = np.linalg.eigh(G)
-            self._basis = np.ascontiguousarray(U[:, ::-1][:, :self.rank].astype(np.complex64))
-            unit = unit @ self._basis
-        self._atoms = np.ascontiguousarray(unit)
+        self._basis = basis
+        self._atoms = np.ascontiguousarray(unit[keep])
         self._raw_norm2 = self._norms ** 2
         self._group_of = None
-        if self.groups is not None and self.groups < len(unit):
+        if self.groups is not None and self.groups < len(self._atoms):
             self._cluster()
         return self
+
+    @property
+    def compressed_rank(self):
+        """The rank of the stored subspace, or None for full atoms."""
+        return None if self._basis is None else self._basis.shape[1]
 
     def _cluster(self, iterations=10):
         """Spherical k-means on |<a, c>| (phase-blind) for group matching."""
@@ -148,8 +233,9 @@ class DictionaryMatcher:
         -------
         dict
             Per parameter its values at the best atoms; ``"index"`` (atom
-            indices), ``"score"`` (normalised inner-product magnitude, 1 for
-            a perfect match) and ``"M0"`` (complex least-squares scale of
+            indices), ``"score"`` (normalised inner-product magnitude
+            |<atom, s>| / (|atom| |s|) against the whole signal, 1 for a
+            perfect match) and ``"M0"`` (complex least-squares scale of
             the atom, ⟨atom, s⟩/‖atom‖²), each shaped ``voxels`` for k = 1
             and ``(*voxels, k)`` otherwise.  Indices count the atoms as
             fitted (a given dictionary's rows).
@@ -163,19 +249,24 @@ class DictionaryMatcher:
         shape = s.shape[:-1]
         flat = s.reshape(-1, self.contrasts).astype(np.complex64)
         q = flat @ self._basis if self._basis is not None else flat
+        refine = self._basis is not None and self._grids is not None and self.refine > 0
+        m = min(max(k, self.refine), len(self._atoms)) if refine else k
         n = len(q)
-        idx = np.empty((n, k), np.int64)
-        score = np.empty((n, k), np.float64)
-        dots = np.empty((n, k), np.complex128)
-        qn = np.linalg.norm(q, axis=1)
+        idx = np.empty((n, m), np.int64)
+        dots = np.empty((n, m), np.complex128)
         for a in range(0, n, self.chunk):
             qc = q[a:a + self.chunk]
             if self._group_of is None:
-                i, d = self._search_all(qc, k)
+                i, d = self._search_all(qc, m)
             else:
-                i, d = self._search_groups(qc, k)
+                i, d = self._search_groups(qc, m)
             idx[a:a + len(qc)] = i
             dots[a:a + len(qc)] = d
+        if refine:
+            idx, dots = self._exact(flat, idx, k)
+        # the score against the whole signal (in a subspace too: what the
+        # subspace leaves out of the signal lowers it)
+        qn = np.linalg.norm(flat.astype(np.complex128), axis=1)
         score = np.abs(dots) / np.where(qn > 0, qn, 1.0)[:, None]
         # <atom, s> of the raw atom = norm * <unit, s>; M0 = that / norm^2
         m0 = dots / self._norms[idx]
@@ -184,6 +275,26 @@ class DictionaryMatcher:
         if k == 1:
             return {name: v[:, 0].reshape(shape) for name, v in out.items()}
         return {name: v.reshape(shape + (k,)) for name, v in out.items()}
+
+    def _exact(self, flat, idx, k):
+        """Re-rank each signal's candidate atoms ``idx`` (n, m) by their
+        exact inner products with the full signal, the atoms simulated
+        again; the k best as (indices, <unit atom, s>)."""
+        n, m = idx.shape
+        best_i = np.empty((n, k), np.int64)
+        best_d = np.empty((n, k), np.complex128)
+        rows = max(1, self.chunk // m)
+        for a in range(0, n, rows):
+            ic = idx[a:a + rows]
+            cand = {name: v[ic.reshape(-1)] for name, v in self.params.items()}
+            atoms = _simulate_table(self.simulator, cand, self._fixed, self.chunk)
+            atoms = atoms.astype(np.complex128).reshape(len(ic), m, -1)
+            d = np.einsum("vmc,vc->vm", atoms.conj(), flat[a:a + rows].astype(np.complex128))
+            d /= self._norms[ic]
+            order = np.argsort(-np.abs(d), axis=1, kind="stable")[:, :k]
+            best_i[a:a + rows] = np.take_along_axis(ic, order, 1)
+            best_d[a:a + rows] = np.take_along_axis(d, order, 1)
+        return best_i, best_d
 
     def _search_all(self, qc, k):
         """Top-k over every atom, atoms in chunks; (indices, inner products)."""
@@ -216,6 +327,110 @@ class DictionaryMatcher:
     def map(self, signals):
         """Parameter maps of the best atom (:meth:`match` with k = 1)."""
         return self.match(signals, k=1)
+
+    def save(self, path):
+        """Write the fitted dictionary to one ``.npz`` file: its atoms as
+        stored (unit atoms or their projections, the subspace, the norms),
+        their parameters, the grids, and the simulator's class and protocol
+        (so that :meth:`load` can rebuild it and refine matches).
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            The file (NumPy adds ``.npz`` when it is missing).
+        """
+        if self._atoms is None:
+            raise RuntimeError("DictionaryMatcher.save needs a fitted matcher: call fit() first")
+        sim = self.simulator
+        cls = type(sim)
+        arrays, protocol = {}, {}
+        for key, value in getattr(sim, "_given", {}).items():
+            if value is None or isinstance(value, (bool, str, numbers.Number)):
+                protocol[key] = value.item() if isinstance(value, np.generic) else value
+                continue
+            try:
+                a = np.asarray(value)
+            except Exception:
+                a = None
+            if a is None or a.dtype == object or not (np.issubdtype(a.dtype, np.number) or a.dtype == bool):
+                raise ValueError(f"DictionaryMatcher.save: the protocol parameter {key} "
+                                 f"({type(value).__name__}) cannot be written to a file")
+            arrays["protocol:" + key] = a
+        meta = {"format": "blochsim-dictionary", "version": 1,
+                "simulator": f"{cls.__module__}:{cls.__qualname__}", "protocol": protocol,
+                "fixed": self._fixed, "grids": None if self._grids is None else list(self._grids),
+                "rank": self.rank, "refine": self.refine, "groups": self.groups, "search": self.search,
+                "chunk": self.chunk, "contrasts": self.contrasts}
+        for k, v in self.params.items():
+            arrays["param:" + k] = v
+        for k, v in (self._grids or {}).items():
+            arrays["grid:" + k] = v
+        if self._basis is not None:
+            arrays["basis"] = self._basis
+        np.savez(path, meta=np.array(json.dumps(meta)), atoms=self._atoms, norms=self._norms,
+                 original=self._original, **arrays)
+
+    @classmethod
+    def load(cls, path, simulator=None):
+        """A matcher from a file written by :meth:`save`.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+        simulator : blochsim.Simulator, optional
+            The simulator that made the dictionary.  Default: rebuilt from
+            the class and protocol in the file, for the simulators shipped
+            with blochsim (a simulator defined elsewhere must be given).
+
+        Returns
+        -------
+        DictionaryMatcher
+        """
+        with np.load(path, allow_pickle=False) as f:
+            if "meta" not in f.files:
+                raise ValueError(f"DictionaryMatcher.load: {path} is not a blochsim dictionary (no meta)")
+            meta = json.loads(str(f["meta"]))
+            if meta.get("format") != "blochsim-dictionary" or meta.get("version") != 1:
+                raise ValueError(f"DictionaryMatcher.load: {path} is not a version-1 blochsim dictionary")
+            data = {k: f[k] for k in f.files}
+        if simulator is None:
+            simulator = _rebuild(meta["simulator"], meta["protocol"],
+                                 {k[len("protocol:"):]: v for k, v in data.items() if k.startswith("protocol:")})
+        dm = cls(simulator, rank=meta["rank"], groups=meta["groups"], search=meta["search"], chunk=meta["chunk"],
+                 refine=meta["refine"])
+        dm._grids = None if meta["grids"] is None else {k: data["grid:" + k] for k in meta["grids"]}
+        dm._fixed = dict(meta["fixed"])
+        params = {k[len("param:"):]: v for k, v in data.items() if k.startswith("param:")}
+        dm.contrasts = int(meta["contrasts"])
+        dm._basis = data.get("basis")
+        dm._original = data["original"]
+        dm.params = params
+        dm._norms = data["norms"]
+        dm._atoms = data["atoms"]
+        dm._raw_norm2 = dm._norms ** 2
+        dm._group_of = None
+        if dm.groups is not None and dm.groups < len(dm._atoms):
+            dm._cluster()
+        return dm
+
+
+def _rebuild(name, protocol, arrays):
+    """The shipped simulator class ``module:qualname`` with its protocol."""
+    module, _, qualname = name.partition(":")
+    if not (module == "blochsim" or module.startswith("blochsim.")):
+        raise ValueError(f"DictionaryMatcher.load: the dictionary was made by {qualname} ({module}), which is "
+                         f"not shipped with blochsim; pass simulator= to load it")
+    obj = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj(**protocol, **arrays)
+
+
+def _unit_rows(atoms):
+    """Rows scaled to unit norm (null rows stay null) and their norms."""
+    norms = np.linalg.norm(atoms, axis=1)
+    unit = atoms / np.where(norms > 0, norms, 1.0)[:, None].astype(atoms.real.dtype)
+    return unit, norms
 
 
 class _TopK:
