@@ -32,7 +32,7 @@ def _composed(perk, s, known=()):
     """PERK's estimate in float64 NumPy: inputs, features, regression."""
     m = perk._model
     s = np.asarray(s, dtype=np.complex128)
-    v = np.abs(s) if perk.complex_mode == "magnitude" else np.stack([s.real, s.imag], -1).reshape(*s.shape[:-1], -1)
+    v = np.abs(s) if perk.input_mode == "magnitude" else np.stack([s.real, s.imag], -1).reshape(*s.shape[:-1], -1)
     if perk.normalize:
         v = v / np.linalg.norm(v, axis=-1, keepdims=True)
     x = np.concatenate([v] + [np.asarray(k, dtype=np.float64)[..., None] for k in known], axis=-1)

@@ -11,7 +11,7 @@ from blochsim import _validate as V
 from blochsim.estimators._common import _chain, _ranges, _signals, _some_contrasts, _threads
 
 
-_MODES = ("cartesian", "magnitude")
+_MODES = ("auto", "cartesian", "magnitude")
 
 
 class PERK:
@@ -30,13 +30,20 @@ class PERK:
     length_scale : float or array_like, optional
         Kernel length scale per input coordinate (one value for all, or
         one per coordinate).  Default: the training inputs' standard
-        deviation per coordinate times sqrt(d), d the input length.
+        deviation per coordinate, at least a tenth of their root-mean-square
+        standard deviation (so that a coordinate holding mostly noise does
+        not get the noise's scale), times sqrt(d), d the input length.
     regularization : float
         Ridge weight λ relative to the features' mean variance: C = cov(z)
         + λ·trace(cov(z))/F·I.
-    complex_mode : {"cartesian", "magnitude"}
+    complex_mode : {"auto", "cartesian", "magnitude"}
         Inputs from the complex signal: real and imaginary parts
         interleaved (2 per contrast), or magnitudes (1 per contrast).
+        ``"auto"`` (default) chooses at :meth:`fit` from noise-free
+        training signals: magnitudes when the signals carry no phase
+        information (every signal's samples share one phase, up to sign),
+        since their other Cartesian coordinates would hold only noise;
+        Cartesian parts otherwise.  :attr:`input_mode` says which.
     normalize : bool
         Divide each voxel's input by its Euclidean norm (removes M0; M0
         then cannot be estimated).
@@ -57,7 +64,7 @@ class PERK:
     """
 
     def __init__(self, simulator, n_features=1000, length_scale=None, regularization=1e-6,
-                 complex_mode="cartesian", normalize=False, feature_seed=0):
+                 complex_mode="auto", normalize=False, feature_seed=0):
         self.simulator = simulator
         self.n_features = V.positive_int("n_features", n_features)
         if length_scale is not None:
@@ -71,6 +78,8 @@ class PERK:
         if complex_mode not in _MODES:
             raise ValueError(f"complex_mode must be one of {_MODES}, got {complex_mode!r}")
         self.complex_mode = complex_mode
+        #: the inputs in use: "cartesian" or "magnitude" ("auto" resolved by fit)
+        self.input_mode = None if complex_mode == "auto" else complex_mode
         self.normalize = bool(normalize)
         self.feature_seed = feature_seed
         self._model = None
@@ -81,7 +90,7 @@ class PERK:
         """x (n, d) float32 from signals s (n, contrasts), and what the
         pullback needs."""
         s = np.asarray(s)
-        if self.complex_mode == "cartesian":
+        if self.input_mode == "cartesian":
             v = np.ascontiguousarray(s, dtype=np.complex64).view(np.float32).astype(np.float64)
         else:
             v = np.abs(s).astype(np.float64)
@@ -98,7 +107,7 @@ class PERK:
         vbar = xbar[:, :v.shape[1]].astype(np.float64)
         if self.normalize:
             vbar = (vbar - v * np.sum(v * vbar, axis=-1, keepdims=True)) / r
-        if self.complex_mode == "cartesian":
+        if self.input_mode == "cartesian":
             return (vbar[:, 0::2] + 1j * vbar[:, 1::2]).astype(np.complex64)
         mag = np.abs(s)
         unit = np.where(mag > 0, s / np.where(mag > 0, mag, 1.0), 0.0)
@@ -122,6 +131,17 @@ class PERK:
                 nrng = np.random.default_rng([seed, c])
                 s = s + noise_std * (nrng.standard_normal(s.shape) + 1j * nrng.standard_normal(s.shape))
             yield block, [block[:, names.index(k)][:, None] for k in known], s
+
+    def _phase_free(self, spans, fixed, seed, n=256, tolerance=1e-6):
+        """Whether noise-free signals of n draws from the ranges carry no
+        phase information: each signal, turned by the phase that makes the
+        sum of its squared samples real, has (almost) no imaginary part."""
+        rng = np.random.default_rng([seed, 1])
+        kw = {k: lo + (hi - lo) * rng.random(n) for k, (lo, hi) in spans.items()}
+        s = np.asarray(self.simulator.simulate(**kw, **fixed)).reshape(n, -1).astype(np.complex128)
+        turn = np.exp(-0.5j * np.angle(np.sum(s * s, axis=1)))
+        aligned = s * turn[:, None]
+        return float(np.sum(aligned.imag ** 2)) <= tolerance * max(float(np.sum(np.abs(s) ** 2)), 1e-300)
 
     def fit(self, noise_std=0.0, samples=20000, seed=0, known=(), chunk=4096, uncertainty=False, **ranges):
         """Train on simulated signals.
@@ -175,6 +195,9 @@ class PERK:
         F = self.n_features
         frng = np.random.default_rng(self.feature_seed)
 
+        if self.complex_mode == "auto":
+            self.input_mode = "magnitude" if self._phase_free(spans, fixed, seed) else "cartesian"
+
         def chunks():
             return self._training(spans, fixed, known, samples, seed, noise_std, chunk)
 
@@ -183,8 +206,14 @@ class PERK:
         x0 = self._inputs(first[2], first[1])[0].astype(np.float64)
         d = x0.shape[1]
         if self.length_scale is None:
+            # the spread of each coordinate, floored at a tenth of the
+            # typical spread: a coordinate that holds little but noise
+            # would otherwise get a length scale of the noise and make the
+            # features turn with it
             sd = np.std(x0, axis=0)
-            ell = np.where(sd > 0, sd, 1.0) * np.sqrt(d)
+            typical = np.sqrt(np.mean(sd ** 2))
+            ell = np.maximum(sd, 0.1 * typical) if typical > 0 else np.ones(d)
+            ell = ell * np.sqrt(d)
         else:
             ell = np.broadcast_to(np.asarray(self.length_scale, dtype=np.float64), (d,))
         omega = frng.standard_normal((F, d)) / ell
