@@ -27,12 +27,17 @@ class PERK:
         The signal model; its protocol is fixed at construction.
     n_features : int
         F, the number of random features.
-    length_scale : float or array_like, optional
+    length_scale : float, array_like, "std" or None
         Kernel length scale per input coordinate (one value for all, or
-        one per coordinate).  Default: the training inputs' standard
-        deviation per coordinate, at least a tenth of their root-mean-square
-        standard deviation (so that a coordinate holding mostly noise does
-        not get the noise's scale), times sqrt(d), d the input length.
+        one per coordinate).  ``"std"``: the training inputs' standard
+        deviation per coordinate times sqrt(d), d the input length
+        (Nataraj et al. 2018).  None (default): on principal coordinates
+        (``subspace``) one scale for all, half their root-mean-square
+        standard deviation times sqrt(d), so that weak directions are not
+        stretched, their noise with them; on raw coordinates each one's
+        standard deviation, at least a tenth of the root-mean-square one
+        (a coordinate that holds little but noise would otherwise get the
+        noise's scale), times sqrt(d).
     regularization : float
         Ridge weight λ relative to the features' mean variance: C = cov(z)
         + λ·trace(cov(z))/F·I.
@@ -49,6 +54,13 @@ class PERK:
         then cannot be estimated).
     feature_seed : int
         Seed of the feature frequencies and phases.
+    subspace : "auto", int or None
+        Project the inputs onto the leading principal directions of
+        noise-free training inputs before the features: ``"auto"``
+        (default) keeps the fewest directions that hold all but 1e-6 of
+        their energy, an integer that many, None none.  The projection
+        drops what only noise occupies, which helps long signals (MR
+        fingerprints) most.
 
     Examples
     --------
@@ -63,11 +75,14 @@ class PERK:
     ['M0', 'T2']
     """
 
-    def __init__(self, simulator, n_features=1000, length_scale=None, regularization=1e-6,
-                 complex_mode="auto", normalize=False, feature_seed=0):
+    def __init__(self, simulator, n_features=2000, length_scale=None, regularization=1e-6,
+                 complex_mode="auto", normalize=False, feature_seed=0, subspace="auto"):
         self.simulator = simulator
         self.n_features = V.positive_int("n_features", n_features)
-        if length_scale is not None:
+        if isinstance(length_scale, str):
+            if length_scale != "std":
+                raise ValueError(f"length_scale must be positive numbers, 'std' or None, got {length_scale!r}")
+        elif length_scale is not None:
             ls = np.asarray(length_scale, dtype=np.float64)
             if not np.all(np.isfinite(ls)) or np.any(ls <= 0):
                 raise ValueError(f"length_scale must be positive and finite, got {length_scale!r}")
@@ -82,6 +97,13 @@ class PERK:
         self.input_mode = None if complex_mode == "auto" else complex_mode
         self.normalize = bool(normalize)
         self.feature_seed = feature_seed
+        if subspace is None or (isinstance(subspace, str) and subspace == "auto"):
+            self.subspace = subspace
+        elif isinstance(subspace, str):
+            raise ValueError(f"subspace must be 'auto', a positive integer or None, got {subspace!r}")
+        else:
+            self.subspace = V.positive_int("subspace", subspace)
+        self._basis = None
         self._model = None
 
     # -- inputs ------------------------------------------------------------
@@ -99,12 +121,16 @@ class PERK:
             r = np.linalg.norm(v, axis=-1, keepdims=True)
             r = np.where(r > 0, r, 1.0)
             v = v / r
-        x = np.concatenate([v] + known_cols, axis=-1) if known_cols else v
+        u = v @ self._basis if self._basis is not None else v
+        x = np.concatenate([u] + known_cols, axis=-1) if known_cols else u
         return np.ascontiguousarray(x, dtype=np.float32), v, r
 
     def _pullback_inputs(self, s, v, r, xbar):
         """The cotangent of the signals (SPEC §4 convention) from that of x."""
-        vbar = xbar[:, :v.shape[1]].astype(np.float64)
+        if self._basis is not None:
+            vbar = xbar[:, :self._basis.shape[1]].astype(np.float64) @ self._basis.T
+        else:
+            vbar = xbar[:, :v.shape[1]].astype(np.float64)
         if self.normalize:
             vbar = (vbar - v * np.sum(v * vbar, axis=-1, keepdims=True)) / r
         if self.input_mode == "cartesian":
@@ -132,16 +158,38 @@ class PERK:
                 s = s + noise_std * (nrng.standard_normal(s.shape) + 1j * nrng.standard_normal(s.shape))
             yield block, [block[:, names.index(k)][:, None] for k in known], s
 
-    def _phase_free(self, spans, fixed, seed, n=256, tolerance=1e-6):
-        """Whether noise-free signals of n draws from the ranges carry no
-        phase information: each signal, turned by the phase that makes the
-        sum of its squared samples real, has (almost) no imaginary part."""
+    def _probe(self, spans, fixed, seed, n=1024):
+        """Noise-free signals (n, contrasts) of n draws from the ranges."""
         rng = np.random.default_rng([seed, 1])
         kw = {k: lo + (hi - lo) * rng.random(n) for k, (lo, hi) in spans.items()}
-        s = np.asarray(self.simulator.simulate(**kw, **fixed)).reshape(n, -1).astype(np.complex128)
+        return np.asarray(self.simulator.simulate(**kw, **fixed)).reshape(n, -1).astype(np.complex128)
+
+    @staticmethod
+    def _phase_free(s, tolerance=1e-6):
+        """Whether the signals carry no phase information: each, turned by
+        the phase that makes the sum of its squared samples real, has
+        (almost) no imaginary part."""
         turn = np.exp(-0.5j * np.angle(np.sum(s * s, axis=1)))
         aligned = s * turn[:, None]
         return float(np.sum(aligned.imag ** 2)) <= tolerance * max(float(np.sum(np.abs(s) ** 2)), 1e-300)
+
+    def _principal(self, v, noise_std, tolerance=1e-6):
+        """The leading principal directions (d, r) of the noise-free inputs
+        v (n, d) (uncentred), or None when they would keep every
+        coordinate: with ``subspace="auto"`` those whose mean square per
+        signal exceeds the noise variance (``noise_std²``), and never
+        more than keep all but ``tolerance`` of the energy."""
+        _, sv, vt = np.linalg.svd(v, full_matrices=False)
+        if self.subspace == "auto":
+            kept = np.cumsum(sv ** 2) / max(float(np.sum(sv ** 2)), 1e-300)
+            r = int(np.searchsorted(kept, 1.0 - tolerance) + 1)
+            if noise_std > 0:
+                r = min(r, max(1, int(np.sum(sv ** 2 / len(v) > noise_std ** 2))))
+        else:
+            r = self.subspace
+        if r >= v.shape[1]:
+            return None
+        return np.ascontiguousarray(vt[:r].T)
 
     def fit(self, noise_std=0.0, samples=20000, seed=0, known=(), chunk=4096, uncertainty=False, **ranges):
         """Train on simulated signals.
@@ -195,8 +243,12 @@ class PERK:
         F = self.n_features
         frng = np.random.default_rng(self.feature_seed)
 
+        probe = self._probe(spans, fixed, seed)
         if self.complex_mode == "auto":
-            self.input_mode = "magnitude" if self._phase_free(spans, fixed, seed) else "cartesian"
+            self.input_mode = "magnitude" if self._phase_free(probe) else "cartesian"
+        self._basis = None
+        if self.subspace is not None:
+            self._basis = self._principal(self._inputs(probe, [])[1], noise_std)
 
         def chunks():
             return self._training(spans, fixed, known, samples, seed, noise_std, chunk)
@@ -205,15 +257,27 @@ class PERK:
         first = next(stream)
         x0 = self._inputs(first[2], first[1])[0].astype(np.float64)
         d = x0.shape[1]
-        if self.length_scale is None:
+        if isinstance(self.length_scale, str):  # "std": each coordinate's spread (Nataraj et al.)
+            sd = np.std(x0, axis=0)
+            ell = np.where(sd > 0, sd, 1.0) * np.sqrt(d)
+        elif self.length_scale is None:
             # the spread of each coordinate, floored at a tenth of the
             # typical spread: a coordinate that holds little but noise
             # would otherwise get a length scale of the noise and make the
             # features turn with it
             sd = np.std(x0, axis=0)
-            typical = np.sqrt(np.mean(sd ** 2))
-            ell = np.maximum(sd, 0.1 * typical) if typical > 0 else np.ones(d)
-            ell = ell * np.sqrt(d)
+            u = d - len(known)  # signal coordinates; the known parameters follow
+            typical = np.sqrt(np.mean(sd[:u] ** 2))
+            if typical == 0:
+                signal = np.ones(u)
+            elif self._basis is not None:
+                # principal coordinates: one scale for all (the distance of
+                # the signals themselves), so that the weak directions are
+                # not stretched to the strong ones' size, noise with them
+                signal = np.full(u, 0.5 * typical)
+            else:
+                signal = np.maximum(sd[:u], 0.1 * typical)
+            ell = np.concatenate([signal, np.where(sd[u:] > 0, sd[u:], 1.0)]) * np.sqrt(d)
         else:
             ell = np.broadcast_to(np.asarray(self.length_scale, dtype=np.float64), (d,))
         omega = frng.standard_normal((F, d)) / ell
