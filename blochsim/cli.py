@@ -1,12 +1,14 @@
-"""The ``blochsim`` command: simulate the reference MR fingerprinting
-dictionary (SPEC §9) on the best available backend.
+"""The ``blochsim`` command: MR fingerprinting from dictionary to maps on a
+numerical phantom, or (``--dictionary-only``) the reference dictionary
+alone (SPEC §9), on the best available backend.
 
 Examples
 --------
 ::
 
-    python -m blochsim                         # 100,000 atoms -> dictionary.npz
-    python -m blochsim --atoms 1000000 --plot fingerprints.png
+    python -m blochsim                                      # phantom -> maps, errors, maps.png
+    python -m blochsim --size 128 --noise 0.002
+    python -m blochsim --dictionary-only --atoms 1000000    # -> dictionary.npz
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import sys
 import time
 
 import numpy as np
+from tqdm import tqdm
 
 from blochsim import _dispatch
 from blochsim.simulators import MRFSimulator
@@ -33,83 +36,242 @@ def reference_tissues(n: int):
     return T1.ravel()[:n].copy(), T2.ravel()[:n].copy()
 
 
-def _progress(done: int, total: int, t0: float, stream) -> None:
-    width = 30
-    frac = done / total
-    rate = done / max(time.perf_counter() - t0, 1e-9)
-    bar = "#" * int(width * frac) + "-" * (width - int(width * frac))
-    stream.write(f"\r  [{bar}] {done:>9,}/{total:,} atoms  {rate:,.0f} atoms/s")
-    stream.flush()
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="blochsim",
-        description="Simulate the reference MR fingerprinting dictionary: an ideal inversion, then "
-                    "500 TRs of pulse, sample and one shift (TR 10 ms), flips 5-60-2 degrees, on a "
-                    "(T1, T2) grid, and report atoms per second.")
-    p.add_argument("--atoms", type=int, default=100_000, help="dictionary atoms (default 100000)")
+        description="MR fingerprinting from dictionary to maps: an FISP MRF train (an ideal inversion, "
+                    "TI, then TRs of pulse, sample and one shift, TR 10 ms, flips 5-60-2 degrees), its "
+                    "dictionary over T1 x T2 x B1 (kept compressed), a numerical brain phantom's noisy "
+                    "acquisition, T1, T2 and M0 maps by dictionary matching and by PERK (B1 known), their "
+                    "errors against the truth, and maps.png (with matplotlib). With --dictionary-only: "
+                    "the reference dictionary on a (T1, T2) grid, atoms per second, dictionary.npz.")
+    p.add_argument("--dictionary-only", action="store_true",
+                   help="only simulate the reference dictionary (--atoms, --chunk, --out, --plot)")
+    p.add_argument("--size", type=int, default=96, help="phantom voxels along a side (default 96)")
+    p.add_argument("--noise", type=float, default=0.005,
+                   help="noise standard deviation per real and imaginary part, M0 = 1 units (default 0.005)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the noise (default 0)")
+    p.add_argument("--no-perk", action="store_true", help="maps by dictionary matching only")
+    p.add_argument("--maps", default="maps.png", metavar="FILE.png",
+                   help="truth, estimates and errors (default maps.png; '' for none; needs matplotlib)")
+    p.add_argument("--save-dictionary", default=None, metavar="FILE.npz",
+                   help="write the (compressed) dictionary, its grids and protocol to FILE.npz")
+    p.add_argument("--atoms", type=int, default=100_000, help="--dictionary-only: atoms (default 100000)")
     p.add_argument("--trs", type=int, default=500, help="repetitions in the train (default 500)")
     p.add_argument("--tr", type=float, default=10.0, help="repetition time, ms (default 10)")
-    p.add_argument("--ti", type=float, default=0.0, help="inversion time, ms (default 0)")
+    p.add_argument("--ti", type=float, default=None,
+                   help="inversion time, ms (default 20 for the maps, 0 for --dictionary-only)")
     p.add_argument("--states", type=int, default=32, help="EPG orders (default 32)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="backend (default: the GPU if usable, else the CPU)")
     p.add_argument("--threads", type=int, default=None, help="host threads (default: all CPUs)")
-    p.add_argument("--chunk", type=int, default=20_000, help="atoms per call, for progress (default 20000)")
-    p.add_argument("--out", default="dictionary.npz", help="output .npz (default dictionary.npz; '' for none)")
-    p.add_argument("--plot", default=None, metavar="FILE.png", help="draw a few fingerprints (needs matplotlib)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--chunk", type=int, default=20_000, help="--dictionary-only: atoms per call (default 20000)")
+    p.add_argument("--out", default="dictionary.npz",
+                   help="--dictionary-only: output .npz (default dictionary.npz; '' for none)")
+    p.add_argument("--plot", default=None, metavar="FILE.png",
+                   help="--dictionary-only: draw a few fingerprints (needs matplotlib)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p
 
 
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.atoms < 1:
-        print(f"blochsim: --atoms must be >= 1, got {args.atoms}", file=sys.stderr)
-        return 2
-    if args.chunk < 1:
-        print(f"blochsim: --chunk must be >= 1, got {args.chunk}", file=sys.stderr)
-        return 2
-    info = _dispatch.backends()
+#: PERK's training ranges in the main job (ms)
+PERK_RANGES = {"T1": (300.0, 2500.0), "T2": (30.0, 250.0)}
+
+
+def _device(args, info):
     device = args.device
     if device == "auto":
         device = "cuda" if info["cuda"]["available"] else "cpu"
     if device == "cuda" and not info["cuda"]["available"]:
         print(f"blochsim: --device cuda, but the CUDA backend cannot run: {info['cuda']['reason']}",
               file=sys.stderr)
+        return None
+    return device
+
+
+def _where(device, args, info):
+    return (f"CPU ({info['cpu']['isa']}, {args.threads or info['cpu']['threads']} threads)"
+            if device == "cpu" else "GPU")
+
+
+def _pyplot():
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    for name in ("atoms", "chunk", "trs", "states"):
+        if getattr(args, name) < 1:
+            print(f"blochsim: --{name} must be >= 1, got {getattr(args, name)}", file=sys.stderr)
+            return 2
+    if args.size < 8:
+        print(f"blochsim: --size must be >= 8, got {args.size}", file=sys.stderr)
         return 2
+    if not (np.isfinite(args.noise) and args.noise >= 0):
+        print(f"blochsim: --noise must be >= 0, got {args.noise}", file=sys.stderr)
+        return 2
+    info = _dispatch.backends()
+    device = _device(args, info)
+    if device is None:
+        return 2
+    if args.dictionary_only:
+        return _dictionary_job(args, device, info)
+    return maps_job(args, device, info)[0]
+
+
+def maps_job(args, device, info):
+    """The main job: dictionary, phantom, noisy acquisition, maps, errors,
+    picture.  Returns (exit status, {method: {parameter: median relative
+    error}}) for the voxels inside the head."""
+    from blochsim.estimators import PERK, DictionaryMatcher
+    from blochsim.phantom import TISSUES, brain_phantom
+
+    ti = 20.0 if args.ti is None else args.ti
+    flips = reference_flips(args.trs)
+    sim = MRFSimulator(flip=flips, TR=args.tr, TI=ti, states=args.states, device=device, threads=args.threads)
+    grids = dict(T1=np.geomspace(200.0, 5000.0, 80), T2=np.geomspace(10.0, 2500.0, 80),
+                 B1=np.linspace(0.75, 1.25, 11))
+    n_atoms = int(np.prod([len(g) for g in grids.values()]))
+    print(f"blochsim: MR fingerprinting, {args.trs} TRs of {args.tr:g} ms after an inversion (TI {ti:g} ms), "
+          f"{args.states} states, on {_where(device, args, info)}")
+    steps = tqdm(total=4 if args.no_perk else 5, desc="blochsim", unit="step", disable=args.quiet,
+                 file=sys.stderr)
+    t0 = time.perf_counter()
+    steps.set_postfix_str("dictionary")
+    dm = DictionaryMatcher(sim).fit(**grids)
+    t_dict = time.perf_counter() - t0
+    steps.update()
+    ph = brain_phantom(args.size)
+    mask = ph["mask"]
+    steps.set_postfix_str("acquisition")
+    rng = np.random.default_rng(args.seed)
+    clean = sim.simulate(T1=ph["T1"][mask], T2=ph["T2"][mask], M0=ph["M0"][mask], B1=ph["B1"][mask])
+    signals = clean + args.noise * (rng.standard_normal(clean.shape) + 1j * rng.standard_normal(clean.shape))
+    steps.update()
+    steps.set_postfix_str("dictionary matching")
+    t0 = time.perf_counter()
+    m = dm.map(signals)
+    t_match = time.perf_counter() - t0
+    estimates = {"dictionary": dict(T1=m["T1"], T2=m["T2"], M0=np.abs(m["M0"]))}
+    steps.update()
+    t_perk = None
+    if not args.no_perk:
+        steps.set_postfix_str("PERK")
+        t0 = time.perf_counter()
+        # PERK draws its training tissue uniformly within ranges: those of
+        # brain tissue and fat (CSF lies beyond them)
+        perk = PERK(sim).fit(noise_std=args.noise, known="B1", T1=PERK_RANGES["T1"], T2=PERK_RANGES["T2"],
+                             M0=(0.3, 1.2), B1=(0.75, 1.25))
+        p = perk.map(signals, known={"B1": ph["B1"][mask]})
+        t_perk = time.perf_counter() - t0
+        estimates["PERK"] = dict(T1=p["T1"], T2=p["T2"], M0=p["M0"])
+        steps.update()
+    steps.set_postfix_str("errors")
+    errors = {}
+    label = ph["label"][mask]
+    print(f"blochsim: dictionary of {n_atoms:,} atoms (T1 x T2 x B1) in {t_dict:.1f} s, kept at rank "
+          f"{dm.compressed_rank or args.trs} of {args.trs}; {mask.sum():,} voxels, noise {args.noise:g}")
+    print(f"blochsim: matched in {t_match:.2f} s" + ("" if t_perk is None else f"; PERK trained and mapped in "
+                                                      f"{t_perk:.1f} s"))
+    header = f"{'median |error| / truth':<24}" + "".join(f"{k:>12}" for k in ("T1", "T2", "M0"))
+    print(header)
+    for method, est in estimates.items():
+        errors[method] = {}
+        for k in ("T1", "T2", "M0"):
+            truth = ph[k][mask]
+            errors[method][k] = float(np.median(np.abs(est[k] - truth) / truth))
+        errors[method]["tissues"] = {}
+        print(f"{method:<24}" + "".join(f"{100 * errors[method][k]:>11.2f}%" for k in ("T1", "T2", "M0")))
+        for i, name in enumerate(TISSUES):
+            inside = label == i + 1
+            row = [np.median(np.abs(est[k][inside] - ph[k][mask][inside]) / ph[k][mask][inside])
+                   for k in ("T1", "T2", "M0")]
+            beyond = method == "PERK" and any(not lo <= TISSUES[name][k] <= hi for k, (lo, hi) in PERK_RANGES.items())
+            errors[method]["tissues"][name] = dict(zip(("T1", "T2", "M0"), map(float, row)))
+            print(f"  {name:<22}" + "".join(f"{100 * e:>11.2f}%" for e in row)
+                  + ("  (beyond PERK's training ranges)" if beyond else ""))
+    steps.update()
+    steps.close()
+    if args.save_dictionary:
+        dm.save(args.save_dictionary)
+        print(f"blochsim: wrote {args.save_dictionary}")
+    if args.maps:
+        plt = _pyplot()
+        if plt is None:
+            print("blochsim: maps.png needs matplotlib (pip install matplotlib); skipped", file=sys.stderr)
+        else:
+            _draw_maps(plt, args.maps, ph, mask, estimates)
+            print(f"blochsim: wrote {args.maps}")
+    return 0, errors
+
+
+def _draw_maps(plt, path, ph, mask, estimates):
+    """Rows T1, T2, M0; columns truth, then each method's estimate and its
+    relative error."""
+    methods = list(estimates)
+    cols = 1 + 2 * len(methods)
+    fig, axes = plt.subplots(3, cols, figsize=(2.6 * cols, 7.6), squeeze=False)
+    limits = {"T1": (0, 4500), "T2": (0, 300), "M0": (0, 1.1)}
+    for r, k in enumerate(("T1", "T2", "M0")):
+        panels = [("truth", ph[k], limits[k], "viridis")]
+        for method in methods:
+            img = np.zeros_like(ph[k])
+            img[mask] = estimates[method][k]
+            err = np.zeros_like(ph[k])
+            err[mask] = np.abs(estimates[method][k] - ph[k][mask]) / ph[k][mask]
+            panels += [(method, img, limits[k], "viridis"), (f"{method} |error|", err, (0, 0.2), "magma")]
+        for c, (title, img, (lo, hi), cmap) in enumerate(panels):
+            ax = axes[r, c]
+            im = ax.imshow(np.where(mask, img, np.nan), vmin=lo, vmax=hi, cmap=cmap)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if r == 0:
+                ax.set_title(title, fontsize=9)
+            if c == 0:
+                ax.set_ylabel(k + (" (ms)" if k != "M0" else ""))
+            fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
+    fig.suptitle("blochsim: MR fingerprinting maps of a numerical phantom (error: |estimate - truth| / truth)",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def _dictionary_job(args, device, info) -> int:
+    """The reference dictionary on a (T1, T2) grid, atoms per second."""
+    ti = 0.0 if args.ti is None else args.ti
     flips = reference_flips(args.trs)
     T1, T2 = reference_tissues(args.atoms)
-    sim = MRFSimulator(flip=flips, TR=args.tr, TI=args.ti, states=args.states, device=device,
+    sim = MRFSimulator(flip=flips, TR=args.tr, TI=ti, states=args.states, device=device,
                        threads=args.threads)
-    where = (f"CPU ({info['cpu']['isa']}, {args.threads or info['cpu']['threads']} threads)"
-             if device == "cpu" else "GPU")
-    print(f"blochsim: MRF dictionary, {args.atoms:,} atoms x {args.trs} TRs, {args.states} states, on {where}")
+    print(f"blochsim: MRF dictionary, {args.atoms:,} atoms x {args.trs} TRs, {args.states} states, on "
+          f"{_where(device, args, info)}")
     sim.simulate(T1=T1[:16], T2=T2[:16])  # warm-up: packs the stream once
     out = np.empty((args.atoms, args.trs), dtype=np.complex64)
     out.fill(0)  # touch the pages before timing, as a resident dictionary would be
-    show = not args.quiet and args.atoms > args.chunk
+    bar = tqdm(total=args.atoms, unit="atom", unit_scale=True, desc="blochsim",
+               disable=args.quiet or args.atoms <= args.chunk, file=sys.stderr)
     t0 = time.perf_counter()
     for a in range(0, args.atoms, args.chunk):
         b = min(a + args.chunk, args.atoms)
         sim.simulate(T1=T1[a:b], T2=T2[a:b], out=out[a:b])
-        if show:
-            _progress(b, args.atoms, t0, sys.stderr)
+        bar.update(b - a)
     dt = time.perf_counter() - t0
-    if show:
-        sys.stderr.write("\n")
+    bar.close()
     print(f"blochsim: {dt:.3f} s, {args.atoms / dt:,.0f} atoms/s")
     if args.out:
-        np.savez(args.out, signals=out, T1_ms=T1, T2_ms=T2, flip_deg=flips, TR_ms=args.tr, TI_ms=args.ti,
+        np.savez(args.out, signals=out, T1_ms=T1, T2_ms=T2, flip_deg=flips, TR_ms=args.tr, TI_ms=ti,
                  states=args.states)
         print(f"blochsim: wrote {args.out} (signals {out.shape} complex64, T1_ms, T2_ms, flip_deg)")
     if args.plot:
-        try:
-            import matplotlib
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError:
+        plt = _pyplot()
+        if plt is None:
             print("blochsim: --plot needs matplotlib (pip install matplotlib)", file=sys.stderr)
             return 2
         fig, ax = plt.subplots(2, 1, figsize=(8, 6), sharex=True)

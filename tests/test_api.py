@@ -144,7 +144,8 @@ def test_main_job_writes_a_dictionary(tmp_path):
     from blochsim.cli import main, reference_flips, reference_tissues
 
     out = tmp_path / "dict.npz"
-    assert main(["--atoms", "300", "--trs", "50", "--out", str(out), "--quiet", "--device", "cpu"]) == 0
+    assert main(["--dictionary-only", "--atoms", "300", "--trs", "50", "--out", str(out), "--quiet",
+                 "--device", "cpu"]) == 0
     d = np.load(out)
     assert d["signals"].shape == (300, 50) and d["signals"].dtype == np.complex64
     T1, T2 = reference_tissues(300)
@@ -156,8 +157,9 @@ def test_main_job_writes_a_dictionary(tmp_path):
 
 
 def test_main_job_console_entry(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "blochsim", "--atoms", "40", "--trs", "20", "--chunk", "16",
-                        "--out", str(tmp_path / "d.npz")], capture_output=True, text=True, cwd=tmp_path)
+    r = subprocess.run([sys.executable, "-m", "blochsim", "--dictionary-only", "--atoms", "40", "--trs", "20",
+                        "--chunk", "16", "--out", str(tmp_path / "d.npz")], capture_output=True, text=True,
+                       cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "atoms/s" in r.stdout
 
