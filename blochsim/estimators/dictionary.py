@@ -461,9 +461,21 @@ class _TopK:
             self.idx[sel, 0] = atoms[j[better]]
             self.dot[sel, 0] = d[r[better], j[better]]
         else:
-            cand_p = np.concatenate([self.power[rows], power], axis=1)
-            cand_i = np.concatenate([self.idx[rows], np.broadcast_to(atoms, power.shape)], axis=1)
-            cand_d = np.concatenate([self.dot[rows], d], axis=1)
+            # the chunk's own k best first (k passes of argmax for a small k,
+            # a partition otherwise), then a merge of 2k candidates a row
+            kk = min(self.k, power.shape[1])
+            r = np.arange(len(rows))[:, None]
+            if kk <= 8:
+                p = power.copy()
+                part = np.empty((len(rows), kk), np.int64)
+                for j in range(kk):
+                    part[:, j] = np.argmax(p, axis=1)
+                    p[r[:, 0], part[:, j]] = -np.inf
+            else:
+                part = np.argpartition(-power, kk - 1, axis=1)[:, :kk]
+            cand_p = np.concatenate([self.power[rows], power[r, part]], axis=1)
+            cand_i = np.concatenate([self.idx[rows], atoms[part]], axis=1)
+            cand_d = np.concatenate([self.dot[rows], d[r, part]], axis=1)
             top = np.argpartition(-cand_p, self.k - 1, axis=1)[:, :self.k]
             self.power[rows] = np.take_along_axis(cand_p, top, 1)
             self.idx[rows] = np.take_along_axis(cand_i, top, 1)
