@@ -104,7 +104,7 @@ def test_the_published_length_scale_is_selectable():
 
 @pytest.mark.parametrize("kw, match", [
     (dict(length_scale="wide"), "length_scale must be positive numbers, 'std' or None, got 'wide'"),
-    (dict(subspace="some"), "subspace must be 'auto', a positive integer or None, got 'some'"),
+    (dict(subspace="some"), "subspace must be a positive integer, 'auto' or None, got 'some'"),
     (dict(subspace=0), "subspace"),
 ])
 def test_option_refusals(kw, match):

@@ -10,6 +10,15 @@ from blochsim import _dispatch
 from blochsim import _validate as V
 
 
+def _auto_count(name, value):
+    """An option that is "auto", None or a positive integer."""
+    if value is None or (isinstance(value, str) and value == "auto"):
+        return value
+    if isinstance(value, str):
+        raise ValueError(f"{name} must be a positive integer, 'auto' or None, got {value!r}")
+    return V.positive_int(name, value)
+
+
 def _modelled(sim, name, what):
     if not isinstance(name, str):
         raise TypeError(f"{what}: parameter names are strings, got {name!r}")

@@ -9,7 +9,7 @@ import numbers
 import numpy as np
 
 from blochsim import _validate as V
-from blochsim.estimators._common import _modelled, _signals, _simulate_table, _some_contrasts
+from blochsim.estimators._common import _auto_count, _modelled, _signals, _simulate_table, _some_contrasts
 
 
 class DictionaryMatcher:
@@ -63,12 +63,7 @@ class DictionaryMatcher:
 
     def __init__(self, simulator, rank="auto", groups=None, search=2, chunk=4096, refine=4):
         self.simulator = simulator
-        if rank is None or (isinstance(rank, str) and rank == "auto"):
-            self.rank = rank
-        elif isinstance(rank, str):
-            raise ValueError(f"rank must be a positive integer, 'auto' or None, got {rank!r}")
-        else:
-            self.rank = V.positive_int("rank", rank)
+        self.rank = _auto_count("rank", rank)
         if isinstance(refine, bool) or not isinstance(refine, numbers.Integral) or refine < 0:
             raise ValueError(f"refine must be a non-negative integer, got {refine!r}")
         self.refine = int(refine)
@@ -188,7 +183,6 @@ class DictionaryMatcher:
         self._norms = norms[keep].astype(np.float64)
         self._basis = basis
         self._atoms = np.ascontiguousarray(unit[keep])
-        self._raw_norm2 = self._norms ** 2
         self._group_of = None
         if self.groups is not None and self.groups < len(self._atoms):
             self._cluster()
@@ -407,7 +401,6 @@ class DictionaryMatcher:
         dm.params = params
         dm._norms = data["norms"]
         dm._atoms = data["atoms"]
-        dm._raw_norm2 = dm._norms ** 2
         dm._group_of = None
         if dm.groups is not None and dm.groups < len(dm._atoms):
             dm._cluster()

@@ -8,7 +8,7 @@ import numpy as np
 
 from blochsim import _core
 from blochsim import _validate as V
-from blochsim.estimators._common import _chain, _ranges, _signals, _some_contrasts, _threads
+from blochsim.estimators._common import _auto_count, _chain, _ranges, _signals, _some_contrasts, _threads
 
 
 _MODES = ("auto", "cartesian", "magnitude")
@@ -97,12 +97,7 @@ class PERK:
         self.input_mode = None if complex_mode == "auto" else complex_mode
         self.normalize = bool(normalize)
         self.feature_seed = feature_seed
-        if subspace is None or (isinstance(subspace, str) and subspace == "auto"):
-            self.subspace = subspace
-        elif isinstance(subspace, str):
-            raise ValueError(f"subspace must be 'auto', a positive integer or None, got {subspace!r}")
-        else:
-            self.subspace = V.positive_int("subspace", subspace)
+        self.subspace = _auto_count("subspace", subspace)
         self._basis = None
         self._model = None
 
