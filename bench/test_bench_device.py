@@ -39,6 +39,22 @@ def test_device_mrf_forward_complex_path(benchmark, n):
     _resident(benchmark, n, 0.5 * 117.0 * k * (k + 1))
 
 
+@pytest.mark.parametrize("states", [32, 33, 64, 65, 512, 1024])
+def test_device_mrf_forward_states(benchmark, states):
+    """The real path at 1e5 atoms over the state counts where the launcher
+    changes team shape (one thread, warp teams, block teams)."""
+    cp = pytest.importorskip("cupy")
+    n = 100_000
+    T1, T2 = reference_tissues(n)
+    T1, T2 = cp.asarray(T1, cp.float32), cp.asarray(T2, cp.float32)
+    sim = MRFSimulator(flip=reference_flips(500), TR=10.0, states=states)
+    out = cp.empty((n, 500), cp.complex64)
+    sim.simulate(T1=T1, T2=T2, out=out)
+    benchmark.pedantic(sim.simulate, kwargs={"T1": T1, "T2": T2, "out": out}, rounds=5, warmup_rounds=1)
+    benchmark.extra_info["atoms"] = n
+    benchmark.extra_info["atoms_per_s_median"] = n / benchmark.stats.stats.median
+
+
 def test_device_mrf_streamed_from_numpy_1e6(benchmark):
     n = 1_000_000
     T1, T2 = reference_tissues(n)

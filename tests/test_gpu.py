@@ -308,6 +308,58 @@ def test_cuda_error_is_a_python_exception():
     assert rel(sim.simulate(T2=np.array([60.0, 90.0])), ref) <= RTOL
 
 
+def test_ctrl_c_between_device_chunks():
+    """A real SIGINT sent to a process in a long device call streamed from
+    NumPy in many chunks: KeyboardInterrupt within 2 s, and the device gives
+    the same result afterwards."""
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+    import textwrap
+    import time
+
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import time
+        import numpy as np
+        from blochsim import Delay, Dephase, Excitation, Pulse, Readout, Sequence, Simulator
+
+        class Long(Simulator):  # 4000 events, one sample: a long call of small outputs
+            tissue_properties = ("T1", "T2")
+
+            def repetition(self, p):
+                return Sequence([Excitation(90.0, 90.0)] + [Pulse(30.0, 0.0), Dephase(), Delay(5.0)] * 4000
+                                + [Readout()])
+
+        sim = Long(states=256, device="cuda", budget_bytes=16_000_000)
+        small = sim.simulate(T1=np.full(64, 1000.0), T2=80.0)
+        t0 = time.monotonic()
+        sim.simulate(T1=np.full(20_000, 1000.0), T2=80.0)
+        rate = 20_000 / (time.monotonic() - t0)
+        n = int(min(max(10 * rate, 100_000), 30_000_000))  # about ten seconds of chunks
+        T1 = np.full(n, 1000.0)
+        print("ready", n, flush=True)
+        t0 = time.monotonic()
+        try:
+            sim.simulate(T1=T1, T2=80.0)
+            print("finished after %.3f" % (time.monotonic() - t0), flush=True)
+        except KeyboardInterrupt:
+            print("interrupted after %.3f" % (time.monotonic() - t0), flush=True)
+        print("again", bool(np.array_equal(sim.simulate(T1=np.full(64, 1000.0), T2=80.0), small)), flush=True)
+    """)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tempfile.gettempdir())
+    first = child.stdout.readline().strip()
+    assert first.startswith("ready"), first + child.communicate(timeout=60)[0]
+    time.sleep(1.5)
+    sent = time.monotonic()
+    child.send_signal(signal.SIGINT)
+    line = child.stdout.readline().strip()
+    stopped = time.monotonic() - sent
+    rest = child.communicate(timeout=120)[0]
+    assert line.startswith("interrupted"), first + " / " + line + rest
+    assert stopped < 2.0, stopped
+    assert "again True" in rest
+
+
 @pytest.mark.parametrize("states,names,extra", [
     (32, ("T1", "T2"), {}),
     (200, ("T2", "B1", "M0"), {}),
