@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import NamedTuple
 
 from blochsim import _core
@@ -15,6 +16,27 @@ def cuda_status():
     if _CUDA_STATUS is None:
         _CUDA_STATUS = _core.cuda_available()
     return _CUDA_STATUS
+
+
+def any_lazy(values) -> bool:
+    """Whether a value is a Dask array (never imports Dask: without it
+    imported, none can be)."""
+    da = sys.modules.get("dask.array")
+    return da is not None and any(isinstance(v, da.Array) for v in values.values())
+
+
+def worker_threads():
+    """Host threads for a simulator rebuilt in a Dask worker: the CPUs
+    shared among the worker's task threads; None outside a worker."""
+    d = sys.modules.get("distributed")
+    if d is None:
+        return None
+    try:
+        worker = d.get_worker()
+    except ValueError:
+        return None
+    tasks = getattr(getattr(worker, "state", worker), "nthreads", 1) or 1
+    return max(1, default_threads() // tasks)
 
 
 def is_device_array(x) -> bool:
@@ -77,13 +99,17 @@ def default_threads() -> int:
 
 
 def resolve_device(device, device_input=None) -> str:
-    """The backend a call runs on: ``device`` if given, else the GPU when
-    ``device_input`` (the name of an input that is a device array) is set."""
+    """The backend a call runs on: ``device`` if given ("auto": the GPU when
+    one is usable, else the host), else the GPU when ``device_input`` (the
+    name of an input that is a device array) is set."""
     asked = device
     if device is None:
         device = "cuda" if device_input else "cpu"
+    elif device == "auto":
+        device = "cuda" if device_input or cuda_status()[0] else "cpu"
+        asked = None if device_input else "auto"
     if device not in ("cpu", "cuda"):
-        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'auto', got {device!r}")
     if device == "cuda":
         ok, why = cuda_status()
         if not ok:

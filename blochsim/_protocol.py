@@ -3,9 +3,14 @@ shares, the checks of a call's request, and the event stream a played
 simulator's protocol packs into (cached per protocol)."""
 from __future__ import annotations
 
+import copy
+import functools
+import hashlib
+import pickle
+
 import numpy as np
 
-from blochsim import _core, _pools
+from blochsim import _core, _dispatch, _pools
 from blochsim import _validate as V
 from blochsim.sequence import Operator, pack, pack_with_provenance, trace
 from blochsim.sequence.packing import EV_INVERSION
@@ -15,8 +20,82 @@ PLAYED_COMMON = {"states": None, "crusher_dephasing_rad": None, "voxel_size_m": 
                  "repetitions": 1, "budget_bytes": None, "lineshape": "super-lorentzian", "slice_profile": None}
 
 
+def _lazy_entry(name, method):
+    """``method`` (simulate, jacobian or vjp), which hands a call with Dask
+    arrays among its values to :mod:`blochsim.distributed`."""
+
+    @functools.wraps(method)
+    def entry(self, *args, **values):
+        if _dispatch.any_lazy(values):
+            from blochsim import distributed
+            return distributed.lazy_call(self, name, method, args, values)
+        return method(self, *args, **values)
+
+    return entry
+
+
+#: per-process simulators rebuilt from pickles (a Dask worker's tasks share
+#: one instance per protocol, so its packed streams are built once there)
+_RESTORED: dict = {}
+_RESTORED_MAX = 32
+#: what a simulator caches and rebuilds, never pickled
+_CACHES = ("_stream_cache", "_dephasing_cache")
+
+
+def _restore(cls, state, token):
+    """The simulator of a pickle: this process's instance for ``token`` (the
+    hash of the class and state), made once."""
+    obj = _RESTORED.get(token)
+    if obj is None:
+        obj = cls.__new__(cls)
+        obj.__dict__.update(state)
+        if obj.threads is None:
+            obj.threads = _dispatch.worker_threads()
+        if len(_RESTORED) >= _RESTORED_MAX:
+            _RESTORED.pop(next(iter(_RESTORED)))
+        _RESTORED[token] = obj
+    return obj
+
+
 class Base:
-    """Protocol/tissue bookkeeping shared by played and closed-form simulators."""
+    """Protocol/tissue bookkeeping shared by played and closed-form simulators.
+
+    Simulators pickle to their protocol (class, options, protocol values),
+    without their caches; unpickled in a process that already holds an
+    equal one, they are that one, so a Dask worker rebuilds a simulator's
+    caches once, not per task.  ``copy.copy`` and ``copy.deepcopy`` make
+    independent copies.
+    """
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # Dask arrays among the tissue values: the call becomes a lazy graph
+        for name in ("simulate", "jacobian", "vjp"):
+            if name in cls.__dict__:
+                setattr(cls, name, _lazy_entry(name, cls.__dict__[name]))
+
+    def _state(self):
+        """The pickled state (no caches) and its hash."""
+        state = {k: v for k, v in self.__dict__.items() if k not in _CACHES}
+        return state, hashlib.sha256(pickle.dumps((type(self), state), protocol=4)).hexdigest()
+
+    def __reduce__(self):
+        state, token = self._state()
+        return _restore, (type(self), state, token)
+
+    def __dask_tokenize__(self):
+        return type(self).__qualname__, self._state()[1]
+
+    def __copy__(self):
+        obj = type(self).__new__(type(self))
+        obj.__dict__.update(self.__dict__)
+        return obj
+
+    def __deepcopy__(self, memo):
+        obj = type(self).__new__(type(self))
+        memo[id(self)] = obj
+        obj.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return obj
 
     #: protocol parameters and their defaults (None: required or automatic)
     protocol: dict = {}
@@ -30,8 +109,8 @@ class Base:
         self._defaults = {**self._common, **type(self).protocol}
         self._check_names(protocol)
         self._given = dict(protocol)
-        if device is not None and device not in ("cpu", "cuda"):
-            raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+        if device is not None and device not in ("cpu", "cuda", "auto"):
+            raise ValueError(f"device must be 'cpu', 'cuda' or 'auto', got {device!r}")
         self.device = device
         if threads is not None:
             threads = V.positive_int("threads", threads)

@@ -77,8 +77,11 @@ class Simulator(Played):
         Device memory a call with NumPy inputs and ``device="cuda"`` may use
         (default: most of the free memory); larger problems stream through
         the device in chunks.
-    device : {"cpu", "cuda"}, optional
-        Force a backend; by default NumPy inputs run on the host.
+    device : {"cpu", "cuda", "auto"}, optional
+        Force a backend; by default NumPy inputs run on the host.  "auto"
+        runs them on the GPU when one is usable (with the device's limits:
+        see :meth:`jacobian_vjp`), else on the host; a Dask worker with a
+        GPU runs its chunks there.
     threads : int, optional
         Host threads (default: $BLOCHSIM_NUM_THREADS or all usable CPUs).
     **protocol

@@ -145,7 +145,7 @@ def test_cuda_requested_without_cuda():
         pytest.skip("CUDA is usable here")
     with pytest.raises(RuntimeError, match=r"device='cuda'.*cannot run: .*CUDA"):
         FSESimulator(ESP=5.0, device="cuda").simulate(flip=FLIP, T2=80.0)
-    with pytest.raises(ValueError, match=r"device must be 'cpu' or 'cuda', got 'tpu'"):
+    with pytest.raises(ValueError, match=r"device must be 'cpu', 'cuda' or 'auto', got 'tpu'"):
         FSESimulator(ESP=5.0, device="tpu")
 
 

@@ -93,11 +93,6 @@ def _contrasts(sim, fixed):
     return np.asarray(sim.simulate(**probe)).shape[-1]
 
 
-def _chain(first, rest):
-    yield first
-    yield from rest
-
-
 def _threads(sim):
     _dispatch.host_level()
     t = getattr(sim, "threads", None)

@@ -8,7 +8,7 @@ import numpy as np
 
 from blochsim import _core
 from blochsim import _validate as V
-from blochsim.estimators._common import _auto_count, _chain, _ranges, _signals, _some_contrasts, _threads
+from blochsim.estimators._common import _auto_count, _ranges, _signals, _some_contrasts, _threads
 
 
 _MODES = ("auto", "cartesian", "magnitude")
@@ -136,22 +136,51 @@ class PERK:
 
     # -- training ----------------------------------------------------------
 
-    def _training(self, spans, fixed, known, samples, seed, noise_std, chunk):
-        """Yields (theta (m, p), known columns, signals) chunk by chunk, the
-        same sequence for the same seed."""
-        rng = np.random.default_rng(seed)
-        names = list(spans)
-        lows = np.array([spans[k][0] for k in names])
-        highs = np.array([spans[k][1] for k in names])
-        draws = lows + (highs - lows) * rng.random((samples, len(names)))
-        for c, a in enumerate(range(0, samples, chunk)):
-            block = draws[a:a + chunk]
-            kw = {k: block[:, i] for i, k in enumerate(names)}
-            s = np.asarray(self.simulator.simulate(**kw, **fixed)).reshape(len(block), -1)
-            if noise_std > 0:
-                nrng = np.random.default_rng([seed, c])
-                s = s + noise_std * (nrng.standard_normal(s.shape) + 1j * nrng.standard_normal(s.shape))
-            yield block, [block[:, names.index(k)][:, None] for k in known], s
+    def _draws(self, spec, b0, b1):
+        """(theta (m, p), known columns, signals) of training blocks b0 to
+        b1 - 1: each block of :data:`TRAINING_BLOCK` draws from its own
+        counter-based stream (Philox keyed by the seed, the block index in
+        the counter), so a draw depends on its index alone, not on how the
+        blocks are grouped or where they run."""
+        names = list(spec["spans"])
+        lows = np.array([spec["spans"][k][0] for k in names])
+        highs = np.array([spec["spans"][k][1] for k in names])
+        key = int.from_bytes(np.random.SeedSequence(spec["seed"]).generate_state(2, np.uint64).tobytes(), "little")
+        gens, thetas = [], []
+        for b in range(b0, b1):
+            m = min(TRAINING_BLOCK, spec["samples"] - b * TRAINING_BLOCK)
+            g = np.random.Generator(np.random.Philox(key=key, counter=[0, 0, 0, b]))
+            thetas.append(lows + (highs - lows) * g.random((m, len(names))))
+            gens.append(g)
+        theta = np.concatenate(thetas)
+        kw = {k: theta[:, i] for i, k in enumerate(names)}
+        s = np.asarray(self.simulator.simulate(**kw, **spec["fixed"])).reshape(len(theta), -1)
+        parts, a = [], 0
+        for g, t in zip(gens, thetas):
+            sb = s[a:a + len(t)]
+            a += len(t)
+            if spec["noise_std"] > 0:
+                sb = sb + spec["noise_std"] * (g.standard_normal(sb.shape) + 1j * g.standard_normal(sb.shape))
+            parts.append((t, [t[:, names.index(k)][:, None] for k in spec["known"]], sb))
+        return parts
+
+    def _moments(self, spec, b0, b1, model=None):
+        """Sums of z, z zᵀ, t, t zᵀ and the count over training blocks b0 to
+        b1 - 1 (float64), each block's summed on its own and the blocks
+        combined in the fixed tree (:func:`_levelwise`); t the estimated
+        parameters, or with ``model`` the model's squared errors."""
+        def block(theta, kcols, s):
+            x = self._inputs(s, kcols)[0]
+            z = spec["scale"] * np.cos(x.astype(np.float64) @ spec["omega"].T + spec["phase"])
+            t = theta[:, spec["est"]]
+            if model is not None:
+                e = np.empty((len(x), len(spec["est"])), np.float32)
+                _core.perk(model["omega"], model["phase"], model["weight"], model["offset"], x, e,
+                           threads=_threads(self.simulator))
+                t = (t - e) ** 2
+            return (z.sum(0), z.T @ z, t.sum(0), t.T @ z, len(z))
+
+        return _levelwise(block(*part) for part in self._draws(spec, b0, b1))
 
     def _probe(self, spans, fixed, seed, n=1024):
         """Noise-free signals (n, contrasts) of n draws from the ranges."""
@@ -186,7 +215,8 @@ class PERK:
             return None
         return np.ascontiguousarray(vt[:r].T)
 
-    def fit(self, noise_std=0.0, samples=20000, seed=0, known=(), chunk=4096, uncertainty=False, **ranges):
+    def fit(self, noise_std=0.0, samples=20000, seed=0, known=(), chunk=4096, uncertainty=False, dask=False,
+            **ranges):
         """Train on simulated signals.
 
         Parameters
@@ -205,11 +235,19 @@ class PERK:
             passed to :meth:`map` instead of estimated.
         chunk : int
             Training signals simulated at a time (memory grows with F², not
-            with ``samples``).
+            with ``samples``); rounded down to a power of two of training
+            blocks (:data:`blochsim.estimators.perk.TRAINING_BLOCK` draws
+            each).  The fit does not depend on it.
         uncertainty : bool
             Also learn each estimate's error: a second pass regresses the
             squared training errors on the same features, and
             ``map(..., uncertainty=True)`` returns their square roots.
+        dask : bool
+            Simulate the training blocks and sum their moments as a Dask
+            graph on the active scheduler (a ``dask.distributed`` cluster
+            when a Client exists); the sums are combined in the same fixed
+            tree, so the fit is bitwise the one computed in this process,
+            for any number of workers.
         **ranges
             ``name=(low, high)``: a parameter drawn uniformly (estimated,
             unless in ``known``); ``name=value``: fixed.
@@ -245,11 +283,9 @@ class PERK:
         if self.subspace is not None:
             self._basis = self._principal(self._inputs(probe, [])[1], noise_std)
 
-        def chunks():
-            return self._training(spans, fixed, known, samples, seed, noise_std, chunk)
-
-        stream = chunks()
-        first = next(stream)
+        spec = dict(spans=spans, fixed=fixed, known=known, samples=samples, seed=seed, noise_std=noise_std,
+                    est=est)
+        first = self._draws(spec, 0, 1)[0]
         x0 = self._inputs(first[2], first[1])[0].astype(np.float64)
         d = x0.shape[1]
         if isinstance(self.length_scale, str):  # "std": each coordinate's spread (Nataraj et al.)
@@ -279,21 +315,24 @@ class PERK:
         phase = frng.uniform(0.0, 2 * np.pi, F)
         scale = np.sqrt(2.0 / F)
 
-        def moments(data, target_of):
-            """Means of z, z zᵀ, t and t zᵀ over the training chunks, in float64."""
-            sz, szz, st, stz, m = np.zeros(F), np.zeros((F, F)), 0.0, 0.0, 0
-            for theta, kcols, s in data:
-                x = self._inputs(s, kcols)[0]
-                z = scale * np.cos(x.astype(np.float64) @ omega.T + phase)
-                t = target_of(theta, x)
-                sz += z.sum(0)
-                szz += z.T @ z
-                st = st + t.sum(0)
-                stz = stz + t.T @ z
-                m += len(z)
+        spec.update(omega=omega, phase=phase, scale=scale)
+        group = 1 << max(0, (chunk // TRAINING_BLOCK).bit_length() - 1)  # blocks a task: a subtree of the sums
+        n_blocks = -(-samples // TRAINING_BLOCK)
+
+        def moments(model=None):
+            """Means of z, z zᵀ, t and t zᵀ over the training draws."""
+            spans_of = [(g, min(g + group, n_blocks)) for g in range(0, n_blocks, group)]
+            if dask:
+                from blochsim import distributed
+                import dask as _dask
+                parts = [_dask.delayed(PERK._moments, pure=True)(self, spec, g0, g1, model) for g0, g1 in spans_of]
+                total = distributed.tree_sum(parts, _add)
+                sz, szz, st, stz, m = _dask.compute(total)[0]
+            else:
+                sz, szz, st, stz, m = _levelwise(self._moments(spec, g0, g1, model) for g0, g1 in spans_of)
             return sz / m, szz / m, st / m, stz / m
 
-        mz, mzz, mt, mtz = moments(_chain(first, stream), lambda theta, x: theta[:, est])
+        mz, mzz, mt, mtz = moments()
         C = mzz - np.outer(mz, mz)
         C[np.diag_indices(F)] += self.regularization * np.trace(C) / F
         W = np.linalg.solve(C, (mtz - np.outer(mt, mz)).T).T  # (p, F)
@@ -306,13 +345,7 @@ class PERK:
         self.inputs = d
         self._uncertainty = False
         if uncertainty:
-            def squared_error(theta, x):
-                est_x = np.empty((len(x), len(names)), np.float32)
-                _core.perk(model["omega"], model["phase"], model["weight"], model["offset"], x, est_x,
-                           threads=_threads(self.simulator))
-                return (theta[:, est] - est_x) ** 2
-
-            _, _, me, mez = moments(chunks(), squared_error)
+            _, _, me, mez = moments(dict(model))
             W2 = np.linalg.solve(C, (mez - np.outer(me, mz)).T).T
             model["weight"] = np.ascontiguousarray(np.concatenate([model["weight"], W2 * scale]), dtype=np.float32)
             model["offset"] = np.ascontiguousarray(np.concatenate([model["offset"], me - W2 @ mz]), dtype=np.float32)
@@ -416,3 +449,32 @@ class PERK:
             return sbar.reshape(shape + (self.contrasts,))
 
         return maps, pullback
+
+
+#: training draws per seeded block: the unit of the draws and of the sums
+TRAINING_BLOCK = 1024
+
+
+def _add(a, b):
+    """Elementwise sum of two tuples of moments."""
+    return tuple(x + y for x, y in zip(a, b))
+
+
+def _levelwise(parts):
+    """Sum an iterable of moment tuples pairwise, level by level (the first
+    two, the next two, ..., then the pairs' sums likewise, an odd last one
+    carried up): a binary counter, folded from the right at the end, which
+    is that tree for any count while holding only log2 of them."""
+    stack = []  # (size, value), sizes strictly decreasing powers of two
+    for v in parts:
+        size = 1
+        while stack and stack[-1][0] == size:
+            v = _add(stack.pop()[1], v)
+            size *= 2
+        stack.append((size, v))
+    if not stack:
+        raise ValueError("no training blocks")
+    v = stack.pop()[1]
+    while stack:
+        v = _add(stack.pop()[1], v)
+    return v
