@@ -3,6 +3,7 @@ threads."""
 from __future__ import annotations
 
 import numbers
+import operator
 
 import numpy as np
 
@@ -91,6 +92,27 @@ def _contrasts(sim, fixed):
     probe = {k: 1.0 for k in sim.required}
     probe.update({k: v for k, v in fixed.items()})
     return np.asarray(sim.simulate(**probe)).shape[-1]
+
+
+def _levelwise(parts, add=operator.add):
+    """Sum an iterable pairwise, level by level (the first two, the next
+    two, ..., then the pairs' sums likewise, an odd last one carried up),
+    the tree :func:`blochsim.distributed.tree_sum` builds: a binary counter,
+    folded from the right at the end, which is that tree for any count
+    while holding only log2 of the parts."""
+    stack = []  # (size, value), sizes strictly decreasing powers of two
+    for v in parts:
+        size = 1
+        while stack and stack[-1][0] == size:
+            v = add(stack.pop()[1], v)
+            size *= 2
+        stack.append((size, v))
+    if not stack:
+        raise ValueError("nothing to sum")
+    v = stack.pop()[1]
+    while stack:
+        v = add(stack.pop()[1], v)
+    return v
 
 
 def _threads(sim):

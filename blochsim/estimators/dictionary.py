@@ -5,11 +5,13 @@ from __future__ import annotations
 import importlib
 import json
 import numbers
+import os
 
 import numpy as np
 
+from blochsim import _dispatch
 from blochsim import _validate as V
-from blochsim.estimators._common import _auto_count, _modelled, _signals, _simulate_table, _some_contrasts
+from blochsim.estimators._common import _auto_count, _levelwise, _modelled, _signals, _simulate_table, _some_contrasts
 
 
 class DictionaryMatcher:
@@ -71,8 +73,9 @@ class DictionaryMatcher:
         self.search = V.positive_int("search", search)
         self.chunk = V.positive_int("chunk", chunk)
         self._atoms = None
+        self._lazy = None  # a Dask-fitted dictionary: its atoms, norms and store
 
-    def fit(self, dictionary=None, **grids):
+    def fit(self, dictionary=None, dask=False, store="memory", **grids):
         """Simulate (or take) the dictionary.
 
         Parameters
@@ -81,6 +84,24 @@ class DictionaryMatcher:
             A given dictionary: ``atoms`` (n_atoms, contrasts) complex and
             ``params`` a dict of (n_atoms,) arrays.  Without it the atoms
             are simulated on the grids.
+        dask : bool
+            Simulate the atoms as a Dask graph on the active scheduler (a
+            ``dask.distributed`` cluster when a Client exists), one task a
+            chunk of ``chunk`` atoms; the subspace (``rank``) is learned as
+            in this process, and :meth:`match` then compares voxel chunks
+            with atom chunks and keeps each voxel's best by a tree
+            reduction (:mod:`blochsim.distributed`).  Grids only; no
+            ``groups``.
+        store : "memory", str or None
+            With ``dask``: where the atoms (unit atoms or their projections)
+            and norms live.  ``"memory"``: a Dask array persisted on the
+            workers (spilled to their disks past their memory limits).  A
+            path: a Zarr store written chunk by chunk, each chunk marked
+            done once written, the store marked complete last; fitting
+            again with the same simulator, grids and options resumes an
+            incomplete store and opens a complete one without simulating,
+            and :meth:`load` reopens it.  None: never stored; every
+            :meth:`match` simulates the atoms again, chunk by chunk.
         **grids
             ``name=values`` (1-D array): a grid axis (the dictionary is
             their Cartesian product); ``name=value`` (number): fixed.
@@ -91,9 +112,13 @@ class DictionaryMatcher:
             self, fitted.
         """
         self._grids, self._fixed = None, {}
+        self._lazy = None
         if dictionary is not None:
             if grids:
                 raise TypeError("DictionaryMatcher.fit: give a dictionary or grids, not both")
+            if dask:
+                raise ValueError("DictionaryMatcher.fit: dask=True simulates the dictionary from grids; "
+                                 "a given dictionary is fitted in this process")
             atoms, params = dictionary
             atoms = np.asarray(atoms)
             if atoms.ndim != 2:
@@ -122,6 +147,13 @@ class DictionaryMatcher:
         n = len(next(iter(params.values())))
         first = _simulate_table(self.simulator, {k: v[:1] for k, v in params.items()}, fixed, 1)
         contrasts = _some_contrasts(first.shape[1], "DictionaryMatcher.fit")
+        if dask:
+            if self.groups is not None:
+                raise ValueError("DictionaryMatcher.fit: groups is not available with dask=True")
+            from blochsim import distributed
+            return distributed.fit_dictionary(self, params, contrasts, store)
+        if store != "memory":
+            raise ValueError(f"DictionaryMatcher.fit: store={store!r} needs dask=True")
         if self.rank == "auto" and n * contrasts * 8 > self.auto_bytes:
             return self._fit_streamed(params, fixed, contrasts)
         atoms = _simulate_table(self.simulator, params, fixed, self.chunk)
@@ -154,26 +186,20 @@ class DictionaryMatcher:
         unit, norms = _unit_rows(atoms)
         basis = None
         if isinstance(self.rank, int) and self.rank < self.contrasts:
-            basis = self._subspace(unit[norms > 0], rank=self.rank)
+            basis = self._subspace(unit, rank=self.rank)
         elif self.rank == "auto" and atoms.size * 8 > self.auto_bytes:
-            basis = self._subspace(unit[norms > 0], self.auto_tolerance)
+            basis = self._subspace(unit, self.auto_tolerance)
         if basis is not None:
             unit = unit @ basis
         return self._keep(unit, norms, params, self.contrasts, basis)
 
-    @staticmethod
-    def _subspace(unit, tolerance=None, rank=None):
+    def _subspace(self, unit, tolerance=None, rank=None):
         """Leading right singular vectors of the unit atoms (contrasts, r),
-        from their Gram matrix: ``rank`` of them, or the fewest that keep
-        all but ``tolerance`` of the energy."""
-        G = unit.conj().T.astype(np.complex128) @ unit.astype(np.complex128)
-        w, U = np.linalg.eigh(G)
-        w, U = np.clip(w[::-1], 0.0, None), U[:, ::-1]
-        if rank is None:
-            kept = np.cumsum(w) / max(w.sum(), 1e-300)
-            rank = int(np.searchsorted(kept, 1.0 - tolerance) + 1)
-            rank = min(rank, len(w))
-        return np.ascontiguousarray(U[:, :rank].astype(np.complex64))
+        from their Gram matrix (summed over chunks of ``chunk`` atoms in the
+        fixed tree, as a cluster sums it): ``rank`` of them, or the fewest
+        that keep all but ``tolerance`` of the energy."""
+        return _basis(_levelwise(_gram(unit[a:a + self.chunk]) for a in range(0, len(unit), self.chunk)),
+                      tolerance, rank)
 
     def _keep(self, unit, norms, params, contrasts, basis):
         keep = norms > 0  # a null atom matches nothing
@@ -239,6 +265,9 @@ class DictionaryMatcher:
         k = V.positive_int("k", k)
         if k > len(self._atoms):
             raise ValueError(f"DictionaryMatcher.match: k = {k} exceeds the {len(self._atoms)} atoms")
+        if self._lazy is not None or _dispatch.any_lazy({"signals": signals}):
+            from blochsim import distributed
+            return distributed.match_dictionary(self, signals, k)
         s = _signals(signals, self.contrasts, "DictionaryMatcher.match")
         shape = s.shape[:-1]
         flat = s.reshape(-1, self.contrasts).astype(np.complex64)
@@ -272,23 +301,10 @@ class DictionaryMatcher:
 
     def _exact(self, flat, idx, k):
         """Re-rank each signal's candidate atoms ``idx`` (n, m) by their
-        exact inner products with the full signal, the atoms simulated
-        again; the k best as (indices, <unit atom, s>)."""
-        n, m = idx.shape
-        best_i = np.empty((n, k), np.int64)
-        best_d = np.empty((n, k), np.complex128)
-        rows = max(1, self.chunk // m)
-        for a in range(0, n, rows):
-            ic = idx[a:a + rows]
-            cand = {name: v[ic.reshape(-1)] for name, v in self.params.items()}
-            atoms = _simulate_table(self.simulator, cand, self._fixed, self.chunk)
-            atoms = atoms.astype(np.complex128).reshape(len(ic), m, -1)
-            d = np.einsum("vmc,vc->vm", atoms.conj(), flat[a:a + rows].astype(np.complex128))
-            d /= self._norms[ic]
-            order = np.argsort(-np.abs(d), axis=1, kind="stable")[:, :k]
-            best_i[a:a + rows] = np.take_along_axis(ic, order, 1)
-            best_d[a:a + rows] = np.take_along_axis(d, order, 1)
-        return best_i, best_d
+        exact inner products with the full signal; the k best as
+        (indices, <unit atom, s>)."""
+        return _exact(self.simulator, lambda i: {name: v[i] for name, v in self.params.items()}, self._fixed,
+                      flat, idx, self._norms[idx], k, self.chunk)
 
     def _search_all(self, qc, k):
         """Top-k over every atom, atoms in chunks; (indices, inner products)."""
@@ -319,7 +335,8 @@ class DictionaryMatcher:
         return top.result()
 
     def map(self, signals):
-        """Parameter maps of the best atom (:meth:`match` with k = 1)."""
+        """Parameter maps of the best atom (:meth:`match` with k = 1); Dask
+        maps of a Dask array of signals."""
         return self.match(signals, k=1)
 
     def save(self, path):
@@ -335,6 +352,9 @@ class DictionaryMatcher:
         """
         if self._atoms is None:
             raise RuntimeError("DictionaryMatcher.save needs a fitted matcher: call fit() first")
+        if self._lazy is not None:
+            raise ValueError("DictionaryMatcher.save: a dictionary fitted with dask=True is saved by "
+                             "fit(..., dask=True, store=path) (a Zarr store), not to one file")
         sim = self.simulator
         cls = type(sim)
         arrays, protocol = {}, {}
@@ -366,7 +386,9 @@ class DictionaryMatcher:
 
     @classmethod
     def load(cls, path, simulator=None):
-        """A matcher from a file written by :meth:`save`.
+        """A matcher from a file written by :meth:`save`, or from a Zarr
+        store written by ``fit(..., dask=True, store=path)`` (read lazily:
+        its atoms stay in the store and :meth:`match` runs as a Dask graph).
 
         Parameters
         ----------
@@ -380,6 +402,9 @@ class DictionaryMatcher:
         -------
         DictionaryMatcher
         """
+        if os.path.isdir(os.fspath(path)):
+            from blochsim import distributed
+            return distributed.open_dictionary(cls, path, simulator)
         with np.load(path, allow_pickle=False) as f:
             if "meta" not in f.files:
                 raise ValueError(f"DictionaryMatcher.load: {path} is not a blochsim dictionary (no meta)")
@@ -402,6 +427,7 @@ class DictionaryMatcher:
         dm._norms = data["norms"]
         dm._atoms = data["atoms"]
         dm._group_of = None
+        dm._lazy = None
         if dm.groups is not None and dm.groups < len(dm._atoms):
             dm._cluster()
         return dm
@@ -417,6 +443,45 @@ def _rebuild(name, protocol, arrays):
     for part in qualname.split("."):
         obj = getattr(obj, part)
     return obj(**protocol, **arrays)
+
+
+def _exact(sim, params_at, fixed, flat, idx, norms, k, chunk):
+    """Re-rank each signal's candidate atoms ``idx`` (n, m), whose norms are
+    ``norms`` (n, m), by their exact inner products with the full signal,
+    the atoms simulated again (``params_at(indices)`` their parameters); the
+    k best as (indices, <unit atom, s>)."""
+    n, m = idx.shape
+    best_i = np.empty((n, k), np.int64)
+    best_d = np.empty((n, k), np.complex128)
+    rows = max(1, chunk // m)
+    for a in range(0, n, rows):
+        ic = idx[a:a + rows]
+        atoms = _simulate_table(sim, params_at(ic.reshape(-1)), fixed, chunk)
+        atoms = atoms.astype(np.complex128).reshape(len(ic), m, -1)
+        d = np.einsum("vmc,vc->vm", atoms.conj(), flat[a:a + rows].astype(np.complex128))
+        d /= norms[a:a + rows]
+        order = np.argsort(-np.abs(d), axis=1, kind="stable")[:, :k]
+        best_i[a:a + rows] = np.take_along_axis(ic, order, 1)
+        best_d[a:a + rows] = np.take_along_axis(d, order, 1)
+    return best_i, best_d
+
+
+def _gram(unit):
+    """The Gram matrix (contrasts, contrasts) of unit atoms, complex128."""
+    u = unit.astype(np.complex128)
+    return u.conj().T @ u
+
+
+def _basis(G, tolerance=None, rank=None):
+    """The leading eigenvectors of the Gram matrix G as a complex64 basis:
+    ``rank`` of them, or the fewest that keep all but ``tolerance`` of the
+    energy."""
+    w, U = np.linalg.eigh(G)
+    w, U = np.clip(w[::-1], 0.0, None), U[:, ::-1]
+    if rank is None:
+        kept = np.cumsum(w) / max(w.sum(), 1e-300)
+        rank = min(int(np.searchsorted(kept, 1.0 - tolerance) + 1), len(w))
+    return np.ascontiguousarray(U[:, :rank].astype(np.complex64))
 
 
 def _unit_rows(atoms):

@@ -8,7 +8,7 @@ import numpy as np
 
 from blochsim import _core
 from blochsim import _validate as V
-from blochsim.estimators._common import _auto_count, _ranges, _signals, _some_contrasts, _threads
+from blochsim.estimators._common import _auto_count, _levelwise, _ranges, _signals, _some_contrasts, _threads
 
 
 _MODES = ("auto", "cartesian", "magnitude")
@@ -167,7 +167,7 @@ class PERK:
     def _moments(self, spec, b0, b1, model=None):
         """Sums of z, z zᵀ, t, t zᵀ and the count over training blocks b0 to
         b1 - 1 (float64), each block's summed on its own and the blocks
-        combined in the fixed tree (:func:`_levelwise`); t the estimated
+        combined in the fixed tree (:func:`_common._levelwise`); t the estimated
         parameters, or with ``model`` the model's squared errors."""
         def block(theta, kcols, s):
             x = self._inputs(s, kcols)[0]
@@ -180,7 +180,7 @@ class PERK:
                 t = (t - e) ** 2
             return (z.sum(0), z.T @ z, t.sum(0), t.T @ z, len(z))
 
-        return _levelwise(block(*part) for part in self._draws(spec, b0, b1))
+        return _levelwise((block(*part) for part in self._draws(spec, b0, b1)), _add)
 
     def _probe(self, spans, fixed, seed, n=1024):
         """Noise-free signals (n, contrasts) of n draws from the ranges."""
@@ -329,7 +329,7 @@ class PERK:
                 total = distributed.tree_sum(parts, _add)
                 sz, szz, st, stz, m = _dask.compute(total)[0]
             else:
-                sz, szz, st, stz, m = _levelwise(self._moments(spec, g0, g1, model) for g0, g1 in spans_of)
+                sz, szz, st, stz, m = _levelwise((self._moments(spec, g0, g1, model) for g0, g1 in spans_of), _add)
             return sz / m, szz / m, st / m, stz / m
 
         mz, mzz, mt, mtz = moments()
@@ -458,23 +458,3 @@ TRAINING_BLOCK = 1024
 def _add(a, b):
     """Elementwise sum of two tuples of moments."""
     return tuple(x + y for x, y in zip(a, b))
-
-
-def _levelwise(parts):
-    """Sum an iterable of moment tuples pairwise, level by level (the first
-    two, the next two, ..., then the pairs' sums likewise, an odd last one
-    carried up): a binary counter, folded from the right at the end, which
-    is that tree for any count while holding only log2 of them."""
-    stack = []  # (size, value), sizes strictly decreasing powers of two
-    for v in parts:
-        size = 1
-        while stack and stack[-1][0] == size:
-            v = _add(stack.pop()[1], v)
-            size *= 2
-        stack.append((size, v))
-    if not stack:
-        raise ValueError("no training blocks")
-    v = stack.pop()[1]
-    while stack:
-        v = _add(stack.pop()[1], v)
-    return v
