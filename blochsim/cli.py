@@ -70,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--dictionary-only: output .npz (default dictionary.npz; '' for none)")
     p.add_argument("--plot", default=None, metavar="FILE.png",
                    help="--dictionary-only: draw a few fingerprints (needs matplotlib)")
+    p.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                   help="run on the Dask cluster whose scheduler is at ADDRESS (e.g. tcp://host:8786; needs "
+                        "blochsim[distributed])")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="run on a local Dask cluster of N worker processes (needs blochsim[distributed])")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p
 
@@ -90,6 +95,8 @@ def _device(args, info):
 
 
 def _where(device, args, info):
+    if device == "auto":
+        return "the cluster's workers (their GPUs where usable)"
     return (f"CPU ({info['cpu']['isa']}, {args.threads or info['cpu']['threads']} threads)"
             if device == "cpu" else "GPU")
 
@@ -116,19 +123,57 @@ def main(argv=None) -> int:
     if not (np.isfinite(args.noise) and args.noise >= 0):
         print(f"blochsim: --noise must be >= 0, got {args.noise}", file=sys.stderr)
         return 2
+    if args.workers is not None and args.workers < 1:
+        print(f"blochsim: --workers must be >= 1, got {args.workers}", file=sys.stderr)
+        return 2
+    if args.workers is not None and args.scheduler is not None:
+        print("blochsim: give --scheduler or --workers, not both", file=sys.stderr)
+        return 2
     info = _dispatch.backends()
-    device = _device(args, info)
+    cluster = args.workers is not None or args.scheduler is not None
+    if cluster and args.dictionary_only:
+        print("blochsim: --scheduler and --workers run the main job; --dictionary-only runs in this process",
+              file=sys.stderr)
+        return 2
+    # on a cluster the workers' GPUs count, not this machine's
+    device = "auto" if cluster and args.device == "auto" else _device(args, info)
     if device is None:
         return 2
     if args.dictionary_only:
         return _dictionary_job(args, device, info)
+    if cluster:
+        return _on_cluster(args, device, info)
     return maps_job(args, device, info)[0]
 
 
-def maps_job(args, device, info):
+def _on_cluster(args, device, info):
+    """The main job on a Dask cluster: a local one of --workers processes,
+    or the one whose scheduler is at --scheduler."""
+    try:
+        from distributed import Client, LocalCluster
+    except ImportError:
+        print("blochsim: --scheduler and --workers need Dask: pip install 'blochsim[distributed]'", file=sys.stderr)
+        return 2
+    if args.scheduler is not None:
+        client = Client(args.scheduler)
+    else:
+        cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
+                               dashboard_address=None)
+        client = Client(cluster)
+    with client:
+        info_ = client.scheduler_info()
+        print(f"blochsim: Dask cluster at {info_.get('address', '?')}, {len(info_['workers'])} workers")
+        status = maps_job(args, device, info, client)[0]
+    if args.scheduler is None:
+        cluster.close()
+    return status
+
+
+def maps_job(args, device, info, client=None):
     """The main job: dictionary, phantom, noisy acquisition, maps, errors,
-    picture.  Returns (exit status, {method: {parameter: median relative
-    error}}) for the voxels inside the head."""
+    picture; on the cluster of a ``dask.distributed`` ``client`` when given
+    (the same numbers).  Returns (exit status, {method: {parameter: median
+    relative error}}) for the voxels inside the head."""
     from blochsim.estimators import PERK, DictionaryMatcher
     from blochsim.phantom import TISSUES, brain_phantom
 
@@ -144,19 +189,31 @@ def maps_job(args, device, info):
                  file=sys.stderr)
     t0 = time.perf_counter()
     steps.set_postfix_str("dictionary")
-    dm = DictionaryMatcher(sim).fit(**grids)
+    lazy = client is not None
+    dm = DictionaryMatcher(sim).fit(dask=lazy, **grids)
+    if lazy:
+        _progress(args, dm._atoms, "dictionary")
     t_dict = time.perf_counter() - t0
     steps.update()
     ph = brain_phantom(args.size)
     mask = ph["mask"]
     steps.set_postfix_str("acquisition")
     rng = np.random.default_rng(args.seed)
-    clean = sim.simulate(T1=ph["T1"][mask], T2=ph["T2"][mask], M0=ph["M0"][mask], B1=ph["B1"][mask])
-    signals = clean + args.noise * (rng.standard_normal(clean.shape) + 1j * rng.standard_normal(clean.shape))
+    tissue = {k: ph[k][mask] for k in ("T1", "T2", "M0", "B1")}
+    if lazy:
+        import dask.array as da
+        tissue["T1"] = da.from_array(tissue["T1"], chunks=max(1024, -(-len(tissue["T1"]) // (4 * args.workers or 8))))
+    clean = sim.simulate(**tissue)
+    noise = args.noise * (rng.standard_normal(clean.shape) + 1j * rng.standard_normal(clean.shape))
+    signals = clean + noise
+    if lazy:
+        signals = _progress(args, signals, "acquisition")
     steps.update()
     steps.set_postfix_str("dictionary matching")
     t0 = time.perf_counter()
     m = dm.map(signals)
+    if lazy:
+        m = dict(zip(m, client.compute(_progress(args, list(m.values()), "matching"), sync=True)))
     t_match = time.perf_counter() - t0
     estimates = {"dictionary": dict(T1=m["T1"], T2=m["T2"], M0=np.abs(m["M0"]))}
     steps.update()
@@ -167,8 +224,10 @@ def maps_job(args, device, info):
         # PERK draws its training tissue uniformly within ranges: those of
         # brain tissue and fat (CSF lies beyond them)
         perk = PERK(sim).fit(noise_std=args.noise, known="B1", T1=PERK_RANGES["T1"], T2=PERK_RANGES["T2"],
-                             M0=(0.3, 1.2), B1=(0.75, 1.25))
+                             M0=(0.3, 1.2), B1=(0.75, 1.25), dask=lazy)
         p = perk.map(signals, known={"B1": ph["B1"][mask]})
+        if lazy:
+            p = dict(zip(p, client.compute(list(p.values()), sync=True)))
         t_perk = time.perf_counter() - t0
         estimates["PERK"] = dict(T1=p["T1"], T2=p["T2"], M0=p["M0"])
         steps.update()
@@ -209,6 +268,19 @@ def maps_job(args, device, info):
             _draw_maps(plt, args.maps, ph, mask, estimates)
             print(f"blochsim: wrote {args.maps}")
     return 0, errors
+
+
+def _progress(args, collection, what):
+    """``collection`` (a Dask collection or a list of them) persisted on the
+    cluster, with Dask's progress display unless --quiet."""
+    import dask
+    from distributed import progress
+    persisted = dask.persist(*collection) if isinstance(collection, list) else dask.persist(collection)
+    if not args.quiet:
+        print(f"blochsim: {what}", file=sys.stderr)
+        progress(*persisted)
+        print(file=sys.stderr)
+    return list(persisted) if isinstance(collection, list) else persisted[0]
 
 
 def _draw_maps(plt, path, ph, mask, estimates):

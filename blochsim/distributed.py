@@ -512,3 +512,43 @@ def match_dictionary(dm, signals, k):
         whole = da.concatenate(cols)
         maps[name] = whole[:, 0].reshape(shape) if k == 1 else whole.reshape(shape + (k,))
     return maps if lazy_in else dict(zip(maps, dask.compute(*maps.values())))
+
+
+# --------------------------------------------------------------------------
+# PERK
+
+
+def _perk_block(perk, uncertainty, known_names, signals, *known):
+    maps = perk.map(signals, known=dict(zip(known_names, known)), uncertainty=uncertainty)
+    return np.stack([maps[k] for k in sorted(maps)], axis=-1)
+
+
+def perk_map(perk, signals, known, uncertainty):
+    """PERK.map of Dask signals (or known maps): a map per voxel chunk."""
+    if perk._model is None:
+        raise RuntimeError("PERK.map needs a fitted PERK: call fit() first")
+    sig = signals if isinstance(signals, da.Array) else da.from_array(np.asarray(signals))
+    if sig.ndim == 0 or sig.shape[-1] != perk.contrasts:
+        raise ValueError(f"PERK.map: signals have {sig.shape[-1] if sig.ndim else 0} contrasts along their last "
+                         f"axis (shape {sig.shape}); the fitted simulator gives {perk.contrasts}")
+    sig = sig.rechunk(sig.chunks[:-1] + ((perk.contrasts,),))
+    shape = sig.shape[:-1]
+    known = dict(known or {})
+    names = tuple(k for k in perk.known if k in known)
+    cols = []
+    for k in names:
+        v = known[k]
+        try:
+            v = da.broadcast_to(v if isinstance(v, da.Array) else da.from_array(np.asarray(v, np.float64)), shape)
+        except ValueError:
+            raise ValueError(f"PERK.map: known {k} of shape {np.shape(v)} does not broadcast to the voxel shape "
+                             f"{shape}") from None
+        cols.append(v.rechunk(sig.chunks[:-1]))
+    outputs = sorted(perk.names + ([k + "_std" for k in perk.names] if uncertainty else []))
+    nd = len(shape)
+    ind = tuple(range(nd))
+    stacked = da.blockwise(_perk_block, ind + (nd,), perk, None, uncertainty, None, names, None,
+                           sig, ind + (nd,), *itertools.chain.from_iterable((c, ind) for c in cols),
+                           new_axes={nd: len(outputs)}, dtype=np.float32, concatenate=True,
+                           meta=np.empty((0,) * (nd + 1), np.float32))
+    return {k: stacked[..., i] for i, k in enumerate(outputs)}

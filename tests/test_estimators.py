@@ -110,7 +110,9 @@ def test_perk_map_and_pullback_against_composed_numpy(mode, normalize, subspace)
         return sum(np.sum(cot[k] * r[:, i]) for i, k in enumerate(perk.names))
 
     fd = (loss(s + h * delta) - loss(s - h * delta)) / (2 * h)
-    np.testing.assert_allclose(np.sum(np.real(np.conj(sbar) * delta)), fd, rtol=1e-4)
+    # the pullback runs in single precision (the features' phases and their
+    # cosines' derivatives in float32, summed over 300 features)
+    np.testing.assert_allclose(np.sum(np.real(np.conj(sbar) * delta)), fd, rtol=3e-4)
 
 
 def test_perk_known_parameters_are_inputs():

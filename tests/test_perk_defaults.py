@@ -90,7 +90,9 @@ def test_the_published_length_scale_is_selectable():
     ranges = dict(T1=1000.0, T2=(20.0, 200.0), M0=(0.5, 1.5))
     old = PERK(FSE, n_features=300, complex_mode="cartesian", subspace=None, length_scale="std")
     old.fit(noise_std=0.01, samples=3000, **ranges)
-    first = next(old._training({"T2": (20.0, 200.0), "M0": (0.5, 1.5)}, {"T1": 1000.0}, (), 3000, 0, 0.01, 4096))
+    spec = dict(spans={"T2": (20.0, 200.0), "M0": (0.5, 1.5)}, fixed={"T1": 1000.0}, known=(), samples=3000, seed=0,
+                noise_std=0.01)
+    first = old._draws(spec, 0, 1)[0]  # the length scale is the first training block's spread
     x0 = old._inputs(first[2], [])[0].astype(np.float64)
     sd = np.std(x0, axis=0)
     ell = np.where(sd > 0, sd, 1.0) * np.sqrt(x0.shape[1])

@@ -6,7 +6,7 @@ import numbers
 
 import numpy as np
 
-from blochsim import _core
+from blochsim import _core, _dispatch
 from blochsim import _validate as V
 from blochsim.estimators._common import _auto_count, _levelwise, _ranges, _signals, _some_contrasts, _threads
 
@@ -394,11 +394,16 @@ class PERK:
         Returns
         -------
         dict of numpy.ndarray, float32, shape voxels
-            One map per estimated parameter (public units).
+            One map per estimated parameter (public units); Dask arrays,
+            chunked along the voxels like the signals, when the signals (or
+            a known map) are Dask arrays.
         """
-        shape, flat, x, _, _ = self._prepare(signals, known, "PERK.map")
         if uncertainty and not self._uncertainty:
             raise ValueError("PERK.map: uncertainty=True needs fit(uncertainty=True)")
+        if _dispatch.any_lazy({"signals": signals, **(known or {})}):
+            from blochsim import distributed
+            return distributed.perk_map(self, signals, known, uncertainty)
+        shape, flat, x, _, _ = self._prepare(signals, known, "PERK.map")
         m = self._model
         out = np.empty((len(x), len(m["offset"])), np.float32)
         _core.perk(m["omega"], m["phase"], m["weight"], m["offset"], x, out, threads=_threads(self.simulator))
