@@ -408,3 +408,22 @@ def test_the_main_job_on_a_local_cluster_equals_the_job_in_process(tmp_path):
     both = subprocess.run(run + ["--workers", "2", "--scheduler", "tcp://127.0.0.1:1"], capture_output=True,
                           text=True, cwd=tmp_path)
     assert both.returncode == 2 and "give --scheduler or --workers, not both" in both.stderr
+
+
+@pytest.mark.gpu
+def test_a_worker_runs_its_chunks_on_its_gpu():
+    """device="auto": a worker with a usable GPU plays its chunks there (the
+    route its simulator takes), equal to the host within single precision."""
+    sim = _mrf(device="auto")
+    T1, T2, _ = _tissue(20_000, 5)
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                  dashboard_address=None) as cluster:
+        with distributed.Client(cluster) as c:
+            def route():
+                from blochsim import _dispatch
+                return _dispatch.route("auto", None, {}).device
+
+            assert list(c.run(route).values()) == ["cuda"]
+            got = sim.simulate(T1=da.from_array(T1, chunks=5000), T2=T2).compute()
+    ref = _mrf().simulate(T1=T1, T2=T2)
+    assert np.max(np.abs(got - ref)) <= 1e-5 * np.max(np.abs(ref))
