@@ -157,8 +157,10 @@ def _on_cluster(args, device, info):
     if args.scheduler is not None:
         client = Client(args.scheduler)
     else:
+        # one task a worker, each with its share of this machine's CPUs
+        share = max(1, (args.threads or info["cpu"]["threads"]) // args.workers)
         cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
-                               dashboard_address=None)
+                               dashboard_address=None, env={"BLOCHSIM_NUM_THREADS": str(share)})
         client = Client(cluster)
     with client:
         info_ = client.scheduler_info()
