@@ -36,7 +36,7 @@ class _Cluster:
             share = max(1, _dispatch.default_threads() // self.n)
             self.cluster = distributed.LocalCluster(n_workers=self.n, threads_per_worker=1, processes=True,
                                                     host="127.0.0.1", dashboard_address=None,
-                                                    env={"BLOCHSIM_NUM_THREADS": str(share)})
+                                                    env=_dispatch.thread_env(share))
             self.client = distributed.Client(self.cluster)
             self.client.run(lambda: __import__("blochsim.simulators"))  # imports outside the timing
         return self

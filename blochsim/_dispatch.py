@@ -39,6 +39,14 @@ def worker_threads():
     return max(1, default_threads() // tasks)
 
 
+def thread_env(n) -> dict:
+    """Environment giving a worker process ``n`` CPUs: blochsim's host
+    threads and the BLAS threads NumPy's products use (Dask's nannies set
+    the latter to 1)."""
+    n = str(int(n))
+    return {"BLOCHSIM_NUM_THREADS": n, "OMP_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n, "MKL_NUM_THREADS": n}
+
+
 def is_device_array(x) -> bool:
     """True for objects exposing the CUDA array interface."""
     return hasattr(x, "__cuda_array_interface__")

@@ -220,9 +220,9 @@ def _atom_chunk(sim, grids, fixed, a, b, basis):
     """Unit atoms a to b - 1 (onto ``basis`` when given), complex64, and
     their norms, float64."""
     from blochsim.estimators.dictionary import _simulate_table, _unit_rows
-    atoms = _simulate_table(sim, _grid_params(grids, np.arange(a, b)), fixed, b - a).astype(np.complex64)
+    atoms = _simulate_table(sim, _grid_params(grids, np.arange(a, b)), fixed, b - a).astype(np.complex64, copy=False)
     unit, norms = _unit_rows(atoms)
-    return np.ascontiguousarray(unit @ basis if basis is not None else unit), norms.astype(np.float64)
+    return np.ascontiguousarray(unit @ basis if basis is not None else unit), norms
 
 
 def _gram_chunk(sim, grids, fixed, a, b):

@@ -75,7 +75,7 @@ def _simulate_table(sim, params, fixed, chunk):
     for a in range(0, n, chunk):
         kw = {k: v[a:a + chunk] for k, v in params.items()}
         parts.append(np.asarray(sim.simulate(**kw, **fixed)).reshape(len(kw[next(iter(kw))]), -1))
-    return np.concatenate(parts, axis=0)
+    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
 
 
 def _some_contrasts(n, what):

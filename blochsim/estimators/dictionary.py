@@ -171,7 +171,7 @@ class DictionaryMatcher:
         parts, norms = [], []
         for a in range(0, n, self.chunk):
             block = _simulate_table(self.simulator, {k: v[a:a + self.chunk] for k, v in params.items()},
-                                    fixed, self.chunk).astype(np.complex64)
+                                    fixed, self.chunk).astype(np.complex64, copy=False)
             unit, nb = _unit_rows(block)
             parts.append(unit @ basis)
             norms.append(nb)
@@ -481,14 +481,32 @@ def _basis(G, tolerance=None, rank=None):
     if rank is None:
         kept = np.cumsum(w) / max(w.sum(), 1e-300)
         rank = min(int(np.searchsorted(kept, 1.0 - tolerance) + 1), len(w))
-    return np.ascontiguousarray(U[:, :rank].astype(np.complex64))
+    return _flush(np.ascontiguousarray(U[:, :rank].astype(np.complex64)))
+
+
+#: parts of unit vectors below this are set to 0: they change no inner
+#: product in single precision, and products of two of them would be
+#: subnormal, which x86 multiplies a hundred times slower
+_FLUSH = 1e-18
+
+
+def _flush(unit):
+    """``unit`` (complex, rows or columns of unit norm) with the real and
+    imaginary parts below :data:`_FLUSH` set to 0, in place."""
+    flat = unit.view(unit.real.dtype)
+    flat[np.abs(flat) < _FLUSH] = 0
+    return unit
 
 
 def _unit_rows(atoms):
-    """Rows scaled to unit norm (null rows stay null) and their norms."""
-    norms = np.linalg.norm(atoms, axis=1)
-    unit = atoms / np.where(norms > 0, norms, 1.0)[:, None].astype(atoms.real.dtype)
-    return unit, norms
+    """Rows scaled to unit norm (null rows stay null), and their norms
+    (float64, summed in float64)."""
+    atoms = np.ascontiguousarray(atoms)
+    flat = atoms.view(atoms.real.dtype).reshape(len(atoms), -1) if np.iscomplexobj(atoms) else atoms
+    norms = np.sqrt(np.einsum("ij,ij->i", flat, flat, dtype=np.float64))
+    scale = (1.0 / np.where(norms > 0, norms, 1.0)).astype(atoms.real.dtype)
+    unit = atoms * scale[:, None]
+    return (_flush(unit) if np.iscomplexobj(unit) else unit), norms
 
 
 class _TopK:
