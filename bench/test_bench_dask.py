@@ -35,7 +35,7 @@ class _Cluster:
         if self.n:
             share = max(1, _dispatch.default_threads() // self.n)
             self.cluster = distributed.LocalCluster(n_workers=self.n, threads_per_worker=1, processes=True,
-                                                    host="127.0.0.1", dashboard_address=None,
+                                                    host="127.0.0.1", dashboard_address=":0",
                                                     env=_dispatch.thread_env(share))
             self.client = distributed.Client(self.cluster)
             self.client.run(lambda: __import__("blochsim.simulators"))  # imports outside the timing

@@ -160,7 +160,7 @@ def _on_cluster(args, device, info):
         # one task a worker, each with its share of this machine's CPUs
         share = max(1, (args.threads or info["cpu"]["threads"]) // args.workers)
         cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
-                               dashboard_address=None, env=_dispatch.thread_env(share))
+                               dashboard_address=":0", env=_dispatch.thread_env(share))
         client = Client(cluster)
     with client:
         info_ = client.scheduler_info()

@@ -36,7 +36,7 @@ def _mrf(**kw):
 def client():
     """Two worker processes on the loopback interface, one thread each."""
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                  dashboard_address=None, memory_limit="2GiB") as cluster:
+                                  dashboard_address=":0", memory_limit="2GiB") as cluster:
         with distributed.Client(cluster) as c:
             yield c
 
@@ -244,7 +244,7 @@ def test_dictionary_streamed_larger_than_the_workers_memory():
     i1, i2, i3 = np.unravel_index(pick, (100, 100, 35))
     signals = 0.8 * sim.simulate(T1=grids["T1"][i1], T2=grids["T2"][i2], B1=grids["B1"][i3])
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                  dashboard_address=None, memory_limit="600MiB") as cluster:
+                                  dashboard_address=":0", memory_limit="600MiB") as cluster:
         with distributed.Client(cluster):
             dm = DictionaryMatcher(sim, rank=None, chunk=8192).fit(dask=True, store=None, **grids)
             maps = dm.map(signals)
@@ -370,7 +370,7 @@ def test_a_worker_killed_mid_run_gives_the_same_result():
     T1, T2, _ = _tissue(120_000, 7)
     ref = sim.simulate(T1=T1, T2=T2)
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                  dashboard_address=None) as cluster:
+                                  dashboard_address=":0") as cluster:
         with distributed.Client(cluster) as c:
             lazy = sim.simulate(T1=da.from_array(T1, chunks=4000), T2=T2)
             future = c.compute(lazy)
@@ -417,7 +417,7 @@ def test_a_worker_runs_its_chunks_on_its_gpu():
     sim = _mrf(device="auto")
     T1, T2, _ = _tissue(20_000, 5)
     with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                  dashboard_address=None) as cluster:
+                                  dashboard_address=":0") as cluster:
         with distributed.Client(cluster) as c:
             def route():
                 from blochsim import _dispatch
