@@ -261,7 +261,7 @@ class Simulator(Played):
         signal : numpy.ndarray, complex64, shape (*voxels, samples)
         pullback : callable
             ``pullback(cotangent)`` with ``cotangent`` shaped like the signal,
-            ``dL/dRe s + i dL/dIm s`` of a real loss L (so L = sum |s|^2 has
+            ``dL/dRe s + i dL/dIm s`` of a real loss L (so L = sum abs(s)² has
             cotangent ``2 * s``), returns a dict mapping each name of ``wrt``
             to dL/d name, float64, shaped like the parameter (a protocol
             parameter as given; a tissue property as passed, summed over the

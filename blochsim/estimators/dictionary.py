@@ -254,7 +254,7 @@ class DictionaryMatcher:
         dict
             Per parameter its values at the best atoms; ``"index"`` (atom
             indices), ``"score"`` (normalised inner-product magnitude
-            |<atom, s>| / (|atom| |s|) against the whole signal, 1 for a
+            abs(<atom, s>) / (‖atom‖ ‖s‖) against the whole signal, 1 for a
             perfect match) and ``"M0"`` (complex least-squares scale of
             the atom, ⟨atom, s⟩/‖atom‖²), each shaped ``voxels`` for k = 1
             and ``(*voxels, k)`` otherwise.  Indices count the atoms as

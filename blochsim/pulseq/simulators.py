@@ -32,7 +32,7 @@ class PulseqSimulator(Simulator):
         See :func:`read_pulseq`.
     voxel_size_m : float, m, optional
         Sets the tolerance of the moments' unit and, with it, the crusher
-        geometry for D and v (``crusher_dephasing_rad`` = 2π |unit| voxel).
+        geometry for D and v (``crusher_dephasing_rad`` = 2π · abs(unit) · voxel).
     states, repetitions, crusher_dephasing_rad, device, threads, ...
         See :class:`blochsim.Simulator`.
 

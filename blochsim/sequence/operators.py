@@ -14,6 +14,7 @@ from blochsim import _validate as V
 from blochsim.sequence.traced import TracedComplex, _modulus_and_angle, _value
 
 
+#: The proton gyromagnetic ratio, rad/s/T (2π × 42.577 MHz/T).
 GAMMA_RAD_PER_S_PER_T = 2.0 * np.pi * 42.57747892e6
 
 
@@ -213,7 +214,7 @@ def power_factor(waveform) -> float:
     ----------
     waveform : array_like, shape (n,)
         Samples of the pulse envelope b(t), any unit (complex samples: the
-        area is |sum b|, the power sum |b|^2).
+        area is abs(sum b), the power sum abs(b)²).
     """
     b = np.asarray(waveform)
     if b.ndim != 1 or b.size == 0:

@@ -274,9 +274,11 @@ class DESPOT1Simulator(ClosedFormSimulator):
 
 # The six-peak fat spectrum of Hamilton et al. 2011 (NMR Biomed 24:784),
 # liver: chemical shifts from water (ppm) and relative amplitudes (sum 1).
+#: Chemical shifts of the six fat peaks from water, ppm (Hamilton et al. 2011).
 FAT_PEAKS_PPM = np.array([-3.80, -3.40, -2.60, -1.94, -0.39, 0.60])
 
 
+#: Relative amplitudes of the six fat peaks (sum 1; Hamilton et al. 2011).
 FAT_PEAK_AMPLITUDES = np.array([0.087, 0.693, 0.128, 0.004, 0.039, 0.048])
 
 

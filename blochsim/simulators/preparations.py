@@ -369,7 +369,7 @@ class MPnRAGESimulator(ClosedFormSimulator):
     @staticmethod
     def uni(s):
         """The uniform (M0- and receive-free) MP2RAGE image
-        Re(conj(S1) S2) / (|S1|² + |S2|²), in [−0.5, 0.5] (Marques et al.
+        Re(conj(S1) S2) / (abs(S1)² + abs(S2)²), in [−0.5, 0.5] (Marques et al.
         2010).
 
         Parameters

@@ -3,7 +3,7 @@ MP2RAGE: the UNI image versus T1
 ================================
 
 MP2RAGE (Marques et al. 2010) acquires two gradient-echo images after each
-inversion. Their combination UNI = Re(S1* S2) / (|S1|² + |S2|²) cancels M0,
+inversion. Their combination UNI = Re(S1* S2) / (abs(S1)² + abs(S2)²) cancels M0,
 T2* and the receive field, and is a monotonic function of T1 over the
 range of brain tissue, which makes it a T1 map through a lookup table. The
 transmit field B1 still bends the curve.
