@@ -230,9 +230,17 @@ def _gram_chunk(sim, grids, fixed, a, b):
     return _gram(_atom_chunk(sim, grids, fixed, a, b, None)[0])
 
 
-def _sample_atoms(sim, params, fixed, pick, chunk):
+def _sample_atoms(sim, grids, fixed, pick, chunk):
     from blochsim.estimators.dictionary import _simulate_table
-    return _simulate_table(sim, {k: v[pick] for k, v in params.items()}, fixed, chunk)
+    return _simulate_table(sim, _grid_params(grids, pick), fixed, chunk)
+
+
+def _lazy_params(grids, chunk):
+    """Each atom's parameters as Dask arrays (n_atoms,), computed from the
+    grids chunk by chunk when read."""
+    n = int(np.prod([len(v) for v in grids.values()]))
+    index = da.arange(n, chunks=chunk)
+    return {k: index.map_blocks(lambda i, k=k: _grid_params(grids, i)[k], dtype=np.float64) for k in grids}
 
 
 def _dictionary_key(dm, contrasts):
@@ -250,7 +258,7 @@ def _dictionary_key(dm, contrasts):
     return h.hexdigest()
 
 
-def fit_dictionary(dm, params, contrasts, store):
+def fit_dictionary(dm, n, contrasts, store):
     """DictionaryMatcher.fit(..., dask=True) after its grids are parsed:
     the subspace, then the atoms as a Dask array (persisted, in a Zarr
     store, or a graph simulated again at every match)."""
@@ -258,7 +266,6 @@ def fit_dictionary(dm, params, contrasts, store):
     sim, grids, fixed, chunk = dm.simulator, dm._grids, dm._fixed, dm.chunk
     if not (store is None or store == "memory" or isinstance(store, (str, bytes)) or hasattr(store, "__fspath__")):
         raise TypeError(f"DictionaryMatcher.fit: store must be 'memory', a path or None, got {store!r}")
-    n = len(next(iter(params.values())))
     spans = [(a, min(a + chunk, n)) for a in range(0, n, chunk)]
     key = _dictionary_key(dm, contrasts)
     group = None
@@ -269,7 +276,7 @@ def fit_dictionary(dm, params, contrasts, store):
     elif dm.rank == "auto" and n * contrasts * 8 > dm.auto_bytes:
         rng = np.random.default_rng(0)
         pick = np.sort(rng.choice(n, min(n, dm.auto_sample), replace=False))
-        sample = dask.compute(dask.delayed(_sample_atoms, pure=True)(sim, params, fixed, pick, chunk))[0]
+        sample = dask.compute(dask.delayed(_sample_atoms, pure=True)(sim, grids, fixed, pick, chunk))[0]
         basis = dm._subspace(_unit_rows(sample.astype(np.complex64))[0], dm.auto_tolerance)
     elif isinstance(dm.rank, int) and dm.rank < contrasts:
         grams = [dask.delayed(_gram_chunk, pure=True)(sim, grids, fixed, a, b) for a, b in spans]
@@ -285,7 +292,7 @@ def fit_dictionary(dm, params, contrasts, store):
     elif store is not None:
         atoms, norms = _write_store(store, group, key, dm, contrasts, basis, parts, spans, width)
     dm.contrasts = contrasts
-    dm.params = params
+    dm.params = _lazy_params(grids, chunk)
     dm._basis = basis
     dm._atoms, dm._norms = atoms, norms
     dm._original = None
@@ -399,8 +406,7 @@ def open_dictionary(cls, path, simulator=None):
     dm = cls(simulator, rank=meta["rank"], chunk=meta["chunk"], refine=meta["refine"])
     dm._grids = {k: group["grid_" + k][...] for k in meta["grids"]}
     dm._fixed = dict(meta["fixed"])
-    mesh = np.meshgrid(*dm._grids.values(), indexing="ij")
-    dm.params = {k: m.reshape(-1) for k, m in zip(dm._grids, mesh)}
+    dm.params = _lazy_params(dm._grids, dm.chunk)
     dm.contrasts = int(meta["contrasts"])
     dm._basis = group["basis"][...] if meta["compressed"] else None
     dm._atoms, dm._norms = da.from_zarr(group["atoms"]), da.from_zarr(group["norms"])
@@ -504,7 +510,7 @@ def match_dictionary(dm, signals, k):
                                                         projected, tree_sum(pairs, _merge_top), k, refine,
                                                         dm.chunk))
     sizes = flat.chunks[0]
-    probe = {name: np.asarray(v).dtype for name, v in dm.params.items()}
+    probe = {name: v.dtype for name, v in dm.params.items()}
     probe.update(index=np.int64, score=np.float64, M0=np.complex128)
     maps = {}
     for name, dtype in probe.items():

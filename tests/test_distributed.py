@@ -217,6 +217,10 @@ def test_dictionary_on_the_cluster_equals_in_process(client, rank):
     local.fit(**GRIDS)
     remote.fit(dask=True, **GRIDS)
     assert isinstance(remote._atoms, da.Array) and remote.compressed_rank == local.compressed_rank
+    # the atoms' parameters: lazy, from the grids, equal to the in-process table
+    assert isinstance(remote.params["T1"], da.Array)
+    for k in GRIDS:
+        np.testing.assert_array_equal(remote.params[k].compute(), local.params[k])
     if rank is not None:
         assert remote.compressed_rank is not None
     a, b = local.map(sig), remote.map(sig)

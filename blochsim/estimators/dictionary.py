@@ -109,7 +109,9 @@ class DictionaryMatcher:
         Returns
         -------
         DictionaryMatcher
-            self, fitted.
+            self, fitted; its ``params`` (each atom's parameters) are Dask
+            arrays with ``dask=True``, computed from the grids when read, so
+            that a dictionary of 1e9 atoms holds none of them in memory.
         """
         self._grids, self._fixed = None, {}
         self._lazy = None
@@ -141,19 +143,19 @@ class DictionaryMatcher:
                 raise ValueError(f"DictionaryMatcher.fit: grid {k} must be a finite 1-D array or a number")
         if not axes:
             raise ValueError("DictionaryMatcher.fit: give at least one grid axis (a 1-D array)")
-        mesh = np.meshgrid(*axes.values(), indexing="ij")
-        params = {k: m.reshape(-1) for k, m in zip(axes, mesh)}
         self._grids, self._fixed = axes, fixed
-        n = len(next(iter(params.values())))
-        first = _simulate_table(self.simulator, {k: v[:1] for k, v in params.items()}, fixed, 1)
+        n = int(np.prod([len(v) for v in axes.values()]))
+        first = _simulate_table(self.simulator, {k: v[:1] for k, v in axes.items()}, fixed, 1)
         contrasts = _some_contrasts(first.shape[1], "DictionaryMatcher.fit")
         if dask:
             if self.groups is not None:
                 raise ValueError("DictionaryMatcher.fit: groups is not available with dask=True")
             from blochsim import distributed
-            return distributed.fit_dictionary(self, params, contrasts, store)
+            return distributed.fit_dictionary(self, n, contrasts, store)
         if store != "memory":
             raise ValueError(f"DictionaryMatcher.fit: store={store!r} needs dask=True")
+        mesh = np.meshgrid(*axes.values(), indexing="ij")
+        params = {k: m.reshape(-1) for k, m in zip(axes, mesh)}
         if self.rank == "auto" and n * contrasts * 8 > self.auto_bytes:
             return self._fit_streamed(params, fixed, contrasts)
         atoms = _simulate_table(self.simulator, params, fixed, self.chunk)
