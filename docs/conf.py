@@ -10,7 +10,12 @@ import os
 import re
 import sys
 
-import blochsim
+# Document the installed package: run from the source folder, sys.path
+# would find its blochsim/, which has no compiled extension.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _ROOT]
+
+import blochsim  # noqa: E402
 
 project = "blochsim"
 author = "the blochsim developers"
@@ -170,4 +175,3 @@ def _public(module_name):
 
 
 _write_api(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
