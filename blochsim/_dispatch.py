@@ -26,8 +26,8 @@ def any_lazy(values) -> bool:
 
 
 def worker_threads():
-    """Host threads for a simulator rebuilt in a Dask worker: the CPUs
-    shared among the worker's task threads; None outside a worker."""
+    """Host threads of a task running in a Dask worker: the CPUs shared
+    among the worker's task threads; None outside a worker's task."""
     d = sys.modules.get("distributed")
     if d is None:
         return None
@@ -154,4 +154,12 @@ def route(asked, threads, tissue, out=None) -> Route:
         raise ValueError(f"device='cpu' was asked for, but {on_device[0]} is a device array")
     if device == "cpu":
         host_level()
-    return Route(device, on_device, threads if threads is not None else default_threads())
+    return Route(device, on_device, call_threads(threads))
+
+
+def call_threads(threads=None) -> int:
+    """Host threads of a call: ``threads`` if set, else the share of a Dask
+    worker's task (:func:`worker_threads`), else :func:`default_threads`."""
+    if threads is not None:
+        return threads
+    return worker_threads() or default_threads()

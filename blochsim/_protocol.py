@@ -7,6 +7,7 @@ import copy
 import functools
 import hashlib
 import pickle
+import threading
 
 import numpy as np
 
@@ -38,23 +39,26 @@ def _lazy_entry(name, method):
 #: one instance per protocol, so its packed streams are built once there)
 _RESTORED: dict = {}
 _RESTORED_MAX = 32
+_RESTORED_LOCK = threading.Lock()
 #: what a simulator caches and rebuilds, never pickled
 _CACHES = ("_stream_cache", "_dephasing_cache")
 
 
 def _restore(cls, state, token):
     """The simulator of a pickle: this process's instance for ``token`` (the
-    hash of the class and state), made once."""
-    obj = _RESTORED.get(token)
-    if obj is None:
-        obj = cls.__new__(cls)
-        obj.__dict__.update(state)
-        if obj.threads is None:
-            obj.threads = _dispatch.worker_threads()
-        if len(_RESTORED) >= _RESTORED_MAX:
-            _RESTORED.pop(next(iter(_RESTORED)))
-        _RESTORED[token] = obj
-    return obj
+    hash of the class and state), made once; a fresh one when the state
+    could not be hashed or the class was redefined."""
+    with _RESTORED_LOCK:
+        obj = _RESTORED.get(token) if token is not None else None
+        if obj is None or type(obj) is not cls:
+            obj = cls.__new__(cls)
+            obj.__dict__.update(state)
+            if token is not None:
+                _RESTORED.pop(token, None)
+                if len(_RESTORED) >= _RESTORED_MAX:
+                    _RESTORED.pop(next(iter(_RESTORED)))
+                _RESTORED[token] = obj
+        return obj
 
 
 class Base:
@@ -75,16 +79,26 @@ class Base:
                 setattr(cls, name, _lazy_entry(name, cls.__dict__[name]))
 
     def _state(self):
-        """The pickled state (no caches) and its hash."""
+        """The pickled state (no caches) and its hash (None when it cannot
+        be pickled here: a lambda among the options needs cloudpickle)."""
         state = {k: v for k, v in self.__dict__.items() if k not in _CACHES}
-        return state, hashlib.sha256(pickle.dumps((type(self), state), protocol=4)).hexdigest()
+        try:
+            blob = pickle.dumps((type(self), state), protocol=4)
+        except (pickle.PicklingError, AttributeError, TypeError):
+            try:
+                import cloudpickle
+                blob = cloudpickle.dumps((type(self), state), protocol=4)
+            except Exception:
+                return state, None
+        return state, hashlib.sha256(blob).hexdigest()
 
     def __reduce__(self):
         state, token = self._state()
         return _restore, (type(self), state, token)
 
     def __dask_tokenize__(self):
-        return type(self).__qualname__, self._state()[1]
+        token = self._state()[1]
+        return type(self).__qualname__, token if token is not None else id(self)
 
     def __copy__(self):
         obj = type(self).__new__(type(self))

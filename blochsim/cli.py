@@ -154,21 +154,26 @@ def _on_cluster(args, device, info):
     except ImportError:
         print("blochsim: --scheduler and --workers need Dask: pip install 'blochsim[distributed]'", file=sys.stderr)
         return 2
+    # the workers' CPUs are theirs: each task takes its worker's share
+    args.threads = None
     if args.scheduler is not None:
-        client = Client(args.scheduler)
-    else:
-        # one task a worker, each with its share of this machine's CPUs
-        share = max(1, (args.threads or info["cpu"]["threads"]) // args.workers)
-        cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
-                               dashboard_address=":0", env=_dispatch.thread_env(share))
-        client = Client(cluster)
-    with client:
-        info_ = client.scheduler_info()
-        print(f"blochsim: Dask cluster at {info_.get('address', '?')}, {len(info_['workers'])} workers")
-        status = maps_job(args, device, info, client)[0]
-    if args.scheduler is None:
-        cluster.close()
-    return status
+        try:
+            client = Client(args.scheduler, timeout=10)
+        except (OSError, TimeoutError) as e:
+            print(f"blochsim: no Dask scheduler answered at {args.scheduler}: {e}", file=sys.stderr)
+            return 2
+        with client:
+            return _report_cluster(client) or maps_job(args, device, info, client)[0]
+    share = max(1, info["cpu"]["threads"] // args.workers)  # one task a worker, each its share of the CPUs
+    with LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=":0",
+                      env=_dispatch.thread_env(share)) as cluster, Client(cluster) as client:
+        return _report_cluster(client) or maps_job(args, device, info, client)[0]
+
+
+def _report_cluster(client):
+    info = client.scheduler_info()
+    print(f"blochsim: Dask cluster at {info.get('address', '?')}, {len(info['workers'])} workers")
+    return 0
 
 
 def maps_job(args, device, info, client=None):
@@ -204,7 +209,8 @@ def maps_job(args, device, info, client=None):
     tissue = {k: ph[k][mask] for k in ("T1", "T2", "M0", "B1")}
     if lazy:
         import dask.array as da
-        tissue["T1"] = da.from_array(tissue["T1"], chunks=max(1024, -(-len(tissue["T1"]) // (4 * args.workers or 8))))
+        workers = max(1, len(client.scheduler_info()["workers"]))
+        tissue["T1"] = da.from_array(tissue["T1"], chunks=max(1024, -(-len(tissue["T1"]) // (4 * workers))))
     clean = sim.simulate(**tissue)
     noise = args.noise * (rng.standard_normal(clean.shape) + 1j * rng.standard_normal(clean.shape))
     signals = clean + noise

@@ -71,6 +71,10 @@ def _split(sim, values, what):
                 raise TypeError(f"{what}: {k} is a Dask array, but only tissue values may be "
                                 f"({type(sim).__name__} models {list(sim.tissue_properties)})")
             consts[k] = v
+    for k, v in arrays.items():
+        if isinstance(v, da.Array) and any(np.isnan(c) for cs in v.chunks for c in cs):
+            raise ValueError(f"{what}: {k} is a Dask array of unknown chunk sizes (from a boolean index, say); "
+                             f"call {k}.compute_chunk_sizes() first")
     try:
         shape = np.broadcast_shapes(*(np.shape(v) for v in arrays.values()))
     except ValueError:
@@ -249,7 +253,16 @@ def _dictionary_key(dm, contrasts):
     atoms."""
     import hashlib
     h = hashlib.sha256()
-    h.update(dm.simulator._state()[1].encode() if hasattr(dm.simulator, "_state") else b"")
+    sim = dm.simulator
+    h.update(f"{type(sim).__module__}:{type(sim).__qualname__}".encode())
+    for k in sorted(getattr(sim, "_given", {})):  # the protocol, not where or on how many threads it runs
+        v = sim._given[k]
+        a = np.asarray(v) if not callable(v) else None
+        h.update(k.encode())
+        if a is not None and a.dtype.kind in "biufc":
+            h.update(str(a.dtype).encode() + repr(a.shape).encode() + np.ascontiguousarray(a).tobytes())
+        else:
+            h.update(repr(v).encode())
     h.update(repr((sorted(dm._fixed.items()), dm.rank, dm.chunk, contrasts, type(dm).auto_tolerance,
                    type(dm).auto_sample, type(dm).auto_bytes)).encode())
     for k, v in dm._grids.items():
@@ -270,6 +283,9 @@ def fit_dictionary(dm, n, contrasts, store):
     key = _dictionary_key(dm, contrasts)
     group = None
     if store not in (None, "memory"):
+        import os
+        store = os.path.abspath(os.fspath(store))  # the workers' working folders may differ from this one
+        _store_meta(dm, key, contrasts, None)  # a protocol a store cannot hold is refused before any work
         group = _open_store(store, key, "DictionaryMatcher.fit")
     if group is not None and "basis" in group:
         basis = group["basis"][...] if group.attrs["meta"]["compressed"] else None
@@ -406,6 +422,9 @@ def open_dictionary(cls, path, simulator=None):
     dm = cls(simulator, rank=meta["rank"], chunk=meta["chunk"], refine=meta["refine"])
     dm._grids = {k: group["grid_" + k][...] for k in meta["grids"]}
     dm._fixed = dict(meta["fixed"])
+    if _dictionary_key(dm, int(meta["contrasts"])) != meta["key"]:
+        raise ValueError(f"DictionaryMatcher.load: {path} was made by another simulator or protocol than "
+                         f"{type(simulator).__name__}'s ({meta['simulator']})")
     dm.params = _lazy_params(dm._grids, dm.chunk)
     dm.contrasts = int(meta["contrasts"])
     dm._basis = group["basis"][...] if meta["compressed"] else None
@@ -482,6 +501,9 @@ def match_dictionary(dm, signals, k):
     signals: voxel chunks against atom chunks, each voxel's best kept by a
     tree reduction over the atom chunks; Dask maps of Dask signals."""
     lazy_in = isinstance(signals, da.Array)
+    if lazy_in and any(np.isnan(c) for cs in signals.chunks for c in cs):
+        raise ValueError("DictionaryMatcher.match: signals is a Dask array of unknown chunk sizes; call "
+                         "signals.compute_chunk_sizes() first")
     if not lazy_in:
         from blochsim.estimators._common import _signals
         signals = _signals(signals, dm.contrasts, "DictionaryMatcher.match")

@@ -89,6 +89,12 @@ def test_simulators_pickle_to_their_protocol():
     assert c is not sim and sim.device is None
     d = copy.deepcopy(sim)
     assert d is not sim and d._given["flip"] is not sim._given["flip"]
+    # an option pickle cannot hold (a lambda): cloudpickle, as Dask uses, still can
+    import cloudpickle
+    odd = _mrf()
+    odd.note = lambda x: x
+    back = cloudpickle.loads(cloudpickle.dumps(odd))
+    assert back.note(3) == 3 and dask.base.tokenize(odd)
 
 
 def test_a_worker_builds_a_simulator_once(client):
@@ -103,6 +109,20 @@ def test_a_worker_builds_a_simulator_once(client):
     for pid, ident in seen:
         per_worker.setdefault(pid, set()).add(ident)
     assert all(len(ids) == 1 for ids in per_worker.values()), per_worker
+
+
+def test_a_task_takes_its_workers_share_of_the_cpus():
+    """A worker of two task threads: each task's host calls use half its
+    CPUs (BLOCHSIM_NUM_THREADS = 2 here), decided when the call runs."""
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=True, host="127.0.0.1",
+                                  dashboard_address=":0", env={"BLOCHSIM_NUM_THREADS": "2"}) as cluster:
+        with distributed.Client(cluster) as c:
+            def threads(s):
+                from blochsim import _dispatch
+                return s.threads, _dispatch.route(s.device, s.threads, {}).threads
+
+            assert c.submit(threads, _mrf()).result() == (None, 1)
+            assert c.submit(threads, _mrf(threads=2)).result() == (2, 2)  # asked for: kept
 
 
 def test_device_auto_runs_on_the_host_without_a_gpu():
@@ -193,6 +213,8 @@ def test_lazy_refusals():
     s, pullback = sim.vjp("T2", T1=T1, T2=80.0)
     with pytest.raises(ValueError, match=r"the cotangent has shape \(10, 7\); the signal has \(10, 120\)"):
         pullback(np.ones((10, 7)))
+    with pytest.raises(ValueError, match=r"T1 is a Dask array of unknown chunk sizes"):
+        sim.simulate(T1=T1[T1 > 500], T2=80.0)
     # values are checked chunk by chunk when computed
     bad = da.from_array(np.array([1000.0, -1.0, 900.0, 800.0]), chunks=2)
     with pytest.raises(ValueError, match=r"T1 must be > 0 ms, got -1.0"):
@@ -300,6 +322,11 @@ def test_zarr_dictionary_written_resumed_and_reopened(tmp_path):
                 np.testing.assert_array_equal(got[k], ref[k], err_msg=k)
         with pytest.raises(ValueError, match=r"holds another dictionary"):
             DictionaryMatcher(sim, rank=5, chunk=512).fit(dask=True, store=path, **grids)
+        with pytest.raises(ValueError, match=r"was made by another simulator or protocol"):
+            DictionaryMatcher.load(path, simulator=_Failing(flip=FLIPS, TR=12.0, states=16))
+        # where and on how many threads it runs is not part of the dictionary
+        DictionaryMatcher(_Failing(flip=FLIPS, TR=10.0, states=16, threads=1), rank=None,
+                          chunk=512).fit(dask=True, store=path, **grids)
 
 
 def test_zarr_dictionary_of_a_shipped_simulator_reopens_without_it(client, tmp_path):
@@ -407,6 +434,15 @@ def test_the_main_job_on_a_local_cluster_equals_the_job_in_process(tmp_path):
         return [line for line in out.splitlines() if "%" in line]
 
     assert table(remote.stdout) == table(local.stdout) and len(table(local.stdout)) == 10
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                  dashboard_address=":0") as cluster:
+        at = subprocess.run(run + args + ["--scheduler", cluster.scheduler_address], capture_output=True,
+                            text=True, cwd=tmp_path, timeout=600)
+    assert at.returncode == 0, at.stderr
+    assert table(at.stdout) == table(local.stdout)
+    gone = subprocess.run(run + args + ["--scheduler", "tcp://127.0.0.1:9"], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=120)
+    assert gone.returncode == 2 and "no Dask scheduler answered at tcp://127.0.0.1:9" in gone.stderr
     bad = subprocess.run(run + ["--workers", "0"], capture_output=True, text=True, cwd=tmp_path)
     assert bad.returncode == 2 and "--workers must be >= 1, got 0" in bad.stderr
     both = subprocess.run(run + ["--workers", "2", "--scheduler", "tcp://127.0.0.1:1"], capture_output=True,

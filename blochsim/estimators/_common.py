@@ -117,5 +117,4 @@ def _levelwise(parts, add=operator.add):
 
 def _threads(sim):
     _dispatch.host_level()
-    t = getattr(sim, "threads", None)
-    return t if t else _dispatch.default_threads()
+    return _dispatch.call_threads(getattr(sim, "threads", None))

@@ -152,13 +152,11 @@ class PERK:
             g = np.random.Generator(np.random.Philox(key=key, counter=[0, 0, 0, b]))
             thetas.append(lows + (highs - lows) * g.random((m, len(names))))
             gens.append(g)
-        theta = np.concatenate(thetas)
-        kw = {k: theta[:, i] for i, k in enumerate(names)}
-        s = np.asarray(self.simulator.simulate(**kw, **spec["fixed"])).reshape(len(theta), -1)
-        parts, a = [], 0
+        parts = []
         for g, t in zip(gens, thetas):
-            sb = s[a:a + len(t)]
-            a += len(t)
+            # one call a block: a call's choices (repetitions="auto") are then the block's alone
+            kw = {k: t[:, i] for i, k in enumerate(names)}
+            sb = np.asarray(self.simulator.simulate(**kw, **spec["fixed"])).reshape(len(t), -1)
             if spec["noise_std"] > 0:
                 sb = sb + spec["noise_std"] * (g.standard_normal(sb.shape) + 1j * g.standard_normal(sb.shape))
             parts.append((t, [t[:, names.index(k)][:, None] for k in spec["known"]], sb))
