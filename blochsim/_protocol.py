@@ -74,7 +74,7 @@ class Base:
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         # Dask arrays among the tissue values: the call becomes a lazy graph
-        for name in ("simulate", "jacobian", "vjp"):
+        for name in ("simulate", "jacobian", "vjp", "jacobian_vjp"):
             if name in cls.__dict__:
                 setattr(cls, name, _lazy_entry(name, cls.__dict__[name]))
 

@@ -130,6 +130,9 @@ def lazy_call(sim, name, method, args, values):
     arrays among the tissue values, as a lazy Dask graph over the voxel
     chunks (what the simulators' public methods hand over)."""
     what = f"{type(sim).__name__}.{name}"
+    if name not in ("simulate", "jacobian", "vjp"):
+        raise TypeError(f"{what} takes NumPy or device arrays, not Dask arrays (compute the chunks you need, or "
+                        f"call it inside a task of your own)")
     args = list(args)
     if name == "simulate" and args:
         values["out"] = args.pop(0)
@@ -159,8 +162,6 @@ def lazy_call(sim, name, method, args, values):
                              chunks=lazy[0].chunks + ((1 + m,), (s.shape[-1],)), dtype=dtype,
                              meta=np.empty((0,) * (nd + 2), dtype))
         return both[..., 0, :].astype(s.dtype), (both[..., 1, :] if one else both[..., 1:, :]).astype(J.dtype)
-    if name != "vjp":  # pragma: no cover - the wrapped methods are these three
-        raise TypeError(f"{what} takes no Dask arrays")
     s0, pull0 = probe
     s0 = np.asarray(s0)
     signal = da.map_blocks(_vjp_signal_block, *common, *lazy, new_axis=[nd], chunks=lazy[0].chunks + ((s0.shape[-1],),),

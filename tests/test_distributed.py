@@ -215,6 +215,8 @@ def test_lazy_refusals():
         pullback(np.ones((10, 7)))
     with pytest.raises(ValueError, match=r"T1 is a Dask array of unknown chunk sizes"):
         sim.simulate(T1=T1[T1 > 500], T2=80.0)
+    with pytest.raises(TypeError, match=r"jacobian_vjp takes NumPy or device arrays, not Dask arrays"):
+        sim.jacobian_vjp("T2", "flip", T1=T1, T2=80.0)
     # values are checked chunk by chunk when computed
     bad = da.from_array(np.array([1000.0, -1.0, 900.0, 800.0]), chunks=2)
     with pytest.raises(ValueError, match=r"T1 must be > 0 ms, got -1.0"):
@@ -389,6 +391,8 @@ def test_perk_on_the_cluster_is_bitwise_the_in_process_fit(client):
     assert isinstance(b["T1"], da.Array)
     for k in a:
         np.testing.assert_array_equal(b[k].compute().reshape(-1), a[k])
+    with pytest.raises(TypeError, match=r"PERK.vjp takes NumPy arrays, not Dask arrays"):
+        local.vjp(da.from_array(sig, chunks=(300, -1)), known={"B1": B1})
 
 
 # --------------------------------------------------------------------------

@@ -554,7 +554,7 @@ class _TopK:
             cand_p = np.concatenate([self.power[rows], power[r, part]], axis=1)
             cand_i = np.concatenate([self.idx[rows], atoms[part]], axis=1)
             cand_d = np.concatenate([self.dot[rows], d[r, part]], axis=1)
-            top = np.argpartition(-cand_p, self.k - 1, axis=1)[:, :self.k]
+            top = np.lexsort((cand_i, -cand_p), axis=1)[:, :self.k]  # ties to the lower atom index
             self.power[rows] = np.take_along_axis(cand_p, top, 1)
             self.idx[rows] = np.take_along_axis(cand_i, top, 1)
             self.dot[rows] = np.take_along_axis(cand_d, top, 1)

@@ -398,7 +398,7 @@ class PERK:
         """
         if uncertainty and not self._uncertainty:
             raise ValueError("PERK.map: uncertainty=True needs fit(uncertainty=True)")
-        if _dispatch.any_lazy({"signals": signals, **(known or {})}):
+        if _dispatch.any_lazy({"signals": signals, **(known if isinstance(known, dict) else {})}):
             from blochsim import distributed
             return distributed.perk_map(self, signals, known, uncertainty)
         shape, flat, x, _, _ = self._prepare(signals, known, "PERK.map")
@@ -428,6 +428,8 @@ class PERK:
             the loss's cotangent of the signals, complex64 shaped like them
             (∂L/∂Re s + i·∂L/∂Im s, SPEC §4).
         """
+        if _dispatch.any_lazy({"signals": signals, **(known if isinstance(known, dict) else {})}):
+            raise TypeError("PERK.vjp takes NumPy arrays, not Dask arrays (PERK.map takes Dask arrays)")
         shape, flat, x, v, r = self._prepare(signals, known, "PERK.vjp")
         m = self._model
         p = len(self.names)

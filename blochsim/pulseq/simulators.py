@@ -9,6 +9,7 @@ import os
 import numpy as np
 
 from blochsim import _validate as V
+from blochsim._protocol import _lazy_entry
 from blochsim.pulseq.file import PulseqError, _File
 from blochsim.pulseq.reader import _field_strength, _read, _Reader
 from blochsim.sequence import Delay, Pulse, Readout, Sequence, Spoil
@@ -226,6 +227,12 @@ class PulseqCESTSimulator:
                 ops.append(Spoil())
         return out
 
+    @property
+    def tissue_properties(self):
+        """The tissue properties its segments model (those of every played
+        simulator, pools included)."""
+        return _Segment.tissue_properties
+
     def simulate(self, **tissue):
         """The Z-spectrum, complex64, shape (*voxels, len(z_offsets_ppm)),
         or every ADC's sample, (*voxels, len(offsets_ppm)) with
@@ -282,3 +289,8 @@ class PulseqCESTSimulator:
         if names is None:
             return out
         return out, np.stack([jparts[i] for i in order], axis=-1)
+
+
+# Dask arrays among the tissue values: lazy, as for every simulator
+PulseqCESTSimulator.simulate = _lazy_entry("simulate", PulseqCESTSimulator.simulate)
+PulseqCESTSimulator.jacobian = _lazy_entry("jacobian", PulseqCESTSimulator.jacobian)
