@@ -29,7 +29,7 @@ def _lazy_entry(name, method):
     def entry(self, *args, **values):
         if _dispatch.any_lazy(values):
             from blochsim import distributed
-            return distributed.lazy_call(self, name, method, args, values)
+            return distributed.lazy_call(self, name, args, values)
         return method(self, *args, **values)
 
     return entry

@@ -125,7 +125,7 @@ def _vjp_block(sim, name, args, names, consts, cot, *blocks):
     return pullback(np.asarray(cot))
 
 
-def lazy_call(sim, name, method, args, values):
+def lazy_call(sim, name, args, values):
     """``sim.<name>(*args, **values)`` (simulate, jacobian or vjp) with Dask
     arrays among the tissue values, as a lazy Dask graph over the voxel
     chunks (what the simulators' public methods hand over)."""
@@ -364,6 +364,9 @@ def _write_store(path, group, key, dm, contrasts, basis, parts, spans, width):
         group.create_array("basis", data=basis if basis is not None else np.zeros((0, 0), np.complex64))
         for k, v in dm._grids.items():
             group.create_array("grid_" + k, data=np.asarray(v, np.float64))
+        from blochsim.estimators.dictionary import _protocol_record
+        for k, v in _protocol_record(dm.simulator, "DictionaryMatcher.fit", "a store")[1].items():
+            group.create_array("protocol_" + k, data=v)
         group.attrs["meta"] = _store_meta(dm, key, contrasts, basis)
     done = group["done"][...]
     writes = [dask.delayed(_write_chunk, pure=False)(path, j, a, b, parts[j])
@@ -379,18 +382,10 @@ def _write_store(path, group, key, dm, contrasts, basis, parts, spans, width):
 
 
 def _store_meta(dm, key, contrasts, basis):
-    sim = dm.simulator
-    cls = type(sim)
-    protocol = {}
-    for k, v in getattr(sim, "_given", {}).items():
-        if v is None or isinstance(v, (bool, str, int, float)):
-            protocol[k] = v
-        else:
-            a = np.asarray(v)
-            if a.dtype.kind not in "biuf":
-                raise ValueError(f"DictionaryMatcher.fit: the protocol parameter {k} ({type(v).__name__}) cannot "
-                                 f"be written to a store")
-            protocol[k] = {"array": a.tolist(), "dtype": str(a.dtype)}
+    """The store's metadata (the protocol's arrays go to the store beside it)."""
+    from blochsim.estimators.dictionary import _protocol_record
+    cls = type(dm.simulator)
+    protocol, _ = _protocol_record(dm.simulator, "DictionaryMatcher.fit", "a store")
     return {"format": "blochsim-dictionary-zarr", "version": 1, "key": key, "complete": False,
             "simulator": f"{cls.__module__}:{cls.__qualname__}", "protocol": protocol, "fixed": dm._fixed,
             "grids": list(dm._grids), "rank": dm.rank, "refine": dm.refine, "chunk": dm.chunk,
@@ -413,13 +408,8 @@ def open_dictionary(cls, path, simulator=None):
         raise ValueError(f"DictionaryMatcher.load: {path} is incomplete (a fit that stopped): fit again with the "
                          f"same simulator, grids and store to resume it")
     if simulator is None:
-        arrays, protocol = {}, {}
-        for k, v in meta["protocol"].items():
-            if isinstance(v, dict):
-                arrays[k] = np.asarray(v["array"], dtype=v["dtype"])
-            else:
-                protocol[k] = v
-        simulator = _rebuild(meta["simulator"], protocol, arrays)
+        arrays = {k[len("protocol_"):]: group[k][...] for k in group.array_keys() if k.startswith("protocol_")}
+        simulator = _rebuild(meta["simulator"], meta["protocol"], arrays)
     dm = cls(simulator, rank=meta["rank"], chunk=meta["chunk"], refine=meta["refine"])
     dm._grids = {k: group["grid_" + k][...] for k in meta["grids"]}
     dm._fixed = dict(meta["fixed"])

@@ -359,19 +359,8 @@ class DictionaryMatcher:
                              "fit(..., dask=True, store=path) (a Zarr store), not to one file")
         sim = self.simulator
         cls = type(sim)
-        arrays, protocol = {}, {}
-        for key, value in getattr(sim, "_given", {}).items():
-            if value is None or isinstance(value, (bool, str, numbers.Number)):
-                protocol[key] = value.item() if isinstance(value, np.generic) else value
-                continue
-            try:
-                a = np.asarray(value)
-            except Exception:
-                a = None
-            if a is None or a.dtype == object or not (np.issubdtype(a.dtype, np.number) or a.dtype == bool):
-                raise ValueError(f"DictionaryMatcher.save: the protocol parameter {key} "
-                                 f"({type(value).__name__}) cannot be written to a file")
-            arrays["protocol:" + key] = a
+        protocol, given = _protocol_record(sim, "DictionaryMatcher.save", "a file")
+        arrays = {"protocol:" + k: v for k, v in given.items()}
         meta = {"format": "blochsim-dictionary", "version": 1,
                 "simulator": f"{cls.__module__}:{cls.__qualname__}", "protocol": protocol,
                 "fixed": self._fixed, "grids": None if self._grids is None else list(self._grids),
@@ -433,6 +422,25 @@ class DictionaryMatcher:
         if dm.groups is not None and dm.groups < len(dm._atoms):
             dm._cluster()
         return dm
+
+
+def _protocol_record(sim, what, where):
+    """The simulator's protocol as (JSON-able values, arrays), refusing a
+    value ``where`` (a file, a store) cannot hold."""
+    arrays, protocol = {}, {}
+    for key, value in getattr(sim, "_given", {}).items():
+        if value is None or isinstance(value, (bool, str, numbers.Number)):
+            protocol[key] = value.item() if isinstance(value, np.generic) else value
+            continue
+        try:
+            a = np.asarray(value)
+        except Exception:
+            a = None
+        if a is None or a.dtype == object or not (np.issubdtype(a.dtype, np.number) or a.dtype == bool):
+            raise ValueError(f"{what}: the protocol parameter {key} ({type(value).__name__}) cannot be written "
+                             f"to {where}")
+        arrays[key] = a
+    return protocol, arrays
 
 
 def _rebuild(name, protocol, arrays):
