@@ -163,17 +163,18 @@ def _on_cluster(args, device, info):
             print(f"blochsim: no Dask scheduler answered at {args.scheduler}: {e}", file=sys.stderr)
             return 2
         with client:
-            return _report_cluster(client) or maps_job(args, device, info, client)[0]
+            _report_cluster(client)
+            return maps_job(args, device, info, client)[0]
     share = max(1, info["cpu"]["threads"] // args.workers)  # one task a worker, each its share of the CPUs
     with LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=":0",
                       env=_dispatch.thread_env(share)) as cluster, Client(cluster) as client:
-        return _report_cluster(client) or maps_job(args, device, info, client)[0]
+        _report_cluster(client)
+        return maps_job(args, device, info, client)[0]
 
 
 def _report_cluster(client):
     info = client.scheduler_info()
     print(f"blochsim: Dask cluster at {info.get('address', '?')}, {len(info['workers'])} workers")
-    return 0
 
 
 def maps_job(args, device, info, client=None):

@@ -276,7 +276,7 @@ def fit_dictionary(dm, n, contrasts, store):
     """DictionaryMatcher.fit(..., dask=True) after its grids are parsed:
     the subspace, then the atoms as a Dask array (persisted, in a Zarr
     store, or a graph simulated again at every match)."""
-    from blochsim.estimators.dictionary import _basis, _unit_rows
+    from blochsim.estimators.dictionary import _basis
     sim, grids, fixed, chunk = dm.simulator, dm._grids, dm._fixed, dm.chunk
     if not (store is None or store == "memory" or isinstance(store, (str, bytes)) or hasattr(store, "__fspath__")):
         raise TypeError(f"DictionaryMatcher.fit: store must be 'memory', a path or None, got {store!r}")
@@ -291,10 +291,8 @@ def fit_dictionary(dm, n, contrasts, store):
     if group is not None and "basis" in group:
         basis = group["basis"][...] if group.attrs["meta"]["compressed"] else None
     elif dm.rank == "auto" and n * contrasts * 8 > dm.auto_bytes:
-        rng = np.random.default_rng(0)
-        pick = np.sort(rng.choice(n, min(n, dm.auto_sample), replace=False))
-        sample = dask.compute(dask.delayed(_sample_atoms, pure=True)(sim, grids, fixed, pick, chunk))[0]
-        basis = dm._subspace(_unit_rows(sample.astype(np.complex64))[0], dm.auto_tolerance)
+        basis = dm._sampled_basis(
+            n, lambda pick: dask.compute(dask.delayed(_sample_atoms, pure=True)(sim, grids, fixed, pick, chunk))[0])
     elif isinstance(dm.rank, int) and dm.rank < contrasts:
         grams = [dask.delayed(_gram_chunk, pure=True)(sim, grids, fixed, a, b) for a, b in spans]
         basis = _basis(dask.compute(tree_sum(grams))[0], rank=dm.rank)
@@ -308,8 +306,15 @@ def fit_dictionary(dm, n, contrasts, store):
         atoms, norms = dask.persist(atoms, norms)
     elif store is not None:
         atoms, norms = _write_store(store, group, key, dm, contrasts, basis, parts, spans, width)
+    return _lazy_matcher(dm, contrasts, basis, atoms, norms, store)
+
+
+def _lazy_matcher(dm, contrasts, basis, atoms, norms, store):
+    """``dm`` holding a Dask dictionary: its atoms and norms (Dask arrays,
+    null atoms kept and skipped at matching), its parameters from the
+    grids."""
     dm.contrasts = contrasts
-    dm.params = _lazy_params(grids, chunk)
+    dm.params = _lazy_params(dm._grids, dm.chunk)
     dm._basis = basis
     dm._atoms, dm._norms = atoms, norms
     dm._original = None
@@ -416,14 +421,8 @@ def open_dictionary(cls, path, simulator=None):
     if _dictionary_key(dm, int(meta["contrasts"])) != meta["key"]:
         raise ValueError(f"DictionaryMatcher.load: {path} was made by another simulator or protocol than "
                          f"{type(simulator).__name__}'s ({meta['simulator']})")
-    dm.params = _lazy_params(dm._grids, dm.chunk)
-    dm.contrasts = int(meta["contrasts"])
-    dm._basis = group["basis"][...] if meta["compressed"] else None
-    dm._atoms, dm._norms = da.from_zarr(group["atoms"]), da.from_zarr(group["norms"])
-    dm._original = None
-    dm._group_of = None
-    dm._lazy = {"store": path}
-    return dm
+    return _lazy_matcher(dm, int(meta["contrasts"]), group["basis"][...] if meta["compressed"] else None,
+                         da.from_zarr(group["atoms"]), da.from_zarr(group["norms"]), path)
 
 
 def _project(block, contrasts, basis):

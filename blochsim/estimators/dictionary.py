@@ -166,10 +166,8 @@ class DictionaryMatcher:
         atoms, then every atom simulated chunk by chunk and kept only as its
         projection."""
         n = len(next(iter(params.values())))
-        rng = np.random.default_rng(0)
-        pick = np.sort(rng.choice(n, min(n, self.auto_sample), replace=False))
-        sample = _simulate_table(self.simulator, {k: v[pick] for k, v in params.items()}, fixed, self.chunk)
-        basis = self._subspace(_unit_rows(sample.astype(np.complex64))[0], self.auto_tolerance)
+        basis = self._sampled_basis(
+            n, lambda pick: _simulate_table(self.simulator, {k: v[pick] for k, v in params.items()}, fixed, self.chunk))
         parts, norms = [], []
         for a in range(0, n, self.chunk):
             block = _simulate_table(self.simulator, {k: v[a:a + self.chunk] for k, v in params.items()},
@@ -194,6 +192,12 @@ class DictionaryMatcher:
         if basis is not None:
             unit = unit @ basis
         return self._keep(unit, norms, params, self.contrasts, basis)
+
+    def _sampled_basis(self, n, atoms_at):
+        """The "auto" subspace of a dictionary of n atoms, learned from
+        :attr:`auto_sample` of them (``atoms_at(indices)`` simulates them)."""
+        pick = np.sort(np.random.default_rng(0).choice(n, min(n, self.auto_sample), replace=False))
+        return self._subspace(_unit_rows(atoms_at(pick).astype(np.complex64))[0], self.auto_tolerance)
 
     def _subspace(self, unit, tolerance=None, rank=None):
         """Leading right singular vectors of the unit atoms (contrasts, r),
