@@ -3,13 +3,11 @@ results, Ctrl-C stopping a long call, and concurrent calls (threads, fork)
 giving the bitwise results of serial ones."""
 import multiprocessing
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import textwrap
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -17,6 +15,7 @@ import pytest
 import blochsim
 from blochsim import _core, _memory, simulators as S
 from blochsim.estimators import PERK, DictionaryMatcher, LookupTable, NonlinearLeastSquares
+from interrupts import assert_ctrl_c_stops
 
 TENSOR = dict(Dxx=1.5, Dyy=1.0, Dzz=0.5, Dxy=0.1, Dxz=0.0, Dyz=0.0)
 MP2 = dict(TI=[700.0, 2500.0], flip=[4.0, 5.0], TR=5000.0, TR_gre=7.0, n_readouts=160)
@@ -239,7 +238,7 @@ def test_ctrl_c_stops_a_long_host_call_and_the_pool_still_works():
     """A real SIGINT sent to a process in a 4-million-atom host call: it
     raises KeyboardInterrupt within 2 s, and a call afterwards gives the
     serial result."""
-    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+    assert_ctrl_c_stops("""
         import sys, time
         import numpy as np
         from blochsim.simulators import MRFSimulator
@@ -255,17 +254,7 @@ def test_ctrl_c_stops_a_long_host_call_and_the_pool_still_works():
         except KeyboardInterrupt:
             print("interrupted after %.3f" % (time.monotonic() - t0), flush=True)
         print("again", bool(np.array_equal(sim.simulate(T1=np.full(64, 1000.0), T2=80.0), small)), flush=True)
-    """)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=CHILD_CWD)
-    assert child.stdout.readline().strip() == "ready"
-    time.sleep(1.0)
-    sent = time.monotonic()
-    child.send_signal(signal.SIGINT)
-    line = child.stdout.readline().strip()
-    stopped = time.monotonic() - sent
-    rest = child.communicate(timeout=60)[0]
-    assert line.startswith("interrupted"), line + rest
-    assert stopped < 2.0, stopped
-    assert "again True" in rest
+    """, wait=1.0, timeout=60)
 
 
 def test_an_interrupt_from_a_handler_is_the_handlers_exception():
