@@ -17,8 +17,9 @@ from libcpp.vector cimport vector
 from blochsim._events cimport (EventStream, Pools, Property, Tissue, cuda_error_base, field_pooled_direction,
                               field_single_pool_direction, field_table, interrupted, lineshape_g, out_of_memory,
                               pool_field_count, pool_property, status_message, tissue_fields, tissue_property)
-from blochsim._host cimport (Interrupt, PerkModel, host_available_memory, host_perk_dispatch, host_set_interrupt,
-                             host_workspace_bytes, perk_max_outputs, unchecked_workspace_bytes)
+from blochsim._host cimport (Interrupt, MatchProblem, MatchResult, PerkModel, host_available_memory,
+                             host_match_dispatch, host_perk_dispatch, host_set_interrupt, host_workspace_bytes,
+                             match_max_k, perk_max_outputs, unchecked_workspace_bytes)
 from blochsim._host cimport (host_adjoint2_dispatch, host_adjoint_dispatch, host_forward_dispatch, host_forward_registers, host_isa,
                              host_jacobian_dispatch, host_jacobian_registers, host_pooled_adjoint_dispatch,
                              host_pooled_dispatch, host_pooled_registers)
@@ -735,5 +736,41 @@ def perk(const float[:, ::1] omega, const float[::1] phase, const float[:, ::1] 
     cdef Interrupt prev = _listen(holder)
     with nogil:
         st = host_perk_dispatch(m, xin, gp, n, op, xp, threads)
+    host_set_interrupt(prev)
+    _raise(st, b"", holder)
+
+
+MATCH_MAX_K = match_max_k
+
+
+def match(const float[:, ::1] signals, const float[:, ::1] atoms, int64_t[:, ::1] index, float[:, ::1] power,
+          double[:, ::1] dot, int threads=1):
+    """Fused dictionary matching on the host (match.hpp): for each signal
+    row (n, 2·dim: complex parts interleaved) the k = index.shape[1] atoms
+    (rows of ``atoms``, same layout) of largest abs(<atom, s>)², ties to the
+    lower index, without the signals × atoms score matrix.  Writes their
+    indices, single-precision powers (the ranking key) and double-precision
+    inner products (dot, (n, 2k)); slots past the atoms hold -1, -1, 0."""
+    cdef MatchProblem p
+    cdef MatchResult r
+    cdef int st
+    p.n = signals.shape[0]
+    p.atoms = atoms.shape[0]
+    p.dim = signals.shape[1] // 2
+    p.k = index.shape[1]
+    if (signals.shape[1] % 2 or atoms.shape[1] != signals.shape[1] or index.shape[0] != p.n
+            or power.shape[0] != p.n or power.shape[1] != p.k or dot.shape[0] != p.n or dot.shape[1] != 2 * p.k):
+        raise ValueError("blochsim internal error: match array shapes")
+    if p.n > 0:
+        p.signal = &signals[0, 0]
+        r.index = &index[0, 0]
+        r.power = &power[0, 0]
+        r.dot = &dot[0, 0]
+    if p.atoms > 0:
+        p.atom = &atoms[0, 0]
+    holder = []
+    cdef Interrupt prev = _listen(holder)
+    with nogil:
+        st = host_match_dispatch(p, r, threads)
     host_set_interrupt(prev)
     _raise(st, b"", holder)

@@ -17,6 +17,23 @@ cdef extern from "blochsim/perk.hpp" namespace "blochsim" nogil:
         const float* offset
 
 
+cdef extern from "blochsim/match.hpp" namespace "blochsim" nogil:
+    const int match_max_k
+
+    cdef cppclass MatchProblem:
+        int64_t n
+        int64_t atoms
+        int64_t dim
+        int k
+        const float* signal
+        const float* atom
+
+    cdef cppclass MatchResult:
+        int64_t* index
+        float* power
+        double* dot
+
+
 cdef extern from "blochsim/host/interrupt.hpp" namespace "blochsim" nogil:
     cdef struct Interrupt:
         int (*poll)(void* ctx) noexcept
@@ -43,6 +60,7 @@ cdef extern from "dispatch.hpp" namespace "blochsim" nogil:
                                      unsigned mask)
     int host_perk_dispatch(const PerkModel& m, const float* x, const float* g, int64_t n, float* out,
                            float* xbar, int threads)
+    int host_match_dispatch(const MatchProblem& p, const MatchResult& r, int threads)
     const char* host_isa()
     double host_workspace_bytes(int entry, const EventStream& s, const Pools* p, int64_t n, int threads,
                                 const int* fields, int n_dirs, unsigned mask)

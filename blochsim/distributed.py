@@ -433,41 +433,39 @@ def _project(block, contrasts, basis):
 
 
 def _pair_top(projected, atoms, norms, offset, m):
-    """The m best atoms of one atom chunk for one voxel chunk: (indices,
-    <unit atom, s>, power, norms), best first."""
-    from blochsim.estimators.dictionary import _TopK
+    """The m best atoms of one atom chunk for one voxel chunk by the fused
+    matching kernel: (indices, <unit atom, s>, power, norms), best first."""
+    from blochsim.estimators._common import _threads
+    from blochsim.estimators.dictionary import _best
     q = projected[1]
     keep = np.flatnonzero(norms > 0)  # a null atom matches nothing
-    top = _TopK(len(q), m)
-    if len(keep):
-        top.update(np.arange(len(q)), q @ atoms[keep].conj().T, keep + offset)
-    order = np.argsort(-top.power, axis=1, kind="stable")
-    idx = np.take_along_axis(top.idx, order, 1)
-    local = np.clip(idx - offset, 0, len(norms) - 1)
-    return (idx, np.take_along_axis(top.dot, order, 1), np.take_along_axis(top.power, order, 1), norms[local])
+    idx, dot, power = _best(q, atoms if len(keep) == len(norms) else atoms[keep], m, _threads(None))
+    local = keep[np.maximum(idx, 0)] if len(keep) else np.zeros_like(idx)
+    return np.where(idx >= 0, local + offset, -1), dot, power, norms[local]
 
 
 def _merge_top(a, b):
     """The m best of two candidate sets, ties to the lower atom index."""
-    idx, dot, power, norm = (np.concatenate([x, y], axis=1) for x, y in zip(a, b))
-    m = a[0].shape[1]
-    order = np.lexsort((idx, -power), axis=1)[:, :m] if idx.size else np.zeros((len(idx), 0), np.int64)
-    return tuple(np.take_along_axis(x, order, 1) for x in (idx, dot, power, norm))
+    from blochsim.estimators.dictionary import _merge_best
+    idx, dot, norm, power = _merge_best(a[0].shape[1], (a[0], a[1], a[3], a[2]), (b[0], b[1], b[3], b[2]))
+    return idx, dot, power, norm
 
 
-def _finish(sim, grids, table, original, fixed, projected, top, k, refine, chunk):
+def _finish(sim, grids, table, original, fixed, projected, top, k, m, refine, chunk):
     """Maps of one voxel chunk from its candidates, re-ranked exactly when
     ``refine``: parameters, index, score and M0, each (n, k).  A
     Dask-fitted dictionary's parameters come from its ``grids``; an
     in-process one's from its ``table`` of kept atoms, with their
     ``original`` indices."""
-    from blochsim.estimators.dictionary import _exact
+    from blochsim.estimators.dictionary import _exact, _exact_order
 
     def params_at(i):
         return _grid_params(grids, i) if table is None else {name: v[i] for name, v in table.items()}
 
     flat = projected[0]
-    idx, dots, _, norms = top
+    wide_idx, wide_dots, _, wide_norms = top
+    idx, dots = _exact_order(wide_idx, wide_dots, m)
+    norms = np.take_along_axis(wide_norms, _positions(wide_idx, idx), 1)
     if refine:
         chosen, dots = _exact(sim, params_at, fixed, flat, idx, norms, k, chunk)
         norms = np.take_along_axis(norms, _positions(idx, chosen), 1)
@@ -510,16 +508,18 @@ def match_dictionary(dm, signals, k):
         atoms, norms = da.from_array(atoms, chunks=(dm.chunk, -1)), da.from_array(np.asarray(norms), chunks=dm.chunk)
     refine = dm._basis is not None and dm._grids is not None and dm.refine > 0
     m = min(max(k, dm.refine), len(atoms)) if refine else k
+    from blochsim.estimators.dictionary import EXACT_MARGIN
+    wide = min(m + EXACT_MARGIN, len(atoms))  # candidates re-ranked exactly
     offsets = np.concatenate([[0], np.cumsum(atoms.chunks[0])[:-1]])
     atom_blocks, norm_blocks = atoms.to_delayed()[:, 0], norms.to_delayed()
     table = None if dm._lazy is not None else dm.params
     results = []
     for block in flat.to_delayed()[:, 0]:
         projected = dask.delayed(_project, pure=True)(block, dm.contrasts, dm._basis)
-        pairs = [dask.delayed(_pair_top, pure=True)(projected, a, nb, int(off), m)
+        pairs = [dask.delayed(_pair_top, pure=True)(projected, a, nb, int(off), wide)
                  for a, nb, off in zip(atom_blocks, norm_blocks, offsets)]
         results.append(dask.delayed(_finish, pure=True)(dm.simulator, dm._grids, table, dm._original, dm._fixed,
-                                                        projected, tree_sum(pairs, _merge_top), k, refine,
+                                                        projected, tree_sum(pairs, _merge_top), k, m, refine,
                                                         dm.chunk))
     sizes = flat.chunks[0]
     probe = {name: v.dtype for name, v in dm.params.items()}

@@ -9,9 +9,10 @@ import os
 
 import numpy as np
 
-from blochsim import _dispatch
+from blochsim import _core, _dispatch
 from blochsim import _validate as V
-from blochsim.estimators._common import _auto_count, _levelwise, _modelled, _signals, _simulate_table, _some_contrasts
+from blochsim.estimators._common import (_auto_count, _levelwise, _modelled, _signals, _simulate_table,
+                                         _some_contrasts, _threads)
 
 
 class DictionaryMatcher:
@@ -42,7 +43,7 @@ class DictionaryMatcher:
     search : int
         Groups searched per signal with ``groups``.
     chunk : int
-        Signals (and atoms) compared at a time.
+        Atoms simulated at a time (and, with ``dask=True``, atoms a task).
 
     Examples
     --------
@@ -230,9 +231,9 @@ class DictionaryMatcher:
         rng = np.random.default_rng(0)
         A = self._atoms
         centers = A[rng.choice(len(A), self.groups, replace=False)].copy()
+        threads = _threads(self.simulator)
         for _ in range(iterations):
-            sim = np.abs(A @ centers.conj().T)
-            label = np.argmax(sim, axis=1)
+            label = _best(A, centers, 1, threads)[0][:, 0]
             for g in range(self.groups):
                 members = A[label == g]
                 if len(members) == 0:
@@ -241,7 +242,7 @@ class DictionaryMatcher:
                 ph = members @ centers[g].conj()
                 c = (members * np.exp(-1j * np.angle(ph))[:, None]).sum(0)
                 centers[g] = c / max(np.linalg.norm(c), 1e-30)
-        label = np.argmax(np.abs(A @ centers.conj().T), axis=1)  # members of the final centres
+        label = _best(A, centers, 1, threads)[0][:, 0]  # members of the final centres
         self._centers = centers.astype(np.complex64)
         self._group_of = label
         self._members = [np.flatnonzero(label == g) for g in range(self.groups)]
@@ -280,17 +281,13 @@ class DictionaryMatcher:
         q = flat @ self._basis if self._basis is not None else flat
         refine = self._basis is not None and self._grids is not None and self.refine > 0
         m = min(max(k, self.refine), len(self._atoms)) if refine else k
-        n = len(q)
-        idx = np.empty((n, m), np.int64)
-        dots = np.empty((n, m), np.complex128)
-        for a in range(0, n, self.chunk):
-            qc = q[a:a + self.chunk]
-            if self._group_of is None:
-                i, d = self._search_all(qc, m)
-            else:
-                i, d = self._search_groups(qc, m)
-            idx[a:a + len(qc)] = i
-            dots[a:a + len(qc)] = d
+        threads = _threads(self.simulator)
+        wide = min(m + EXACT_MARGIN, len(self._atoms))
+        if self._group_of is None:
+            idx, dots, _ = _best(q, self._atoms, wide, threads)
+        else:
+            idx, dots = self._search_groups(q, wide, threads)
+        idx, dots = _exact_order(idx, dots, m)
         if refine:
             idx, dots = self._exact(flat, idx, k)
         # the score against the whole signal (in a subspace too: what the
@@ -312,33 +309,29 @@ class DictionaryMatcher:
         return _exact(self.simulator, lambda i: {name: v[i] for name, v in self.params.items()}, self._fixed,
                       flat, idx, self._norms[idx], k, self.chunk)
 
-    def _search_all(self, qc, k):
-        """Top-k over every atom, atoms in chunks; (indices, inner products)."""
-        top = _TopK(len(qc), k)
-        rows = np.arange(len(qc))
-        for b in range(0, len(self._atoms), self.chunk):
-            top.update(rows, qc @ self._atoms[b:b + self.chunk].conj().T, b)
-        return top.result()
-
-    def _search_groups(self, qc, k):
-        """Top-k over the atoms of each signal's ``search`` best groups: per
-        group, one product with the signals that search it."""
-        gs = np.abs(qc @ self._centers.conj().T)
+    def _search_groups(self, q, k, threads):
+        """The k best among the atoms of each signal's ``search`` best groups
+        (groups ranked by their representatives): per group, the fused
+        match of the signals that search it against its members, merged by
+        (power, index); (indices, inner products)."""
         ng = min(self.search, self.groups)
-        top_groups = np.argsort(-gs, axis=1)[:, :ng]
-        top = _TopK(len(qc), k)
+        top_groups = _best(q, self._centers, ng, threads)[0]
+        n = len(q)
+        best = (np.full((n, k), -1, np.int64), np.zeros((n, k), np.complex128), np.full((n, k), -1.0))
         for g in range(self.groups):
             rows = np.flatnonzero((top_groups == g).any(axis=1))
             members = self._members[g]
             if len(rows) and len(members):
-                top.update(rows, qc[rows] @ self._atoms[members].conj().T, members)
-        short = np.flatnonzero(top.count < k)
+                i, d, p = _best(q[rows], self._atoms[members], k, threads)
+                i = np.where(i >= 0, members[np.maximum(i, 0)], -1)
+                merged = _merge_best(k, tuple(x[rows] for x in best), (i, d, p))
+                for x, y in zip(best, merged):
+                    x[rows] = y
+        short = np.flatnonzero((best[0] < 0).any(axis=1))
         if len(short):  # groups too small for k: search these signals everywhere
-            return_all = self._search_all(qc[short], k)
-            idx, dot = top.result()
-            idx[short], dot[short] = return_all
-            return idx, dot
-        return top.result()
+            i, d, p = _best(q[short], self._atoms, k, threads)
+            best[0][short], best[1][short] = i, d
+        return best[0], best[1]
 
     def map(self, signals):
         """Parameter maps of the best atom (:meth:`match` with k = 1); Dask
@@ -523,55 +516,45 @@ def _unit_rows(atoms):
     return (_flush(unit) if np.iscomplexobj(unit) else unit), norms
 
 
-class _TopK:
-    """The k largest |<atom, s>| per signal, merged chunk by chunk: atom
-    indices and inner products, best first from :meth:`result`; ``count``
-    says how many of the k are filled."""
+def _best(q, atoms, m, threads):
+    """The m best atoms of each signal by abs(<atom, s>)², ties to the lower
+    atom index, from the fused matching kernel (match.hpp): q (n, r) and
+    atoms (N, r) complex; (indices (n, m) int64, <atom, s> (n, m)
+    complex128, powers (n, m) float64 -- the single-precision ranking key),
+    best first; slots past the atoms hold index -1 and power -1."""
+    q = np.ascontiguousarray(q, dtype=np.complex64)
+    atoms = np.ascontiguousarray(atoms, dtype=np.complex64)
+    n, r = q.shape
+    idx = np.empty((n, m), np.int64)
+    power = np.empty((n, m), np.float32)
+    dot = np.empty((n, 2 * m), np.float64)
+    _core.match(q.view(np.float32).reshape(n, 2 * r), atoms.view(np.float32).reshape(len(atoms), 2 * r),
+                idx, power, dot, threads=threads)
+    return idx, dot.view(np.complex128), power.astype(np.float64)
 
-    def __init__(self, n, k):
-        self.k = k
-        self.idx = np.zeros((n, k), np.int64)
-        self.dot = np.zeros((n, k), np.complex128)
-        self.power = np.full((n, k), -1.0)
-        self.count = np.zeros(n, np.int64)
 
-    def update(self, rows, d, atoms):
-        """Merge d (len(rows), m), the <atom, s> of signals ``rows`` with m
-        atoms: ``atoms`` their indices, or the first index of a run."""
-        power = d.real.astype(np.float64) ** 2 + d.imag.astype(np.float64) ** 2
-        if np.ndim(atoms) == 0:
-            atoms = np.arange(atoms, atoms + d.shape[1])
-        if self.k == 1:
-            j = np.argmax(power, axis=1)
-            r = np.arange(len(rows))
-            pj = power[r, j]
-            better = pj > self.power[rows, 0]
-            sel = rows[better]
-            self.power[sel, 0] = pj[better]
-            self.idx[sel, 0] = atoms[j[better]]
-            self.dot[sel, 0] = d[r[better], j[better]]
-        else:
-            # the chunk's own k best first (k passes of argmax for a small k,
-            # a partition otherwise), then a merge of 2k candidates a row
-            kk = min(self.k, power.shape[1])
-            r = np.arange(len(rows))[:, None]
-            if kk <= 8:
-                p = power.copy()
-                part = np.empty((len(rows), kk), np.int64)
-                for j in range(kk):
-                    part[:, j] = np.argmax(p, axis=1)
-                    p[r[:, 0], part[:, j]] = -np.inf
-            else:
-                part = np.argpartition(-power, kk - 1, axis=1)[:, :kk]
-            cand_p = np.concatenate([self.power[rows], power[r, part]], axis=1)
-            cand_i = np.concatenate([self.idx[rows], atoms[part]], axis=1)
-            cand_d = np.concatenate([self.dot[rows], d[r, part]], axis=1)
-            top = np.lexsort((cand_i, -cand_p), axis=1)[:, :self.k]  # ties to the lower atom index
-            self.power[rows] = np.take_along_axis(cand_p, top, 1)
-            self.idx[rows] = np.take_along_axis(cand_i, top, 1)
-            self.dot[rows] = np.take_along_axis(cand_d, top, 1)
-        self.count[rows] = np.minimum(self.count[rows] + d.shape[1], self.k)
+#: candidates kept beyond those asked for, re-ranked by their
+#: double-precision inner products: the single-precision ranking can swap
+#: atoms whose scores differ by about 1e-7, and the exact order of the
+#: candidates then decides
+EXACT_MARGIN = 3
 
-    def result(self):
-        order = np.argsort(-self.power, axis=1, kind="stable")
-        return np.take_along_axis(self.idx, order, 1), np.take_along_axis(self.dot, order, 1)
+
+def _exact_order(idx, dot, m):
+    """The m best candidates (idx, dot) (n, m') by their double-precision
+    powers abs(dot)², ties to the lower atom index, empty slots last."""
+    power = np.where(idx >= 0, dot.real ** 2 + dot.imag ** 2, -1.0)
+    order = np.lexsort((np.where(idx < 0, np.iinfo(np.int64).max, idx), -power), axis=1)[:, :m]
+    return np.take_along_axis(idx, order, 1), np.take_along_axis(dot, order, 1)
+
+
+def _merge_best(m, *parts):
+    """The m best of candidate sets (indices, values..., power), each (n,
+    m_i), by power, ties to the lower atom index, empty slots (index -1)
+    last; the tuple's other arrays follow."""
+    cat = [np.concatenate(x, axis=1) for x in zip(*parts)]
+    idx, power = cat[0], cat[-1]
+    if idx.size == 0:
+        return tuple(x[:, :m] for x in cat)
+    order = np.lexsort((np.where(idx < 0, np.iinfo(np.int64).max, idx), -power), axis=1)[:, :m]
+    return tuple(np.take_along_axis(x, order, 1) for x in cat)

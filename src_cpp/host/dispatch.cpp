@@ -6,6 +6,7 @@
 #include <string>
 
 #include <blochsim/host/epg.hpp>
+#include <blochsim/host/match.hpp>
 #include <blochsim/host/perk.hpp>
 #include <blochsim/host/pools.hpp>
 
@@ -22,6 +23,7 @@ struct Kernels {
   host::PooledRangeFn pooled;
   host::PooledJacobianRangeFn pooled_jacobian;
   host::PerkRangeFn perk;
+  host::MatchRangeFn match;
   const char* isa;
 };
 
@@ -29,7 +31,7 @@ struct Kernels {
   Kernels {                                                                                                  \
     &kernels::range_real_##suffix, &kernels::range_complex_##suffix, &kernels::jacobian_range_##suffix,     \
         &kernels::adjoint_range_##suffix, &kernels::adjoint2_range_##suffix, &kernels::pooled_range_##suffix, \
-        &kernels::pooled_jacobian_range_##suffix, &kernels::perk_range_##suffix, name                      \
+        &kernels::pooled_jacobian_range_##suffix, &kernels::perk_range_##suffix, &kernels::match_range_##suffix, name \
   }
 
 // The kernels of the best level this CPU runs, or of the level
@@ -126,6 +128,10 @@ int host_pooled_adjoint_dispatch(const EventStream& s, const Tissue& t, const Po
 int host_perk_dispatch(const PerkModel& m, const float* x, const float* g, int64_t n, float* out, float* xbar,
                        int threads) noexcept {
   return host::perk_status(m, x, g, n, out, xbar, threads, chosen().perk);
+}
+
+int host_match_dispatch(const MatchProblem& p, const MatchResult& r, int threads) noexcept {
+  return host::match_status(p, r, threads, chosen().match);
 }
 
 const char* host_isa() noexcept { return chosen().isa; }

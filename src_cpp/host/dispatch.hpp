@@ -3,6 +3,7 @@
 
 #include <blochsim/events.hpp>
 #include <blochsim/host/interrupt.hpp>
+#include <blochsim/match.hpp>
 #include <blochsim/perk.hpp>
 #include <blochsim/pools/pools.hpp>
 
@@ -71,6 +72,10 @@ int host_pooled_adjoint_dispatch(const EventStream& s, const Tissue& t, const Po
 int host_perk_dispatch(const PerkModel& m, const float* x, const float* g, int64_t n, float* out, float* xbar,
                        int threads) noexcept;
 
+// The k best atoms of every signal of p (host::match_status on the level's
+// lanes); returns a Status.
+int host_match_dispatch(const MatchProblem& p, const MatchResult& r, int threads) noexcept;
+
 // Name of the instruction set the block kernels run with ("x86-64-v4", ...).
 const char* host_isa() noexcept;
 
@@ -99,7 +104,8 @@ namespace kernels {
   int pooled_jacobian_range_##suffix(const EventStream&, const Tissue&, const Pools&, const PooledJacobianOut&, \
                                      int64_t, int64_t, void*, float*); \
   int perk_range_##suffix(const PerkModel&, const float*, const float*, int64_t, int64_t, int64_t, void*, float*, \
-                          float*);
+                          float*);                                                                             \
+  int match_range_##suffix(const MatchProblem&, const MatchResult&, int64_t, int64_t, float*);
 BLOCHSIM_DECLARE_KERNELS(default)
 BLOCHSIM_DECLARE_KERNELS(v3)
 BLOCHSIM_DECLARE_KERNELS(v4)

@@ -13,6 +13,7 @@
 #include <blochsim/epg/adjoint.hpp>
 #include <blochsim/epg/epg.hpp>
 #include <blochsim/epg/jacobian.hpp>
+#include <blochsim/host/match.hpp>
 #include <blochsim/perk.hpp>
 #include <blochsim/pools/lanes.hpp>
 #include <blochsim/pools/player.hpp>
@@ -125,6 +126,11 @@ int BLOCHSIM_CAT(perk_range_, BLOCHSIM_ISA_SUFFIX)(const PerkModel& m, const flo
   int64_t b0, b1;
   native_blocks(n, hb0, hb1, b0, b1);
   return perk_blocks<Native>(m, x, g, n, b0, b1, work, xbar, out);
+}
+
+int BLOCHSIM_CAT(match_range_, BLOCHSIM_ISA_SUFFIX)(const MatchProblem& p, const MatchResult& r, int64_t b0,
+                                                    int64_t b1, float* work) {
+  return match_blocks<Native>(p, r, b0, b1, work);
 }
 
 int BLOCHSIM_CAT(range_real_, BLOCHSIM_ISA_SUFFIX)(const EventStream& s, const Tissue& t, int64_t b0,

@@ -12,6 +12,11 @@
 
 #include "config.hpp"
 
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__) && (defined(__x86_64__) || defined(__i386__))
+#define BLOCHSIM_X86_INTRINSICS 1
+#include <immintrin.h>
+#endif
+
 namespace blochsim {
 inline namespace BLOCHSIM_ISA {
 
@@ -73,6 +78,27 @@ template <>
 struct Lanes<vfloat8> : VectorLanes<vfloat8, vdouble8, 8> {};
 template <>
 struct Lanes<vfloat4> : VectorLanes<vfloat4, vdouble4, 4> {};
+#endif
+
+// Whether any lane of a exceeds the same lane of b (the test that guards a
+// rare per-lane step, such as a top-k insertion).
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE bool any_greater(float a, float b) { return a > b; }
+#if defined(BLOCHSIM_HAVE_VECTOR_LANES)
+template <class V>
+BLOCHSIM_FORCEINLINE bool any_greater(V a, V b) {
+#if defined(BLOCHSIM_X86_INTRINSICS) && defined(__AVX512F__)
+  if constexpr (sizeof(V) == 64) return _mm512_cmp_ps_mask((__m512)a, (__m512)b, _CMP_GT_OQ) != 0;
+#endif
+#if defined(BLOCHSIM_X86_INTRINSICS) && defined(__AVX__)
+  if constexpr (sizeof(V) == 32) return _mm256_movemask_ps(_mm256_cmp_ps((__m256)a, (__m256)b, _CMP_GT_OQ)) != 0;
+#endif
+#if defined(BLOCHSIM_X86_INTRINSICS) && defined(__SSE__)
+  if constexpr (sizeof(V) == 16) return _mm_movemask_ps(_mm_cmpgt_ps((__m128)a, (__m128)b)) != 0;
+#endif
+  bool any = false;
+  for (int l = 0; l < Lanes<V>::width; ++l) any |= a[l] > b[l];
+  return any;
+}
 #endif
 
 // The element type of a lane type (itself for a scalar).
