@@ -14,6 +14,7 @@
 // falls, so results do not depend on threads, blocks or atom chunks.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 
@@ -25,11 +26,14 @@ namespace blochsim {
 
 // Signals in one block of the host's matching entry.
 constexpr int match_block_signals = 64;
+// The stride of the sample that sets each signal's floor (match_blocks).
+constexpr int64_t match_sample_stride = 32;
 
 // Floats of workspace one thread needs: the packed block and its top-k
 // lists (powers, and indices as two floats each).
 inline int64_t match_host_workspace(const MatchProblem& p) {
-  return 2 * match_block_signals * p.dim + 3 * match_block_signals * static_cast<int64_t>(p.k) + 64;
+  return 2 * match_block_signals * p.dim + 3 * match_block_signals * static_cast<int64_t>(p.k) + match_block_signals +
+         64;
 }
 
 inline namespace BLOCHSIM_ISA {
@@ -58,6 +62,7 @@ inline int match_blocks(const MatchProblem& p, const MatchResult& r, int64_t b0,
   V* packed = reinterpret_cast<V*>(work);
   float* pw = work + 2 * match_block_signals * dim;          // (block, k)
   int64_t* ix = reinterpret_cast<int64_t*>(pw + match_block_signals * k);  // (block, k)
+  float* floors = pw + 3 * match_block_signals * k;                        // (block)
   // atoms a panel: about 32 KiB of them, a whole number of tiles
   const int64_t panel = ((8192 / (2 * dim)) / A + 1) * A;
 
@@ -75,55 +80,86 @@ inline int match_blocks(const MatchProblem& p, const MatchResult& r, int64_t b0,
             LT::set(dst[j * S * 2 + 1], l, src[2 * j + 1]);
           }
         }
-    for (int64_t i = 0; i < static_cast<int64_t>(match_block_signals) * k; ++i) {
-      pw[i] = -1.0f;
-      ix[i] = -1;
-    }
     const int live_rows = static_cast<int>((count + R - 1) / R);
+    auto reset = [&]() {
+      for (int64_t i = 0; i < static_cast<int64_t>(match_block_signals) * k; ++i) {
+        pw[i] = -1.0f;
+        ix[i] = -1;
+      }
+    };
 
-    for (int64_t a0 = 0; a0 < p.atoms; a0 += panel) {
-      const int64_t a1 = a0 + panel < p.atoms ? a0 + panel : p.atoms;
-      for (int q = 0; q < live_rows; ++q) {
-        const V* row = packed + static_cast<int64_t>(q) * dim * S * 2;
-        float* rpw = pw + static_cast<int64_t>(q) * R * k;
-        int64_t* rix = ix + static_cast<int64_t>(q) * R * k;
-        V thr[S];
-        for (int s = 0; s < S; ++s)
-          for (int l = 0; l < W; ++l) LT::set(thr[s], l, rpw[(s * W + l) * k + k - 1]);
-        auto signal_at = [&](int64_t j, int s, V& sr, V& si) BLOCHSIM_LAMBDA_INLINE {
-          sr = row[(j * S + s) * 2];
-          si = row[(j * S + s) * 2 + 1];
-        };
-        // one tile of n_atoms (A, or 1 for the panel's tail) atoms from a
-        auto tile = [&](auto n_atoms, int64_t a) BLOCHSIM_LAMBDA_INLINE {
-          constexpr int T = decltype(n_atoms)::value;
-          V re[S][T] = {}, im[S][T] = {};
-          const float* at[T];
-          for (int v = 0; v < T; ++v) at[v] = p.atom + 2 * dim * (a + v);
-          match_accumulate<V, float, S, T>(0, dim, signal_at, [&](int64_t j, int v, float& ar, float& ai)
-                                               BLOCHSIM_LAMBDA_INLINE {
-                                                 ar = at[v][2 * j];
-                                                 ai = at[v][2 * j + 1];
-                                               },
-                                           re, im);
-          for (int v = 0; v < T; ++v)
-            for (int s = 0; s < S; ++s) {
-              const V pv = match_power(re[s][v], im[s][v]);
-              if (!any_greater(pv, thr[s])) continue;
-              for (int l = 0; l < W; ++l) {
-                const float x = LT::get(pv, l);
-                if (!(x > LT::get(thr[s], l))) continue;
-                const int64_t o = static_cast<int64_t>(s * W + l) * k;
-                match_offer(rpw + o, rix + o, k, x, a + v);
-                LT::set(thr[s], l, rpw[o + k - 1]);
-              }
+    // Every atom `stride`-th (atom u·stride at position u) against the
+    // block: candidates beating max(the k-th best so far, floor) offered.
+    auto sweep = [&](int64_t stride) {
+      const int64_t positions = (p.atoms + stride - 1) / stride;
+      for (int64_t u0 = 0; u0 < positions; u0 += panel) {
+        const int64_t u1 = u0 + panel < positions ? u0 + panel : positions;
+        for (int q = 0; q < live_rows; ++q) {
+          const V* row = packed + static_cast<int64_t>(q) * dim * S * 2;
+          float* rpw = pw + static_cast<int64_t>(q) * R * k;
+          int64_t* rix = ix + static_cast<int64_t>(q) * R * k;
+          const float* rfloor = floors + static_cast<int64_t>(q) * R;
+          V thr[S];
+          for (int s = 0; s < S; ++s)
+            for (int l = 0; l < W; ++l) {
+              const float t = rpw[(s * W + l) * k + k - 1], f = rfloor[s * W + l];
+              LT::set(thr[s], l, t > f ? t : f);
             }
-        };
-        int64_t a = a0;
-        for (; a + A <= a1; a += A) tile(std::integral_constant<int, A>{}, a);
-        for (; a < a1; ++a) tile(std::integral_constant<int, 1>{}, a);
+          auto signal_at = [&](int64_t j, int s, V& sr, V& si) BLOCHSIM_LAMBDA_INLINE {
+            sr = row[(j * S + s) * 2];
+            si = row[(j * S + s) * 2 + 1];
+          };
+          // one tile of n_atoms (A, or 1 for the panel's tail) atoms from position u
+          auto tile = [&](auto n_atoms, int64_t u) BLOCHSIM_LAMBDA_INLINE {
+            constexpr int T = decltype(n_atoms)::value;
+            V re[S][T] = {}, im[S][T] = {};
+            const float* at[T];
+            for (int v = 0; v < T; ++v) at[v] = p.atom + 2 * dim * (u + v) * stride;
+            match_accumulate<V, float, S, T>(0, dim, signal_at, [&](int64_t j, int v, float& ar, float& ai)
+                                                 BLOCHSIM_LAMBDA_INLINE {
+                                                   ar = at[v][2 * j];
+                                                   ai = at[v][2 * j + 1];
+                                                 },
+                                             re, im);
+            for (int v = 0; v < T; ++v)
+              for (int s = 0; s < S; ++s) {
+                const V pv = match_power(re[s][v], im[s][v]);
+                if (!any_greater(pv, thr[s])) continue;
+                for (int l = 0; l < W; ++l) {
+                  const float x = LT::get(pv, l);
+                  if (!(x > LT::get(thr[s], l))) continue;
+                  const int64_t o = static_cast<int64_t>(s * W + l) * k;
+                  match_offer(rpw + o, rix + o, k, x, (u + v) * stride);
+                  const float t = rpw[o + k - 1], f = rfloor[s * W + l];
+                  LT::set(thr[s], l, t > f ? t : f);
+                }
+              }
+          };
+          int64_t u = u0;
+          for (; u + A <= u1; u += A) tile(std::integral_constant<int, A>{}, u);
+          for (; u < u1; ++u) tile(std::integral_constant<int, 1>{}, u);
+        }
+      }
+    };
+
+    // A dictionary scanned in order improves each signal's k-th best a
+    // few thousand times (its scores rise along the grid), and each time
+    // a lane leaves the vector path.  A first pass over a strided sample
+    // gives each signal a floor, the k-th best power of the sample: the k
+    // best of all atoms score at least that, so the full pass offers only
+    // atoms reaching it (those of the sample again among them, with the
+    // same powers), and the result is the same.
+    for (int i = 0; i < match_block_signals; ++i) floors[i] = -1.0f;
+    if (p.atoms >= match_sample_stride * 4 * static_cast<int64_t>(k)) {
+      reset();
+      sweep(match_sample_stride);
+      for (int i = 0; i < match_block_signals; ++i) {
+        const float t = pw[static_cast<int64_t>(i) * k + k - 1];
+        floors[i] = t >= 0.0f ? std::nextafter(t, -1.0f) : -1.0f;
       }
     }
+    reset();
+    sweep(1);
 
     for (int64_t i = 0; i < count; ++i) {
       const float* s = p.signal + 2 * dim * (first + i);
