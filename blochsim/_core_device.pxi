@@ -225,3 +225,102 @@ def dlpack_capsule(owner, uintptr_t ptr, tuple shape, int type_code, int bits, i
     m.manager_ctx = <void*> owner
     m.deleter = _dl_deleter
     return PyCapsule_New(m, b"dltensor", _capsule_deleter)
+
+
+# --------------------------------------------------------------------------
+# Dictionary matching on the device
+
+
+def match_device_max_k():
+    """The largest k the device's matching kernel keeps (0 without CUDA)."""
+    return L.match_max_k()
+
+
+def match_device(uintptr_t signals, uintptr_t atoms, int64_t n, int64_t n_atoms, int64_t dim, int k,
+                 uintptr_t index, uintptr_t power, uintptr_t dot, uintptr_t stream):
+    """The fused matching kernel on the device (cuda/match.cuh): device
+    pointers to signals (n, dim) and atoms (n_atoms, dim) complex64, and to
+    the outputs index (n, k) int64, power (n, k) float32 and dot (n, k)
+    complex128 (match()'s on the host).  Ordered on ``stream``."""
+    cdef MatchProblem p
+    cdef MatchResult r
+    cdef char err[ERRLEN]
+    cdef int st
+    err[0] = 0
+    p.n = n
+    p.atoms = n_atoms
+    p.dim = dim
+    p.k = k
+    p.signal = <const float*> signals
+    p.atom = <const float*> atoms
+    r.index = <int64_t*> index
+    r.power = <float*> power
+    r.dot = <double*> dot
+    with nogil:
+        st = L.match(p, r, <void*> stream, err, ERRLEN)
+    _raise(st, err)
+
+
+def project_device(uintptr_t rows, int64_t count, int64_t c, uintptr_t basis, int64_t r, bint unit, uintptr_t out,
+                   uintptr_t norms, uintptr_t stream):
+    """Row norms (float64, may be 0: not written) and the rows (count, c)
+    complex64, scaled to unit norm when ``unit``, projected on the basis
+    (c, r) (0: copied) into out, on the device, ordered on ``stream``."""
+    cdef char err[ERRLEN]
+    cdef int st
+    err[0] = 0
+    with nogil:
+        st = L.project(<const float*> rows, count, c, <const float*> basis, r, unit, <float*> out,
+                       <double*> norms, <void*> stream, err, ERRLEN)
+    _raise(st, err)
+
+
+def candidate_dots_device(uintptr_t atoms, uintptr_t signals, int64_t count, int64_t m, int64_t c, uintptr_t dots,
+                          uintptr_t norms, uintptr_t stream):
+    """<atom, signal> (complex128) and norms (float64) of each signal's m
+    candidate atoms (count·m, c) on the device, ordered on ``stream``."""
+    cdef char err[ERRLEN]
+    cdef int st
+    err[0] = 0
+    with nogil:
+        st = L.candidate_dots(<const float*> atoms, <const float*> signals, count, m, c, <double*> dots,
+                              <double*> norms, <void*> stream, err, ERRLEN)
+    _raise(st, err)
+
+
+def perk_device(uintptr_t omega, uintptr_t phase, uintptr_t weight, uintptr_t offset, int64_t d, int64_t F,
+                int64_t p, uintptr_t x, int64_t count, uintptr_t out, uintptr_t g, uintptr_t xbar, uintptr_t stream):
+    """PERK's fused map (and, with g, its pullback into xbar) on the device
+    (cuda/perk.cuh): every argument a device pointer (0: absent), the
+    model omega (F, d), phase (F), weight (p, F), offset (p) float32, x
+    (count, d), out (count, p).  Ordered on ``stream``."""
+    cdef PerkModel m
+    cdef char err[ERRLEN]
+    cdef int st
+    err[0] = 0
+    m.d = d
+    m.F = F
+    m.p = p
+    m.omega = <const float*> omega
+    m.phase = <const float*> phase
+    m.weight = <const float*> weight
+    m.offset = <const float*> offset
+    with nogil:
+        st = L.perk(m, <const float*> x, <const float*> g, count, <float*> out, <float*> xbar, <void*> stream,
+                    err, ERRLEN)
+    _raise(st, err)
+
+
+def perk_inputs_device(uintptr_t s, int64_t count, int64_t c, int mode, bint normalize, uintptr_t basis, int64_t r,
+                       uintptr_t known, int64_t nk, uintptr_t x, int64_t d, uintptr_t stream):
+    """PERK's inputs x (count, d) float32 from signals s (count, c)
+    complex64 on the device: mode 0 Cartesian parts, 1 magnitudes;
+    normalised; projected on basis (values, r) float32 (0: kept); known
+    columns (count, nk) appended.  Ordered on ``stream``."""
+    cdef char err[ERRLEN]
+    cdef int st
+    err[0] = 0
+    with nogil:
+        st = L.perk_inputs(<const float*> s, count, c, mode, normalize, <const float*> basis, r,
+                           <const float*> known, nk, <float*> x, d, <void*> stream, err, ERRLEN)
+    _raise(st, err)

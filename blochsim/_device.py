@@ -15,6 +15,8 @@ from blochsim import _validate as V
 _SI_TO_PUBLIC = {v[1]: k for k, v in V.TISSUE_UNITS.items()}
 
 _TYPESTRS = {"<f4": (np.float32, False), "<f8": (np.float64, True)}
+#: DLPack type codes by NumPy dtype kind
+_DLPACK_CODES = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}
 
 
 class DeviceArray:
@@ -27,7 +29,8 @@ class DeviceArray:
     Attributes
     ----------
     shape : tuple of int
-    dtype : numpy.dtype (complex64 or float32)
+    dtype : numpy.dtype (a numeric dtype: complex64 and float32 for signals
+        and tissue, integers and double precision for estimator maps)
     ptr : int, device pointer
     """
 
@@ -42,10 +45,10 @@ class DeviceArray:
 
     @classmethod
     def from_numpy(cls, a) -> "DeviceArray":
-        """Copy a float32 or complex64 NumPy array to a new DeviceArray."""
+        """Copy a numeric NumPy array to a new DeviceArray."""
         a = np.ascontiguousarray(a)
-        if a.dtype not in (np.float32, np.complex64):
-            raise TypeError(f"DeviceArray holds float32 or complex64, got dtype {a.dtype}")
+        if a.dtype.kind not in _DLPACK_CODES:
+            raise TypeError(f"DeviceArray holds numbers, got dtype {a.dtype}")
         d = cls(a.shape, a.dtype)
         _core.copy_to_device(d.ptr, a.reshape(-1).view(np.uint8), 0)
         _core.stream_synchronize(0)
@@ -54,6 +57,11 @@ class DeviceArray:
     @property
     def ndim(self):
         return len(self.shape)
+
+    def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of a 0-d DeviceArray")
+        return self.shape[0]
 
     @property
     def __cuda_array_interface__(self):
@@ -65,7 +73,7 @@ class DeviceArray:
 
     def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
         # our work is synchronised before we return arrays, so any stream may read
-        code = 5 if self.dtype.kind == "c" else 2
+        code = _DLPACK_CODES[self.dtype.kind]
         return _core.dlpack_capsule(self, self.ptr, self.shape, code, self.dtype.itemsize * 8,
                                     self.device_id)
 
@@ -151,6 +159,21 @@ def from_host(a: np.ndarray, like_library: str):
     _core.copy_to_device(ptr, np.ascontiguousarray(a, np.complex64).reshape(-1).view(np.uint8), 0)
     _core.stream_synchronize(0)
     return d
+
+
+def to_library(a: np.ndarray, library: str):
+    """A device array of the caller's library (CuPy, PyTorch; else a
+    blochsim DeviceArray) holding a copy of the NumPy array ``a``."""
+    a = np.ascontiguousarray(a)
+    if library == "cupy":
+        import cupy
+
+        return cupy.asarray(a)
+    if library == "torch":
+        import torch
+
+        return torch.as_tensor(a, device=f"cuda:{_core.current_device()}")
+    return DeviceArray.from_numpy(a)
 
 
 def new_output(shape, like_library: str):

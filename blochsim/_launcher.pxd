@@ -3,6 +3,7 @@ from libc.stddef cimport size_t
 from libc.stdint cimport int64_t
 
 from blochsim._events cimport EventStream, Pools, Tissue
+from blochsim._host cimport MatchProblem, MatchResult, PerkModel
 
 
 cdef extern from "launcher.hpp" namespace "blochsim::cuda" nogil:
@@ -27,6 +28,16 @@ cdef extern from "launcher.hpp" namespace "blochsim::cuda" nogil:
     int jacobian(const EventStream& s, const Tissue& t, const int* fields, const float* seeds, int n_dirs,
                  float* out, float* jac, void* stream, char* err, int n)
     int jacobian_max_states(int real_path)
+    int match(const MatchProblem& p, const MatchResult& r, void* stream, char* err, int n)
+    int match_max_k()
+    int perk_inputs(const float* s, int64_t count, int64_t c, int mode, int normalize, const float* basis,
+                    int64_t r, const float* known, int64_t nk, float* x, int64_t d, void* stream, char* err, int n)
+    int perk(const PerkModel& m, const float* x, const float* g, int64_t count, float* out, float* xbar,
+             void* stream, char* err, int n)
+    int project(const float* rows, int64_t count, int64_t c, const float* basis, int64_t r, int unit, float* out,
+                double* norms, void* stream, char* err, int n)
+    int candidate_dots(const float* atoms, const float* signals, int64_t count, int64_t m, int64_t c,
+                       double* dots, double* norms, void* stream, char* err, int n)
     int adjoint(const EventStream& s, const Tissue& t, const int* fields, int n_tdirs, const float* cot,
                 double* ev_grad, float* tgrad, void* stream, char* err, int n)
     int adjoint2(const EventStream& s, const Tissue& t, int outer_field, const float* cot, int64_t cot_stride,

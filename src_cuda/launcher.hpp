@@ -12,6 +12,8 @@
 #include <cstdint>
 
 #include <blochsim/events.hpp>
+#include <blochsim/match.hpp>
+#include <blochsim/perk.hpp>
 #include <blochsim/pools/pools.hpp>
 
 namespace blochsim {
@@ -105,6 +107,35 @@ int pooled_resident(const EventStream& s, const Tissue& t, const Pools& p, float
 // host_pooled_adjoint_dispatch).  Synchronous.
 int pooled_adjoint(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_tdirs,
                    const float* cot, double* ev_grad, float* tgrad, unsigned mask, char* err, int n);
+
+// The k best atoms of every signal of p into r (cuda/match.cuh
+// match_device): p's signals and atoms and r's arrays are device pointers.
+// Ordered on `stream`, not synchronised.
+int match(const MatchProblem& p, const MatchResult& r, void* stream, char* err, int n);
+// The largest k match() takes (0 when built without CUDA).
+int match_max_k();
+// Row norms (double) and rows, unit-scaled when `unit`, projected on a
+// basis (c, r) or copied (cuda/match.cuh project_device); device pointers,
+// ordered on `stream`.
+int project(const float* rows, int64_t count, int64_t c, const float* basis, int64_t r, int unit, float* out,
+            double* norms, void* stream, char* err, int n);
+// Each signal's m candidate atoms: their inner products with it and their
+// norms, in double (cuda/match.cuh candidate_dots_device); device pointers,
+// ordered on `stream`.
+int candidate_dots(const float* atoms, const float* signals, int64_t count, int64_t m, int64_t c, double* dots,
+                   double* norms, void* stream, char* err, int n);
+
+// PERK's fused map of `count` voxels (cuda/perk.cuh perk_device): x
+// (count, m.d), out (count, m.p), and with a cotangent g (count, m.p) its
+// pullback xbar (count, m.d); the model's arrays too are device pointers.
+// Ordered on `stream`.
+int perk(const PerkModel& m, const float* x, const float* g, int64_t count, float* out, float* xbar, void* stream,
+         char* err, int n);
+
+// PERK's inputs from complex signals (cuda/perk.cuh perk_inputs_device);
+// device pointers, ordered on `stream`.
+int perk_inputs(const float* s, int64_t count, int64_t c, int mode, int normalize, const float* basis, int64_t r,
+                const float* known, int64_t nk, float* x, int64_t d, void* stream, char* err, int n);
 
 // How many device bytes one problem needs (output, tissue, scratch).
 std::size_t bytes_per_problem(const EventStream& s, const Tissue& t);

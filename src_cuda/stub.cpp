@@ -64,6 +64,22 @@ int pooled_adjoint(const EventStream&, const Tissue&, const Pools&, const int*, 
 int forward_streamed(const EventStream&, const Tissue&, float*, std::size_t, char* err, int n) {
   return no(err, n);
 }
+int match(const MatchProblem&, const MatchResult&, void*, char* err, int n) { return no(err, n); }
+int match_max_k() { return 0; }
+int project(const float*, int64_t, int64_t, const float*, int64_t, int, float*, double*, void*, char* err, int n) {
+  return no(err, n);
+}
+int candidate_dots(const float*, const float*, int64_t, int64_t, int64_t, double*, double*, void*, char* err,
+                   int n) {
+  return no(err, n);
+}
+int perk(const PerkModel&, const float*, const float*, int64_t, float*, float*, void*, char* err, int n) {
+  return no(err, n);
+}
+int perk_inputs(const float*, int64_t, int64_t, int, int, const float*, int64_t, const float*, int64_t, float*,
+                int64_t, void*, char* err, int n) {
+  return no(err, n);
+}
 std::size_t bytes_per_problem(const EventStream&, const Tissue&) { return 0; }
 
 }  // namespace cuda

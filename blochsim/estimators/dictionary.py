@@ -11,6 +11,7 @@ import numpy as np
 
 from blochsim import _core, _dispatch
 from blochsim import _validate as V
+from blochsim.estimators import _on_device
 from blochsim.estimators._common import (_auto_count, _levelwise, _modelled, _signals, _simulate_table,
                                          _some_contrasts, _threads)
 
@@ -44,6 +45,16 @@ class DictionaryMatcher:
         Groups searched per signal with ``groups``.
     chunk : int
         Atoms simulated at a time (and, with ``dask=True``, atoms a task).
+    device : {"cpu", "cuda", "auto"}, optional
+        Where the atoms live and the match runs.  ``"cuda"``: :meth:`fit`
+        simulates the atoms on the GPU, normalises and projects them there
+        and keeps them there (a subspace is learned from a sample of
+        :attr:`auto_sample` atoms); :meth:`match` projects and matches the
+        signals there by the fused kernel, and returns device arrays of the
+        signals' library for device signals (NumPy signals are copied to
+        the device once).  Default: the simulator's ``device``; device
+        signals are matched on the GPU whatever the dictionary's home (a
+        host dictionary is copied there once).
 
     Examples
     --------
@@ -64,8 +75,12 @@ class DictionaryMatcher:
     #: atoms simulated to learn the subspace of an "auto" compression
     auto_sample = 4096
 
-    def __init__(self, simulator, rank="auto", groups=None, search=2, chunk=4096, refine=4):
+    def __init__(self, simulator, rank="auto", groups=None, search=2, chunk=4096, refine=4, device=None):
         self.simulator = simulator
+        if device not in (None, "cpu", "cuda", "auto"):
+            raise ValueError(f"device must be 'cpu', 'cuda', 'auto' or None, got {device!r}")
+        self.device = device
+        self._device_copy = None
         self.rank = _auto_count("rank", rank)
         if isinstance(refine, bool) or not isinstance(refine, numbers.Integral) or refine < 0:
             raise ValueError(f"refine must be a non-negative integer, got {refine!r}")
@@ -157,6 +172,8 @@ class DictionaryMatcher:
             raise ValueError(f"DictionaryMatcher.fit: store={store!r} needs dask=True")
         mesh = np.meshgrid(*axes.values(), indexing="ij")
         params = {k: m.reshape(-1) for k, m in zip(axes, mesh)}
+        if _on_device.wanted(self):
+            return _on_device.fit(self, params, fixed, contrasts)
         if self.rank == "auto" and n * contrasts * 8 > self.auto_bytes:
             return self._fit_streamed(params, fixed, contrasts)
         atoms = _simulate_table(self.simulator, params, fixed, self.chunk)
@@ -194,11 +211,13 @@ class DictionaryMatcher:
             unit = unit @ basis
         return self._keep(unit, norms, params, self.contrasts, basis)
 
-    def _sampled_basis(self, n, atoms_at):
-        """The "auto" subspace of a dictionary of n atoms, learned from
-        :attr:`auto_sample` of them (``atoms_at(indices)`` simulates them)."""
+    def _sampled_basis(self, n, atoms_at, rank=None):
+        """The subspace of a dictionary of n atoms learned from
+        :attr:`auto_sample` of them (``atoms_at(indices)`` simulates them):
+        ``rank`` vectors, or by default the "auto" tolerance's."""
         pick = np.sort(np.random.default_rng(0).choice(n, min(n, self.auto_sample), replace=False))
-        return self._subspace(_unit_rows(atoms_at(pick).astype(np.complex64))[0], self.auto_tolerance)
+        unit = _unit_rows(atoms_at(pick).astype(np.complex64))[0]
+        return self._subspace(unit, rank=rank) if rank is not None else self._subspace(unit, self.auto_tolerance)
 
     def _subspace(self, unit, tolerance=None, rank=None):
         """Leading right singular vectors of the unit atoms (contrasts, r),
@@ -216,6 +235,7 @@ class DictionaryMatcher:
         self._norms = norms[keep].astype(np.float64)
         self._basis = basis
         self._atoms = np.ascontiguousarray(unit[keep])
+        self._device_copy = None
         self._group_of = None
         if self.groups is not None and self.groups < len(self._atoms):
             self._cluster()
@@ -275,12 +295,14 @@ class DictionaryMatcher:
         if self._lazy is not None or _dispatch.any_lazy({"signals": signals}):
             from blochsim import distributed
             return distributed.match_dictionary(self, signals, k)
+        refine = self._basis is not None and self._grids is not None and self.refine > 0
+        m = min(max(k, self.refine), len(self._atoms)) if refine else k
+        if self._group_of is None and _on_device.wanted(self, signals):
+            return _on_device.match(self, signals, k, m, refine)
         s = _signals(signals, self.contrasts, "DictionaryMatcher.match")
         shape = s.shape[:-1]
         flat = s.reshape(-1, self.contrasts).astype(np.complex64)
         q = flat @ self._basis if self._basis is not None else flat
-        refine = self._basis is not None and self._grids is not None and self.refine > 0
-        m = min(max(k, self.refine), len(self._atoms)) if refine else k
         threads = _threads(self.simulator)
         wide = min(m + EXACT_MARGIN, len(self._atoms))
         if self._group_of is None:

@@ -8,6 +8,7 @@ import numpy as np
 
 from blochsim import _core, _dispatch
 from blochsim import _validate as V
+from blochsim.estimators import _on_device
 from blochsim.estimators._common import _auto_count, _levelwise, _ranges, _signals, _some_contrasts, _threads
 
 
@@ -61,6 +62,11 @@ class PERK:
         their energy, an integer that many, None none.  The projection
         drops what only noise occupies, which helps long signals (MR
         fingerprints) most.
+    device : {"cpu", "cuda", "auto"}, optional
+        Where :meth:`map` runs: ``"cuda"`` forms the inputs and the fused
+        map on the GPU (cuda/perk.cuh) and returns device arrays of the
+        signals' library for device signals.  Default: the simulator's
+        ``device``; device signals are mapped on the GPU.
 
     Examples
     --------
@@ -76,8 +82,12 @@ class PERK:
     """
 
     def __init__(self, simulator, n_features=2000, length_scale=None, regularization=1e-6,
-                 complex_mode="auto", normalize=False, feature_seed=0, subspace="auto"):
+                 complex_mode="auto", normalize=False, feature_seed=0, subspace="auto", device=None):
         self.simulator = simulator
+        if device not in (None, "cpu", "cuda", "auto"):
+            raise ValueError(f"device must be 'cpu', 'cuda', 'auto' or None, got {device!r}")
+        self.device = device
+        self._device_model = None
         self.n_features = V.positive_int("n_features", n_features)
         if isinstance(length_scale, str):
             if length_scale != "std":
@@ -338,6 +348,7 @@ class PERK:
         model = {k: np.ascontiguousarray(v, dtype=np.float32)
                  for k, v in dict(omega=omega, phase=phase, weight=W * scale, offset=offset).items()}
         self._model = model
+        self._device_model = None
         self.names, self.known, self.fixed = names, known, fixed
         self.contrasts = _some_contrasts(first[2].shape[1], "PERK.fit")
         self.inputs = d
@@ -401,6 +412,8 @@ class PERK:
         if _dispatch.any_lazy({"signals": signals, **(known if isinstance(known, dict) else {})}):
             from blochsim import distributed
             return distributed.perk_map(self, signals, known, uncertainty)
+        if _on_device.wanted(self, signals):
+            return _on_device.perk_map(self, signals, known, uncertainty)
         shape, flat, x, _, _ = self._prepare(signals, known, "PERK.map")
         m = self._model
         out = np.empty((len(x), len(m["offset"])), np.float32)

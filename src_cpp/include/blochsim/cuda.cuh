@@ -26,4 +26,6 @@
 #include "cuda/adjoint.cuh"
 #include "cuda/forward.cuh"
 #include "cuda/jacobian.cuh"
+#include "cuda/match.cuh"
+#include "cuda/perk.cuh"
 #include "cuda/pools.cuh"

@@ -1,0 +1,27 @@
+// The device backend's PERK entry (launcher.hpp): the fused map and
+// pullback of cuda/perk.cuh, in a translation unit of its own (see
+// launcher.cu).
+#include <blochsim/cuda/perk.cuh>
+#include <blochsim/host/interrupt.hpp>
+
+#include "launcher.hpp"
+
+namespace blochsim {
+namespace cuda {
+
+using namespace detail;
+
+int perk(const PerkModel& m, const float* x, const float* g, int64_t count, float* out, float* xbar, void* stream,
+         char* err, int n) {
+  return guarded([&] { return perk_device(m, x, g, count, out, xbar, as_stream(stream), err, n); });
+}
+
+int perk_inputs(const float* s, int64_t count, int64_t c, int mode, int normalize, const float* basis, int64_t r,
+                const float* known, int64_t nk, float* x, int64_t d, void* stream, char* err, int n) {
+  return guarded([&] {
+    return perk_inputs_device(s, count, c, mode, normalize != 0, basis, r, known, nk, x, d, as_stream(stream), err, n);
+  });
+}
+
+}  // namespace cuda
+}  // namespace blochsim

@@ -1,0 +1,139 @@
+"""The estimators on a GPU: the fused matching kernel against float64 brute
+force and the host kernel, dictionaries that live on the card, PERK's map
+there.  Skipped without a usable device (marker ``gpu``)."""
+import numpy as np
+import pytest
+
+from blochsim import _core
+from blochsim._device import DeviceArray
+from blochsim.estimators import PERK, DictionaryMatcher
+from blochsim.estimators.dictionary import _best
+from blochsim.simulators import MRFSimulator, SpinEchoSimulator
+
+pytestmark = pytest.mark.gpu
+
+FLIPS = np.concatenate([np.linspace(5, 60, 60), np.linspace(60, 2, 60)])
+GRIDS = dict(T1=np.geomspace(300, 3000, 37), T2=np.geomspace(20, 300, 29), B1=np.linspace(0.8, 1.2, 3))
+
+
+def _random(rng, n, r, unit=False):
+    x = (rng.standard_normal((n, r)) + 1j * rng.standard_normal((n, r))).astype(np.complex64)
+    if unit:
+        x /= np.linalg.norm(x, axis=1, keepdims=True)
+    return x
+
+
+def _device_best(q, atoms, k):
+    n, r = q.shape
+    dq, da = DeviceArray.from_numpy(q), DeviceArray.from_numpy(atoms)
+    idx, power, dot = (DeviceArray((n, k), t) for t in (np.int64, np.float32, np.complex128))
+    _core.match_device(dq.ptr, da.ptr, n, len(atoms), r, k, idx.ptr, power.ptr, dot.ptr, 0)
+    _core.stream_synchronize(0)
+    return idx.get(), dot.get(), power.get()
+
+
+@pytest.mark.parametrize("n, N, r, k", [(1, 1, 1, 1), (3, 7, 5, 2), (130, 131, 12, 1), (300, 5037, 12, 7),
+                                        (97, 301, 500, 3), (257, 70000, 3, 1), (17, 5, 7, 5), (40, 900, 20, 40)])
+def test_device_kernel_against_float64_and_the_host(n, N, r, k):
+    rng = np.random.default_rng(n * 7919 + N)
+    q, atoms = _random(rng, n, r), _random(rng, N, r, unit=True)
+    idx, dot, power = _device_best(q, atoms, k)
+    d = q.astype(np.complex128) @ atoms.astype(np.complex128).conj().T
+    p = np.abs(d) ** 2
+    want = np.lexsort((np.broadcast_to(np.arange(N), p.shape), -p), axis=1)[:, :k]
+    m = min(k, N)
+    np.testing.assert_array_equal(idx[:, :m], want)
+    assert (idx[:, m:] == -1).all()
+    np.testing.assert_allclose(dot[:, :m], np.take_along_axis(d, want, 1), rtol=1e-12,
+                               atol=1e-12 * np.abs(d).max())
+    host = _best(q, atoms, k, threads=2)
+    np.testing.assert_array_equal(idx, host[0])
+    np.testing.assert_allclose(power, host[2], rtol=1e-5)
+
+
+def test_device_ties_go_to_the_lower_atom_index():
+    rng = np.random.default_rng(1)
+    base = _random(rng, 40, 12, unit=True)
+    atoms = np.concatenate([base] * 60)
+    atoms[40:80] *= -1
+    idx = _device_best(base[[3, 17, 39]] * 2.0, atoms, 5)[0]
+    for row, a in zip(idx, [3, 17, 39]):
+        np.testing.assert_array_equal(row, a + 40 * np.arange(5))
+
+
+@pytest.mark.parametrize("rank", [None, 10, "auto"])
+def test_dictionary_on_the_card_equals_the_host(rank):
+    sim = MRFSimulator(flip=FLIPS, TR=10.0, states=16)
+    host = DictionaryMatcher(sim, rank=rank, refine=16)
+    card = DictionaryMatcher(sim, rank=rank, refine=16, device="cuda")
+    host.auto_bytes = card.auto_bytes = 1 << 16
+    host.fit(**GRIDS)
+    card.fit(**GRIDS)
+    assert isinstance(card._atoms, DeviceArray) and card.compressed_rank == host.compressed_rank
+    mesh = np.meshgrid(*GRIDS.values(), indexing="ij")
+    params = {name: m.reshape(-1) for name, m in zip(GRIDS, mesh)}
+    rng = np.random.default_rng(5)
+    pick = rng.choice(len(params["T1"]), 200, replace=False)
+    sig = 0.7 * np.asarray(sim.simulate(**{k: v[pick] for k, v in params.items()}))
+    sig = sig + 0.001 * (rng.standard_normal(sig.shape) + 1j * rng.standard_normal(sig.shape))
+    a, b = host.match(sig, k=2), card.match(sig, k=2)
+    np.testing.assert_array_equal(b["index"][:, 0], pick)
+    np.testing.assert_array_equal(a["index"], b["index"])
+    np.testing.assert_allclose(b["score"], a["score"], rtol=1e-5)
+    np.testing.assert_allclose(b["M0"], a["M0"], rtol=1e-4)
+    cupy = pytest.importorskip("cupy")
+    maps = card.map(cupy.asarray(sig.astype(np.complex64)))
+    assert isinstance(maps["T1"], cupy.ndarray)
+    np.testing.assert_array_equal(cupy.asnumpy(maps["index"]), a["index"][:, 0])
+    # a host dictionary matches device signals on the card (copied there once)
+    np.testing.assert_array_equal(cupy.asnumpy(host.map(cupy.asarray(sig.astype(np.complex64)))["index"]),
+                                  a["index"][:, 0])
+
+
+def test_device_dictionary_refusals():
+    cupy = pytest.importorskip("cupy")
+    sim = MRFSimulator(flip=FLIPS, TR=10.0, states=16)
+    card = DictionaryMatcher(sim, rank=8, device="cuda").fit(**GRIDS)
+    bad = cupy.zeros((3, len(FLIPS)), cupy.complex64)
+    bad[1, 5] = np.nan
+    with pytest.raises(ValueError, match=r"not finite at voxel \(1,\)"):
+        card.map(bad)
+    with pytest.raises(ValueError, match="complex64"):
+        card.map(cupy.zeros((3, len(FLIPS)), cupy.float32))
+    with pytest.raises(ValueError, match="groups"):
+        DictionaryMatcher(sim, groups=4, device="cuda").fit(**GRIDS)
+    huge = dict(T1=np.geomspace(300, 3000, 100_000), T2=np.geomspace(20, 300, 100_000))
+    with pytest.raises(MemoryError, match="GiB of device memory"):
+        DictionaryMatcher(sim, rank=None, device="cuda").fit(**huge)
+
+
+def test_perk_map_on_the_card_equals_the_host():
+    te = np.arange(10.0, 170.0, 10.0)
+    sim = SpinEchoSimulator(TE=te, TR=5000.0)
+    perk = PERK(sim, n_features=400).fit(noise_std=0.005, samples=8000, T1=1000.0, T2=(20.0, 200.0),
+                                         M0=(0.5, 1.5))
+    rng = np.random.default_rng(2)
+    s = sim.simulate(T1=1000.0, T2=rng.uniform(30, 180, 500), M0=rng.uniform(0.6, 1.4, 500))
+    host = perk.map(s)
+    perk.device = "cuda"
+    card = perk.map(s)
+    for k in host:
+        np.testing.assert_allclose(card[k], host[k], rtol=2e-4, atol=1e-3 * np.abs(host[k]).max())
+    cupy = pytest.importorskip("cupy")
+    dev = perk.map(cupy.asarray(s.astype(np.complex64)))
+    assert isinstance(dev["T2"], cupy.ndarray)
+    np.testing.assert_allclose(cupy.asnumpy(dev["T2"]), host["T2"], rtol=2e-4)
+
+
+def test_perk_map_on_the_card_with_known_maps_and_cartesian_inputs():
+    sim = MRFSimulator(flip=FLIPS, TR=10.0, states=16)
+    perk = PERK(sim, n_features=300, complex_mode="cartesian", normalize=True)
+    perk.fit(noise_std=0.001, samples=4096, known=("B1",), T1=(300.0, 2500.0), T2=(20.0, 250.0), B1=(0.8, 1.2))
+    rng = np.random.default_rng(3)
+    B1 = rng.uniform(0.85, 1.15, 300)
+    s = sim.simulate(T1=rng.uniform(400, 2000, 300), T2=rng.uniform(30, 200, 300), B1=B1)
+    host = perk.map(s, known={"B1": B1})
+    perk.device = "cuda"
+    card = perk.map(s, known={"B1": B1})
+    for k in host:
+        np.testing.assert_allclose(card[k], host[k], rtol=1e-3, atol=1e-3 * np.abs(host[k]).max())
