@@ -40,9 +40,9 @@ PY
 fi
 if [ "${MAIN_JOB:-1}" = 1 ]; then
   for dev in cuda cpu; do
-    s=$(date +%s.%N)
+    s=$(date +%s%N)
     timeout 300 python3 -m blochsim --size 256 --device "$dev" --maps "" --quiet > "$out/main_$dev.log" 2>&1
-    echo "main job --device $dev: rc $? in $(echo "$(date +%s.%N) - $s" | bc) s"
-    grep -E "matched|dictionary of|fat|CSF|matter|PERK  |dictionary  " "$out/main_$dev.log" | head -14
+    echo "main job --device $dev: rc $? in $(( ($(date +%s%N) - s) / 1000000 )) ms"
+    grep -E "stage|s$|matched|dictionary of|fat|CSF|matter|PERK  |dictionary  " "$out/main_$dev.log" | head -24
   done
 fi

@@ -195,7 +195,7 @@ def maps_job(args, device, info, client=None):
           f"{args.states} states, on {_where(device, args, info)}")
     steps = tqdm(total=4 if args.no_perk else 5, desc="blochsim", unit="step", disable=args.quiet,
                  file=sys.stderr)
-    t0 = time.perf_counter()
+    t_start = t0 = time.perf_counter()
     steps.set_postfix_str("dictionary")
     lazy = client is not None
     dm = DictionaryMatcher(sim).fit(dask=lazy, **grids)
@@ -206,6 +206,7 @@ def maps_job(args, device, info, client=None):
     ph = brain_phantom(args.size)
     mask = ph["mask"]
     steps.set_postfix_str("acquisition")
+    t0 = time.perf_counter()
     rng = np.random.default_rng(args.seed)
     tissue = {k: ph[k][mask] for k in ("T1", "T2", "M0", "B1")}
     if lazy:
@@ -217,6 +218,7 @@ def maps_job(args, device, info, client=None):
     signals = clean + noise
     if lazy:
         signals = _progress(args, signals, "acquisition")
+    t_acq = time.perf_counter() - t0
     steps.update()
     steps.set_postfix_str("dictionary matching")
     t0 = time.perf_counter()
@@ -234,10 +236,12 @@ def maps_job(args, device, info, client=None):
         # brain tissue and fat (CSF lies beyond them)
         perk = PERK(sim).fit(noise_std=args.noise, known="B1", T1=PERK_RANGES["T1"], T2=PERK_RANGES["T2"],
                              M0=(0.3, 1.2), B1=(0.75, 1.25), dask=lazy)
+        t_train = time.perf_counter() - t0
+        t0 = time.perf_counter()
         p = perk.map(signals, known={"B1": ph["B1"][mask]})
         if lazy:
             p = dict(zip(p, client.compute(list(p.values()), sync=True)))
-        t_perk = time.perf_counter() - t0
+        t_perk = (t_train, time.perf_counter() - t0)
         estimates["PERK"] = dict(T1=p["T1"], T2=p["T2"], M0=p["M0"])
         steps.update()
     steps.set_postfix_str("errors")
@@ -245,8 +249,13 @@ def maps_job(args, device, info, client=None):
     label = ph["label"][mask]
     print(f"blochsim: dictionary of {n_atoms:,} atoms (T1 x T2 x B1) in {t_dict:.1f} s, kept at rank "
           f"{dm.compressed_rank or args.trs} of {args.trs}; {mask.sum():,} voxels, noise {args.noise:g}")
-    print(f"blochsim: matched in {t_match:.2f} s" + ("" if t_perk is None else f"; PERK trained and mapped in "
-                                                      f"{t_perk:.1f} s"))
+    stages = [("dictionary", t_dict), ("acquisition", t_acq), ("dictionary matching", t_match)]
+    if t_perk is not None:
+        stages += [("PERK training", t_perk[0]), ("PERK map", t_perk[1])]
+    print(f"{'stage':<24}{'seconds':>12}")
+    for name, t in stages:
+        print(f"  {name:<22}{t:>12.3f}")
+    print(f"  {'total':<22}{time.perf_counter() - t_start:>12.3f}")
     header = f"{'median |error| / truth':<24}" + "".join(f"{k:>12}" for k in ("T1", "T2", "M0"))
     print(header)
     for method, est in estimates.items():

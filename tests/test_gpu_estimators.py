@@ -102,9 +102,32 @@ def test_device_dictionary_refusals():
         card.map(cupy.zeros((3, len(FLIPS)), cupy.float32))
     with pytest.raises(ValueError, match="groups"):
         DictionaryMatcher(sim, groups=4, device="cuda").fit(**GRIDS)
-    huge = dict(T1=np.geomspace(300, 3000, 100_000), T2=np.geomspace(20, 300, 100_000))
+    # full atoms of 500 samples past the card's free memory, kept full: refused before any simulation
+    free, _ = _core.memory_info()
+    side = int(np.sqrt(1.2 * free / (500 * 8))) + 1
+    long = MRFSimulator(flip=np.linspace(5, 60, 500), TR=10.0, states=8)
+    huge = dict(T1=np.geomspace(300, 3000, side), T2=np.geomspace(20, 300, side))
     with pytest.raises(MemoryError, match="GiB of device memory"):
-        DictionaryMatcher(sim, rank=None, device="cuda").fit(**huge)
+        DictionaryMatcher(long, rank=None, device="cuda").fit(**huge)
+
+
+def test_dictionary_larger_than_the_card_is_streamed():
+    """Full atoms that would take 1.2 times the card's free memory are
+    simulated chunk by chunk and kept only as their rank-12 projections;
+    noise-free signals find their own atoms."""
+    free, _ = _core.memory_info()
+    side = int(np.sqrt(1.2 * free / (500 * 8))) + 1
+    sim = MRFSimulator(flip=np.concatenate([np.linspace(5, 60, 250), np.linspace(60, 2, 250)]), TR=10.0,
+                       states=8)
+    grids = dict(T1=np.geomspace(300, 3000, side), T2=np.geomspace(20, 300, side))
+    assert side * side * 500 * 8 > free
+    dm = DictionaryMatcher(sim, rank=12, chunk=1 << 20, device="cuda").fit(**grids)
+    assert dm._atoms.shape == (side * side, 12)
+    pick = np.random.default_rng(4).choice(side * side, 64, replace=False)
+    i1, i2 = np.unravel_index(pick, (side, side))
+    maps = dm.map(0.9 * sim.simulate(T1=grids["T1"][i1], T2=grids["T2"][i2]))
+    np.testing.assert_array_equal(maps["index"], pick)
+    np.testing.assert_allclose(np.abs(maps["M0"]), 0.9, rtol=1e-3)
 
 
 def test_perk_map_on_the_card_equals_the_host():

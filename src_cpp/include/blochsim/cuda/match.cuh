@@ -6,7 +6,7 @@
 // card) in tiles of match_atoms, both staged through shared memory
 // match_step components at a time (a signal tile of at most match_step
 // components is staged once).  Thread (ty, tx) of the 16 × 16 threads holds
-// the register tile of signals ty + 16 s (s < 8) against atoms tx + 16 v
+// the register tile of signals 8 ty + s (s < 8) against atoms 4 tx + v
 // (v < 4) of match_accumulate, 32 complex accumulators, and offers each
 // power to its own sorted list per signal (its atoms in ascending order).
 // The 16 threads that share signals sit in one half-warp and merge their
@@ -33,6 +33,8 @@ constexpr int match_threads = (match_signals / match_S) * (match_atoms / match_A
 static_assert(match_threads == 256 && match_signals / match_S == 16 && match_atoms / match_A == 16,
               "16 x 16 threads: a row of 16 shares its signals within a half-warp");
 // The largest k of the device's lists (local memory; k = 1 in registers).
+// A first pass over every match_device_sample_stride-th atom gives each
+// signal a floor (match_floor), as on the host (host/match.hpp).
 constexpr int match_device_max_k = 64;
 
 // Shuffle a list entry from the lane `mask` apart (within a half-warp).
@@ -41,88 +43,142 @@ __device__ __forceinline__ void match_shuffle(float& pw, int64_t& ix, int mask) 
   ix = __shfl_xor_sync(0xffffffffu, static_cast<long long>(ix), mask);
 }
 
+#ifndef BLOCHSIM_MATCH_MIN_BLOCKS
+#define BLOCHSIM_MATCH_MIN_BLOCKS 1
+#endif
+
 // Partial lists of atoms [split·per_split, (split + 1)·per_split) for
 // signals of block x: part_pw/part_ix (n, splits, k).
+//
+// Thread (ty, tx) holds signals 8·ty + s and atoms 4·tx + v of a tile, so
+// that its components come from shared memory in 16-byte loads (4 for its
+// signals, the same address across its half-warp; 2 for its atoms).  The
+// tiles and their components are played as one sequence of steps; each
+// step's global loads for the next step are issued into registers before
+// its products and stored after them, so that their latency hides behind
+// the arithmetic.
 template <int KC>
-__global__ void __launch_bounds__(match_threads) match_kernel(MatchProblem p, int64_t per_split, float* part_pw,
-                                                              int64_t* part_ix) {
-  // padded rows: the strided stores of the staging hit every bank once
-  __shared__ float2 sig[match_step][match_signals + 1];
-  __shared__ float2 atm[match_step][match_atoms + 1];
+__global__ void __launch_bounds__(match_threads, BLOCHSIM_MATCH_MIN_BLOCKS)
+    match_kernel(MatchProblem p, int64_t stride, const float* floors, int64_t per_split, float* part_pw,
+                 int64_t* part_ix) {
+  // padded rows (16 bytes): the strided stores of the staging spread over
+  // the banks, and rows stay 16-byte aligned for the vector loads
+  __shared__ __align__(16) float2 sig[match_step][match_signals + 2];
+  __shared__ __align__(16) float2 atm[match_step][match_atoms + 2];
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
   const int k = KC == 1 ? 1 : p.k;
   const int64_t s0 = static_cast<int64_t>(blockIdx.x) * match_signals;
   const int64_t abegin = static_cast<int64_t>(blockIdx.y) * per_split;
-  const int64_t aend = abegin + per_split < p.atoms ? abegin + per_split : p.atoms;
+  const int64_t positions = (p.atoms + stride - 1) / stride;  // atom u·stride at position u
+  const int64_t aend = abegin + per_split < positions ? abegin + per_split : positions;
   const float2* sg = reinterpret_cast<const float2*>(p.signal);
   const float2* at = reinterpret_cast<const float2*>(p.atom);
   const int64_t dim = p.dim;
   const bool resident = dim <= match_step;
+  const int64_t chunks = (dim + match_step - 1) / match_step;
+  const int64_t steps = ((aend - abegin + match_atoms - 1) / match_atoms) * chunks;
 
   float pw[match_S][KC];
   int64_t ix[match_S][KC];
-  float thr[match_S];
+  float thr[match_S], fl[match_S];
 #pragma unroll
   for (int s = 0; s < match_S; ++s) {
-    thr[s] = -1.0f;
+    const int64_t sx = s0 + match_S * ty + s;
+    fl[s] = floors && sx < p.n ? floors[sx] : -1.0f;
+    thr[s] = fl[s];
     for (int q = 0; q < k; ++q) {
       pw[s][q] = -1.0f;
       ix[s][q] = -1;
     }
   }
 
-  auto stage_signals = [&](int64_t j0) {
-    for (int e = tid; e < match_signals * match_step; e += match_threads) {
-      const int si = e / match_step, jj = e % match_step;
-      const int64_t s = s0 + si, j = j0 + jj;
-      sig[jj][si] = (s < p.n && j < dim) ? sg[s * dim + j] : make_float2(0.0f, 0.0f);
+  constexpr int sig_per_thread = match_signals * match_step / match_threads;  // 8
+  constexpr int atom_per_thread = match_atoms * match_step / match_threads;   // 4
+  float2 rs[sig_per_thread], ra[atom_per_thread];
+  // the global loads of step t into registers, and from there to shared memory
+  auto load = [&](int64_t t) {
+    const int64_t a0 = abegin + (t / chunks) * match_atoms, j0 = (t % chunks) * match_step;
+    if (!resident)
+#pragma unroll
+      for (int u = 0; u < sig_per_thread; ++u) {
+        const int e = tid + u * match_threads, si = e / match_step, jj = e % match_step;
+        const int64_t sx = s0 + si, j = j0 + jj;
+        rs[u] = (sx < p.n && j < dim) ? sg[sx * dim + j] : make_float2(0.0f, 0.0f);
+      }
+#pragma unroll
+    for (int u = 0; u < atom_per_thread; ++u) {
+      const int e = tid + u * match_threads, ai = e / match_step, jj = e % match_step;
+      const int64_t a = a0 + ai, j = j0 + jj;
+      ra[u] = (a < aend && j < dim) ? at[a * stride * dim + j] : make_float2(0.0f, 0.0f);
     }
   };
-  if (resident) stage_signals(0);
-
-  for (int64_t a0 = abegin; a0 < aend; a0 += match_atoms) {
-    float re[match_S][match_A], im[match_S][match_A];
+  auto store = [&]() {
+    if (!resident)
 #pragma unroll
-    for (int s = 0; s < match_S; ++s)
-#pragma unroll
-      for (int v = 0; v < match_A; ++v) re[s][v] = im[s][v] = 0.0f;
-    for (int64_t j0 = 0; j0 < dim; j0 += match_step) {
-      __syncthreads();
-      if (!resident) stage_signals(j0);
-      for (int e = tid; e < match_atoms * match_step; e += match_threads) {
-        const int ai = e / match_step, jj = e % match_step;
-        const int64_t a = a0 + ai, j = j0 + jj;
-        atm[jj][ai] = (a < aend && j < dim) ? at[a * dim + j] : make_float2(0.0f, 0.0f);
+      for (int u = 0; u < sig_per_thread; ++u) {
+        const int e = tid + u * match_threads;
+        sig[e % match_step][e / match_step] = rs[u];
       }
-      __syncthreads();
-      const int64_t jn = dim - j0 < match_step ? dim - j0 : match_step;
-      match_accumulate<float, float, match_S, match_A>(
-          0, jn,
-          [&](int64_t j, int s, float& sr, float& si) {
-            const float2 x = sig[j][ty + 16 * s];
-            sr = x.x;
-            si = x.y;
-          },
-          [&](int64_t j, int v, float& ar, float& ai) {
-            const float2 x = atm[j][tx + 16 * v];
-            ar = x.x;
-            ai = x.y;
-          },
-          re, im);
+#pragma unroll
+    for (int u = 0; u < atom_per_thread; ++u) {
+      const int e = tid + u * match_threads;
+      atm[e % match_step][e / match_step] = ra[u];
     }
+  };
+  if (resident)
+    for (int e = tid; e < match_signals * match_step; e += match_threads) {
+      const int si = e / match_step, jj = e % match_step;
+      const int64_t sx = s0 + si;
+      sig[jj][si] = (sx < p.n && jj < dim) ? sg[sx * dim + jj] : make_float2(0.0f, 0.0f);
+    }
+  if (steps > 0) {
+    load(0);
+    store();
+  }
+
+  float re[match_S][match_A], im[match_S][match_A];
+  for (int64_t t = 0; t < steps; ++t) {
+    const int64_t c = t % chunks;
+    __syncthreads();
+    if (t + 1 < steps) load(t + 1);
+    if (c == 0) {
 #pragma unroll
-    for (int v = 0; v < match_A; ++v) {
-      const int64_t a = a0 + tx + 16 * v;
-      if (a >= aend) continue;
+      for (int s = 0; s < match_S; ++s)
 #pragma unroll
-      for (int s = 0; s < match_S; ++s) {
-        const float x = match_power(re[s][v], im[s][v]);
-        if (x > thr[s]) {
-          match_offer(pw[s], ix[s], k, x, a);
-          thr[s] = pw[s][k - 1];
+        for (int v = 0; v < match_A; ++v) re[s][v] = im[s][v] = 0.0f;
+    }
+    const int64_t jn = dim - c * match_step < match_step ? dim - c * match_step : match_step;
+    match_accumulate<float, float, match_S, match_A>(
+        0, jn,
+        [&](int64_t j, int s, float& sr, float& si) {
+          const float2 x = sig[j][match_S * ty + s];
+          sr = x.x;
+          si = x.y;
+        },
+        [&](int64_t j, int v, float& ar, float& ai) {
+          const float2 x = atm[j][match_A * tx + v];
+          ar = x.x;
+          ai = x.y;
+        },
+        re, im);
+    if (c == chunks - 1) {
+      const int64_t a0 = abegin + (t / chunks) * match_atoms;
+#pragma unroll
+      for (int v = 0; v < match_A; ++v) {
+        const int64_t a = a0 + match_A * tx + v;
+        if (a >= aend) continue;
+#pragma unroll
+        for (int s = 0; s < match_S; ++s) {
+          const float x = match_power(re[s][v], im[s][v]);
+          if (x > thr[s]) {
+            match_offer(pw[s], ix[s], k, x, a * stride);
+            thr[s] = fmaxf(pw[s][k - 1], fl[s]);
+          }
         }
       }
     }
+    __syncthreads();
+    if (t + 1 < steps) store();
   }
 
   // the 16 threads of a row (one half-warp) merge their lists: after the
@@ -147,7 +203,7 @@ __global__ void __launch_bounds__(match_threads) match_kernel(MatchProblem p, in
   const int64_t splits = gridDim.y;
 #pragma unroll
   for (int s = 0; s < match_S; ++s) {
-    const int64_t sigi = s0 + ty + 16 * s;
+    const int64_t sigi = s0 + match_S * ty + s;
     if (sigi >= p.n) continue;
     for (int q = tx; q < k; q += 16) {
       const int64_t o = (sigi * splits + blockIdx.y) * k + q;
@@ -193,31 +249,88 @@ __global__ void match_finish(MatchProblem p, int64_t splits, const float* part_p
   }
 }
 
+// Each signal's floor from the lists of a strided first pass: just below
+// its k-th best power there (-1 with fewer than k), since the k best of all
+// atoms score at least that.
+template <int KC>
+__global__ void match_floor(MatchProblem p, int64_t splits, const float* part_pw, const int64_t* part_ix,
+                            float* floors) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= p.n) return;
+  const int k = KC == 1 ? 1 : p.k;
+  float pw[KC], tpw[KC], opw[KC];
+  int64_t ix[KC], tix[KC], oix[KC];
+  for (int q = 0; q < k; ++q) {
+    pw[q] = part_pw[i * splits * k + q];
+    ix[q] = part_ix[i * splits * k + q];
+  }
+  for (int64_t sp = 1; sp < splits; ++sp) {
+    for (int q = 0; q < k; ++q) {
+      opw[q] = part_pw[(i * splits + sp) * k + q];
+      oix[q] = part_ix[(i * splits + sp) * k + q];
+    }
+    match_merge(pw, ix, opw, oix, k, tpw, tix);
+    for (int q = 0; q < k; ++q) {
+      pw[q] = tpw[q];
+      ix[q] = tix[q];
+    }
+  }
+  floors[i] = ix[k - 1] >= 0 ? nextafterf(pw[k - 1], -1.0f) : -1.0f;
+}
+
+// The stride of the first pass that sets the floors (as the host's).
+constexpr int64_t match_device_sample_stride = 32;
+
 template <int KC>
 inline int match_launch(const MatchProblem& p, const MatchResult& r, cudaStream_t st, char* err, int n) {
   int dev = 0, sms = 1;
   BLOCHSIM_CUDA(cudaGetDevice(&dev), "cudaGetDevice");
   BLOCHSIM_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
   const int64_t tiles = (p.n + match_signals - 1) / match_signals;
-  const int64_t atom_tiles = (p.atoms + match_atoms - 1) / match_atoms;
-  // splits of the atoms: enough blocks for two waves, at least 8 atom tiles a split
-  int64_t splits = std::max<int64_t>(1, (2 * sms + tiles - 1) / tiles);
-  splits = std::min<int64_t>(splits, std::max<int64_t>(1, atom_tiles / 8));
-  splits = std::min<int64_t>(splits, 65535);
-  const int64_t per_split = ((atom_tiles + splits - 1) / splits) * match_atoms;
-  splits = std::max<int64_t>(1, (p.atoms + per_split - 1) / per_split);
   if (tiles > 2147483647) return say(bad_shape, err, n);
+  // splits of the atoms at a stride: enough blocks for two waves, at least
+  // 8 atom tiles a split
+  auto split = [&](int64_t stride, int64_t& splits, int64_t& per_split) {
+    const int64_t positions = (p.atoms + stride - 1) / stride;
+    const int64_t atom_tiles = (positions + match_atoms - 1) / match_atoms;
+    splits = std::max<int64_t>(1, (2 * sms + tiles - 1) / tiles);
+    splits = std::min<int64_t>(splits, std::max<int64_t>(1, atom_tiles / 8));
+    splits = std::min<int64_t>(splits, 65535);
+    per_split = ((atom_tiles + splits - 1) / splits) * match_atoms;
+    splits = std::max<int64_t>(1, (positions + per_split - 1) / per_split);
+  };
+  const bool sample = p.atoms >= match_device_sample_stride * 4 * static_cast<int64_t>(p.k);
+  int64_t splits = 1, per_split = 0, sample_splits = 1, sample_per_split = 0;
+  split(1, splits, per_split);
+  if (sample) split(match_device_sample_stride, sample_splits, sample_per_split);
+  const size_t entries =
+      static_cast<size_t>(p.n) * static_cast<size_t>(std::max(splits, sample_splits)) * static_cast<size_t>(p.k);
   void* scratch = nullptr;
-  const size_t entries = static_cast<size_t>(p.n) * static_cast<size_t>(splits) * static_cast<size_t>(p.k);
   no_stale_error();
-  BLOCHSIM_CUDA(pool_malloc(&scratch, entries * (sizeof(float) + sizeof(int64_t)), st), "cudaMallocAsync");
+  BLOCHSIM_CUDA(pool_malloc(&scratch, entries * (sizeof(float) + sizeof(int64_t)) + static_cast<size_t>(p.n) * 4,
+                            st),
+                "cudaMallocAsync");
   int64_t* part_ix = static_cast<int64_t*>(scratch);
   float* part_pw = reinterpret_cast<float*>(part_ix + entries);
-  match_kernel<KC><<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(splits)), match_threads, 0, st>>>(
-      p, per_split, part_pw, part_ix);
-  cudaError_t e = cudaGetLastError();
+  float* floors = part_pw + entries;
+  const unsigned per_signal = static_cast<unsigned>((p.n + 127) / 128);
+  cudaError_t e = cudaSuccess;
+  if (sample) {
+    match_kernel<KC><<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(sample_splits)), match_threads, 0,
+                       st>>>(p, match_device_sample_stride, nullptr, sample_per_split, part_pw, part_ix);
+    e = cudaGetLastError();
+    if (e == cudaSuccess) {
+      match_floor<KC><<<per_signal, 128, 0, st>>>(p, sample_splits, part_pw, part_ix, floors);
+      e = cudaGetLastError();
+    }
+  }
   if (e == cudaSuccess) {
-    match_finish<KC><<<static_cast<unsigned>((p.n + 127) / 128), 128, 0, st>>>(p, splits, part_pw, part_ix, r);
+    match_kernel<KC><<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(splits)), match_threads, 0, st>>>(
+        p, 1, sample ? floors : nullptr, per_split, part_pw, part_ix);
+    e = cudaGetLastError();
+  }
+  if (e == cudaSuccess) {
+    match_finish<KC><<<per_signal, 128, 0, st>>>(p, splits, part_pw, part_ix, r);
     e = cudaGetLastError();
   }
   cudaFreeAsync(scratch, st);
