@@ -324,3 +324,26 @@ def perk_inputs_device(uintptr_t s, int64_t count, int64_t c, int mode, bint nor
         st = L.perk_inputs(<const float*> s, count, c, mode, normalize, <const float*> basis, r,
                            <const float*> known, nk, <float*> x, d, <void*> stream, err, ERRLEN)
     _raise(st, err)
+
+
+def perk_moments_device(uintptr_t omega, uintptr_t phase, int64_t d, int64_t F, uintptr_t x, uintptr_t t,
+                        int64_t count, int64_t p, float scale, uintptr_t sz, uintptr_t szz, uintptr_t stz,
+                        uintptr_t stream):
+    """The sums of one PERK training block on the device (cuda/perk.cuh):
+    features of x (count, d) float32 from omega (F, d) and phase (F), and
+    in float64 their sum (F), Gram matrix (F, F) and products with the
+    targets t (count, p) float64 (p, F).  Device pointers, ordered on
+    ``stream``."""
+    cdef PerkModel m
+    cdef char err[ERRLEN]
+    cdef int st
+    err[0] = 0
+    m.d = d
+    m.F = F
+    m.p = 1
+    m.omega = <const float*> omega
+    m.phase = <const float*> phase
+    with nogil:
+        st = L.perk_moments(m, <const float*> x, <const double*> t, count, p, scale, <double*> sz, <double*> szz,
+                            <double*> stz, <void*> stream, err, ERRLEN)
+    _raise(st, err)

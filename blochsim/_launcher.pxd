@@ -32,6 +32,8 @@ cdef extern from "launcher.hpp" namespace "blochsim::cuda" nogil:
     int match_max_k()
     int perk_inputs(const float* s, int64_t count, int64_t c, int mode, int normalize, const float* basis,
                     int64_t r, const float* known, int64_t nk, float* x, int64_t d, void* stream, char* err, int n)
+    int perk_moments(const PerkModel& m, const float* x, const double* t, int64_t count, int64_t p, float scale,
+                     double* sz, double* szz, double* stz, void* stream, char* err, int n)
     int perk(const PerkModel& m, const float* x, const float* g, int64_t count, float* out, float* xbar,
              void* stream, char* err, int n)
     int project(const float* rows, int64_t count, int64_t c, const float* basis, int64_t r, int unit, float* out,

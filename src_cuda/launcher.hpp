@@ -137,6 +137,11 @@ int perk(const PerkModel& m, const float* x, const float* g, int64_t count, floa
 int perk_inputs(const float* s, int64_t count, int64_t c, int mode, int normalize, const float* basis, int64_t r,
                 const float* known, int64_t nk, float* x, int64_t d, void* stream, char* err, int n);
 
+// The sums of one PERK training block (cuda/perk.cuh perk_moments_device);
+// device pointers, ordered on `stream`.
+int perk_moments(const PerkModel& m, const float* x, const double* t, int64_t count, int64_t p, float scale,
+                 double* sz, double* szz, double* stz, void* stream, char* err, int n);
+
 // How many device bytes one problem needs (output, tissue, scratch).
 std::size_t bytes_per_problem(const EventStream& s, const Tissue& t);
 

@@ -23,5 +23,10 @@ int perk_inputs(const float* s, int64_t count, int64_t c, int mode, int normaliz
   });
 }
 
+int perk_moments(const PerkModel& m, const float* x, const double* t, int64_t count, int64_t p, float scale,
+                 double* sz, double* szz, double* stz, void* stream, char* err, int n) {
+  return guarded([&] { return perk_moments_device(m, x, t, count, p, scale, sz, szz, stz, as_stream(stream), err, n); });
+}
+
 }  // namespace cuda
 }  // namespace blochsim

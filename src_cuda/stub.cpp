@@ -80,6 +80,10 @@ int perk_inputs(const float*, int64_t, int64_t, int, int, const float*, int64_t,
                 int64_t, void*, char* err, int n) {
   return no(err, n);
 }
+int perk_moments(const PerkModel&, const float*, const double*, int64_t, int64_t, float, double*, double*, double*,
+                 void*, char* err, int n) {
+  return no(err, n);
+}
 std::size_t bytes_per_problem(const EventStream&, const Tissue&) { return 0; }
 
 }  // namespace cuda

@@ -255,3 +255,20 @@ def perk_map(perk, signals, known, uncertainty):
     if library is None:
         return maps
     return {k: to_library(v, library) for k, v in maps.items()}
+
+
+def perk_moments(spec, x, t):
+    """The sums of one PERK training block on the device: the features of
+    its inputs x (m, d) and, in double, Σ z, Σ z zᵀ, Σ t, Σ t zᵀ and m (as
+    PERK._moments forms them on the host)."""
+    from blochsim._device import DeviceArray
+    F, d = spec["omega"].shape
+    m, p = t.shape
+    omega = DeviceArray.from_numpy(np.ascontiguousarray(spec["omega"], np.float32))
+    phase = DeviceArray.from_numpy(np.ascontiguousarray(spec["phase"], np.float32))
+    xd = DeviceArray.from_numpy(np.ascontiguousarray(x, np.float32))
+    td = DeviceArray.from_numpy(np.ascontiguousarray(t, np.float64))
+    sz, szz, stz = DeviceArray((F,), np.float64), DeviceArray((F, F), np.float64), DeviceArray((p, F), np.float64)
+    _core.perk_moments_device(omega.ptr, phase.ptr, d, F, xd.ptr, td.ptr, m, p, float(spec["scale"]), sz.ptr,
+                              szz.ptr, stz.ptr, 0)
+    return sz.get(), szz.get(), t.sum(0), stz.get(), m

@@ -63,10 +63,12 @@ class PERK:
         drops what only noise occupies, which helps long signals (MR
         fingerprints) most.
     device : {"cpu", "cuda", "auto"}, optional
-        Where :meth:`map` runs: ``"cuda"`` forms the inputs and the fused
-        map on the GPU (cuda/perk.cuh) and returns device arrays of the
-        signals' library for device signals.  Default: the simulator's
-        ``device``; device signals are mapped on the GPU.
+        Where the features run.  ``"cuda"``: :meth:`fit` forms each
+        training block's features and sums their moments on the GPU
+        (cuda/perk.cuh; the simulation follows the simulator's device), and
+        :meth:`map` forms the inputs and the fused map there, returning
+        device arrays of the signals' library for device signals.  Default:
+        the simulator's ``device``; device signals are mapped on the GPU.
 
     Examples
     --------
@@ -179,13 +181,15 @@ class PERK:
         parameters, or with ``model`` the model's squared errors."""
         def block(theta, kcols, s):
             x = self._inputs(s, kcols)[0]
-            z = spec["scale"] * np.cos(x.astype(np.float64) @ spec["omega"].T + spec["phase"])
             t = theta[:, spec["est"]]
             if model is not None:
                 e = np.empty((len(x), len(spec["est"])), np.float32)
                 _core.perk(model["omega"], model["phase"], model["weight"], model["offset"], x, e,
                            threads=_threads(self.simulator))
                 t = (t - e) ** 2
+            if spec.get("device"):
+                return _on_device.perk_moments(spec, x, t)
+            z = spec["scale"] * np.cos(x.astype(np.float64) @ spec["omega"].T + spec["phase"])
             return (z.sum(0), z.T @ z, t.sum(0), t.T @ z, len(z))
 
         return _levelwise((block(*part) for part in self._draws(spec, b0, b1)), _add)
@@ -323,7 +327,7 @@ class PERK:
         phase = frng.uniform(0.0, 2 * np.pi, F)
         scale = np.sqrt(2.0 / F)
 
-        spec.update(omega=omega, phase=phase, scale=scale)
+        spec.update(omega=omega, phase=phase, scale=scale, device=_on_device.wanted(self))
         group = 1 << max(0, (chunk // TRAINING_BLOCK).bit_length() - 1)  # blocks a task: a subtree of the sums
         n_blocks = -(-samples // TRAINING_BLOCK)
 

@@ -87,6 +87,73 @@ __global__ void perk_inputs_kernel(const float2* s, int64_t n, int64_t c, int mo
   for (int64_t q = lane; q < nk; q += 32) xi[u + q] = known[i * nk + q];
 }
 
+// Z[i, f] = scale · cos(ω_f · x_i + b_f) for the m inputs x (m, d): the
+// training features (m, F), float32.
+__global__ void perk_features_kernel(PerkModel m, const float* x, int64_t count, float scale, float* z) {
+  const int64_t f = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t i = blockIdx.y;
+  if (f >= m.F || i >= count) return;
+  const float* xi = x + i * m.d;
+  const float* om = m.omega + f * m.d;
+  float u = m.phase[f];
+  for (int64_t k = 0; k < m.d; ++k) u += om[k] * xi[k];
+  z[i * m.F + f] = scale * cosf(u);
+}
+
+// One 64 × 64 tile of ZᵀZ (F × F) over the m rows of Z, in double: 16 × 16
+// threads of 4 × 4 outputs, rows staged 32 at a time.
+__global__ void __launch_bounds__(256) perk_gram_kernel(const float* z, int64_t count, int64_t F, double* zz) {
+  __shared__ float a[32][64], b[32][64];
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * 64, c0 = static_cast<int64_t>(blockIdx.x) * 64;
+  double acc[4][4] = {};
+  for (int64_t i0 = 0; i0 < count; i0 += 32) {
+    __syncthreads();
+    for (int e = threadIdx.x; e < 32 * 64; e += 256) {
+      const int ii = e / 64, cc = e % 64;
+      const int64_t i = i0 + ii;
+      a[ii][cc] = (i < count && r0 + cc < F) ? z[i * F + r0 + cc] : 0.0f;
+      b[ii][cc] = (i < count && c0 + cc < F) ? z[i * F + c0 + cc] : 0.0f;
+    }
+    __syncthreads();
+    for (int ii = 0; ii < 32; ++ii) {
+      double av[4], bv[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        av[q] = a[ii][ty + 16 * q];
+        bv[q] = b[ii][tx + 16 * q];
+      }
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+#pragma unroll
+        for (int w = 0; w < 4; ++w) acc[q][w] += av[q] * bv[w];
+    }
+  }
+#pragma unroll
+  for (int q = 0; q < 4; ++q)
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const int64_t r = r0 + ty + 16 * q, c = c0 + tx + 16 * w;
+      if (r < F && c < F) zz[r * F + c] = acc[q][w];
+    }
+}
+
+// Column sums of Z (sz, F) and tᵀZ (stz, p × F) in double, t (m, p) double;
+// one thread a feature, the rows in order.
+__global__ void perk_sums_kernel(const float* z, const double* t, int64_t count, int64_t F, int64_t p, double* sz,
+                                 double* stz) {
+  const int64_t f = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (f >= F) return;
+  double s = 0.0, st[perk_max_outputs] = {};
+  for (int64_t i = 0; i < count; ++i) {
+    const double v = z[i * F + f];
+    s += v;
+    for (int64_t j = 0; j < p; ++j) st[j] += t[i * p + j] * v;
+  }
+  sz[f] = s;
+  for (int64_t j = 0; j < p; ++j) stz[j * F + f] = st[j];
+}
+
 }  // namespace detail
 
 // PERK's inputs on the device (perk_inputs_kernel): signals s (count, c)
@@ -123,6 +190,41 @@ inline int perk_device(const PerkModel& m, const float* x, const float* g, int64
   perk_kernel<<<static_cast<unsigned>((n + 127) / 128), 128, 0, stream>>>(m, x, g, n, out, xbar);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return fail(e, "perk kernel launch", err, n_);
+  return ok;
+}
+
+// The sums of one training block on the device (perk.py's moments): the
+// features Z = scale · cos(Ω x + b) of its inputs x (count, m.d) and, in
+// double, Σ z (sz, F), Σ z zᵀ (szz, F × F) and Σ t zᵀ (stz, p × F) for its
+// targets t (count, p) double; m's omega and phase and every array are
+// device pointers (m.weight and m.offset unused).  Each sum runs over the
+// rows in a fixed order: the result is the same at every call.  Ordered
+// on `stream`.
+inline int perk_moments_device(const PerkModel& m, const float* x, const double* t, int64_t count, int64_t p,
+                               float scale, double* sz, double* szz, double* stz, cudaStream_t stream, char* err,
+                               int n) {
+  using namespace detail;
+  if (m.d < 1 || m.F < 1 || p < 0 || p > perk_max_outputs || count < 1 || count > 65535 || !m.omega || !m.phase)
+    return say(bad_shape, err, n);
+  void* zbuf = nullptr;
+  no_stale_error();
+  BLOCHSIM_CUDA(pool_malloc(&zbuf, static_cast<size_t>(count) * static_cast<size_t>(m.F) * sizeof(float), stream),
+                "cudaMallocAsync");
+  float* z = static_cast<float*>(zbuf);
+  perk_features_kernel<<<dim3(static_cast<unsigned>((m.F + 127) / 128), static_cast<unsigned>(count)), 128, 0,
+                         stream>>>(m, x, count, scale, z);
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) {
+    const unsigned tiles = static_cast<unsigned>((m.F + 63) / 64);
+    perk_gram_kernel<<<dim3(tiles, tiles), 256, 0, stream>>>(z, count, m.F, szz);
+    e = cudaGetLastError();
+  }
+  if (e == cudaSuccess) {
+    perk_sums_kernel<<<static_cast<unsigned>((m.F + 127) / 128), 128, 0, stream>>>(z, t, count, m.F, p, sz, stz);
+    e = cudaGetLastError();
+  }
+  cudaFreeAsync(zbuf, stream);
+  if (e != cudaSuccess) return fail(e, "perk moments kernel launch", err, n);
   return ok;
 }
 
