@@ -14,6 +14,15 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   > /dev/null 2>&1 || exit 1
 export PYTHONPATH=/tmp/site
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv | tee "$out/gpu.txt"
+if [ -n "${VARIANTS:-}" ]; then  # the kernel alone (bench/device_match.cu), one build a -D variant
+  for v in $VARIANTS; do
+    flags=${v//,/ }
+    nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Isrc_cpp/include ${flags//:/=} bench/device_match.cu \
+      -o "/tmp/dm_$v" > "$out/dm_$v.log" 2>&1 || { tail -5 "$out/dm_$v.log"; continue; }
+    echo "variant ${v:-default}:"
+    "/tmp/dm_$v" ${MATCH_SIZES:-1000000 12 1 1000000 12 7 100000 500 1} 2>&1 | sed 's/^/  /'
+  done
+fi
 start=$(date +%s)
 if [ ! -d /tmp/bs/blochsim ]; then
   python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/bs "$repo" -Csetup-args=-Dcuda=enabled \

@@ -46,6 +46,12 @@ __device__ __forceinline__ void match_shuffle(float& pw, int64_t& ix, int mask) 
 #ifndef BLOCHSIM_MATCH_MIN_BLOCKS
 #define BLOCHSIM_MATCH_MIN_BLOCKS 1
 #endif
+// Atom stages in shared memory: 2 lets a step store the next step's atoms
+// while slower warps still read this step's, one barrier a step instead of
+// two when the signals stay resident (-D to compare: bench/device_match.cu).
+#ifndef BLOCHSIM_MATCH_ATOM_STAGES
+#define BLOCHSIM_MATCH_ATOM_STAGES 2
+#endif
 
 // Partial lists of atoms [split·per_split, (split + 1)·per_split) for
 // signals of block x: part_pw/part_ix (n, splits, k).
@@ -64,7 +70,7 @@ __global__ void __launch_bounds__(match_threads, BLOCHSIM_MATCH_MIN_BLOCKS)
   // padded rows (16 bytes): the strided stores of the staging spread over
   // the banks, and rows stay 16-byte aligned for the vector loads
   __shared__ __align__(16) float2 sig[match_step][match_signals + 2];
-  __shared__ __align__(16) float2 atm[match_step][match_atoms + 2];
+  __shared__ __align__(16) float2 atm[BLOCHSIM_MATCH_ATOM_STAGES][match_step][match_atoms + 2];
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
   const int k = KC == 1 ? 1 : p.k;
   const int64_t s0 = static_cast<int64_t>(blockIdx.x) * match_signals;
@@ -112,7 +118,7 @@ __global__ void __launch_bounds__(match_threads, BLOCHSIM_MATCH_MIN_BLOCKS)
       ra[u] = (a < aend && j < dim) ? at[a * stride * dim + j] : make_float2(0.0f, 0.0f);
     }
   };
-  auto store = [&]() {
+  auto store = [&](int buf) {
     if (!resident)
 #pragma unroll
       for (int u = 0; u < sig_per_thread; ++u) {
@@ -122,7 +128,7 @@ __global__ void __launch_bounds__(match_threads, BLOCHSIM_MATCH_MIN_BLOCKS)
 #pragma unroll
     for (int u = 0; u < atom_per_thread; ++u) {
       const int e = tid + u * match_threads;
-      atm[e % match_step][e / match_step] = ra[u];
+      atm[buf][e % match_step][e / match_step] = ra[u];
     }
   };
   if (resident)
@@ -133,7 +139,7 @@ __global__ void __launch_bounds__(match_threads, BLOCHSIM_MATCH_MIN_BLOCKS)
     }
   if (steps > 0) {
     load(0);
-    store();
+    store(0);
   }
 
   float re[match_S][match_A], im[match_S][match_A];
@@ -156,7 +162,7 @@ __global__ void __launch_bounds__(match_threads, BLOCHSIM_MATCH_MIN_BLOCKS)
           si = x.y;
         },
         [&](int64_t j, int v, float& ar, float& ai) {
-          const float2 x = atm[j][match_A * tx + v];
+          const float2 x = atm[t % BLOCHSIM_MATCH_ATOM_STAGES][j][match_A * tx + v];
           ar = x.x;
           ai = x.y;
         },
@@ -177,8 +183,10 @@ __global__ void __launch_bounds__(match_threads, BLOCHSIM_MATCH_MIN_BLOCKS)
         }
       }
     }
-    __syncthreads();
-    if (t + 1 < steps) store();
+    // one stage (or signals read from the one signal stage): all warps done
+    // reading before the next step's values overwrite them
+    if (BLOCHSIM_MATCH_ATOM_STAGES == 1 || !resident) __syncthreads();
+    if (t + 1 < steps) store(static_cast<int>((t + 1) % BLOCHSIM_MATCH_ATOM_STAGES));
   }
 
   // the 16 threads of a row (one half-warp) merge their lists: after the
