@@ -8,7 +8,7 @@ import pytest
 from blochsim import _core
 from blochsim.estimators import DictionaryMatcher
 from blochsim.estimators.dictionary import _best
-from blochsim.simulators import MRFSimulator
+from blochsim.simulators import MRFSimulator, SpinEchoSimulator
 
 
 def _random(rng, n, r, unit=False):
@@ -159,3 +159,30 @@ def test_subspace_match_without_refinement_is_the_projected_brute_force():
     np.testing.assert_array_equal(got["index"], dm._original[want[:, 0]])
     np.testing.assert_allclose(got["score"], np.abs(d[:, 0]) / np.linalg.norm(sig, axis=1), rtol=1e-5)
     np.testing.assert_allclose(got["M0"], d[:, 0] / dm._norms[want[:, 0]], rtol=1e-4)
+
+
+def test_device_options_refused_without_a_usable_gpu():
+    """device="cuda" on a machine whose CUDA backend cannot run (CI's) is
+    refused by name before anything runs; a bad device name too."""
+    from blochsim import _dispatch
+    from blochsim.estimators import PERK
+    if _dispatch.cuda_status()[0]:
+        pytest.skip("a GPU is usable here: tests/test_gpu_estimators.py covers the device")
+    sim = MRFSimulator(flip=FLIPS, TR=10.0, states=16)
+    with pytest.raises(RuntimeError, match="device='cuda' was asked for, but the CUDA backend cannot run"):
+        DictionaryMatcher(sim, device="cuda").fit(**GRIDS)
+    host = DictionaryMatcher(sim, rank=None).fit(T1=GRIDS["T1"], T2=GRIDS["T2"])
+    host.device = "cuda"
+    with pytest.raises(RuntimeError, match="CUDA backend cannot run"):
+        host.map(np.ones((2, len(FLIPS)), np.complex64))
+    host.device = "auto"  # auto: the host when no GPU is usable
+    assert host.map(np.asarray(sim.simulate(T1=800.0, T2=60.0)))["T2"] == pytest.approx(60.0, rel=0.1)
+    with pytest.raises(ValueError, match="device must be"):
+        DictionaryMatcher(sim, device="gpu")
+    with pytest.raises(ValueError, match="device must be"):
+        PERK(sim, device="gpu")
+    perk = PERK(SpinEchoSimulator(TE=np.arange(10.0, 90.0, 10.0), TR=5000.0), n_features=50, device="cuda")
+    with pytest.raises(RuntimeError, match="CUDA backend cannot run"):
+        perk.fit(samples=1024, T1=1000.0, T2=(20.0, 200.0))
+    with pytest.raises(ValueError, match="without CUDA|cannot run|no CUDA"):
+        _core.match_device(0, 0, 1, 1, 1, 1, 0, 0, 0, 0)
