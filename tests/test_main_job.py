@@ -35,10 +35,15 @@ def test_maps_job_errors_table_and_picture(tmp_path, capsys):
     assert "median |error| / truth" in out and "dictionary" in out and "PERK" in out
     d = errors["dictionary"]
     assert d["T1"] < 0.05 and d["T2"] < 0.10 and d["M0"] < 0.05, d
+    # PERK's log-scaled ranges cover every tissue, CSF (T1 4000, T2 2000 ms) included; a 2 s train
+    # (200 TRs) determines T2 of 2000 ms only coarsely
     for name in ("white matter", "grey matter", "fat"):
         for k in ("T1", "T2", "M0"):
-            assert errors["PERK"]["tissues"][name][k] < 0.05, (name, k, errors["PERK"]["tissues"][name])
+            assert errors["PERK"]["tissues"][name][k] < 0.08, (name, k, errors["PERK"]["tissues"][name])
             assert errors["dictionary"]["tissues"][name][k] < 0.10, (name, k)
+    csf = errors["PERK"]["tissues"]["CSF"]
+    assert csf["T1"] < 0.10 and csf["T2"] < 0.5 and csf["M0"] < 0.05, csf
+    assert "beyond PERK's training ranges" not in out
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "d.npz").stat().st_size < 50e6
 

@@ -112,6 +112,8 @@ class PERK:
         self.subspace = _auto_count("subspace", subspace)
         self._basis = None
         self._model = None
+        #: the estimated parameters regressed as their logarithms (fit's ``log``)
+        self.log = ()
 
     # -- inputs ------------------------------------------------------------
 
@@ -155,14 +157,17 @@ class PERK:
         the counter), so a draw depends on its index alone, not on how the
         blocks are grouped or where they run."""
         names = list(spec["spans"])
+        logs = np.array([k in spec.get("log", ()) for k in names], dtype=bool)
         lows = np.array([spec["spans"][k][0] for k in names])
         highs = np.array([spec["spans"][k][1] for k in names])
+        lows, highs = np.where(logs, np.log(lows), lows), np.where(logs, np.log(highs), highs)
         key = int.from_bytes(np.random.SeedSequence(spec["seed"]).generate_state(2, np.uint64).tobytes(), "little")
         gens, thetas = [], []
         for b in range(b0, b1):
             m = min(TRAINING_BLOCK, spec["samples"] - b * TRAINING_BLOCK)
             g = np.random.Generator(np.random.Philox(key=key, counter=[0, 0, 0, b]))
-            thetas.append(lows + (highs - lows) * g.random((m, len(names))))
+            u = lows + (highs - lows) * g.random((m, len(names)))
+            thetas.append(np.where(logs, np.exp(u), u) if logs.any() else u)
             gens.append(g)
         parts = []
         for g, t in zip(gens, thetas):
@@ -182,6 +187,8 @@ class PERK:
         def block(theta, kcols, s):
             x = self._inputs(s, kcols)[0]
             t = theta[:, spec["est"]]
+            if spec.get("log"):  # log-scaled parameters are regressed as their logarithms
+                t = np.where(spec["log_est"], np.log(t), t)
             if model is not None:
                 e = np.empty((len(x), len(spec["est"])), np.float32)
                 _core.perk(model["omega"], model["phase"], model["weight"], model["offset"], x, e,
@@ -228,7 +235,7 @@ class PERK:
         return np.ascontiguousarray(vt[:r].T)
 
     def fit(self, noise_std=0.0, samples=20000, seed=0, known=(), chunk=4096, uncertainty=False, dask=False,
-            **ranges):
+            log=(), **ranges):
         """Train on simulated signals.
 
         Parameters
@@ -260,6 +267,12 @@ class PERK:
             when a Client exists); the sums are combined in the same fixed
             tree, so the fit is bitwise the one computed in this process,
             for any number of workers.
+        log : sequence of str
+            Parameters drawn uniformly in their logarithm (ranges spanning
+            decades, as T2 from white matter to CSF) and, when estimated,
+            regressed as their logarithm, the map returning its
+            exponential (and a learned uncertainty as the estimate times
+            that of the logarithm).
         **ranges
             ``name=(low, high)``: a parameter drawn uniformly (estimated,
             unless in ``known``); ``name=value``: fixed.
@@ -295,8 +308,12 @@ class PERK:
         if self.subspace is not None:
             self._basis = self._principal(self._inputs(probe, [])[1], noise_std)
 
+        log = (log,) if isinstance(log, str) else tuple(log)
+        for k in log:
+            if k not in spans or spans[k][0] <= 0:
+                raise ValueError(f"PERK.fit: log parameter {k!r} needs a (low, high) range with low > 0")
         spec = dict(spans=spans, fixed=fixed, known=known, samples=samples, seed=seed, noise_std=noise_std,
-                    est=est)
+                    est=est, log=log, log_est=np.array([k in log for k in names], dtype=bool))
         first = self._draws(spec, 0, 1)[0]
         x0 = self._inputs(first[2], first[1])[0].astype(np.float64)
         d = x0.shape[1]
@@ -354,6 +371,7 @@ class PERK:
         self._model = model
         self._device_model = None
         self.names, self.known, self.fixed = names, known, fixed
+        self.log = tuple(k for k in names if k in log)
         self.contrasts = _some_contrasts(first[2].shape[1], "PERK.fit")
         self.inputs = d
         self._uncertainty = False
@@ -426,10 +444,12 @@ class PERK:
 
     def _maps(self, out, shape, uncertainty):
         p = len(self.names)
-        maps = {k: out[:, i].reshape(shape) for i, k in enumerate(self.names)}
+        logs = getattr(self, "log", ())
+        maps = {k: (np.exp(out[:, i]) if k in logs else out[:, i]).reshape(shape) for i, k in enumerate(self.names)}
         if uncertainty:
             for i, k in enumerate(self.names):
-                maps[k + "_std"] = np.sqrt(np.maximum(out[:, p + i], 0.0)).reshape(shape)
+                sd = np.sqrt(np.maximum(out[:, p + i], 0.0)).reshape(shape)
+                maps[k + "_std"] = maps[k] * sd if k in logs else sd  # the log's spread, to first order
         return maps
 
     def vjp(self, signals, known=None):
@@ -463,6 +483,8 @@ class PERK:
             for i, k in enumerate(self.names):
                 if k in cotangents:
                     g[:, i] = np.broadcast_to(np.asarray(cotangents[k], dtype=np.float32), shape).reshape(-1)
+                    if k in getattr(self, "log", ()):  # the map is exp of the regressed value
+                        g[:, i] *= maps[k].reshape(-1)
             xbar = np.empty_like(x)
             scratch = np.empty((len(x), p), np.float32)
             _core.perk(m["omega"], m["phase"], weight, offset, x, scratch, g=g, xbar=xbar,
