@@ -9,18 +9,12 @@ from blochsim._device import DeviceArray
 from blochsim.estimators import PERK, DictionaryMatcher
 from blochsim.estimators.dictionary import _best
 from blochsim.simulators import MRFSimulator, SpinEchoSimulator
+from test_matching import _random
 
 pytestmark = pytest.mark.gpu
 
 FLIPS = np.concatenate([np.linspace(5, 60, 60), np.linspace(60, 2, 60)])
 GRIDS = dict(T1=np.geomspace(300, 3000, 37), T2=np.geomspace(20, 300, 29), B1=np.linspace(0.8, 1.2, 3))
-
-
-def _random(rng, n, r, unit=False):
-    x = (rng.standard_normal((n, r)) + 1j * rng.standard_normal((n, r))).astype(np.complex64)
-    if unit:
-        x /= np.linalg.norm(x, axis=1, keepdims=True)
-    return x
 
 
 def _device_best(q, atoms, k):

@@ -208,30 +208,16 @@ def perk_map(perk, signals, known, uncertainty):
     (perk_inputs_kernel) and the fused map (cuda/perk.cuh); maps as NumPy
     arrays for NumPy signals, device arrays of the signals' library for
     device ones."""
-    from blochsim._device import DeviceArray, to_host, to_library
+    from blochsim._device import DeviceArray, to_library
     if perk._model is None:
         raise RuntimeError("PERK.map needs a fitted PERK: call fit() first")
     c = perk.contrasts
     sig_ptr, shape, library, holder = _device_signals(signals, c, "PERK.map")
     n = int(np.prod(shape, dtype=np.int64))
-    known = {} if known is None else dict(known)
-    missing = [k for k in perk.known if k not in known]
-    extra = [k for k in known if k not in perk.known]
-    if missing or extra:
-        raise ValueError(f"PERK.map: known must give exactly {list(perk.known)}, missing {missing}, "
-                         f"unexpected {extra}")
-    cols = []
-    for k in perk.known:
-        a = known[k]
-        a = to_host(k, a) if V.is_device_array(a) else np.asarray(a, dtype=np.float64)
-        try:
-            a = np.broadcast_to(a, shape)
-        except ValueError:
-            raise ValueError(f"PERK.map: known {k} of shape {a.shape} does not broadcast to the voxel shape "
-                             f"{shape}") from None
-        if not np.all(np.isfinite(a)):
+    cols = perk._known_columns(known, shape, "PERK.map")
+    for k, c in zip(perk.known, cols):
+        if not np.all(np.isfinite(c)):
             raise ValueError(f"PERK.map: known {k} is not finite")
-        cols.append(a.reshape(-1))
     model = perk._device_model
     if model is None:
         arrays = {k: DeviceArray.from_numpy(np.ascontiguousarray(v, np.float32)) for k, v in perk._model.items()}

@@ -390,6 +390,16 @@ class PERK:
             raise RuntimeError(f"{what} needs a fitted PERK: call fit() first")
         s = _signals(signals, self.contrasts, what)
         shape = s.shape[:-1]
+        cols = [c[:, None] for c in self._known_columns(known, shape, what)]
+        flat = s.reshape(-1, self.contrasts)
+        x, v, r = self._inputs(flat, cols)
+        return shape, flat, x, v, r
+
+    def _known_columns(self, known, shape, what):
+        """The ``known`` maps of :meth:`map` (NumPy or device arrays), each
+        broadcast to the voxel ``shape`` and flattened, float64, in
+        ``self.known``'s order."""
+        from blochsim._device import to_host
         known = {} if known is None else dict(known)
         missing = [k for k in self.known if k not in known]
         extra = [k for k in known if k not in self.known]
@@ -398,16 +408,15 @@ class PERK:
                              f"missing {missing}, unexpected {extra}")
         cols = []
         for k in self.known:
-            a = np.asarray(known[k], dtype=np.float64)
+            a = known[k]
+            a = np.asarray(to_host(k, a) if V.is_device_array(a) else a, dtype=np.float64)
             try:
                 a = np.broadcast_to(a, shape)
             except ValueError:
                 raise ValueError(f"{what}: known {k} of shape {a.shape} does not broadcast to the voxel shape "
                                  f"{shape}") from None
-            cols.append(a.reshape(-1, 1))
-        flat = s.reshape(-1, self.contrasts)
-        x, v, r = self._inputs(flat, cols)
-        return shape, flat, x, v, r
+            cols.append(a.reshape(-1))
+        return cols
 
     def map(self, signals, known=None, uncertainty=False):
         """Estimate parameter maps.

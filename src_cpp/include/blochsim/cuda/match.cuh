@@ -221,16 +221,13 @@ __global__ void __launch_bounds__(match_threads, BLOCHSIM_MATCH_MIN_BLOCKS)
   }
 }
 
-// The k best of each signal over its splits' lists, and their inner
-// products in double precision, into r.
+// Signal i's k best over its splits' sorted lists (n, splits, k) into pw,
+// ix.
 template <int KC>
-__global__ void match_finish(MatchProblem p, int64_t splits, const float* part_pw, const int64_t* part_ix,
-                             MatchResult r) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= p.n) return;
-  const int k = KC == 1 ? 1 : p.k;
-  float pw[KC], tpw[KC], opw[KC];
-  int64_t ix[KC], tix[KC], oix[KC];
+__device__ inline void match_merge_splits(const float* part_pw, const int64_t* part_ix, int64_t i, int64_t splits,
+                                          int k, float* pw, int64_t* ix) {
+  float tpw[KC], opw[KC];
+  int64_t tix[KC], oix[KC];
   for (int q = 0; q < k; ++q) {
     pw[q] = part_pw[i * splits * k + q];
     ix[q] = part_ix[i * splits * k + q];
@@ -246,6 +243,19 @@ __global__ void match_finish(MatchProblem p, int64_t splits, const float* part_p
       ix[q] = tix[q];
     }
   }
+}
+
+// The k best of each signal over its splits' lists, and their inner
+// products in double precision, into r.
+template <int KC>
+__global__ void match_finish(MatchProblem p, int64_t splits, const float* part_pw, const int64_t* part_ix,
+                             MatchResult r) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= p.n) return;
+  const int k = KC == 1 ? 1 : p.k;
+  float pw[KC];
+  int64_t ix[KC];
+  match_merge_splits<KC>(part_pw, part_ix, i, splits, k, pw, ix);
   for (int q = 0; q < k; ++q) {
     const int64_t o = i * k + q;
     double re = 0.0, im = 0.0;
@@ -266,23 +276,9 @@ __global__ void match_floor(MatchProblem p, int64_t splits, const float* part_pw
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= p.n) return;
   const int k = KC == 1 ? 1 : p.k;
-  float pw[KC], tpw[KC], opw[KC];
-  int64_t ix[KC], tix[KC], oix[KC];
-  for (int q = 0; q < k; ++q) {
-    pw[q] = part_pw[i * splits * k + q];
-    ix[q] = part_ix[i * splits * k + q];
-  }
-  for (int64_t sp = 1; sp < splits; ++sp) {
-    for (int q = 0; q < k; ++q) {
-      opw[q] = part_pw[(i * splits + sp) * k + q];
-      oix[q] = part_ix[(i * splits + sp) * k + q];
-    }
-    match_merge(pw, ix, opw, oix, k, tpw, tix);
-    for (int q = 0; q < k; ++q) {
-      pw[q] = tpw[q];
-      ix[q] = tix[q];
-    }
-  }
+  float pw[KC];
+  int64_t ix[KC];
+  match_merge_splits<KC>(part_pw, part_ix, i, splits, k, pw, ix);
   floors[i] = ix[k - 1] >= 0 ? nextafterf(pw[k - 1], -1.0f) : -1.0f;
 }
 
