@@ -173,3 +173,20 @@ def test_perk_training_on_the_card_equals_the_host_and_repeats_bitwise():
     a, b = host.map(s), card.map(s)
     for k in a:
         np.testing.assert_allclose(b[k], a[k], rtol=2e-3, atol=2e-3 * np.abs(a[k]).max())
+
+
+def test_perk_pullback_on_the_card_equals_the_host():
+    te = np.arange(10.0, 170.0, 10.0)
+    sim = SpinEchoSimulator(TE=te, TR=5000.0)
+    perk = PERK(sim, n_features=400).fit(noise_std=0.005, samples=4096, uncertainty=True, T1=1000.0,
+                                         T2=(20.0, 200.0), M0=(0.5, 1.5))
+    rng = np.random.default_rng(6)
+    s = sim.simulate(T1=1000.0, T2=rng.uniform(30, 180, 300), M0=rng.uniform(0.6, 1.4, 300))
+    cot = {"T2": rng.standard_normal(300), "M0": rng.standard_normal(300)}
+    a, pa = perk.vjp(s)
+    perk.device = "cuda"
+    b, pb = perk.vjp(s)
+    for k in a:
+        np.testing.assert_allclose(b[k], a[k], rtol=2e-4, atol=1e-3 * np.abs(a[k]).max())
+    ga, gb = pa(cot), pb(cot)
+    np.testing.assert_allclose(gb, ga, rtol=1e-3, atol=1e-3 * np.abs(ga).max())

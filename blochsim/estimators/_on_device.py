@@ -218,12 +218,7 @@ def perk_map(perk, signals, known, uncertainty):
     for k, c in zip(perk.known, cols):
         if not np.all(np.isfinite(c)):
             raise ValueError(f"PERK.map: known {k} is not finite")
-    model = perk._device_model
-    if model is None:
-        arrays = {k: DeviceArray.from_numpy(np.ascontiguousarray(v, np.float32)) for k, v in perk._model.items()}
-        if perk._basis is not None:
-            arrays["basis"] = DeviceArray.from_numpy(np.ascontiguousarray(perk._basis, np.float32))
-        model = perk._device_model = arrays
+    model = _perk_model(perk)
     F, d = perk._model["omega"].shape
     p = len(perk._model["offset"])
     _check_memory("PERK.map", n * (4 * d + 4 * p + 4 * len(cols)))
@@ -258,3 +253,34 @@ def perk_moments(spec, x, t):
     _core.perk_moments_device(omega.ptr, phase.ptr, d, F, xd.ptr, td.ptr, m, p, float(spec["scale"]), sz.ptr,
                               szz.ptr, stz.ptr, 0)
     return sz.get(), szz.get(), t.sum(0), stz.get(), m
+
+
+def _perk_model(perk):
+    """The fitted model's arrays (and input basis) on the device, copied
+    there once per fit."""
+    from blochsim._device import DeviceArray
+    if perk._device_model is None:
+        arrays = {k: DeviceArray.from_numpy(np.ascontiguousarray(v, np.float32)) for k, v in perk._model.items()}
+        if perk._basis is not None:
+            arrays["basis"] = DeviceArray.from_numpy(np.ascontiguousarray(perk._basis, np.float32))
+        perk._device_model = arrays
+    return perk._device_model
+
+
+def perk_run(perk, x, g, p):
+    """PERK's first p estimates of the inputs x (n, d) on the device and,
+    with a cotangent g (n, p), its pullback to x: (out (n, p), xbar (n, d)
+    or None), NumPy."""
+    from blochsim._device import DeviceArray
+    model = _perk_model(perk)
+    n, d = x.shape
+    F = perk._model["omega"].shape[0]
+    _check_memory("PERK.vjp", n * (8 * d + 8 * p))
+    xd = DeviceArray.from_numpy(np.ascontiguousarray(x, np.float32))
+    out = DeviceArray((n, p), np.float32)
+    gd = DeviceArray.from_numpy(np.ascontiguousarray(g, np.float32)) if g is not None else None
+    xbar = DeviceArray((n, d), np.float32) if g is not None else None
+    # the first p rows of the weights and offsets: the estimates without their uncertainties
+    _core.perk_device(model["omega"].ptr, model["phase"].ptr, model["weight"].ptr, model["offset"].ptr, d, F, p,
+                      xd.ptr, n, out.ptr, gd.ptr if gd is not None else 0, xbar.ptr if xbar is not None else 0, 0)
+    return out.get(), (xbar.get() if xbar is not None else None)

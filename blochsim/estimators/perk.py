@@ -462,7 +462,8 @@ class PERK:
         return maps
 
     def vjp(self, signals, known=None):
-        """Maps and their pullback to the signals.
+        """Maps and their pullback to the signals (NumPy signals; with
+        ``device="cuda"`` the features of both run on the GPU).
 
         Returns
         -------
@@ -480,9 +481,20 @@ class PERK:
         m = self._model
         p = len(self.names)
         weight, offset = m["weight"][:p].copy(), m["offset"][:p].copy()
-        out = np.empty((len(x), p), np.float32)
-        _core.perk(m["omega"], m["phase"], weight, offset, x, out, threads=_threads(self.simulator))
-        maps = self._maps(out, shape, False)
+        on_device = _on_device.wanted(self)
+
+        def run(g=None):
+            """The estimates (and with g the pullback of g to x), on the
+            host or the card."""
+            if on_device:
+                return _on_device.perk_run(self, x, g, p)
+            out = np.empty((len(x), p), np.float32)
+            xbar = None if g is None else np.empty_like(x)
+            _core.perk(m["omega"], m["phase"], weight, offset, x, out, g=g, xbar=xbar,
+                       threads=_threads(self.simulator))
+            return out, xbar
+
+        maps = self._maps(run()[0], shape, False)
 
         def pullback(cotangents):
             unknown = [k for k in cotangents if k not in self.names]
@@ -494,11 +506,7 @@ class PERK:
                     g[:, i] = np.broadcast_to(np.asarray(cotangents[k], dtype=np.float32), shape).reshape(-1)
                     if k in getattr(self, "log", ()):  # the map is exp of the regressed value
                         g[:, i] *= maps[k].reshape(-1)
-            xbar = np.empty_like(x)
-            scratch = np.empty((len(x), p), np.float32)
-            _core.perk(m["omega"], m["phase"], weight, offset, x, scratch, g=g, xbar=xbar,
-                       threads=_threads(self.simulator))
-            sbar = self._pullback_inputs(flat, v, r, xbar)
+            sbar = self._pullback_inputs(flat, v, r, run(g)[1])
             return sbar.reshape(shape + (self.contrasts,))
 
         return maps, pullback
