@@ -223,9 +223,14 @@ def _grid_params(grids, index):
 
 def _atom_chunk(sim, grids, fixed, a, b, basis):
     """Unit atoms a to b - 1 (onto ``basis`` when given), complex64, and
-    their norms, float64."""
+    their norms, float64.  A worker whose simulator runs on its GPU
+    projects there too: only the projections cross to the host."""
+    from blochsim.estimators import _on_device
     from blochsim.estimators.dictionary import _simulate_table, _unit_rows
-    atoms = _simulate_table(sim, _grid_params(grids, np.arange(a, b)), fixed, b - a).astype(np.complex64, copy=False)
+    params = _grid_params(grids, np.arange(a, b))
+    if basis is not None and _on_device.simulator_on_device(sim):
+        return _on_device.projected_chunk(sim, params, fixed, basis)
+    atoms = _simulate_table(sim, params, fixed, b - a).astype(np.complex64, copy=False)
     unit, norms = _unit_rows(atoms)
     return np.ascontiguousarray(unit @ basis if basis is not None else unit), norms
 

@@ -469,5 +469,11 @@ def test_a_worker_runs_its_chunks_on_its_gpu():
 
             assert list(c.run(route).values()) == ["cuda"]
             got = sim.simulate(T1=da.from_array(T1, chunks=5000), T2=T2).compute()
+            # a dictionary's atoms projected on the worker's card: the same match as the host's
+            remote = DictionaryMatcher(sim, rank=8, chunk=1024).fit(dask=True, **GRIDS)
+            sig, _ = _signals()
+            on_card = remote.map(sig)
     ref = _mrf().simulate(T1=T1, T2=T2)
     assert np.max(np.abs(got - ref)) <= 1e-5 * np.max(np.abs(ref))
+    local = DictionaryMatcher(_mrf(), rank=8, chunk=1024).fit(**GRIDS)
+    assert np.mean(local.map(sig)["index"] == on_card["index"]) > 0.99

@@ -284,3 +284,25 @@ def perk_run(perk, x, g, p):
     _core.perk_device(model["omega"].ptr, model["phase"].ptr, model["weight"].ptr, model["offset"].ptr, d, F, p,
                       xd.ptr, n, out.ptr, gd.ptr if gd is not None else 0, xbar.ptr if xbar is not None else 0, 0)
     return out.get(), (xbar.get() if xbar is not None else None)
+
+
+def simulator_on_device(sim) -> bool:
+    """Whether ``sim`` plays on this process's GPU: ``device="cuda"``, or
+    ``"auto"`` with a usable GPU."""
+    dev = getattr(sim, "device", None)
+    return dev == "cuda" or (dev == "auto" and _dispatch.cuda_status()[0])
+
+
+def projected_chunk(sim, params, fixed, basis):
+    """Atoms of the parameter table ``params`` simulated on the device,
+    normalised and projected on ``basis`` (contrasts, r) there: (unit
+    projections (m, r) complex64, norms (m,) float64), NumPy."""
+    from blochsim._device import DeviceArray
+    m = len(next(iter(params.values())))
+    c, r = basis.shape
+    block = _simulate(sim, params, fixed, 0, m, c)
+    basis_dev = DeviceArray.from_numpy(np.ascontiguousarray(basis, np.complex64))
+    out = DeviceArray((m, r), np.complex64)
+    norms = DeviceArray((m,), np.float64)
+    _core.project_device(block.ptr, m, c, basis_dev.ptr, r, True, out.ptr, norms.ptr, 0)
+    return out.get(), norms.get()
