@@ -184,5 +184,7 @@ def test_device_options_refused_without_a_usable_gpu():
     perk = PERK(SpinEchoSimulator(TE=np.arange(10.0, 90.0, 10.0), TR=5000.0), n_features=50, device="cuda")
     with pytest.raises(RuntimeError, match="CUDA backend cannot run"):
         perk.fit(samples=1024, T1=1000.0, T2=(20.0, 200.0))
-    with pytest.raises(ValueError, match="without CUDA|cannot run|no CUDA"):
+    # the device entry itself, called without a usable GPU: an exception (the build's or the
+    # validation's), never a crash
+    with pytest.raises((ValueError, RuntimeError)):
         _core.match_device(0, 0, 1, 1, 1, 1, 0, 0, 0, 0)
