@@ -17,10 +17,11 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv | tee "$ou
 if [ -n "${VARIANTS:-}" ]; then  # the kernel alone (bench/device_match.cu), one build a -D variant
   for v in $VARIANTS; do
     flags=${v//,/ }
+    name=$(echo "$v" | tr -c 'A-Za-z0-9_\n' '_')  # a file name nvcc's tools accept
     nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Isrc_cpp/include ${flags//:/=} bench/device_match.cu \
-      -o "/tmp/dm_$v" > "$out/dm_$v.log" 2>&1 || { tail -5 "$out/dm_$v.log"; continue; }
-    echo "variant ${v:-default}:"
-    "/tmp/dm_$v" ${MATCH_SIZES:-1000000 12 1 1000000 12 7 100000 500 1} 2>&1 | sed 's/^/  /'
+      -o "/tmp/dm_$name" > "$out/dm_$name.log" 2>&1 || { tail -5 "$out/dm_$name.log"; continue; }
+    echo "variant $v:"
+    "/tmp/dm_$name" ${MATCH_SIZES:-1000000 12 1 1000000 12 7 100000 500 1} 2>&1 | sed 's/^/  /'
   done
 fi
 start=$(date +%s)
