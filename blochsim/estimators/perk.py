@@ -160,14 +160,15 @@ class PERK:
         logs = np.array([k in spec.get("log", ()) for k in names], dtype=bool)
         lows = np.array([spec["spans"][k][0] for k in names])
         highs = np.array([spec["spans"][k][1] for k in names])
-        lows, highs = np.where(logs, np.log(lows), lows), np.where(logs, np.log(highs), highs)
+        lows[logs], highs[logs] = np.log(lows[logs]), np.log(highs[logs])
         key = int.from_bytes(np.random.SeedSequence(spec["seed"]).generate_state(2, np.uint64).tobytes(), "little")
         gens, thetas = [], []
         for b in range(b0, b1):
             m = min(TRAINING_BLOCK, spec["samples"] - b * TRAINING_BLOCK)
             g = np.random.Generator(np.random.Philox(key=key, counter=[0, 0, 0, b]))
             u = lows + (highs - lows) * g.random((m, len(names)))
-            thetas.append(np.where(logs, np.exp(u), u) if logs.any() else u)
+            u[:, logs] = np.exp(u[:, logs])
+            thetas.append(u)
             gens.append(g)
         parts = []
         for g, t in zip(gens, thetas):
@@ -188,7 +189,8 @@ class PERK:
             x = self._inputs(s, kcols)[0]
             t = theta[:, spec["est"]]
             if spec.get("log"):  # log-scaled parameters are regressed as their logarithms
-                t = np.where(spec["log_est"], np.log(t), t)
+                t = t.copy()
+                t[:, spec["log_est"]] = np.log(t[:, spec["log_est"]])
             if model is not None:
                 e = np.empty((len(x), len(spec["est"])), np.float32)
                 _core.perk(model["omega"], model["phase"], model["weight"], model["offset"], x, e,
