@@ -36,7 +36,7 @@ cd /tmp
 python3 -c "import blochsim; print(blochsim.backends()['cuda'])"
 tests="$repo/tests/test_gpu_estimators.py"
 [ "${ALL_GPU_TESTS:-0}" = 1 ] && tests="$repo/tests -m gpu"
-timeout "${TEST_S:-240}" python3 -m pytest $tests -q -p no:cacheprovider -rfE -x 2>&1 | tee "$out/tests.log" | tail -15
+timeout "${TEST_S:-240}" python3 -m pytest $tests -q -p no:cacheprovider -rfE 2>&1 | tee "$out/tests.log" | tail -15
 if [ "${BENCH:-1}" = 1 ]; then
   timeout "${BENCH_S:-300}" python3 -m pytest "$repo/bench/test_bench_device_estimators.py" -q -p no:cacheprovider \
     --benchmark-only --benchmark-json="$out/bench.json" -k "${BENCH_K:-}" > "$out/bench.log" 2>&1
@@ -52,7 +52,9 @@ if [ "${MAIN_JOB:-1}" = 1 ]; then
   for dev in cuda cpu; do
     s=$(date +%s%N)
     timeout 300 python3 -m blochsim --size 256 --device "$dev" --maps "" --quiet > "$out/main_$dev.log" 2>&1
-    echo "main job --device $dev: rc $? in $(( ($(date +%s%N) - s) / 1000000 )) ms"
+    rc=$?
+    echo "main job --device $dev: rc $rc in $(( ($(date +%s%N) - s) / 1000000 )) ms"
+    [ "$rc" = 0 ] || tail -25 "$out/main_$dev.log"
     grep -E "stage|s$|matched|dictionary of|fat|CSF|matter|PERK  |dictionary  " "$out/main_$dev.log" | head -24
   done
 fi

@@ -83,6 +83,23 @@ def _brute(q, atoms):
     return _sync(out)
 
 
+def _against_float64(q, atoms, picked):
+    """The kernel's best atoms of signals q against a complex128 brute force:
+    (fraction that are its best atom, the largest relative shortfall of
+    their exact power from the best one)."""
+    qd = q.astype(cupy.complex128)
+    rows = cupy.arange(len(q))
+    best, arg = cupy.full(len(q), -1.0), cupy.zeros(len(q), cupy.int64)
+    for a in range(0, len(atoms), 100_000):
+        p = cupy.abs(qd @ atoms[a:a + 100_000].astype(cupy.complex128).conj().T) ** 2
+        j = p.argmax(1)
+        v = p[rows, j]
+        arg = cupy.where(v > best, j + a, arg)
+        best = cupy.maximum(v, best)
+    mine = cupy.abs((qd * atoms[picked].astype(cupy.complex128).conj()).sum(1)) ** 2
+    return float((arg == picked).mean()), float(((best - mine) / best).max())
+
+
 def _record(benchmark, n, m, r):
     benchmark.extra_info["pairs"] = n * m
     benchmark.extra_info["tflops_median"] = 8 * n * m * r / benchmark.stats.stats.median / 1e12
@@ -93,8 +110,9 @@ def test_device_match_kernel_rank12(benchmark, projected, n):
     q, atoms = projected
     idx = benchmark.pedantic(_kernel, args=(q[:n], atoms[:n]), rounds=3, warmup_rounds=1)
     _record(benchmark, n, n, 12)
-    benchmark.extra_info["agrees_with_brute_first_1000"] = bool(
-        (cupy.asnumpy(idx[:1000, 0]) == cupy.asnumpy(_brute(q[:1000], atoms[:n]))).mean() > 0.999)
+    same, shortfall = _against_float64(q[:1000], atoms[:n], idx[:1000, 0])
+    benchmark.extra_info["first_1000_same_as_float64"] = same
+    benchmark.extra_info["first_1000_worst_power_shortfall"] = shortfall
 
 
 @pytest.mark.parametrize("n", [100_000, N])
@@ -116,8 +134,11 @@ def full(sim, signals):
 
 def test_device_match_kernel_full(benchmark, full):
     q, atoms = full
-    benchmark.pedantic(_kernel, args=(q, atoms), rounds=3, warmup_rounds=1)
+    idx = benchmark.pedantic(_kernel, args=(q, atoms), rounds=3, warmup_rounds=1)
     _record(benchmark, len(q), len(atoms), 500)
+    same, shortfall = _against_float64(q[:1000], atoms, idx[:1000, 0])
+    benchmark.extra_info["first_1000_same_as_float64"] = same
+    benchmark.extra_info["first_1000_worst_power_shortfall"] = shortfall
 
 
 def test_device_cupy_brute_force_full(benchmark, full):

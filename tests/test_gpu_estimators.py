@@ -42,7 +42,10 @@ def test_device_kernel_against_float64_and_the_host(n, N, r, k):
                                atol=1e-12 * np.abs(d).max())
     host = _best(q, atoms, k, threads=2)
     np.testing.assert_array_equal(idx, host[0])
-    np.testing.assert_allclose(power, host[2], rtol=1e-5)
+    # the card's keys come from TF32 tensor-core products (a 3-way split)
+    # accumulated in float32 rounded towards zero: within a few 1e-5 of the
+    # host's at 500 samples; the winners' inner products above are exact
+    np.testing.assert_allclose(power, host[2], rtol=1e-4)
 
 
 def test_device_ties_go_to_the_lower_atom_index():

@@ -49,6 +49,11 @@ __device__ __forceinline__ void match_shuffle(float& pw, int64_t& ix, int mask) 
 // Atom stages in shared memory: 2 lets a step store the next step's atoms
 // while slower warps still read this step's, one barrier a step instead of
 // two when the signals stay resident (-D to compare: bench/device_match.cu).
+// The tensor-core kernel where the card has them (-D...=0 for the scalar
+// kernel everywhere: bench/device_match.cu compares the two).
+#ifndef BLOCHSIM_MATCH_TENSOR
+#define BLOCHSIM_MATCH_TENSOR 1
+#endif
 #ifndef BLOCHSIM_MATCH_ATOM_STAGES
 #define BLOCHSIM_MATCH_ATOM_STAGES 2
 #endif
@@ -221,6 +226,270 @@ __global__ void __launch_bounds__(match_threads, BLOCHSIM_MATCH_MIN_BLOCKS)
   }
 }
 
+// The same partial lists on the tensor cores (compute capability 8.0 and
+// later).  Each complex inner product is a real one of length 2·dim over
+// the interleaved components: a signal's row [sr, si, ...] against an
+// atom's two columns, [ar, ai, ...] for the real part of <atom, signal> and
+// [-ai, ar, ...] for its imaginary part, so that the 16 × 8 tiles of
+// mma.m16n8k8 (PTX ISA, "Matrix fragments for mma.m16n8k8") give each lane
+// the real and imaginary part of one atom against two signals.  TF32 keeps
+// 11 significant bits; every value is split into two TF32 parts (big, the
+// rounded value; small, the rounded rest) and the three products big·big,
+// big·small and small·big are accumulated in float32, which restores single
+// precision (the "3xTF32" split of CUTLASS; Ootomo and Yokota, Int. J. High
+// Perform. Comput. Appl. 36, 2022).
+//
+// The 8 warps sit 4 (signals) × 2 (atoms): warp (wm, wn) holds signals
+// 32 wm + [0, 32) and atoms 32 wn + [0, 32) of the block's tile, as 2 × 8
+// tiles of 16 signals × 4 atoms; lane (g, q) = (lane / 4, lane % 4) holds
+// signals g and g + 8 of each signal tile against atom q of each atom tile:
+// 4 signals × 8 atoms, as the scalar kernel's threads hold 8 × 4.  The four
+// lanes of a signal merge their lists by shuffles; the two warps of a signal
+// write theirs as two lists of the split (2 gridDim.y lists a signal).
+constexpr int match_tc_row = 2 * match_step + 4;  // floats a staged row: lanes (g, q) read banks 4 g + q
+constexpr int match_tc_lists = 2;                 // lists a split writes per signal
+
+__device__ __forceinline__ void tf32_split(float x, uint32_t& big, uint32_t& small) {
+  uint32_t b, s;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(b) : "f"(x));
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(s) : "f"(x - __uint_as_float(b)));
+  big = b;
+  small = s;
+}
+
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Shared memory of match_tc_kernel (dynamic: above the static 48 KiB): the
+// signal tile and the atom stages, each as TF32 big and small parts.
+constexpr size_t match_tc_smem =
+    sizeof(uint32_t) * 2 * (match_signals + BLOCHSIM_MATCH_ATOM_STAGES * match_atoms) * match_tc_row;
+
+template <int KC>
+__global__ void __launch_bounds__(match_threads, BLOCHSIM_MATCH_MIN_BLOCKS)
+    match_tc_kernel(MatchProblem p, int64_t stride, const float* floors, int64_t per_split, float* part_pw,
+                    int64_t* part_ix) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  extern __shared__ __align__(16) uint32_t smem[];
+  typedef uint32_t Row[match_tc_row];
+  Row* sig_hi = reinterpret_cast<Row*>(smem);
+  Row* sig_lo = sig_hi + match_signals;
+  Row* atm_hi = sig_lo + match_signals;  // stage b at atm_hi + b · match_atoms
+  Row* atm_lo = atm_hi + BLOCHSIM_MATCH_ATOM_STAGES * match_atoms;
+  constexpr int TS = 4, TN = 8;  // a lane's signals, a warp's atom tiles
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int g = lane / 4, q4 = lane % 4, wm = warp % 4, wn = warp / 4;
+  const int k = KC == 1 ? 1 : p.k;
+  const int64_t s0 = static_cast<int64_t>(blockIdx.x) * match_signals;
+  const int64_t abegin = static_cast<int64_t>(blockIdx.y) * per_split;
+  const int64_t positions = (p.atoms + stride - 1) / stride;
+  const int64_t aend = abegin + per_split < positions ? abegin + per_split : positions;
+  const float2* sg = reinterpret_cast<const float2*>(p.signal);
+  const float2* at = reinterpret_cast<const float2*>(p.atom);
+  const int64_t dim = p.dim, sd = stride * dim;
+  const bool resident = dim <= match_step;
+  const int chunks = static_cast<int>((dim + match_step - 1) / match_step);
+  auto row = [&](int s) { return 32 * wm + 16 * (s / 2) + 8 * (s % 2) + g; };
+
+  float pw[TS][KC];
+  int64_t ix[TS][KC];
+  float thr[TS], fl[TS];
+#pragma unroll
+  for (int s = 0; s < TS; ++s) {
+    const int64_t sx = s0 + row(s);
+    fl[s] = floors && sx < p.n ? floors[sx] : -1.0f;
+    thr[s] = fl[s];
+    for (int q = 0; q < k; ++q) {
+      pw[s][q] = -1.0f;
+      ix[s][q] = -1;
+    }
+  }
+
+  // a value's two TF32 parts, stored as the fragments will read them
+  auto put = [](Row* hi, Row* lo, int r, int c, float2 x) {
+    uint2 h, l;
+    tf32_split(x.x, h.x, l.x);
+    tf32_split(x.y, h.y, l.y);
+    *reinterpret_cast<uint2*>(&hi[r][c]) = h;
+    *reinterpret_cast<uint2*>(&lo[r][c]) = l;
+  };
+  constexpr int sig_per_thread = match_signals * match_step / match_threads;
+  constexpr int atom_per_thread = match_atoms * match_step / match_threads;
+  float2 rs[sig_per_thread], ra[atom_per_thread];
+  // the global loads of the step at atom position a0, chunk c into
+  // registers, and from there to shared memory
+  auto load = [&](int64_t a0, int c) {
+    const int64_t j0 = static_cast<int64_t>(c) * match_step;
+    if (!resident)
+#pragma unroll
+      for (int u = 0; u < sig_per_thread; ++u) {
+        const int e = tid + u * match_threads, si = e / match_step, jj = e % match_step;
+        const int64_t sx = s0 + si, j = j0 + jj;
+        rs[u] = (sx < p.n && j < dim) ? sg[sx * dim + j] : make_float2(0.0f, 0.0f);
+      }
+#pragma unroll
+    for (int u = 0; u < atom_per_thread; ++u) {
+      const int e = tid + u * match_threads, ai = e / match_step, jj = e % match_step;
+      const int64_t j = j0 + jj;
+      ra[u] = (a0 + ai < aend && j < dim) ? at[(a0 + ai) * sd + j] : make_float2(0.0f, 0.0f);
+    }
+  };
+  auto store = [&](int buf) {
+    if (!resident)
+#pragma unroll
+      for (int u = 0; u < sig_per_thread; ++u) {
+        const int e = tid + u * match_threads;
+        put(sig_hi, sig_lo, e / match_step, 2 * (e % match_step), rs[u]);
+      }
+#pragma unroll
+    for (int u = 0; u < atom_per_thread; ++u) {
+      const int e = tid + u * match_threads;
+      put(atm_hi + buf * match_atoms, atm_lo + buf * match_atoms, e / match_step, 2 * (e % match_step), ra[u]);
+    }
+  };
+  if (resident)
+    for (int e = tid; e < match_signals * match_step; e += match_threads) {
+      const int si = e / match_step, jj = e % match_step;
+      const int64_t sx = s0 + si;
+      put(sig_hi, sig_lo, si, 2 * jj, (sx < p.n && jj < dim) ? sg[sx * dim + jj] : make_float2(0.0f, 0.0f));
+    }
+  // steps: atom tiles from abegin, each in chunks of match_step components
+  int64_t ta = abegin;
+  int tc = 0, buf = 0;
+  if (ta < aend) {
+    load(ta, tc);
+    store(0);
+  }
+
+  // lane (g, q4) reads column g of an atom tile: atom g / 2, the real part's
+  // column for even g, the imaginary part's ([-ai, ar, ...]: the neighbour
+  // component, negated at even rows) for odd g
+  const int part = g % 2, bo = q4 ^ part;
+  const uint32_t flip = part && q4 % 2 == 0 ? 0x80000000u : 0u;
+  float acc[2][TN][4];
+  while (ta < aend) {
+    const int64_t na = tc + 1 == chunks ? ta + match_atoms : ta;  // the next step
+    const int nc = tc + 1 == chunks ? 0 : tc + 1;
+    const bool more = na < aend;
+    __syncthreads();
+    if (more) load(na, nc);
+    if (tc == 0) {
+#pragma unroll
+      for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int v = 0; v < TN; ++v)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[m][v][e] = 0.0f;
+    }
+    const int64_t left = dim - static_cast<int64_t>(tc) * match_step;
+    const int ksteps = static_cast<int>(((left < match_step ? left : match_step) + 3) / 4);  // 8 reals a step
+    const Row* bh = atm_hi + buf * match_atoms + 32 * wn + g / 2;
+    const Row* bl = atm_lo + buf * match_atoms + 32 * wn + g / 2;
+#pragma unroll
+    for (int ks = 0; ks < match_step / 4; ++ks) {
+      if (ks >= ksteps) break;
+      const int kk = 8 * ks;
+      uint32_t ah[2][4], al[2][4], b[TN][4];
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        const int r0 = 32 * wm + 16 * m + g;
+        ah[m][0] = sig_hi[r0][kk + q4];
+        ah[m][1] = sig_hi[r0 + 8][kk + q4];
+        ah[m][2] = sig_hi[r0][kk + q4 + 4];
+        ah[m][3] = sig_hi[r0 + 8][kk + q4 + 4];
+        al[m][0] = sig_lo[r0][kk + q4];
+        al[m][1] = sig_lo[r0 + 8][kk + q4];
+        al[m][2] = sig_lo[r0][kk + q4 + 4];
+        al[m][3] = sig_lo[r0 + 8][kk + q4 + 4];
+      }
+#pragma unroll
+      for (int v = 0; v < TN; ++v) {
+        b[v][0] = bh[4 * v][kk + bo] ^ flip;
+        b[v][1] = bh[4 * v][kk + 4 + bo] ^ flip;
+        b[v][2] = bl[4 * v][kk + bo] ^ flip;
+        b[v][3] = bl[4 * v][kk + 4 + bo] ^ flip;
+      }
+      // the three products pass by pass: 16 independent accumulations
+      // between two into the same accumulator
+#pragma unroll
+      for (int v = 0; v < TN; ++v)
+#pragma unroll
+        for (int m = 0; m < 2; ++m) mma_tf32(acc[m][v], al[m], b[v][0], b[v][1]);
+#pragma unroll
+      for (int v = 0; v < TN; ++v)
+#pragma unroll
+        for (int m = 0; m < 2; ++m) mma_tf32(acc[m][v], ah[m], b[v][2], b[v][3]);
+#pragma unroll
+      for (int v = 0; v < TN; ++v)
+#pragma unroll
+        for (int m = 0; m < 2; ++m) mma_tf32(acc[m][v], ah[m], b[v][0], b[v][1]);
+    }
+    if (tc == chunks - 1) {
+      const int64_t a0 = ta + 32 * wn + q4;
+#pragma unroll
+      for (int s = 0; s < TS; ++s) {
+        float x[TN], best = -1.0f;
+#pragma unroll
+        for (int v = 0; v < TN; ++v) {
+          x[v] = match_power(acc[s / 2][v][2 * (s % 2)], acc[s / 2][v][2 * (s % 2) + 1]);
+          best = fmaxf(best, x[v]);
+        }
+        if (best > thr[s])  // rare once the lists fill: one test for the lane's 8 atoms
+#pragma unroll
+          for (int v = 0; v < TN; ++v) {
+            const int64_t a = a0 + 4 * v;
+            if (x[v] > thr[s] && a < aend) {
+              match_offer(pw[s], ix[s], k, x[v], a * stride);
+              thr[s] = fmaxf(pw[s][k - 1], fl[s]);
+            }
+          }
+      }
+    }
+    if (BLOCHSIM_MATCH_ATOM_STAGES == 1 || !resident) __syncthreads();
+    buf = BLOCHSIM_MATCH_ATOM_STAGES == 1 ? 0 : buf ^ 1;
+    if (more) store(buf);
+    ta = na;
+    tc = nc;
+  }
+
+  for (int mask = 2; mask >= 1; mask >>= 1) {
+#pragma unroll
+    for (int s = 0; s < TS; ++s) {
+      float opw[KC], mpw[KC];
+      int64_t oix[KC], mix[KC];
+      for (int q = 0; q < k; ++q) {
+        opw[q] = pw[s][q];
+        oix[q] = ix[s][q];
+        match_shuffle(opw[q], oix[q], mask);
+      }
+      match_merge(pw[s], ix[s], opw, oix, k, mpw, mix);
+      for (int q = 0; q < k; ++q) {
+        pw[s][q] = mpw[q];
+        ix[s][q] = mix[q];
+      }
+    }
+  }
+  const int64_t lists = static_cast<int64_t>(gridDim.y) * match_tc_lists;
+  const int64_t list = static_cast<int64_t>(blockIdx.y) * match_tc_lists + wn;
+#pragma unroll
+  for (int s = 0; s < TS; ++s) {
+    const int64_t sigi = s0 + row(s);
+    if (sigi >= p.n) continue;
+    for (int q = q4; q < k; q += 4) {
+      const int64_t o = (sigi * lists + list) * k + q;
+      part_pw[o] = pw[s][q];
+      part_ix[o] = ix[s][q];
+    }
+  }
+#else
+  __trap();
+#endif
+}
+
 // Signal i's k best over its splits' sorted lists (n, splits, k) into pw,
 // ix.
 template <int KC>
@@ -303,12 +572,20 @@ inline int match_launch(const MatchProblem& p, const MatchResult& r, cudaStream_
     per_split = ((atom_tiles + splits - 1) / splits) * match_atoms;
     splits = std::max<int64_t>(1, (positions + per_split - 1) / per_split);
   };
+  int major = 0;
+  BLOCHSIM_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
+  const bool tensor = BLOCHSIM_MATCH_TENSOR && major >= 8;
+  const int64_t lists = tensor ? match_tc_lists : 1;  // lists a split writes per signal
+  if (tensor)
+    BLOCHSIM_CUDA(cudaFuncSetAttribute(match_tc_kernel<KC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(match_tc_smem)),
+                  "cudaFuncSetAttribute");
   const bool sample = p.atoms >= match_device_sample_stride * 4 * static_cast<int64_t>(p.k);
   int64_t splits = 1, per_split = 0, sample_splits = 1, sample_per_split = 0;
   split(1, splits, per_split);
   if (sample) split(match_device_sample_stride, sample_splits, sample_per_split);
   const size_t entries =
-      static_cast<size_t>(p.n) * static_cast<size_t>(std::max(splits, sample_splits)) * static_cast<size_t>(p.k);
+      static_cast<size_t>(p.n) * static_cast<size_t>(std::max(splits, sample_splits) * lists) * static_cast<size_t>(p.k);
   void* scratch = nullptr;
   no_stale_error();
   BLOCHSIM_CUDA(pool_malloc(&scratch, entries * (sizeof(float) + sizeof(int64_t)) + static_cast<size_t>(p.n) * 4,
@@ -319,22 +596,24 @@ inline int match_launch(const MatchProblem& p, const MatchResult& r, cudaStream_
   float* floors = part_pw + entries;
   const unsigned per_signal = static_cast<unsigned>((p.n + 127) / 128);
   cudaError_t e = cudaSuccess;
+  auto partial = [&](int64_t stride, const float* fl, int64_t splits_, int64_t per) {
+    const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(splits_));
+    if (tensor)
+      match_tc_kernel<KC><<<grid, match_threads, match_tc_smem, st>>>(p, stride, fl, per, part_pw, part_ix);
+    else
+      match_kernel<KC><<<grid, match_threads, 0, st>>>(p, stride, fl, per, part_pw, part_ix);
+    return cudaGetLastError();
+  };
   if (sample) {
-    match_kernel<KC><<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(sample_splits)), match_threads, 0,
-                       st>>>(p, match_device_sample_stride, nullptr, sample_per_split, part_pw, part_ix);
-    e = cudaGetLastError();
+    e = partial(match_device_sample_stride, nullptr, sample_splits, sample_per_split);
     if (e == cudaSuccess) {
-      match_floor<KC><<<per_signal, 128, 0, st>>>(p, sample_splits, part_pw, part_ix, floors);
+      match_floor<KC><<<per_signal, 128, 0, st>>>(p, sample_splits * lists, part_pw, part_ix, floors);
       e = cudaGetLastError();
     }
   }
+  if (e == cudaSuccess) e = partial(1, sample ? floors : nullptr, splits, per_split);
   if (e == cudaSuccess) {
-    match_kernel<KC><<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(splits)), match_threads, 0, st>>>(
-        p, 1, sample ? floors : nullptr, per_split, part_pw, part_ix);
-    e = cudaGetLastError();
-  }
-  if (e == cudaSuccess) {
-    match_finish<KC><<<per_signal, 128, 0, st>>>(p, splits, part_pw, part_ix, r);
+    match_finish<KC><<<per_signal, 128, 0, st>>>(p, splits * lists, part_pw, part_ix, r);
     e = cudaGetLastError();
   }
   cudaFreeAsync(scratch, st);
