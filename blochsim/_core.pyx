@@ -17,8 +17,8 @@ from libcpp.vector cimport vector
 from blochsim._events cimport (EventStream, Pools, Property, Tissue, cuda_error_base, field_pooled_direction,
                               field_single_pool_direction, field_table, interrupted, lineshape_g, out_of_memory,
                               pool_field_count, pool_property, status_message, tissue_fields, tissue_property)
-from blochsim._host cimport (Interrupt, MatchProblem, MatchResult, PerkModel, host_available_memory,
-                             host_match_dispatch, host_perk_dispatch, host_set_interrupt, host_workspace_bytes,
+from blochsim._host cimport (Interrupt, MatchProblem, MatchResult, NoiseKey, PerkModel, host_available_memory,
+                             host_match_dispatch, host_noise_add, host_perk_dispatch, host_set_interrupt, host_workspace_bytes,
                              match_max_k, perk_max_outputs, unchecked_workspace_bytes)
 from blochsim._host cimport (host_adjoint2_dispatch, host_adjoint_dispatch, host_forward_dispatch, host_forward_registers, host_isa,
                              host_jacobian_dispatch, host_jacobian_registers, host_pooled_adjoint_dispatch,
@@ -736,6 +736,34 @@ def perk(const float[:, ::1] omega, const float[::1] phase, const float[:, ::1] 
     cdef Interrupt prev = _listen(holder)
     with nogil:
         st = host_perk_dispatch(m, xin, gp, n, op, xp, threads)
+    host_set_interrupt(prev)
+    _raise(st, b"", holder)
+
+
+cdef NoiseKey _noise_key(uint64_t key, uint32_t block, uint32_t stream):
+    cdef NoiseKey k
+    k.key0 = <uint32_t> (key & 0xFFFFFFFFu)
+    k.key1 = <uint32_t> (key >> 32)
+    k.block = block
+    k.stream = stream
+    return k
+
+
+def noise_add(float[::1] z, int64_t first, double sigma, uint64_t key, uint32_t block, uint32_t stream,
+              int threads=1):
+    """z (complex64 viewed as 2n floats) += sigma · complex standard normals
+    first .. first + n - 1 of the counter-based generator (noise.hpp) under
+    the 64-bit key, block and stream."""
+    cdef NoiseKey k = _noise_key(key, block, stream)
+    cdef int st
+    if z.shape[0] % 2:
+        raise ValueError("blochsim internal error: noise_add needs complex values")
+    if z.shape[0] == 0:
+        return
+    holder = []
+    cdef Interrupt prev = _listen(holder)
+    with nogil:
+        st = host_noise_add(&z[0], z.shape[0] // 2, first, sigma, k, threads)
     host_set_interrupt(prev)
     _raise(st, b"", holder)
 

@@ -347,3 +347,28 @@ def perk_moments_device(uintptr_t omega, uintptr_t phase, int64_t d, int64_t F, 
         st = L.perk_moments(m, <const float*> x, <const double*> t, count, p, scale, <double*> sz, <double*> szz,
                             <double*> stz, <void*> stream, err, ERRLEN)
     _raise(st, err)
+
+
+def noise_add_device(uintptr_t z, int64_t count, int64_t first, double sigma, uint64_t key, uint32_t block,
+                     uint32_t stream_tag, uintptr_t stream):
+    """z (count complex64 on the device) += sigma · complex standard normals
+    first .. first + count - 1 of the counter-based generator (noise.hpp, the
+    host's numbers) under the 64-bit key, block and stream tag.  Ordered on
+    ``stream``."""
+    cdef NoiseKey k = _noise_key(key, block, stream_tag)
+    cdef char err[ERRLEN]
+    cdef int st
+    err[0] = 0
+    with nogil:
+        st = L.noise_add(<float*> z, count, first, sigma, k, <void*> stream, err, ERRLEN)
+    _raise(st, err)
+
+
+def add_device(uintptr_t a, uintptr_t b, int64_t count, uintptr_t stream):
+    """a += b for count float64 values on the device, ordered on ``stream``."""
+    cdef char err[ERRLEN]
+    cdef int st
+    err[0] = 0
+    with nogil:
+        st = L.add(<double*> a, <const double*> b, count, <void*> stream, err, ERRLEN)
+    _raise(st, err)

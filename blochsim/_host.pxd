@@ -1,5 +1,5 @@
 # Declarations of src_cpp/host/dispatch.hpp (the host backend entry points).
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uint32_t
 
 from blochsim._events cimport EventStream, Pools, Tissue
 
@@ -41,6 +41,14 @@ cdef extern from "blochsim/host/interrupt.hpp" namespace "blochsim" nogil:
     const double unchecked_workspace_bytes
 
 
+cdef extern from "blochsim/noise.hpp" namespace "blochsim" nogil:
+    cdef cppclass NoiseKey:
+        uint32_t key0
+        uint32_t key1
+        uint32_t block
+        uint32_t stream
+
+
 cdef extern from "dispatch.hpp" namespace "blochsim" nogil:
     int host_forward_dispatch(const EventStream& s, const Tissue& t, float* out, int threads)
     int host_jacobian_dispatch(const EventStream& s, const Tissue& t, const int* fields, int n_dirs,
@@ -61,6 +69,7 @@ cdef extern from "dispatch.hpp" namespace "blochsim" nogil:
     int host_perk_dispatch(const PerkModel& m, const float* x, const float* g, int64_t n, float* out,
                            float* xbar, int threads)
     int host_match_dispatch(const MatchProblem& p, const MatchResult& r, int threads)
+    int host_noise_add(float* z, int64_t n, int64_t first, double sigma, const NoiseKey& k, int threads)
     const char* host_isa()
     double host_workspace_bytes(int entry, const EventStream& s, const Pools* p, int64_t n, int threads,
                                 const int* fields, int n_dirs, unsigned mask)

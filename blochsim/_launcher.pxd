@@ -3,7 +3,7 @@ from libc.stddef cimport size_t
 from libc.stdint cimport int64_t
 
 from blochsim._events cimport EventStream, Pools, Tissue
-from blochsim._host cimport MatchProblem, MatchResult, PerkModel
+from blochsim._host cimport MatchProblem, MatchResult, NoiseKey, PerkModel
 
 
 cdef extern from "launcher.hpp" namespace "blochsim::cuda" nogil:
@@ -34,6 +34,9 @@ cdef extern from "launcher.hpp" namespace "blochsim::cuda" nogil:
                     int64_t r, const float* known, int64_t nk, float* x, int64_t d, void* stream, char* err, int n)
     int perk_moments(const PerkModel& m, const float* x, const double* t, int64_t count, int64_t p, float scale,
                      double* sz, double* szz, double* stz, void* stream, char* err, int n)
+    int noise_add(float* z, int64_t count, int64_t first, double sigma, const NoiseKey& k, void* stream, char* err,
+                  int n)
+    int add(double* a, const double* b, int64_t count, void* stream, char* err, int n)
     int perk(const PerkModel& m, const float* x, const float* g, int64_t count, float* out, float* xbar,
              void* stream, char* err, int n)
     int project(const float* rows, int64_t count, int64_t c, const float* basis, int64_t r, int unit, float* out,

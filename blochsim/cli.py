@@ -19,7 +19,7 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-from blochsim import _dispatch
+from blochsim import _dispatch, _noise
 from blochsim.simulators import MRFSimulator
 
 
@@ -209,17 +209,8 @@ def maps_job(args, device, info, client=None):
     mask = ph["mask"]
     steps.set_postfix_str("acquisition")
     t0 = time.perf_counter()
-    rng = np.random.default_rng(args.seed)
     tissue = {k: ph[k][mask] for k in ("T1", "T2", "M0", "B1")}
-    if lazy:
-        import dask.array as da
-        workers = max(1, len(client.scheduler_info()["workers"]))
-        tissue["T1"] = da.from_array(tissue["T1"], chunks=max(1024, -(-len(tissue["T1"]) // (4 * workers))))
-    clean = sim.simulate(**tissue)
-    noise = args.noise * (rng.standard_normal(clean.shape) + 1j * rng.standard_normal(clean.shape))
-    signals = clean + noise
-    if lazy:
-        signals = _progress(args, signals, "acquisition")
+    signals = _acquire(args, sim, tissue, device, client)
     t_acq = time.perf_counter() - t0
     steps.update()
     steps.set_postfix_str("dictionary matching")
@@ -227,6 +218,7 @@ def maps_job(args, device, info, client=None):
     m = dm.map(signals)
     if lazy:
         m = dict(zip(m, client.compute(_progress(args, list(m.values()), "matching"), sync=True)))
+    m = {k: np.asarray(v) for k, v in m.items()}
     t_match = time.perf_counter() - t0
     estimates = {"dictionary": dict(T1=m["T1"], T2=m["T2"], M0=np.abs(m["M0"]))}
     steps.update()
@@ -246,6 +238,7 @@ def maps_job(args, device, info, client=None):
         p = perk.map(signals, known={"B1": ph["B1"][mask]})
         if lazy:
             p = dict(zip(p, client.compute(list(p.values()), sync=True)))
+        p = {k: np.asarray(v) for k, v in p.items()}
         t_perk = (t_train, time.perf_counter() - t0)
         estimates["PERK"] = dict(T1=p["T1"], T2=p["T2"], M0=p["M0"])
         steps.update()
@@ -291,6 +284,32 @@ def maps_job(args, device, info, client=None):
             _draw_maps(plt, args.maps, ph, mask, estimates)
             print(f"blochsim: wrote {args.maps}")
     return 0, errors
+
+
+def _acquire(args, sim, tissue, device, client):
+    """The phantom's noisy signals (voxels, TRs): simulated, then complex
+    Gaussian noise of standard deviation ``args.noise`` a part from the
+    core's counter-based generator (:mod:`blochsim._noise`), the same numbers
+    on any device.  On the GPU they stay there (a DeviceArray); on a cluster
+    they are a Dask array."""
+    key = _noise.key(args.seed)
+    n = len(tissue["T1"])
+    if client is not None:
+        import dask.array as da
+        workers = max(1, len(client.scheduler_info()["workers"]))
+        tissue = dict(tissue, T1=da.from_array(tissue["T1"], chunks=max(1024, -(-n // (4 * workers)))))
+        clean = sim.simulate(**tissue)
+        noise = np.zeros(clean.shape, np.complex64)
+        _noise.add(noise, args.noise, key, 0, _noise.ACQUISITION, threads=_dispatch.call_threads(args.threads))
+        return _progress(args, clean + noise, "acquisition")
+    if device == "cuda":
+        from blochsim._device import DeviceArray
+        signals = DeviceArray((n, args.trs), np.complex64)
+        sim.simulate(**{k: DeviceArray.from_numpy(np.ascontiguousarray(v, np.float32)) for k, v in tissue.items()},
+                     out=signals)
+    else:
+        signals = np.array(sim.simulate(**tissue), np.complex64, order="C")
+    return _noise.add(signals, args.noise, key, 0, _noise.ACQUISITION, threads=_dispatch.call_threads(args.threads))
 
 
 def _progress(args, collection, what):

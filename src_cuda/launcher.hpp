@@ -13,6 +13,7 @@
 
 #include <blochsim/events.hpp>
 #include <blochsim/match.hpp>
+#include <blochsim/noise.hpp>
 #include <blochsim/perk.hpp>
 #include <blochsim/pools/pools.hpp>
 
@@ -141,6 +142,13 @@ int perk_inputs(const float* s, int64_t count, int64_t c, int mode, int normaliz
 // device pointers, ordered on `stream`.
 int perk_moments(const PerkModel& m, const float* x, const double* t, int64_t count, int64_t p, float scale,
                  double* sz, double* szz, double* stz, void* stream, char* err, int n);
+
+// z[j] += sigma · (complex normal first + j of k) for the count complex64
+// values of device array z (cuda/noise.cuh); ordered on `stream`.
+int noise_add(float* z, int64_t count, int64_t first, double sigma, const NoiseKey& k, void* stream, char* err,
+              int n);
+// a[j] += b[j] for count doubles of device arrays; ordered on `stream`.
+int add(double* a, const double* b, int64_t count, void* stream, char* err, int n);
 
 // How many device bytes one problem needs (output, tissue, scratch).
 std::size_t bytes_per_problem(const EventStream& s, const Tissue& t);

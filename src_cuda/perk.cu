@@ -1,6 +1,7 @@
-// The device backend's PERK entry (launcher.hpp): the fused map and
-// pullback of cuda/perk.cuh, in a translation unit of its own (see
-// launcher.cu).
+// The device backend's PERK entries (launcher.hpp): the fused map and
+// pullback of cuda/perk.cuh, the training sums, and the training's noise
+// (cuda/noise.cuh), in a translation unit of their own (see launcher.cu).
+#include <blochsim/cuda/noise.cuh>
 #include <blochsim/cuda/perk.cuh>
 #include <blochsim/host/interrupt.hpp>
 
@@ -26,6 +27,15 @@ int perk_inputs(const float* s, int64_t count, int64_t c, int mode, int normaliz
 int perk_moments(const PerkModel& m, const float* x, const double* t, int64_t count, int64_t p, float scale,
                  double* sz, double* szz, double* stz, void* stream, char* err, int n) {
   return guarded([&] { return perk_moments_device(m, x, t, count, p, scale, sz, szz, stz, as_stream(stream), err, n); });
+}
+
+int noise_add(float* z, int64_t count, int64_t first, double sigma, const NoiseKey& k, void* stream, char* err,
+              int n) {
+  return guarded([&] { return noise_add_device(z, count, first, sigma, k, as_stream(stream), err, n); });
+}
+
+int add(double* a, const double* b, int64_t count, void* stream, char* err, int n) {
+  return guarded([&] { return add_device(a, b, count, as_stream(stream), err, n); });
 }
 
 }  // namespace cuda

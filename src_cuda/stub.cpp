@@ -84,6 +84,8 @@ int perk_moments(const PerkModel&, const float*, const double*, int64_t, int64_t
                  void*, char* err, int n) {
   return no(err, n);
 }
+int noise_add(float*, int64_t, int64_t, double, const NoiseKey&, void*, char* err, int n) { return no(err, n); }
+int add(double*, const double*, int64_t, void*, char* err, int n) { return no(err, n); }
 std::size_t bytes_per_problem(const EventStream&, const Tissue&) { return 0; }
 
 }  // namespace cuda

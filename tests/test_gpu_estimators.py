@@ -178,6 +178,40 @@ def test_perk_training_on_the_card_equals_the_host_and_repeats_bitwise():
         np.testing.assert_allclose(b[k], a[k], rtol=2e-3, atol=2e-3 * np.abs(a[k]).max())
 
 
+def test_perk_training_on_the_card_with_known_log_and_cartesian_inputs():
+    """The main job's kind of training (B1 known, T1 and T2 over log ranges,
+    Cartesian inputs in a subspace) on the card: the host's model to single
+    precision (the same draws and noise), and the same bits whatever the
+    grouping of the blocks."""
+    sim = MRFSimulator(flip=FLIPS, TR=10.0, states=16)
+    kw = dict(noise_std=0.003, samples=6000, seed=5, known=("B1",), T1=(300.0, 3000.0), T2=(20.0, 1000.0),
+              M0=(0.5, 1.5), B1=(0.8, 1.2), log=("T1", "T2"))
+    host = PERK(sim, n_features=600, complex_mode="cartesian").fit(**kw)
+    card = PERK(sim, n_features=600, complex_mode="cartesian", device="cuda").fit(**kw)
+    other = PERK(sim, n_features=600, complex_mode="cartesian", device="cuda").fit(chunk=2048, **kw)
+    for k in card._model:
+        np.testing.assert_array_equal(card._model[k], other._model[k])
+    rng = np.random.default_rng(8)
+    B1 = rng.uniform(0.85, 1.15, 300)
+    s = sim.simulate(T1=rng.uniform(400, 2500, 300), T2=rng.uniform(30, 800, 300), M0=rng.uniform(0.6, 1.4, 300),
+                     B1=B1)
+    a, b = host.map(s, known={"B1": B1}), card.map(s, known={"B1": B1})
+    for k in a:
+        np.testing.assert_allclose(b[k], a[k], rtol=2e-3, atol=2e-3 * np.abs(a[k]).max())
+
+
+def test_device_noise_is_the_hosts():
+    from blochsim import _noise
+    rng = np.random.default_rng(9)
+    base = (rng.standard_normal(200_001) + 1j * rng.standard_normal(200_001)).astype(np.complex64)
+    key = _noise.key(11)
+    host = _noise.add(base.copy(), 0.3, key, 5, _noise.PERK_TRAINING, threads=2, first=77)
+    card = _noise.add(DeviceArray.from_numpy(base), 0.3, key, 5, _noise.PERK_TRAINING, first=77).get()
+    # double-precision Box–Muller on both: a float32 sum differs, rarely, by its last bit
+    np.testing.assert_allclose(card, host, rtol=2e-7, atol=1e-7)
+    assert np.mean(card == host) > 0.999
+
+
 def test_perk_pullback_on_the_card_equals_the_host():
     te = np.arange(10.0, 170.0, 10.0)
     sim = SpinEchoSimulator(TE=te, TR=5000.0)
@@ -193,3 +227,19 @@ def test_perk_pullback_on_the_card_equals_the_host():
         np.testing.assert_allclose(b[k], a[k], rtol=2e-4, atol=1e-3 * np.abs(a[k]).max())
     ga, gb = pa(cot), pb(cot)
     np.testing.assert_allclose(gb, ga, rtol=1e-3, atol=1e-3 * np.abs(ga).max())
+
+
+def test_main_job_on_the_card_matches_the_cpu(capsys):
+    """The main job on the card (signals, their noise, matching and PERK
+    there) against the same job on the CPU: the same noise, so the same
+    error table but for near-ties and single-precision training sums."""
+    from blochsim import _dispatch
+    from blochsim.cli import build_parser, maps_job
+    args = build_parser().parse_args(["--size", "40", "--trs", "200", "--quiet", "--maps", ""])
+    status, cpu = maps_job(args, "cpu", _dispatch.backends())
+    assert status == 0
+    status, card = maps_job(args, "cuda", _dispatch.backends())
+    assert status == 0
+    for method in ("dictionary", "PERK"):
+        for k in ("T1", "T2", "M0"):
+            assert card[method][k] == pytest.approx(cpu[method][k], rel=0.03, abs=2e-4), (method, k)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from blochsim import _core, _dispatch
+from blochsim import _core, _dispatch, _noise
 from blochsim import _validate as V
 
 
@@ -215,8 +215,8 @@ def perk_map(perk, signals, known, uncertainty):
     sig_ptr, shape, library, holder = _device_signals(signals, c, "PERK.map")
     n = int(np.prod(shape, dtype=np.int64))
     cols = perk._known_columns(known, shape, "PERK.map")
-    for k, c in zip(perk.known, cols):
-        if not np.all(np.isfinite(c)):
+    for k, col in zip(perk.known, cols):
+        if not np.all(np.isfinite(col)):
             raise ValueError(f"PERK.map: known {k} is not finite")
     model = _perk_model(perk)
     F, d = perk._model["omega"].shape
@@ -238,21 +238,69 @@ def perk_map(perk, signals, known, uncertainty):
     return {k: to_library(v, library) for k, v in maps.items()}
 
 
-def perk_moments(spec, x, t):
-    """The sums of one PERK training block on the device: the features of
-    its inputs x (m, d) and, in double, Σ z, Σ z zᵀ, Σ t, Σ t zᵀ and m (as
-    PERK._moments forms them on the host)."""
+def is_device(v) -> bool:
+    """Whether v is a blochsim DeviceArray."""
     from blochsim._device import DeviceArray
-    F, d = spec["omega"].shape
-    m, p = t.shape
-    omega = DeviceArray.from_numpy(np.ascontiguousarray(spec["omega"], np.float32))
-    phase = DeviceArray.from_numpy(np.ascontiguousarray(spec["phase"], np.float32))
-    xd = DeviceArray.from_numpy(np.ascontiguousarray(x, np.float32))
+    return isinstance(v, DeviceArray)
+
+
+def add(a, b):
+    """a += b for float64 DeviceArrays of one shape, on the device; a."""
+    _core.add_device(a.ptr, b.ptr, int(np.prod(a.shape, dtype=np.int64)), 0)
+    return a
+
+
+def to_host(sums):
+    """A tuple of training sums with its DeviceArrays copied to NumPy."""
+    return tuple(v.get() if is_device(v) else v for v in sums)
+
+
+def _training_arrays(perk, spec):
+    """The features' frequencies and phases and the input basis on the
+    device, copied there once per fit."""
+    from blochsim._device import DeviceArray
+    held = getattr(perk, "_training_device", None)
+    if held is None or held[0] is not spec["omega"]:
+        arrays = {k: DeviceArray.from_numpy(np.ascontiguousarray(spec[k], np.float32)) for k in ("omega", "phase")}
+        if perk._basis is not None:
+            arrays["basis"] = DeviceArray.from_numpy(np.ascontiguousarray(perk._basis, np.float32))
+        perk._training_device = held = (spec["omega"], arrays)
+    return held[1]
+
+
+def perk_block(perk, spec, b, theta):
+    """One PERK training block on the device: the signals of draws theta (m,
+    p) simulated there, the block's noise added there (the host's numbers:
+    :mod:`blochsim._noise`), their inputs and features formed and summed
+    there.  Returns (Σ z, Σ z zᵀ, Σ t, Σ t zᵀ, m): the sums of z as float64
+    DeviceArrays, those of t (the few targets) in NumPy."""
+    from blochsim._device import DeviceArray
+    names = list(spec["spans"])
+    m, c, d = len(theta), spec["contrasts"], spec["inputs"]
+    F = spec["omega"].shape[0]
+    params = {k: theta[:, i] for i, k in enumerate(names)}
+    if simulator_on_device(perk.simulator):
+        s = _simulate(perk.simulator, params, spec["fixed"], 0, m, c)
+    else:
+        s = DeviceArray.from_numpy(np.ascontiguousarray(
+            np.asarray(perk.simulator.simulate(**params, **spec["fixed"])).reshape(m, c), np.complex64))
+    if spec["noise_std"] > 0:
+        _noise.add(s, spec["noise_std"], _noise.key(spec["seed"]), b, _noise.PERK_TRAINING)
+    arrays = _training_arrays(perk, spec)
+    basis = arrays.get("basis")
+    kcols = [theta[:, names.index(k)] for k in spec["known"]]
+    kn = DeviceArray.from_numpy(np.ascontiguousarray(np.stack(kcols, axis=1), np.float32)) if kcols else None
+    x = DeviceArray((m, d), np.float32)
+    _core.perk_inputs_device(s.ptr, m, c, 0 if perk.input_mode == "cartesian" else 1, perk.normalize,
+                             basis.ptr if basis is not None else 0, basis.shape[1] if basis is not None else 0,
+                             kn.ptr if kn is not None else 0, len(kcols), x.ptr, d, 0)
+    t = perk._targets(spec, theta)
+    p = t.shape[1]
     td = DeviceArray.from_numpy(np.ascontiguousarray(t, np.float64))
     sz, szz, stz = DeviceArray((F,), np.float64), DeviceArray((F, F), np.float64), DeviceArray((p, F), np.float64)
-    _core.perk_moments_device(omega.ptr, phase.ptr, d, F, xd.ptr, td.ptr, m, p, float(spec["scale"]), sz.ptr,
-                              szz.ptr, stz.ptr, 0)
-    return sz.get(), szz.get(), t.sum(0), stz.get(), m
+    _core.perk_moments_device(arrays["omega"].ptr, arrays["phase"].ptr, d, F, x.ptr, td.ptr, m, p,
+                              float(spec["scale"]), sz.ptr, szz.ptr, stz.ptr, 0)
+    return sz, szz, t.sum(0), stz, m
 
 
 def _perk_model(perk):

@@ -6,7 +6,7 @@ import numbers
 
 import numpy as np
 
-from blochsim import _core, _dispatch
+from blochsim import _core, _dispatch, _noise
 from blochsim import _validate as V
 from blochsim.estimators import _on_device
 from blochsim.estimators._common import _auto_count, _levelwise, _ranges, _signals, _some_contrasts, _threads
@@ -150,54 +150,75 @@ class PERK:
 
     # -- training ----------------------------------------------------------
 
-    def _draws(self, spec, b0, b1):
-        """(theta (m, p), known columns, signals) of training blocks b0 to
-        b1 - 1: each block of :data:`TRAINING_BLOCK` draws from its own
-        counter-based stream (Philox keyed by the seed, the block index in
-        the counter), so a draw depends on its index alone, not on how the
-        blocks are grouped or where they run."""
+    def _thetas(self, spec, b0, b1):
+        """(block, theta (m, p)) of training blocks b0 to b1 - 1: each block
+        of :data:`TRAINING_BLOCK` draws its parameters from its own
+        counter-based stream (NumPy's Philox keyed by the seed, the block
+        index in the counter), so a draw depends on its index alone, not on
+        how the blocks are grouped or where they run."""
         names = list(spec["spans"])
         logs = np.array([k in spec.get("log", ()) for k in names], dtype=bool)
         lows = np.array([spec["spans"][k][0] for k in names])
         highs = np.array([spec["spans"][k][1] for k in names])
         lows[logs], highs[logs] = np.log(lows[logs]), np.log(highs[logs])
         key = int.from_bytes(np.random.SeedSequence(spec["seed"]).generate_state(2, np.uint64).tobytes(), "little")
-        gens, thetas = [], []
+        out = []
         for b in range(b0, b1):
             m = min(TRAINING_BLOCK, spec["samples"] - b * TRAINING_BLOCK)
             g = np.random.Generator(np.random.Philox(key=key, counter=[0, 0, 0, b]))
             u = lows + (highs - lows) * g.random((m, len(names)))
             u[:, logs] = np.exp(u[:, logs])
-            thetas.append(u)
-            gens.append(g)
+            out.append((b, u))
+        return out
+
+    def _draws(self, spec, b0, b1):
+        """(theta (m, p), known columns, signals (m, contrasts) complex64)
+        of training blocks b0 to b1 - 1 on the host: the parameters of
+        :meth:`_thetas`, their signals, and the block's noise from the
+        core's counter-based generator (:mod:`blochsim._noise`, the same
+        numbers as on the device)."""
+        names = list(spec["spans"])
         parts = []
-        for g, t in zip(gens, thetas):
+        for b, t in self._thetas(spec, b0, b1):
             # one call a block: a call's choices (repetitions="auto") are then the block's alone
             kw = {k: t[:, i] for i, k in enumerate(names)}
-            sb = np.asarray(self.simulator.simulate(**kw, **spec["fixed"])).reshape(len(t), -1)
+            sb = np.array(self.simulator.simulate(**kw, **spec["fixed"]), dtype=np.complex64, order="C")
+            sb = sb.reshape(len(t), -1)
             if spec["noise_std"] > 0:
-                sb = sb + spec["noise_std"] * (g.standard_normal(sb.shape) + 1j * g.standard_normal(sb.shape))
+                _noise.add(sb, spec["noise_std"], _noise.key(spec["seed"]), b, _noise.PERK_TRAINING,
+                           threads=_threads(self.simulator))
             parts.append((t, [t[:, names.index(k)][:, None] for k in spec["known"]], sb))
         return parts
 
-    def _moments(self, spec, b0, b1, model=None):
+    def _targets(self, spec, theta):
+        """The regressed values of draws theta: the estimated parameters,
+        the log-scaled ones as their logarithms."""
+        t = theta[:, spec["est"]]
+        if spec.get("log"):
+            t = t.copy()
+            t[:, spec["log_est"]] = np.log(t[:, spec["log_est"]])
+        return t
+
+    def _moments(self, spec, b0, b1, model=None, host=True):
         """Sums of z, z zᵀ, t, t zᵀ and the count over training blocks b0 to
         b1 - 1 (float64), each block's summed on its own and the blocks
         combined in the fixed tree (:func:`_common._levelwise`); t the estimated
-        parameters, or with ``model`` the model's squared errors."""
+        parameters, or with ``model`` the model's squared errors.  On the
+        device (``spec["device"]``, no ``model``) the blocks are simulated,
+        made noisy and summed there; ``host=False`` leaves the sums there."""
+        if spec.get("device") and model is None:
+            sums = _levelwise((_on_device.perk_block(self, spec, b, theta) for b, theta in
+                               self._thetas(spec, b0, b1)), _add)
+            return _on_device.to_host(sums) if host else sums
+
         def block(theta, kcols, s):
             x = self._inputs(s, kcols)[0]
-            t = theta[:, spec["est"]]
-            if spec.get("log"):  # log-scaled parameters are regressed as their logarithms
-                t = t.copy()
-                t[:, spec["log_est"]] = np.log(t[:, spec["log_est"]])
+            t = self._targets(spec, theta)
             if model is not None:
                 e = np.empty((len(x), len(spec["est"])), np.float32)
                 _core.perk(model["omega"], model["phase"], model["weight"], model["offset"], x, e,
                            threads=_threads(self.simulator))
                 t = (t - e) ** 2
-            if spec.get("device"):
-                return _on_device.perk_moments(spec, x, t)
             z = spec["scale"] * np.cos(x.astype(np.float64) @ spec["omega"].T + spec["phase"])
             return (z.sum(0), z.T @ z, t.sum(0), t.T @ z, len(z))
 
@@ -346,7 +367,8 @@ class PERK:
         phase = frng.uniform(0.0, 2 * np.pi, F)
         scale = np.sqrt(2.0 / F)
 
-        spec.update(omega=omega, phase=phase, scale=scale, device=_on_device.wanted(self))
+        spec.update(omega=omega, phase=phase, scale=scale, device=_on_device.wanted(self), contrasts=first[2].shape[1],
+                    inputs=d)
         group = 1 << max(0, (chunk // TRAINING_BLOCK).bit_length() - 1)  # blocks a task: a subtree of the sums
         n_blocks = -(-samples // TRAINING_BLOCK)
 
@@ -360,7 +382,8 @@ class PERK:
                 total = distributed.tree_sum(parts, _add)
                 sz, szz, st, stz, m = _dask.compute(total)[0]
             else:
-                sz, szz, st, stz, m = _levelwise((self._moments(spec, g0, g1, model) for g0, g1 in spans_of), _add)
+                sz, szz, st, stz, m = _on_device.to_host(
+                    _levelwise((self._moments(spec, g0, g1, model, host=False) for g0, g1 in spans_of), _add))
             return sz / m, szz / m, st / m, stz / m
 
         mz, mzz, mt, mtz = moments()
@@ -519,5 +542,6 @@ TRAINING_BLOCK = 1024
 
 
 def _add(a, b):
-    """Elementwise sum of two tuples of moments."""
-    return tuple(x + y for x, y in zip(a, b))
+    """Elementwise sum of two tuples of moments (device arrays summed in
+    place on the device)."""
+    return tuple(_on_device.add(x, y) if _on_device.is_device(x) else x + y for x, y in zip(a, b))

@@ -9,6 +9,7 @@
 #include <blochsim/host/match.hpp>
 #include <blochsim/host/perk.hpp>
 #include <blochsim/host/pools.hpp>
+#include <blochsim/noise.hpp>
 
 namespace blochsim {
 static_assert(host::lanes == host_block_lanes, "the host entries and the level kernels count the same blocks");
@@ -132,6 +133,18 @@ int host_perk_dispatch(const PerkModel& m, const float* x, const float* g, int64
 
 int host_match_dispatch(const MatchProblem& p, const MatchResult& r, int threads) noexcept {
   return host::match_status(p, r, threads, chosen().match);
+}
+
+int host_noise_add(float* z, int64_t n, int64_t first, double sigma, const NoiseKey& k, int threads) noexcept {
+  return guarded([&]() -> int {
+    if (n < 0 || first < 0) return bad_shape;
+    constexpr int64_t per = 4096;  // values a range's unit
+    return host::run_ranges((n + per - 1) / per, threads, 0, [&](int64_t b0, int64_t b1, float*) {
+      const int64_t end = b1 * per < n ? b1 * per : n;
+      for (int64_t j = b0 * per; j < end; ++j) noise_add_one(z, j, first, sigma, k);
+      return static_cast<int>(ok);
+    });
+  });
 }
 
 const char* host_isa() noexcept { return chosen().isa; }

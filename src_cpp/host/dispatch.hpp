@@ -4,6 +4,7 @@
 #include <blochsim/events.hpp>
 #include <blochsim/host/interrupt.hpp>
 #include <blochsim/match.hpp>
+#include <blochsim/noise.hpp>
 #include <blochsim/perk.hpp>
 #include <blochsim/pools/pools.hpp>
 
@@ -75,6 +76,10 @@ int host_perk_dispatch(const PerkModel& m, const float* x, const float* g, int64
 // The k best atoms of every signal of p (host::match_status on the level's
 // lanes); returns a Status.
 int host_match_dispatch(const MatchProblem& p, const MatchResult& r, int threads) noexcept;
+
+// z[j] += sigma · (complex normal first + j of k) for j < n, z complex64
+// (noise.hpp), on `threads` threads; returns a Status.
+int host_noise_add(float* z, int64_t n, int64_t first, double sigma, const NoiseKey& k, int threads) noexcept;
 
 // Name of the instruction set the block kernels run with ("x86-64-v4", ...).
 const char* host_isa() noexcept;
