@@ -1,5 +1,7 @@
 // Dictionary matching on the device (match.hpp): one launch of tiles of
-// signals against tiles of atoms, then a merge.
+// signals against tiles of atoms, then a merge.  From compute capability
+// 8.0 the products run on the TF32 tensor cores (match_tc_kernel, below);
+// before, on the FMA units (match_kernel), as described here.
 //
 // A block holds match_signals signals and sweeps the atoms of its split
 // (gridDim.y cuts the atoms when there are too few signal tiles to fill the
