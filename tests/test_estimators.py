@@ -396,3 +396,19 @@ def test_perk_log_parameters_cover_decades():
     np.testing.assert_allclose(g[:, 3].real, fd, rtol=0.05, atol=0.05 * np.abs(fd).max())
     with pytest.raises(ValueError, match="log parameter"):
         PERK(sim).fit(log=("T1",), T2=(10.0, 2000.0), T1=1000.0)
+
+
+def test_perk_pickles_without_its_device_copies():
+    """A fitted PERK travels to Dask workers by pickle; the device copies of
+    its arrays stay behind (made again where needed)."""
+    import pickle
+    sim = SpinEchoSimulator(TE=np.arange(10.0, 170.0, 10.0), TR=5000.0)
+    perk = PERK(sim, n_features=200).fit(noise_std=0.005, samples=2048, T1=1000.0, T2=(20.0, 200.0),
+                                         M0=(0.5, 1.5))
+    s = sim.simulate(T1=1000.0, T2=np.array([40.0, 90.0, 150.0]), M0=1.0)
+    want = perk.map(s)
+    perk._device_model = perk._training_device = (lambda: None)  # what cannot be pickled
+    kept = pickle.loads(pickle.dumps(perk))
+    assert kept._device_model is None and not hasattr(kept, "_training_device")
+    for k, v in kept.map(s).items():
+        np.testing.assert_array_equal(v, want[k])

@@ -1,6 +1,8 @@
 """The estimators on a GPU: the fused matching kernel against float64 brute
 force and the host kernel, dictionaries that live on the card, PERK's map
 there.  Skipped without a usable device (marker ``gpu``)."""
+import pickle
+
 import numpy as np
 import pytest
 
@@ -201,6 +203,10 @@ def test_perk_training_on_the_card_with_known_log_and_cartesian_inputs():
     a, b = host.map(s, known={"B1": B1}), card.map(s, known={"B1": B1})
     for k in a:
         np.testing.assert_allclose(b[k], a[k], rtol=2e-3, atol=2e-3 * np.abs(a[k]).max())
+    kept = pickle.loads(pickle.dumps(card))  # without its device arrays
+    c = kept.map(s, known={"B1": B1})
+    for k in b:
+        np.testing.assert_array_equal(c[k], b[k])
 
 
 def test_device_noise_is_the_hosts():

@@ -115,6 +115,14 @@ class PERK:
         #: the estimated parameters regressed as their logarithms (fit's ``log``)
         self.log = ()
 
+    def __getstate__(self):
+        """Pickled (for Dask workers, or to keep) without the device copies
+        of its arrays, which are made again where they are needed."""
+        state = dict(self.__dict__)
+        state["_device_model"] = None
+        state.pop("_training_device", None)
+        return state
+
     # -- inputs ------------------------------------------------------------
 
     def _inputs(self, s, known_cols):
