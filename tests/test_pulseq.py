@@ -2,11 +2,13 @@
 Simulator.from_pulseq and played, against the spin echo's closed form and
 the RF-spoiled gradient echo's isochromat ensemble."""
 
+import warnings
+
 import numpy as np
 import pytest
 
 from blochsim import Simulator
-from blochsim.pulseq import PulseqBlock, PulseqError, decompress_shape
+from blochsim.pulseq import PulseqBlock, PulseqError, PulseqWarning, decompress_shape
 
 from protocol_oracles import _flash_isochromats  # the FLASH isochromat oracle
 
@@ -236,6 +238,34 @@ def test_pulseq_refusals(tmp_path):
     assert isinstance(PulseqBlock(1, 0.0, 1e-3, False, False), PulseqBlock)
 
 
+def test_times_off_their_raster_are_read_as_written(tmp_path):
+    """As pypulseq reads them, with a warning that names the line: a
+    trapezoid's ramp off the gradient raster plays as the same file whose
+    declared raster holds it; an RF delay of half a cell moves the
+    excitation by half a microsecond."""
+    se = _spin_echo(tmp_path / "se.seq").read_text()
+    tissue = dict(T1=800.0, T2=60.0, B0=7.0)
+    off = se.replace("[TRAP]\n1 1000000.0 100.0 1000.0 100.0 200.0", "[TRAP]\n1 1000000.0 105.0 1000.0 100.0 200.0")
+    (tmp_path / "off.seq").write_text(off)
+    (tmp_path / "fine.seq").write_text(off.replace("GradientRasterTime 1e-05", "GradientRasterTime 5e-06"))
+    with pytest.warns(PulseqWarning, match=r"line \d+: trapezoid 1's times are not on the gradient raster "
+                                           r"\(1e-05 s\); read as written"):
+        got = Simulator.from_pulseq(tmp_path / "off.seq").simulate(**tissue)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PulseqWarning)
+        np.testing.assert_array_equal(got, Simulator.from_pulseq(tmp_path / "fine.seq").simulate(**tissue))
+    row = se[se.index("[RF]\n") + 5:].splitlines()[0]
+    fields = row.split()
+    fields[5] = "0.5"  # delay, us, half a cell of the 1 us RF raster
+    (tmp_path / "late.seq").write_text(se.replace(row, " ".join(fields)))
+    with pytest.warns(PulseqWarning, match=r"line \d+: RF 1's delay is not on the RF raster \(1e-06 s\)"):
+        late = Simulator.from_pulseq(tmp_path / "late.seq").simulate(**tissue)
+    was = Simulator.from_pulseq(tmp_path / "se.seq").simulate(**tissue)
+    # the excitation half a microsecond later: δ less T2 decay, the echo turned back by 2π B0 δ
+    np.testing.assert_allclose(np.abs(late) / np.abs(was), np.exp(0.5e-6 / 60e-3), rtol=1e-6)
+    np.testing.assert_allclose(np.angle(late / was), -2 * np.pi * 7.0 * 0.5e-6, rtol=0.02)
+
+
 def test_malformed_files_are_refused_naming_the_place(tmp_path):
     se = _spin_echo(tmp_path / "se.seq").read_text()
 
@@ -258,13 +288,6 @@ def test_malformed_files_are_refused_naming_the_place(tmp_path):
     refused(se.replace("5 10 0 0 0 0 1 0", "5 10 0 0 0 0 4 0"), "block 5 names ADC event 4, which \\[ADC\\] does not hold")
     refused(se.replace("2 990 0 0 0 1 0 0", "2 990 0 0 0 6 0 0"), "block 2 names gradient 6, which neither")
     refused(se.replace("[RF]\n1 ", "[RF\n1 "), r"line \d+: malformed section header")
-    # times off their raster
-    refused(se.replace("[TRAP]\n1 1000000.0 100.0 1000.0 100.0 200.0", "[TRAP]\n1 1000000.0 105.0 1000.0 100.0 200.0"),
-            r"line \d+: trapezoid 1's times are not on the gradient raster")
-    rf_row = se[se.index("[RF]\n") + 5:].splitlines()[0]
-    fields = rf_row.split()
-    fields[5] = "0.5"  # delay, us, off the 1 us RF raster
-    refused(se.replace(rf_row, " ".join(fields)), r"line \d+: RF 1's delay is not on the RF raster")
     refused(se.replace("BlockDurationRaster 1e-05", "BlockDurationRaster -1"), "BlockDurationRaster must be > 0")
     # a long section (parsed as one table) with a row out of shape or a word in it: named all the same
     spare = "\n".join(f"{i} 1000.0 100.0 1000.0 100.0 0.0" for i in range(10, 90))

@@ -29,7 +29,7 @@ pp = pytest.importorskip("pypulseq")
 pytestmark = pytest.mark.filterwarnings("ignore:Specified (RF|ADC) delay:UserWarning")
 
 from blochsim import Simulator  # noqa: E402
-from blochsim.pulseq import PulseqError  # noqa: E402
+from blochsim.pulseq import PulseqError, PulseqWarning  # noqa: E402
 
 SYSTEM = dict(max_grad=32, grad_unit="mT/m", max_slew=130, slew_unit="T/m/s", rf_ringdown_time=20e-6,
               rf_dead_time=100e-6, adc_dead_time=10e-6)
@@ -333,9 +333,9 @@ def bssfp(path, n=40, flip=40.0, TR=6e-3, thickness=5e-3):
     return _write(seq, path)
 
 
-def ir_gre(path, TI=300e-3, n=20, flip=10.0, TR=8e-3, thickness=5e-3):
+def ir_gre(path, TI=300e-3, n=20, flip=10.0, TR=8e-3, thickness=5e-3, flat_time=1.28e-3):
     """Adiabatic (hyperbolic-secant) inversion, spoiler, TI, then an RF-spoiled
-    gradient-echo train."""
+    gradient-echo train (64 ADC samples over the readout's flat_time)."""
     sys = _system()
     seq = pp.Sequence(sys)
     inv = pp.make_adiabatic_pulse("hypsec", duration=10.24e-3, system=sys)
@@ -343,7 +343,7 @@ def ir_gre(path, TI=300e-3, n=20, flip=10.0, TR=8e-3, thickness=5e-3):
     seq.add_block(inv)
     seq.add_block(spoil)
     seq.add_block(pp.make_delay(round((TI - pp.calc_duration(spoil) - pp.calc_duration(inv) / 2) / 1e-5) * 1e-5))
-    _spoiled_train(seq, sys, n, flip, TR, thickness, flat_time=1.28e-3, spoil_z=False, phase_encode=False)
+    _spoiled_train(seq, sys, n, flip, TR, thickness, flat_time=flat_time, spoil_z=False, phase_encode=False)
     return _write(seq, path)
 
 
@@ -449,6 +449,19 @@ def test_adiabatic_inversion_recovery_against_the_exact_moment_epg(tmp_path):
     with pytest.raises(PulseqError, match="block 1: RF 1 cannot be played as a hard pulse: its waveform's phase "
                                           "varies"):
         Simulator.from_pulseq(path, rf="hard").simulate(**TISSUE)
+
+
+@pytest.mark.filterwarnings(r"ignore:write\(\)\: \d+ timing errors:UserWarning")  # pypulseq's own check of the same
+def test_an_adc_dwell_off_its_raster_plays_as_pypulseq_reads_it(tmp_path):
+    """The inversion-recovery gradient echo with 64 samples over 2 ms: a
+    dwell of 31.25 us, not a whole number of the 100 ns ADC raster, which
+    pypulseq writes and reads; so does the reader, warning with the line,
+    and the samples are the oracle's (from pypulseq's reading)."""
+    path = ir_gre(tmp_path / "ir.seq", flat_time=2e-3)
+    assert "31250" in path.read_text().split("[ADC]")[1].splitlines()[1]
+    with pytest.warns(PulseqWarning, match=r"ir\.seq, line \d+: ADC 1's dwell is not on the ADC raster "
+                                           r"\(1e-07 s\); read as written"):
+        _check(path, axes=(0, 2), B0s=(0.0, 40.0))
 
 
 def test_shifted_gaussian_resonates_at_plus_its_offset(tmp_path):

@@ -81,13 +81,15 @@ What is read, and the model
   profiles (``slice_profile`` gives them), ADC samples other than the
   centre.  Malformed files (unknown version, a row with missing fields, a
   shape that does not decompress to its length, an event a block names
-  but no section holds, times off their raster) are refused naming the
-  line, section or block.
+  but no section holds) are refused naming the line, section or block.
+  Times off their declared raster (an ADC dwell of 31.25 us on a 100 ns
+  raster, an RF delay of half a raster cell) are read as written, as
+  pypulseq reads them, with a :class:`PulseqWarning` naming the line.
 """
 from blochsim.pulseq.dephasing import DEFAULT_VOXEL_M, ENCODING_CYCLES, MOMENT_TOLERANCE
-from blochsim.pulseq.file import PulseqBlock, PulseqError, decompress_shape
+from blochsim.pulseq.file import PulseqBlock, PulseqError, PulseqWarning, decompress_shape
 from blochsim.pulseq.reader import read_pulseq
 from blochsim.pulseq.simulators import PulseqCESTSimulator, PulseqSimulator
 
 __all__ = ["DEFAULT_VOXEL_M", "ENCODING_CYCLES", "MOMENT_TOLERANCE", "PulseqBlock", "PulseqCESTSimulator",
-           "PulseqError", "PulseqSimulator", "decompress_shape", "read_pulseq"]
+           "PulseqError", "PulseqSimulator", "PulseqWarning", "decompress_shape", "read_pulseq"]

@@ -44,6 +44,12 @@ class PulseqError(ValueError):
     the file and the line, section or block."""
 
 
+class PulseqWarning(UserWarning):
+    """A Pulseq file that plays but departs from the format's rules (a time
+    off its declared raster, read as written, as pypulseq reads it); the
+    message names the file and the line."""
+
+
 def decompress_shape(values, n):
     """Samples of a Pulseq shape from its stored form.
 
@@ -396,9 +402,10 @@ class _File:
                 bad = [i for i, r in rows.items()
                        if any(abs(r[c] * scale - round(r[c] * scale)) > 1e-6 * max(1.0, abs(r[c] * scale)) for c in cols)]
             for i in bad[:1]:
+                # the scanner's interpreter and pypulseq take the value as written; so does the reader
                 label = f"RF {i}" if section == "RF" else str(i)
-                raise PulseqError(f"{self.path}, line {self.line_of(section, i)}: {what.format(label)} raster "
-                                  f"({raster:g} s)")
+                warnings.warn(f"{self.path}, line {self.line_of(section, i)}: {what.format(label)} raster "
+                              f"({raster:g} s); read as written", PulseqWarning, stacklevel=2)
 
     def _end_shape(self, sid, n, vals, number):
         if n is None:
