@@ -1,5 +1,6 @@
 """The call modifiers of a played simulator, composed once for every public
-method: T2′ (a per-sample factor on the played signal), the exact periodic
+method: the receiver frame of a Pulseq file (the samples conjugated), T2′
+(a per-sample factor on the played signal), the exact periodic
 steady state (repetitions="auto" on a repetition that never winds),
 repetitions="auto" by playing (rewrites the call's repetitions), and slice
 profiles (a weighted average over flip scales).
@@ -30,6 +31,49 @@ def _given(sim, values, name):
 
 def _names(diff):
     return (diff,) if isinstance(diff, str) else tuple(diff)
+
+
+def _conj(a):
+    """The complex conjugate of a NumPy array or a device array of CuPy,
+    PyTorch or blochsim (a new array of the same library)."""
+    if not V.is_device_array(a):
+        return np.conj(a)
+    from blochsim._device import DeviceArray
+    if isinstance(a, DeviceArray):
+        return DeviceArray.from_numpy(np.conj(a.get()))
+    c = a.conj()
+    return c.resolve_conj() if hasattr(c, "resolve_conj") else c
+
+
+class _Frame:
+    """frame="pulseq": the samples in the Pulseq format's receiver frame,
+    the complex conjugate of SPEC's; the Jacobian conjugated with them, and
+    a cotangent of the conjugated samples pulled back as the conjugate
+    cotangent of SPEC's (for real parameters, Re(conj(g)·conj(ds)) =
+    Re(conj(conj(g))·ds))."""
+
+    what = 'with frame="pulseq"'
+    second_order = ('jacobian_vjp does not take frame="pulseq": call it with frame="spec" and conjugate J and the '
+                    "cotangents outside")
+
+    def given(self, sim, values):
+        return _given(sim, values, "frame") == "pulseq"
+
+    def state(self, sim, values, wrt=()):
+        if "frame" not in sim._defaults or not self.given(sim, values):
+            return None
+        return {**values, "frame": "spec"}
+
+    def simulate(self, sim, state):
+        return _conj(sim.simulate(**state))
+
+    def jacobian(self, sim, state, diff, order):
+        s, J = sim.jacobian(diff, order, **state)
+        return _conj(s), _conj(J)
+
+    def vjp(self, sim, state, names):
+        s, pull = sim.vjp(names, **state)
+        return _conj(s), lambda cotangent: pull(_conj(cotangent))
 
 
 class _T2Prime:
@@ -303,7 +347,7 @@ class _Profile:
         return signal, pullback
 
 
-_MODIFIERS = (_T2Prime(), _Exact(), _AutoRepetitions(), _Profile())
+_MODIFIERS = (_Frame(), _T2Prime(), _Exact(), _AutoRepetitions(), _Profile())
 
 
 def apply(sim, method, values, *args, out=None):

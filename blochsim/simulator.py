@@ -120,7 +120,9 @@ class Simulator(Played):
             :class:`blochsim.pulseq.PulseqBlock` and returning the shifts at
             its end), ``axis``, ``unit``, ``field_strength``,
             ``voxel_size_m`` (the voxel the moments are measured against, 1
-            mm unless given), and any :class:`Simulator` option
+            mm unless given), ``frame`` ("spec", default, or "pulseq": the
+            samples in the format's receiver frame, the complex conjugate),
+            and any :class:`Simulator` option
             (``states``, ``repetitions``, ...).
 
         Returns

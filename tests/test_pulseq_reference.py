@@ -560,3 +560,32 @@ def test_turbo_spin_echo_against_an_isochromat_ensemble(tmp_path, flip, slice_po
     np.testing.assert_allclose(s, isochromat_ensemble(path, **TISSUE, B0=9.0), atol=TOL)
     np.testing.assert_allclose(oracle(path, **TISSUE, B0=9.0, axes=(0, 2)),
                                isochromat_ensemble(path, **TISSUE, B0=9.0), atol=1e-9)
+
+
+def test_the_formats_frame_is_the_conjugate_of_the_oracles(tmp_path):
+    """frame="pulseq": the samples in the format's receiver frame, the
+    complex conjugate of SPEC's oracle (off resonance, where the phase
+    shows); the Jacobian conjugated with them; vjp pulls a cotangent of the
+    returned samples back as its conjugate through SPEC's samples."""
+    path = tse(tmp_path / "tse.seq", flip=120.0, echoes=4)
+    fmt = Simulator.from_pulseq(path, frame="pulseq")
+    s = fmt.simulate(**TISSUE, B0=17.0)
+    ref = oracle(path, **TISSUE, B0=17.0, axes=(0, 2))
+    np.testing.assert_allclose(s, np.conj(ref), atol=TOL, rtol=0)
+    assert np.abs(np.imag(ref)).max() > 10 * TOL  # the phase shows
+    spec = Simulator.from_pulseq(path)
+    s1, J1 = spec.jacobian(("T2", "B0"), **TISSUE, B0=17.0)
+    s2, J2 = fmt.jacobian(("T2", "B0"), **TISSUE, B0=17.0)
+    np.testing.assert_array_equal(s2, np.conj(s1))
+    np.testing.assert_array_equal(J2, np.conj(J1))
+    g = np.random.default_rng(1).standard_normal(s.shape) + 1j * np.random.default_rng(2).standard_normal(s.shape)
+    _, p1 = spec.vjp(("T2", "B0"), **TISSUE, B0=17.0)
+    _, p2 = fmt.vjp(("T2", "B0"), **TISSUE, B0=17.0)
+    for k, v in p2(g).items():
+        np.testing.assert_allclose(v, p1(np.conj(g))[k], rtol=1e-6)
+        # and the chain rule through the conjugated Jacobian: Re(conj(g) · dŝ)
+        np.testing.assert_allclose(v, np.sum(np.real(np.conj(g) * J2[("T2", "B0").index(k)])), rtol=1e-4)
+    with pytest.raises(ValueError, match="frame must be 'spec' or 'pulseq', got 'scanner'"):
+        Simulator.from_pulseq(path, frame="scanner").simulate(**TISSUE)
+    with pytest.raises(ValueError, match='jacobian_vjp does not take frame="pulseq"'):
+        fmt.jacobian_vjp(("T2",), ("B1",), **TISSUE)

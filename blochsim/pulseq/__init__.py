@@ -25,7 +25,13 @@ What is read, and the model
   by +2π·f·t and excites spins at +f: the two count phase the other way
   round.  The file's RF and ADC phases therefore enter negated; samples are
   in SPEC's frame (a 90° pulse at phase 0 gives -i), the complex conjugate
-  of the format's; magnitudes do not depend on it.
+  of the format's; magnitudes do not depend on it.  ``frame="pulseq"``
+  returns them in the format's frame (conjugated, with the Jacobian), as
+  pypulseq-based simulators and reconstructions take them::
+
+      spec = Simulator.from_pulseq("se.seq").simulate(T1=800.0, T2=60.0, B0=7.0)
+      fmt = Simulator.from_pulseq("se.seq", frame="pulseq").simulate(T1=800.0, T2=60.0, B0=7.0)
+      # fmt == spec.conj(): compare fmt with the other simulator's samples
 - **RF models** (``rf``): ``"hard"`` plays each pulse as an instantaneous
   rotation at its centre (relaxation during the pulse neglected), which is
   exact for the slice-centre spin only when the waveform has one phase (up

@@ -34,6 +34,13 @@ class PulseqSimulator(Simulator):
     voxel_size_m : float, m, optional
         Sets the tolerance of the moments' unit and, with it, the crusher
         geometry for D and v (``crusher_dephasing_rad`` = 2π · abs(unit) · voxel).
+    frame : {"spec", "pulseq"}, optional
+        The receiver frame of the samples: SPEC's (default; spins at B0 > 0
+        turn by -2π B0 t, RF phases right-handed) or the Pulseq format's
+        (``"pulseq"``: their complex conjugate, as pypulseq-based
+        simulators and reconstructions take them).  The Jacobian is
+        conjugated with the samples, and ``vjp`` takes cotangents of the
+        samples as returned; ``jacobian_vjp`` refuses ``"pulseq"``.
     states, repetitions, crusher_dephasing_rad, device, threads, ...
         See :class:`blochsim.Simulator`.
 
@@ -41,9 +48,11 @@ class PulseqSimulator(Simulator):
     """
 
     protocol = {"path": None, "rf": "auto", "dephasing": "moment", "axis": None, "unit": None,
-                "field_strength": None}
+                "field_strength": None, "frame": "spec"}
 
     def check_protocol(self, p):
+        if not isinstance(p["frame"], str) or p["frame"] not in ("spec", "pulseq"):
+            raise ValueError(f"frame must be 'spec' or 'pulseq', got {p['frame']!r}")
         if p["path"] is None:
             return p
         path = os.fspath(p["path"])
