@@ -75,7 +75,15 @@ What is read, and the model
   combination of the others can bring back (an inversion's spoiler on
   another axis than the train's) never refocuses, and that interval spoils
   exactly; other independently dephasing axes are kept apart on one order
-  by a map with large enough multipliers, within 8192 orders.  Moments with no common unit, or unbalanced axes
+  by a map with large enough multipliers, within 8192 orders.  Where they
+  cannot be, but the moments run along one direction on one lattice
+  except in a few intervals (the spoilers between the shots of a turbo
+  spin echo, whose moments leave the train's proportion of readout to
+  crusher), each such interval's moment is a generator of its own and
+  the order counts the lattice steps plus multiples of the generators,
+  again with multipliers that keep every reachable moment apart: exact,
+  provided no small combination of the generators falls back on the
+  lattice (checked; then refused).  Moments with no common unit, or unbalanced axes
   that dephase independently, are refused, naming the block; ``axis`` (a
   direction to follow alone), ``unit`` (cycles/m, checked, never rounded)
   or a callable ``dephasing(block) -> shifts`` choose otherwise, and

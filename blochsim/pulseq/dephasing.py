@@ -87,6 +87,18 @@ class _Dephasing:
                                   f"number of unit = {u:.6g} cycles/m: it would be rounded")
             k = k.astype(np.int64)
             return [0] + k[1:].tolist(), int(k[0]), axis * u
+        try:
+            return self._combined(inc, pts, blocks, tol_abs)
+        except PulseqError:
+            found = self._generators(inc, blocks)
+            if found is None:
+                raise
+            return found
+
+    def _combined(self, inc, pts, blocks, tol_abs):
+        """Shifts of the axes that dephase, combined on one order (the
+        default analysis); PulseqError where it cannot hold them."""
+        n = len(inc)
         # which axes dephase: those not rewound between consecutive RF pulses
         rf_at = [i for i, kind in enumerate(self.ev_kind) if kind == "rf"]
         balanced = np.zeros(3, dtype=bool)
@@ -137,6 +149,87 @@ class _Dephasing:
         for i, a in enumerate(chosen):
             vec[a] = g_all[i] * units[a]
         return [0] + q[1:], q[0], vec
+
+    def _generators(self, inc, blocks):
+        """Shifts when the moments run along one direction g in whole
+        numbers of a unit u but for a few intervals (E: the spoilers
+        between the shots of a turbo spin echo) whose moment vectors, each
+        taken as a generator of its own, no small combination of each
+        other can bring onto g's lattice; or None.
+
+        A pathway's moment is then n u g + Σ_j n_j G_j, n_j the signed
+        count of its transverse passes through generator j's intervals
+        (|n_j| at most their number), and n and the n_j determine it
+        uniquely; the order k = n + Σ_j M_j n_j with multipliers M_j larger
+        than twice the reach of everything before keeps every such moment
+        on an order of its own, and only the moment 0 on order 0: exact.
+        """
+        if self.periodic:
+            return None
+        tol_abs = MOMENT_TOLERANCE / self.voxel
+        peak = np.max(np.abs(inc), axis=0)
+        axes = np.flatnonzero(peak * self.voxel >= ENCODING_CYCLES)
+        if axes.size == 0:
+            return None
+        V = np.zeros_like(inc)
+        V[:, axes] = inc[:, axes]
+        norm = np.linalg.norm(V, axis=1)
+        rows = np.flatnonzero(norm > 0)
+        dirs = V[rows] / norm[rows, None]
+        dirs *= np.where(dirs[np.arange(rows.size), np.argmax(np.abs(dirs), axis=1)] < 0, -1.0, 1.0)[:, None]
+        keys, counts = np.unique(np.round(dirs, 6), axis=0, return_counts=True)
+        g = keys[np.argmax(counts)]
+        g = g / np.linalg.norm(g)
+        along = V @ g
+        parallel = np.linalg.norm(V - np.outer(along, g), axis=1) <= np.maximum(MOMENT_TOLERANCE * norm, tol_abs)
+        u = _common_unit(along[parallel & (norm > 0)], MOMENT_TOLERANCE, tol_abs, ENCODING_CYCLES / self.voxel)
+        if not u:
+            return None
+        tol = max(MOMENT_TOLERANCE * u, tol_abs)
+        k = np.round(along / u)
+        on = (norm == 0) | (parallel & (np.abs(along - k * u) <= tol))
+        E = np.flatnonzero(~on)
+        if not 0 < E.size <= 64:
+            return None
+        def on_lattice(w):
+            """w's whole number of u along g, or None when w is off g's lattice."""
+            a = w @ g
+            if np.linalg.norm(w - a * g) <= tol_abs and abs(a - round(a / u) * u) <= tol:
+                return int(round(a / u))
+            return None
+
+        # each E interval as ±(a generator) plus a whole number of u along g
+        gens, which = [], []
+        for i in E:
+            for j, G in enumerate(gens):
+                found = [(sign, m) for sign in (1, -1) if (m := on_lattice(V[i] - sign * G)) is not None]
+                if found:
+                    which.append((j,) + found[0])
+                    break
+            else:
+                gens.append(V[i])
+                which.append((len(gens) - 1, 1, 0))
+        count = np.bincount([j for j, _, _ in which], minlength=len(gens))
+        if math.prod(4 * int(c) + 1 for c in count) > 100_000:
+            return None
+        # no two pathways with other counts may share a moment: no difference
+        # of counts (each within twice its reach) lands on g's lattice
+        G = np.array(gens)
+        for e in itertools.product(*[range(-2 * int(c), 2 * int(c) + 1) for c in count]):
+            if any(e) and on_lattice(np.asarray(e, dtype=np.float64) @ G) is not None:
+                return None
+        reach = int(np.sum(np.abs(k[on]))) + sum(abs(m) for _, _, m in which)
+        mult, span = [], reach
+        for c in count:
+            m = 2 * span + 1
+            mult.append(m)
+            span += m * int(c)
+        if span > _MAX_LATTICE_ORDERS:
+            return None
+        key = k.astype(np.int64)
+        for i, (j, sign, m) in zip(E, which):
+            key[i] = sign * mult[j] + m
+        return [0] + key[1:].tolist(), int(key[0]), np.full(3, np.nan)
 
     def _spoiling(self, inc, axes, units, blocks):
         """Shifts when the moments run along one direction g in whole
