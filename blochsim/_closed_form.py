@@ -21,6 +21,18 @@ class ClosedFormSimulator(Base):
         """Signal from the protocol and tissue (public units, broadcast)."""
         raise NotImplementedError
 
+    def to_pulseq(self, path, **options):
+        """Not available: a closed form plays no train of events to write.
+
+        Raises
+        ------
+        TypeError
+            Always; :meth:`blochsim.Simulator.to_pulseq` writes the
+            simulators that play operators (FSE, FLASH, MRF, TrueFISP, ...).
+        """
+        raise TypeError(f"{type(self).__name__} has no played sequence to write (a closed form): to_pulseq writes "
+                        "the simulators that play operators")
+
     def simulate(self, **values):
         """Simulate the signal.
 
