@@ -36,6 +36,8 @@ __all__ = ["ClosedFormSimulator", "PLAYED_COMMON", "Simulator"]
 #: The format's package adds its own when imported (blochsim.pulseq, which
 #: ``import blochsim`` imports), so that this module need not import it.
 FILE_SIMULATORS: dict = {}
+#: writers of sequence files by format, filled by their packages (blochsim.pulseq)
+FILE_WRITERS: dict = {}
 
 
 class Simulator(Played):
@@ -182,11 +184,8 @@ class Simulator(Played):
         >>> np.allclose(back.simulate(T1=1000.0, T2=80.0), fse.simulate(T1=1000.0, T2=80.0), atol=1e-5)  # doctest: +SKIP
         True
         """
-        from blochsim.pulseq.dephasing import DEFAULT_VOXEL_M
-        from blochsim.pulseq.writer import write_pulseq
-        return write_pulseq(self, path, system=system, rf_duration=rf_duration,
-                            voxel_size_m=DEFAULT_VOXEL_M if voxel_size_m is None else voxel_size_m,
-                            spoil_cycles=spoil_cycles, **values)
+        return FILE_WRITERS["pulseq"](self, path, system=system, rf_duration=rf_duration, voxel_size_m=voxel_size_m,
+                                      spoil_cycles=spoil_cycles, **values)
 
     def simulate(self, out=None, **values):
         """Simulate the signal.

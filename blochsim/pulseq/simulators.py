@@ -13,7 +13,8 @@ from blochsim._protocol import _lazy_entry
 from blochsim.pulseq.file import PulseqError, _File
 from blochsim.pulseq.reader import _field_strength, _read, _Reader
 from blochsim.sequence import Delay, Pulse, Readout, Sequence, Spoil
-from blochsim.simulator import FILE_SIMULATORS, Simulator
+from blochsim.pulseq.writer import write_pulseq
+from blochsim.simulator import FILE_SIMULATORS, FILE_WRITERS, Simulator
 
 _CACHE = {}
 
@@ -81,6 +82,7 @@ class PulseqSimulator(Simulator):
 
 
 FILE_SIMULATORS["pulseq"] = PulseqSimulator
+FILE_WRITERS["pulseq"] = write_pulseq
 
 
 # -- pulseq-cest -------------------------------------------------------------

@@ -74,11 +74,11 @@ def _instants(prep, ops, repetitions):
     return out, t
 
 
-def write_pulseq(sim, path, system=None, rf_duration=0.1, voxel_size_m=DEFAULT_VOXEL_M, spoil_cycles=4.0,
-                 **values):
+def write_pulseq(sim, path, system=None, rf_duration=0.1, voxel_size_m=None, spoil_cycles=4.0, **values):
     """Write the sequence ``sim`` plays (with protocol ``values``) as a
     Pulseq file: :meth:`blochsim.Simulator.to_pulseq`."""
     pp = _pypulseq()
+    voxel_size_m = DEFAULT_VOXEL_M if voxel_size_m is None else voxel_size_m
     if not hasattr(sim, "repetition"):
         raise TypeError(f"{type(sim).__name__} has no played sequence to write (a closed form): to_pulseq writes "
                         "the simulators that play operators")
