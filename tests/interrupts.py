@@ -14,8 +14,12 @@ def assert_ctrl_c_stops(code, wait=1.0, within=2.0, timeout=120):
     "again True" when a call afterwards gives its earlier result; send
     SIGINT ``wait`` seconds after "ready" and check all three, the stop
     within ``within`` seconds."""
+    # SIGINT at its default in the child: a test run started in the
+    # background of a shell without job control inherits it ignored, and
+    # Python then installs no KeyboardInterrupt handler
     child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, cwd=tempfile.gettempdir())
+                             stderr=subprocess.STDOUT, text=True, cwd=tempfile.gettempdir(),
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     first = child.stdout.readline().strip()
     assert first.startswith("ready"), first + child.communicate(timeout=timeout)[0]
     time.sleep(wait)
