@@ -126,8 +126,8 @@ class _Dephasing:
                 raise PulseqError(f"{self.f.path}: the gradient moments on the {'xyz'[a]} axis have no common unit: "
                                   f"block {blocks[j]}'s moment since the previous RF or ADC event, "
                                   f"{inc[j, a]:.6g} cycles/m, is not a whole multiple of the others within "
-                                  f"{MOMENT_TOLERANCE:g}; one EPG order cannot hold it without rounding (give axis and "
-                                  "unit, or dephasing= a callable)")
+                                  f"{MOMENT_TOLERANCE:g}; one EPG order cannot hold it without rounding (give "
+                                  f"axis='{'xyz'[a]}' and a unit that divides its moments, or dephasing= a callable)")
             trial = chosen + [a]
             N = np.round(inc[:, trial] / np.array([units[b] for b in trial])).astype(np.int64)
             g = self._direction(N)
