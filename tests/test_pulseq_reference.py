@@ -234,11 +234,16 @@ def spin_echo(path, TE=20e-3, thickness=5e-3):
     return _write(seq, path)
 
 
-def tse(path, flip=180.0, echoes=8, ESP=15e-3, slice_pos=0.0, phase_encode=True, thickness=5e-3):
+def tse(path, flip=180.0, echoes=8, ESP=15e-3, slice_pos=0.0, phase_encode=True, thickness=5e-3, shots=1,
+        TR=300e-3, spoil=2.75):
     """CPMG: 90°(90°) then refocusing pulses at phase 0 between crushers,
     a readout centred between them; optional phase encoding on y, rewound
     after each echo; an off-centre slice with the phase offset that cancels
-    the frequency's phase at each pulse centre."""
+    the frequency's phase at each pulse centre.  With ``shots`` > 1, as
+    pypulseq's TSE example plays it: a first shot without ADC (a dummy),
+    and each shot ending with a spoiler on z (``spoil`` crusher areas)
+    before the next excitation ``TR`` after it, an interval whose moments
+    leave the train's proportion of x to z."""
     sys = _system()
     seq = pp.Sequence(sys)
     rf90, gz90, gzr = pp.make_sinc_pulse(np.pi / 2, duration=2e-3, slice_thickness=thickness, phase_offset=np.pi / 2,
@@ -248,42 +253,6 @@ def tse(path, flip=180.0, echoes=8, ESP=15e-3, slice_pos=0.0, phase_encode=True,
     for rf, gz in ((rf90, gz90), (rfr, gzs)):
         rf.freq_offset = gz.amplitude * slice_pos
         rf.phase_offset = rf.phase_offset - 2 * np.pi * rf.freq_offset * pp.calc_rf_center(rf)[0]
-    crush = pp.make_trapezoid("z", area=4 / thickness, duration=1.2e-3, system=sys)
-    gx = pp.make_trapezoid("x", flat_area=64 / 0.25, flat_time=2.56e-3, system=sys)
-    adc = pp.make_adc(64, duration=gx.flat_time, delay=gx.rise_time, system=sys)
-    gxpre = pp.make_trapezoid("x", area=gx.area / 2, duration=1.2e-3, system=sys)
-    seq.add_block(rf90, gz90)
-    seq.add_block(gzr, gxpre)
-    half_exc = pp.calc_duration(gz90) - rf90.delay - pp.calc_rf_center(rf90)[0]
-    pre_ref = rfr.delay + pp.calc_rf_center(rfr)[0]
-    post_ref = pp.calc_duration(gzs) - pre_ref
-    fill1 = ESP / 2 - half_exc - pp.calc_duration(gzr) - pp.calc_duration(crush) - pre_ref
-    seq.add_block(pp.make_delay(round(fill1 / 1e-5) * 1e-5))
-    d1 = ESP / 2 - post_ref - pp.calc_duration(crush) - pp.calc_duration(gx) / 2
-    d2 = ESP / 2 - pp.calc_duration(gx) / 2 - pp.calc_duration(crush) - pre_ref
-    for e in range(echoes):
-        pe = pp.make_trapezoid("y", area=(e - echoes // 2) / 0.25, duration=1.2e-3, system=sys)
-        seq.add_block(crush)
-        seq.add_block(rfr, gzs)
-        seq.add_block(crush, *([pe] if phase_encode else []))
-        seq.add_block(pp.make_delay(round(d1 / 1e-5) * 1e-5))
-        seq.add_block(gx, adc)
-        seq.add_block(pp.make_delay(round(d2 / 1e-5) * 1e-5), *([pp.scale_grad(pe, -1)] if phase_encode else []))
-    return _write(seq, path)
-
-
-def tse_shots(path, shots=2, echoes=6, ESP=15e-3, TR=300e-3, spoil=2.75, thickness=5e-3):
-    """Turbo spin echo in shots, as pypulseq's TSE example plays it: each
-    shot's CPMG train (readout on x and crushers on z, in proportion) ends
-    with a spoiler on z (``spoil`` crusher areas) before the next
-    excitation, an interval whose moments leave that proportion; the first
-    shot has no ADC (a dummy)."""
-    sys = _system()
-    seq = pp.Sequence(sys)
-    rf90, gz90, gzr = pp.make_sinc_pulse(np.pi / 2, duration=2e-3, slice_thickness=thickness, phase_offset=np.pi / 2,
-                                         return_gz=True, system=sys, use="excitation")
-    rfr, gzs, _ = pp.make_sinc_pulse(np.pi, duration=2e-3, slice_thickness=thickness, return_gz=True, system=sys,
-                                     use="refocusing")
     crush = pp.make_trapezoid("z", area=4 / thickness, duration=1.2e-3, system=sys)
     spoiler = pp.make_trapezoid("z", area=spoil * 4 / thickness, duration=3e-3, system=sys)
     gx = pp.make_trapezoid("x", flat_area=64 / 0.25, flat_time=2.56e-3, system=sys)
@@ -299,15 +268,18 @@ def tse_shots(path, shots=2, echoes=6, ESP=15e-3, TR=300e-3, spoil=2.75, thickne
         seq.add_block(rf90, gz90)
         seq.add_block(gzr, gxpre)
         seq.add_block(pp.make_delay(round(fill1 / 1e-5) * 1e-5))
+        sampled = shots == 1 or shot > 0
         for e in range(echoes):
+            pe = pp.make_trapezoid("y", area=(e - echoes // 2) / 0.25, duration=1.2e-3, system=sys)
             seq.add_block(crush)
             seq.add_block(rfr, gzs)
-            seq.add_block(crush)
+            seq.add_block(crush, *([pe] if phase_encode else []))
             seq.add_block(pp.make_delay(round(d1 / 1e-5) * 1e-5))
-            seq.add_block(gx, *([adc] if shot > 0 else []))
-            seq.add_block(pp.make_delay(round(d2 / 1e-5) * 1e-5))
-        seq.add_block(spoiler)
-        seq.add_block(pp.make_delay(round((TR - echoes * ESP - ESP / 2) / 1e-5) * 1e-5))
+            seq.add_block(gx, *([adc] if sampled else []))
+            seq.add_block(pp.make_delay(round(d2 / 1e-5) * 1e-5), *([pp.scale_grad(pe, -1)] if phase_encode else []))
+        if shots > 1:
+            seq.add_block(spoiler)
+            seq.add_block(pp.make_delay(round((TR - echoes * ESP - ESP / 2) / 1e-5) * 1e-5))
     return _write(seq, path)
 
 
@@ -478,7 +450,7 @@ def test_turbo_spin_echo_in_shots_plays_by_default(tmp_path, shots, echoes, spoi
     train's direction on its lattice, each spoiler a generator of its own)
     against the oracle, at a short T2 and at CSF's, where pathways that
     cross the shots survive."""
-    path = tse_shots(tmp_path / "shots.seq", shots=shots, echoes=echoes, spoil=spoil)
+    path = tse(tmp_path / "shots.seq", shots=shots, echoes=echoes, spoil=spoil, phase_encode=False)
     sim = Simulator.from_pulseq(path)
     for tissue in (TISSUE, dict(T1=4000.0, T2=2000.0)):
         for B0 in (0.0, 13.0):

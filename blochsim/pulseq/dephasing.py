@@ -150,6 +150,33 @@ class _Dephasing:
             vec[a] = g_all[i] * units[a]
         return [0] + q[1:], q[0], vec
 
+    def _along_one(self, inc, axes):
+        """The moments on ``axes`` (V, n × 3) against their most common
+        direction g (unit vector) and its unit u (cycles/m, the common
+        unit of the moments parallel to g): (V, g, u, k, off, parallel),
+        k each moment's whole number of u along g, off the nonzero moments
+        not on that lattice; None without moments or a unit."""
+        V = np.zeros_like(inc)
+        V[:, axes] = inc[:, axes]
+        norm = np.linalg.norm(V, axis=1)
+        rows = np.flatnonzero(norm > 0)
+        if rows.size == 0:
+            return None
+        dirs = V[rows] / norm[rows, None]
+        dirs *= np.where(dirs[np.arange(rows.size), np.argmax(np.abs(dirs), axis=1)] < 0, -1.0, 1.0)[:, None]
+        keys, counts = np.unique(np.round(dirs, 6), axis=0, return_counts=True)
+        g = keys[np.argmax(counts)]
+        g = g / np.linalg.norm(g)
+        along = V @ g
+        tol_abs = MOMENT_TOLERANCE / self.voxel
+        parallel = np.linalg.norm(V - np.outer(along, g), axis=1) <= np.maximum(MOMENT_TOLERANCE * norm, tol_abs)
+        u = _common_unit(along[parallel & (norm > 0)], MOMENT_TOLERANCE, tol_abs, ENCODING_CYCLES / self.voxel)
+        if not u:
+            return None
+        k = np.round(along / u)
+        off = (norm > 0) & ~(parallel & (np.abs(along - k * u) <= max(MOMENT_TOLERANCE * u, tol_abs)))
+        return V, g, u, k, off, parallel
+
     def _generators(self, inc, blocks):
         """Shifts when the moments run along one direction g in whole
         numbers of a unit u but for a few intervals (E: the spoilers
@@ -166,29 +193,16 @@ class _Dephasing:
         """
         if self.periodic:
             return None
-        tol_abs = MOMENT_TOLERANCE / self.voxel
         peak = np.max(np.abs(inc), axis=0)
         axes = np.flatnonzero(peak * self.voxel >= ENCODING_CYCLES)
-        if axes.size == 0:
+        found = self._along_one(inc, axes)
+        if found is None:
             return None
-        V = np.zeros_like(inc)
-        V[:, axes] = inc[:, axes]
-        norm = np.linalg.norm(V, axis=1)
-        rows = np.flatnonzero(norm > 0)
-        dirs = V[rows] / norm[rows, None]
-        dirs *= np.where(dirs[np.arange(rows.size), np.argmax(np.abs(dirs), axis=1)] < 0, -1.0, 1.0)[:, None]
-        keys, counts = np.unique(np.round(dirs, 6), axis=0, return_counts=True)
-        g = keys[np.argmax(counts)]
-        g = g / np.linalg.norm(g)
-        along = V @ g
-        parallel = np.linalg.norm(V - np.outer(along, g), axis=1) <= np.maximum(MOMENT_TOLERANCE * norm, tol_abs)
-        u = _common_unit(along[parallel & (norm > 0)], MOMENT_TOLERANCE, tol_abs, ENCODING_CYCLES / self.voxel)
-        if not u:
-            return None
+        V, g, u, k, off, _ = found
+        tol_abs = MOMENT_TOLERANCE / self.voxel
         tol = max(MOMENT_TOLERANCE * u, tol_abs)
-        k = np.round(along / u)
-        on = (norm == 0) | (parallel & (np.abs(along - k * u) <= tol))
-        E = np.flatnonzero(~on)
+        on = ~off
+        E = np.flatnonzero(off)
         if not 0 < E.size <= 64:
             return None
         def on_lattice(w):
@@ -239,27 +253,11 @@ class _Dephasing:
         interval spoils exactly ('spoil'), and the rest shift along g.  An
         inversion's spoiler that the train's moments cannot undo is such an
         interval.  None where the moments are not of that form."""
-        V = np.zeros_like(inc)
-        V[:, axes] = inc[:, axes]
-        norm = np.linalg.norm(V, axis=1)
-        rows = np.flatnonzero(norm > 0)
-        if rows.size == 0:
+        found = self._along_one(inc, axes)
+        if found is None:
             return None
-        dirs = V[rows] / norm[rows, None]
-        dirs *= np.where(dirs[np.arange(rows.size), np.argmax(np.abs(dirs), axis=1)] < 0, -1.0, 1.0)[:, None]
-        keys, counts = np.unique(np.round(dirs, 6), axis=0, return_counts=True)
-        g = keys[np.argmax(counts)]
-        g = g / np.linalg.norm(g)
-        along = V @ g
-        across = np.linalg.norm(V - np.outer(along, g), axis=1)
-        tol_abs = MOMENT_TOLERANCE / self.voxel
-        parallel = across <= np.maximum(MOMENT_TOLERANCE * norm, tol_abs)
-        u = _common_unit(along[parallel & (norm > 0)], MOMENT_TOLERANCE, tol_abs, ENCODING_CYCLES / self.voxel)
-        if not u:
-            return None
-        tol = max(MOMENT_TOLERANCE * u, tol_abs)
-        k = np.round(along / u)
-        off = (norm > 0) & ~(parallel & (np.abs(along - k * u) <= tol))
+        V, g, u, k, off, parallel = found
+        tol = max(MOMENT_TOLERANCE * u, MOMENT_TOLERANCE / self.voxel)
         S = V[off]
         if not 0 < len(S) <= 10 or (self.periodic and (len(S) > 1 or np.any(parallel[off]))):
             return None

@@ -45,6 +45,49 @@ __device__ __forceinline__ void match_shuffle(float& pw, int64_t& ix, int mask) 
   ix = __shfl_xor_sync(0xffffffffu, static_cast<long long>(ix), mask);
 }
 
+// A thread's lists of S signals (k entries each), empty, with each
+// signal's floor (floors[signal(s)], -1 without floors or past n) as its
+// threshold.
+template <int KC, int S, class SignalOf>
+__device__ __forceinline__ void match_lists_start(float (&pw)[S][KC], int64_t (&ix)[S][KC], float (&thr)[S],
+                                                  float (&fl)[S], int k, const float* floors, int64_t n,
+                                                  SignalOf signal) {
+#pragma unroll
+  for (int s = 0; s < S; ++s) {
+    const int64_t sx = signal(s);
+    fl[s] = floors && sx < n ? floors[sx] : -1.0f;
+    thr[s] = fl[s];
+    for (int q = 0; q < k; ++q) {
+      pw[s][q] = -1.0f;
+      ix[s][q] = -1;
+    }
+  }
+}
+
+// The `lanes` adjacent lanes (a power of two) that hold the same signals
+// merge their lists by a butterfly of shuffles: after it every one of them
+// holds the k best of all of theirs.
+template <int KC, int S>
+__device__ __forceinline__ void match_lists_merge(float (&pw)[S][KC], int64_t (&ix)[S][KC], int k, int lanes) {
+  for (int mask = lanes / 2; mask >= 1; mask >>= 1) {
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      float opw[KC], mpw[KC];
+      int64_t oix[KC], mix[KC];
+      for (int q = 0; q < k; ++q) {
+        opw[q] = pw[s][q];
+        oix[q] = ix[s][q];
+        match_shuffle(opw[q], oix[q], mask);
+      }
+      match_merge(pw[s], ix[s], opw, oix, k, mpw, mix);
+      for (int q = 0; q < k; ++q) {
+        pw[s][q] = mpw[q];
+        ix[s][q] = mix[q];
+      }
+    }
+  }
+}
+
 #ifndef BLOCHSIM_MATCH_MIN_BLOCKS
 #define BLOCHSIM_MATCH_MIN_BLOCKS 1
 #endif
@@ -94,16 +137,7 @@ __global__ void __launch_bounds__(match_threads, BLOCHSIM_MATCH_MIN_BLOCKS)
   float pw[match_S][KC];
   int64_t ix[match_S][KC];
   float thr[match_S], fl[match_S];
-#pragma unroll
-  for (int s = 0; s < match_S; ++s) {
-    const int64_t sx = s0 + match_S * ty + s;
-    fl[s] = floors && sx < p.n ? floors[sx] : -1.0f;
-    thr[s] = fl[s];
-    for (int q = 0; q < k; ++q) {
-      pw[s][q] = -1.0f;
-      ix[s][q] = -1;
-    }
-  }
+  match_lists_start(pw, ix, thr, fl, k, floors, p.n, [&](int s) { return s0 + match_S * ty + s; });
 
   constexpr int sig_per_thread = match_signals * match_step / match_threads;  // 8
   constexpr int atom_per_thread = match_atoms * match_step / match_threads;   // 4
@@ -196,25 +230,7 @@ __global__ void __launch_bounds__(match_threads, BLOCHSIM_MATCH_MIN_BLOCKS)
     if (t + 1 < steps) store(static_cast<int>((t + 1) % BLOCHSIM_MATCH_ATOM_STAGES));
   }
 
-  // the 16 threads of a row (one half-warp) merge their lists: after the
-  // butterfly every one of them holds the row's
-  for (int mask = 8; mask >= 1; mask >>= 1) {
-#pragma unroll
-    for (int s = 0; s < match_S; ++s) {
-      float opw[KC], mpw[KC];
-      int64_t oix[KC], mix[KC];
-      for (int q = 0; q < k; ++q) {
-        opw[q] = pw[s][q];
-        oix[q] = ix[s][q];
-        match_shuffle(opw[q], oix[q], mask);
-      }
-      match_merge(pw[s], ix[s], opw, oix, k, mpw, mix);
-      for (int q = 0; q < k; ++q) {
-        pw[s][q] = mpw[q];
-        ix[s][q] = mix[q];
-      }
-    }
-  }
+  match_lists_merge(pw, ix, k, 16);  // the 16 threads of a row: one half-warp
   const int64_t splits = gridDim.y;
 #pragma unroll
   for (int s = 0; s < match_S; ++s) {
@@ -300,16 +316,7 @@ __global__ void __launch_bounds__(match_threads, BLOCHSIM_MATCH_MIN_BLOCKS)
   float pw[TS][KC];
   int64_t ix[TS][KC];
   float thr[TS], fl[TS];
-#pragma unroll
-  for (int s = 0; s < TS; ++s) {
-    const int64_t sx = s0 + row(s);
-    fl[s] = floors && sx < p.n ? floors[sx] : -1.0f;
-    thr[s] = fl[s];
-    for (int q = 0; q < k; ++q) {
-      pw[s][q] = -1.0f;
-      ix[s][q] = -1;
-    }
-  }
+  match_lists_start(pw, ix, thr, fl, k, floors, p.n, [&](int s) { return s0 + row(s); });
 
   // a value's two TF32 parts, stored as the fragments will read them
   auto put = [](Row* hi, Row* lo, int r, int c, float2 x) {
@@ -458,23 +465,7 @@ __global__ void __launch_bounds__(match_threads, BLOCHSIM_MATCH_MIN_BLOCKS)
     tc = nc;
   }
 
-  for (int mask = 2; mask >= 1; mask >>= 1) {
-#pragma unroll
-    for (int s = 0; s < TS; ++s) {
-      float opw[KC], mpw[KC];
-      int64_t oix[KC], mix[KC];
-      for (int q = 0; q < k; ++q) {
-        opw[q] = pw[s][q];
-        oix[q] = ix[s][q];
-        match_shuffle(opw[q], oix[q], mask);
-      }
-      match_merge(pw[s], ix[s], opw, oix, k, mpw, mix);
-      for (int q = 0; q < k; ++q) {
-        pw[s][q] = mpw[q];
-        ix[s][q] = mix[q];
-      }
-    }
-  }
+  match_lists_merge(pw, ix, k, 4);  // the 4 lanes (g, 0..3) of a signal
   const int64_t lists = static_cast<int64_t>(gridDim.y) * match_tc_lists;
   const int64_t list = static_cast<int64_t>(blockIdx.y) * match_tc_lists + wn;
 #pragma unroll
