@@ -6,7 +6,7 @@
 // the first signals are checked against a double-precision brute force.
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Isrc_cpp/include \
-//        [-DBLOCHSIM_MATCH_TENSOR=0 -DBLOCHSIM_MATCH_MIN_BLOCKS=2 -DBLOCHSIM_MATCH_ATOM_STAGES=1] \
+//        [-DBLOCHSIM_MATCH_TENSOR=0|1 -DBLOCHSIM_MATCH_MIN_BLOCKS=2 -DBLOCHSIM_MATCH_ATOM_STAGES=1] \
 //        bench/device_match.cu -o device_match
 //   ./device_match n r k [n r k ...]
 #include <blochsim/cuda/match.cuh>
@@ -85,8 +85,11 @@ int main(int argc, char** argv) {
     }
     std::sort(ms.begin(), ms.end());
     std::vector<int64_t> idx(n * k);
+    std::vector<float> pws(n * k);
     CHECK(cudaMemcpy(idx.data(), di, n * k * 8, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(pws.data(), dp, n * k * 4, cudaMemcpyDeviceToHost));
     int wrong = 0;
+    double worst = 0.0;  // the largest relative error of a best power
     for (int64_t i = 0; i < std::min<int64_t>(n, 64); ++i) {
       double best = -1;
       int64_t at = -1;
@@ -104,10 +107,11 @@ int main(int argc, char** argv) {
         }
       }
       wrong += idx[i * k] != at;
+      worst = std::max(worst, std::abs(pws[i * k] - best) / best);
     }
     const double s = ms[ms.size() / 2] / 1e3;
-    std::printf("n %lld r %lld k %d: %.4f s, %.1f TFLOP/s, %d of 64 best differ from float64\n", (long long)n,
-                (long long)r, k, s, 8.0 * double(n) * double(n) * double(r) / s / 1e12, wrong);
+    std::printf("n %lld r %lld k %d: %.4f s, %.1f TFLOP/s, %d of 64 best differ from float64, power within %.1e\n",
+                (long long)n, (long long)r, k, s, 8.0 * double(n) * double(n) * double(r) / s / 1e12, wrong, worst);
     cudaFree(da);
     cudaFree(ds);
     cudaFree(dp);

@@ -44,10 +44,30 @@ def test_device_kernel_against_float64_and_the_host(n, N, r, k):
                                atol=1e-12 * np.abs(d).max())
     host = _best(q, atoms, k, threads=2)
     np.testing.assert_array_equal(idx, host[0])
-    # the card's keys come from TF32 tensor-core products (a 3-way split)
-    # accumulated in float32 rounded towards zero: within a few 1e-5 of the
-    # host's at 500 samples; the winners' inner products above are exact
+    # the card's keys come from tensor-core products (a 3-way split of each
+    # value) accumulated in float32 rounded towards zero: within a few 1e-5
+    # of the host's at 500 samples; the winners' inner products above are
+    # exact
     np.testing.assert_allclose(power, host[2], rtol=1e-4)
+
+
+@pytest.mark.parametrize("scale", [1e-15, 1.0, 1e15])
+def test_device_kernel_keeps_single_precision_at_any_scale(scale):
+    # the FP16 parts of the tensor-core kernel are kept in range by a power
+    # of two a signal and an atom: signals of any size, atoms of norms over
+    # six decades rank and score as in float64
+    rng = np.random.default_rng(5)
+    n, N, r, k = 200, 3000, 40, 3
+    q = _random(rng, n, r) * np.float32(scale)
+    atoms = _random(rng, N, r, unit=True) * rng.permutation(np.geomspace(1e-3, 1e3, N)).astype(np.float32)[:, None]
+    idx, dot, power = _device_best(q, atoms, k)
+    p = np.abs(q.astype(np.complex128) @ atoms.astype(np.complex128).conj().T) ** 2
+    order = np.argsort(-p, axis=1, kind="stable")
+    top = np.take_along_axis(p, order[:, :k + 1], 1)
+    clear = ((top[:, :-1] - top[:, 1:]) > 1e-4 * top[:, :-1]).all(1)  # no near-tie among the k best
+    assert clear.sum() > n // 2
+    np.testing.assert_array_equal(idx[clear], order[clear, :k])
+    np.testing.assert_allclose(power, np.take_along_axis(p, idx, 1), rtol=1e-4)
 
 
 def test_device_ties_go_to_the_lower_atom_index():

@@ -17,6 +17,7 @@
 // products in double precision (match_exact).
 #pragma once
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -94,10 +95,11 @@ __device__ __forceinline__ void match_lists_merge(float (&pw)[S][KC], int64_t (&
 // Atom stages in shared memory: 2 lets a step store the next step's atoms
 // while slower warps still read this step's, one barrier a step instead of
 // two when the signals stay resident (-D to compare: bench/device_match.cu).
-// The tensor-core kernel where the card has them (-D...=0 for the scalar
-// kernel everywhere: bench/device_match.cu compares the two).
+// The tensor-core kernel where the card has them, on FP16 parts (2) or
+// TF32 parts (1); 0 for the scalar kernel everywhere (bench/device_match.cu
+// compares them).
 #ifndef BLOCHSIM_MATCH_TENSOR
-#define BLOCHSIM_MATCH_TENSOR 1
+#define BLOCHSIM_MATCH_TENSOR 2
 #endif
 #ifndef BLOCHSIM_MATCH_ATOM_STAGES
 #define BLOCHSIM_MATCH_ATOM_STAGES 2
@@ -248,14 +250,21 @@ __global__ void __launch_bounds__(match_threads, BLOCHSIM_MATCH_MIN_BLOCKS)
 // later).  Each complex inner product is a real one of length 2·dim over
 // the interleaved components: a signal's row [sr, si, ...] against an
 // atom's two columns, [ar, ai, ...] for the real part of <atom, signal> and
-// [-ai, ar, ...] for its imaginary part, so that the 16 × 8 tiles of
-// mma.m16n8k8 (PTX ISA, "Matrix fragments for mma.m16n8k8") give each lane
-// the real and imaginary part of one atom against two signals.  TF32 keeps
-// 11 significant bits; every value is split into two TF32 parts (big, the
-// rounded value; small, the rounded rest) and the three products big·big,
+// [-ai, ar, ...] for its imaginary part, so that the 16 × 8 accumulator
+// tiles of mma.m16n8k8 (TF32) and mma.m16n8k16 (FP16) (PTX ISA, "Matrix
+// fragments for mma.m16n8k8 / m16n8k16") give each lane the real and
+// imaginary part of one atom against two signals.  Both formats keep 11
+// significant bits; every value is split into two parts (big, the rounded
+// value; small, the rounded rest) and the three products big·big,
 // big·small and small·big are accumulated in float32, which restores single
 // precision (the "3xTF32" split of CUTLASS; Ootomo and Yokota, Int. J. High
-// Perform. Comput. Appl. 36, 2022).
+// Perform. Comput. Appl. 36, 2022, for FP16 with scaling).  FP16 does twice
+// the products of TF32 per instruction and per byte of shared memory read;
+// its range is kept by scaling each signal and each atom by a power of two
+// (exact) that puts its largest component in [2^14, 2^15), so that the small
+// parts stay normal: match_scale_kernel computes the factors, the atoms'
+// come off each power before it is ranked, the signals' off the final
+// powers (a signal's list is ranked in its own scale).
 //
 // The 8 warps sit 4 (signals) × 2 (atoms): warp (wm, wn) holds signals
 // 32 wm + [0, 32) and atoms 32 wn + [0, 32) of the block's tile, as 2 × 8
@@ -264,8 +273,12 @@ __global__ void __launch_bounds__(match_threads, BLOCHSIM_MATCH_MIN_BLOCKS)
 // 4 signals × 8 atoms, as the scalar kernel's threads hold 8 × 4.  The four
 // lanes of a signal merge their lists by shuffles; the two warps of a signal
 // write theirs as two lists of the split (2 gridDim.y lists a signal).
-constexpr int match_tc_row = 2 * match_step + 4;  // floats a staged row: lanes (g, q) read banks 4 g + q
-constexpr int match_tc_lists = 2;                 // lists a split writes per signal
+//
+// A staged row holds 32-bit words: one real (TF32) or one complex (a pair
+// of FP16) each, so that in both formats the fragments read words
+// kk + q and kk + q + 4 of a row (kk = 8 · k-step) and the A fragments'
+// reads are the same code.
+constexpr int match_tc_lists = 2;  // lists a split writes per signal
 
 __device__ __forceinline__ void tf32_split(float x, uint32_t& big, uint32_t& small) {
   uint32_t b, s;
@@ -275,25 +288,92 @@ __device__ __forceinline__ void tf32_split(float x, uint32_t& big, uint32_t& sma
   small = s;
 }
 
-__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+// TF32 parts: a word a real.
+struct match_tf32_parts {
+  static constexpr int row = 2 * match_step + 4;  // words a staged row: lanes (g, q) read banks 4 g + q
+  static constexpr int per_k = 4;                 // complex components an mma consumes
+  static constexpr bool scaled = false;
+  __device__ static void put(uint32_t* hi, uint32_t* lo, int j, float2 x) {
+    uint2 h, l;
+    tf32_split(x.x, h.x, l.x);
+    tf32_split(x.y, h.y, l.y);
+    *reinterpret_cast<uint2*>(hi + 2 * j) = h;
+    *reinterpret_cast<uint2*>(lo + 2 * j) = l;
+  }
+  // lane (g, q)'s word c + q of its atom's column: the real part's column
+  // for part 0, the imaginary part's for part 1 (the neighbour component,
+  // negated at even rows)
+  __device__ static uint32_t column(const uint32_t* r, int c, int q, int part) {
+    return r[c + (q ^ part)] ^ (part && q % 2 == 0 ? 0x80000000u : 0u);
+  }
+  __device__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+// FP16 parts: a word a complex component (real part in the low half).
+struct match_f16_parts {
+  static constexpr int row = match_step + 4;  // lanes (g, q) read banks (20 g + q) mod 32: all differ
+  static constexpr int per_k = 8;
+  static constexpr bool scaled = true;
+  __device__ static void put(uint32_t* hi, uint32_t* lo, int j, float2 x) {
+    const __half2 h = __floats2half2_rn(x.x, x.y);
+    const float2 hf = __half22float2(h);
+    const __half2 l = __floats2half2_rn(x.x - hf.x, x.y - hf.y);
+    hi[j] = *reinterpret_cast<const uint32_t*>(&h);
+    lo[j] = *reinterpret_cast<const uint32_t*>(&l);
+  }
+  // (ar, ai) for part 0, (-ai, ar) for part 1
+  __device__ static uint32_t column(const uint32_t* r, int c, int q, int part) {
+    const uint32_t x = r[c + q];
+    return part ? __byte_perm(x, 0, 0x1032) ^ 0x8000u : x;
+  }
+  __device__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+// Shared memory of match_tc_kernel (dynamic: above the static 48 KiB for
+// TF32): the signal tile and the atom stages, each as big and small parts.
+template <class F>
+constexpr size_t match_tc_smem() {
+  return sizeof(uint32_t) * 2 * (match_signals + BLOCHSIM_MATCH_ATOM_STAGES * match_atoms) * F::row;
 }
 
-// Shared memory of match_tc_kernel (dynamic: above the static 48 KiB): the
-// signal tile and the atom stages, each as TF32 big and small parts.
-constexpr size_t match_tc_smem =
-    sizeof(uint32_t) * 2 * (match_signals + BLOCHSIM_MATCH_ATOM_STAGES * match_atoms) * match_tc_row;
+// Each row's power-of-two factor (rows of `dim` complex components, rows
+// [0, n)) that puts its largest component in [2^14, 2^15) (1 for a null
+// row; at most 2^127): one warp a row.
+__global__ void match_scale_kernel(const float2* rows, int64_t n, int64_t dim, float* scale) {
+  const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (i >= n) return;
+  float m = 0.0f;
+  for (int64_t j = lane; j < dim; j += 32) {
+    const float2 x = rows[i * dim + j];
+    m = fmaxf(m, fmaxf(fabsf(x.x), fabsf(x.y)));
+  }
+  for (int mask = 16; mask >= 1; mask >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, mask));
+  if (lane == 0) {
+    int e = 0;
+    frexpf(m, &e);  // m = f · 2^e, f in [0.5, 1)
+    const int sh = m > 0.0f ? min(15 - e, 127) : 0;
+    scale[i] = __int_as_float((sh + 127) << 23);
+  }
+}
 
-template <int KC>
+template <int KC, class F>
 __global__ void __launch_bounds__(match_threads, BLOCHSIM_MATCH_MIN_BLOCKS)
     match_tc_kernel(MatchProblem p, int64_t stride, const float* floors, int64_t per_split, float* part_pw,
-                    int64_t* part_ix) {
+                    int64_t* part_ix, const float* sig_scale, const float* atom_scale) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   extern __shared__ __align__(16) uint32_t smem[];
-  typedef uint32_t Row[match_tc_row];
+  typedef uint32_t Row[F::row];
   Row* sig_hi = reinterpret_cast<Row*>(smem);
   Row* sig_lo = sig_hi + match_signals;
   Row* atm_hi = sig_lo + match_signals;  // stage b at atm_hi + b · match_atoms
@@ -318,17 +398,14 @@ __global__ void __launch_bounds__(match_threads, BLOCHSIM_MATCH_MIN_BLOCKS)
   float thr[TS], fl[TS];
   match_lists_start(pw, ix, thr, fl, k, floors, p.n, [&](int s) { return s0 + row(s); });
 
-  // a value's two TF32 parts, stored as the fragments will read them
-  auto put = [](Row* hi, Row* lo, int r, int c, float2 x) {
-    uint2 h, l;
-    tf32_split(x.x, h.x, l.x);
-    tf32_split(x.y, h.y, l.y);
-    *reinterpret_cast<uint2*>(&hi[r][c]) = h;
-    *reinterpret_cast<uint2*>(&lo[r][c]) = l;
-  };
   constexpr int sig_per_thread = match_signals * match_step / match_threads;
   constexpr int atom_per_thread = match_atoms * match_step / match_threads;
+  // the factor of a signal row (element e of a staging: row e / match_step)
+  auto sfactor = [&](int64_t sx) { return F::scaled && sx < p.n ? sig_scale[sx] : 1.0f; };
   float2 rs[sig_per_thread], ra[atom_per_thread];
+  float rsf[sig_per_thread], raf[atom_per_thread];  // their factors
+#pragma unroll
+  for (int u = 0; u < sig_per_thread; ++u) rsf[u] = sfactor(s0 + (tid + u * match_threads) / match_step);
   // the global loads of the step at atom position a0, chunk c into
   // registers, and from there to shared memory
   auto load = [&](int64_t a0, int c) {
@@ -344,27 +421,31 @@ __global__ void __launch_bounds__(match_threads, BLOCHSIM_MATCH_MIN_BLOCKS)
     for (int u = 0; u < atom_per_thread; ++u) {
       const int e = tid + u * match_threads, ai = e / match_step, jj = e % match_step;
       const int64_t j = j0 + jj;
-      ra[u] = (a0 + ai < aend && j < dim) ? at[(a0 + ai) * sd + j] : make_float2(0.0f, 0.0f);
+      const bool in = a0 + ai < aend;
+      ra[u] = (in && j < dim) ? at[(a0 + ai) * sd + j] : make_float2(0.0f, 0.0f);
+      if (F::scaled) raf[u] = in ? atom_scale[(a0 + ai) * stride] : 1.0f;
     }
   };
+  auto scaled = [](float2 x, float f) { return F::scaled ? make_float2(x.x * f, x.y * f) : x; };
   auto store = [&](int buf) {
     if (!resident)
 #pragma unroll
       for (int u = 0; u < sig_per_thread; ++u) {
         const int e = tid + u * match_threads;
-        put(sig_hi, sig_lo, e / match_step, 2 * (e % match_step), rs[u]);
+        F::put(sig_hi[e / match_step], sig_lo[e / match_step], e % match_step, scaled(rs[u], rsf[u]));
       }
 #pragma unroll
     for (int u = 0; u < atom_per_thread; ++u) {
-      const int e = tid + u * match_threads;
-      put(atm_hi + buf * match_atoms, atm_lo + buf * match_atoms, e / match_step, 2 * (e % match_step), ra[u]);
+      const int e = tid + u * match_threads, r = buf * match_atoms + e / match_step;
+      F::put(atm_hi[r], atm_lo[r], e % match_step, scaled(ra[u], raf[u]));
     }
   };
   if (resident)
     for (int e = tid; e < match_signals * match_step; e += match_threads) {
       const int si = e / match_step, jj = e % match_step;
       const int64_t sx = s0 + si;
-      put(sig_hi, sig_lo, si, 2 * jj, (sx < p.n && jj < dim) ? sg[sx * dim + jj] : make_float2(0.0f, 0.0f));
+      const float2 x = (sx < p.n && jj < dim) ? sg[sx * dim + jj] : make_float2(0.0f, 0.0f);
+      F::put(sig_hi[si], sig_lo[si], jj, scaled(x, sfactor(sx)));
     }
   // steps: atom tiles from abegin, each in chunks of match_step components
   int64_t ta = abegin;
@@ -374,11 +455,9 @@ __global__ void __launch_bounds__(match_threads, BLOCHSIM_MATCH_MIN_BLOCKS)
     store(0);
   }
 
-  // lane (g, q4) reads column g of an atom tile: atom g / 2, the real part's
-  // column for even g, the imaginary part's ([-ai, ar, ...]: the neighbour
-  // component, negated at even rows) for odd g
-  const int part = g % 2, bo = q4 ^ part;
-  const uint32_t flip = part && q4 % 2 == 0 ? 0x80000000u : 0u;
+  // lane (g, q4) reads column g of an atom tile: atom g / 2, the real
+  // part's column for even g, the imaginary part's for odd g
+  const int part = g % 2;
   float acc[2][TN][4];
   while (ta < aend) {
     const int64_t na = tc + 1 == chunks ? ta + match_atoms : ta;  // the next step
@@ -395,11 +474,11 @@ __global__ void __launch_bounds__(match_threads, BLOCHSIM_MATCH_MIN_BLOCKS)
           for (int e = 0; e < 4; ++e) acc[m][v][e] = 0.0f;
     }
     const int64_t left = dim - static_cast<int64_t>(tc) * match_step;
-    const int ksteps = static_cast<int>(((left < match_step ? left : match_step) + 3) / 4);  // 8 reals a step
+    const int ksteps = static_cast<int>(((left < match_step ? left : match_step) + F::per_k - 1) / F::per_k);
     const Row* bh = atm_hi + buf * match_atoms + 32 * wn + g / 2;
     const Row* bl = atm_lo + buf * match_atoms + 32 * wn + g / 2;
 #pragma unroll
-    for (int ks = 0; ks < match_step / 4; ++ks) {
+    for (int ks = 0; ks < match_step / F::per_k; ++ks) {
       if (ks >= ksteps) break;
       const int kk = 8 * ks;
       uint32_t ah[2][4], al[2][4], b[TN][4];
@@ -417,34 +496,39 @@ __global__ void __launch_bounds__(match_threads, BLOCHSIM_MATCH_MIN_BLOCKS)
       }
 #pragma unroll
       for (int v = 0; v < TN; ++v) {
-        b[v][0] = bh[4 * v][kk + bo] ^ flip;
-        b[v][1] = bh[4 * v][kk + 4 + bo] ^ flip;
-        b[v][2] = bl[4 * v][kk + bo] ^ flip;
-        b[v][3] = bl[4 * v][kk + 4 + bo] ^ flip;
+        b[v][0] = F::column(bh[4 * v], kk, q4, part);
+        b[v][1] = F::column(bh[4 * v], kk + 4, q4, part);
+        b[v][2] = F::column(bl[4 * v], kk, q4, part);
+        b[v][3] = F::column(bl[4 * v], kk + 4, q4, part);
       }
       // the three products pass by pass: 16 independent accumulations
       // between two into the same accumulator
 #pragma unroll
       for (int v = 0; v < TN; ++v)
 #pragma unroll
-        for (int m = 0; m < 2; ++m) mma_tf32(acc[m][v], al[m], b[v][0], b[v][1]);
+        for (int m = 0; m < 2; ++m) F::mma(acc[m][v], al[m], b[v][0], b[v][1]);
 #pragma unroll
       for (int v = 0; v < TN; ++v)
 #pragma unroll
-        for (int m = 0; m < 2; ++m) mma_tf32(acc[m][v], ah[m], b[v][2], b[v][3]);
+        for (int m = 0; m < 2; ++m) F::mma(acc[m][v], ah[m], b[v][2], b[v][3]);
 #pragma unroll
       for (int v = 0; v < TN; ++v)
 #pragma unroll
-        for (int m = 0; m < 2; ++m) mma_tf32(acc[m][v], ah[m], b[v][0], b[v][1]);
+        for (int m = 0; m < 2; ++m) F::mma(acc[m][v], ah[m], b[v][0], b[v][1]);
     }
     if (tc == chunks - 1) {
       const int64_t a0 = ta + 32 * wn + q4;
+      float inv[TN];  // the atoms' factors come off (1 unscaled)
+#pragma unroll
+      for (int v = 0; v < TN; ++v)
+        inv[v] = F::scaled && a0 + 4 * v < aend ? __frcp_rn(atom_scale[(a0 + 4 * v) * stride]) : 1.0f;
 #pragma unroll
       for (int s = 0; s < TS; ++s) {
         float x[TN], best = -1.0f;
 #pragma unroll
         for (int v = 0; v < TN; ++v) {
-          x[v] = match_power(acc[s / 2][v][2 * (s % 2)], acc[s / 2][v][2 * (s % 2) + 1]);
+          const float re = acc[s / 2][v][2 * (s % 2)], im = acc[s / 2][v][2 * (s % 2) + 1];
+          x[v] = F::scaled ? match_power(re * inv[v], im * inv[v]) : match_power(re, im);
           best = fmaxf(best, x[v]);
         }
         if (best > thr[s])  // rare once the lists fill: one test for the lane's 8 atoms
@@ -508,22 +592,24 @@ __device__ inline void match_merge_splits(const float* part_pw, const int64_t* p
 }
 
 // The k best of each signal over its splits' lists, and their inner
-// products in double precision, into r.
+// products in double precision, into r; the powers without the signal's
+// factor where the kernel scaled the signals (sig_scale, else null).
 template <int KC>
 __global__ void match_finish(MatchProblem p, int64_t splits, const float* part_pw, const int64_t* part_ix,
-                             MatchResult r) {
+                             const float* sig_scale, MatchResult r) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= p.n) return;
   const int k = KC == 1 ? 1 : p.k;
   float pw[KC];
   int64_t ix[KC];
   match_merge_splits<KC>(part_pw, part_ix, i, splits, k, pw, ix);
+  const float inv = sig_scale ? __frcp_rn(sig_scale[i]) : 1.0f;
   for (int q = 0; q < k; ++q) {
     const int64_t o = i * k + q;
     double re = 0.0, im = 0.0;
     if (ix[q] >= 0) match_exact(p.atom + 2 * p.dim * ix[q], p.signal + 2 * p.dim * i, p.dim, re, im);
     r.index[o] = ix[q];
-    r.power[o] = ix[q] < 0 ? -1.0f : pw[q];
+    r.power[o] = ix[q] < 0 ? -1.0f : pw[q] * inv * inv;
     r.dot[2 * o] = re;
     r.dot[2 * o + 1] = im;
   }
@@ -547,6 +633,12 @@ __global__ void match_floor(MatchProblem p, int64_t splits, const float* part_pw
 // The stride of the first pass that sets the floors (as the host's).
 constexpr int64_t match_device_sample_stride = 32;
 
+template <int KC, class F>
+inline cudaError_t match_tc_prepare() {
+  return cudaFuncSetAttribute(match_tc_kernel<KC, F>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(match_tc_smem<F>()));
+}
+
 template <int KC>
 inline int match_launch(const MatchProblem& p, const MatchResult& r, cudaStream_t st, char* err, int n) {
   int dev = 0, sms = 1;
@@ -567,37 +659,50 @@ inline int match_launch(const MatchProblem& p, const MatchResult& r, cudaStream_
   };
   int major = 0;
   BLOCHSIM_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
-  const bool tensor = BLOCHSIM_MATCH_TENSOR && major >= 8;
-  const int64_t lists = tensor ? match_tc_lists : 1;  // lists a split writes per signal
-  if (tensor)
-    BLOCHSIM_CUDA(cudaFuncSetAttribute(match_tc_kernel<KC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(match_tc_smem)),
-                  "cudaFuncSetAttribute");
+  const int tensor = major >= 8 ? BLOCHSIM_MATCH_TENSOR : 0;  // 0 scalar, 1 TF32, 2 FP16
+  const int64_t lists = tensor ? match_tc_lists : 1;          // lists a split writes per signal
+  if (tensor == 1) BLOCHSIM_CUDA((match_tc_prepare<KC, match_tf32_parts>()), "cudaFuncSetAttribute");
+  if (tensor == 2) BLOCHSIM_CUDA((match_tc_prepare<KC, match_f16_parts>()), "cudaFuncSetAttribute");
   const bool sample = p.atoms >= match_device_sample_stride * 4 * static_cast<int64_t>(p.k);
   int64_t splits = 1, per_split = 0, sample_splits = 1, sample_per_split = 0;
   split(1, splits, per_split);
   if (sample) split(match_device_sample_stride, sample_splits, sample_per_split);
   const size_t entries =
       static_cast<size_t>(p.n) * static_cast<size_t>(std::max(splits, sample_splits) * lists) * static_cast<size_t>(p.k);
+  const size_t factors = tensor == 2 ? static_cast<size_t>(p.n + p.atoms) : 0;
   void* scratch = nullptr;
   no_stale_error();
-  BLOCHSIM_CUDA(pool_malloc(&scratch, entries * (sizeof(float) + sizeof(int64_t)) + static_cast<size_t>(p.n) * 4,
-                            st),
+  BLOCHSIM_CUDA(pool_malloc(&scratch,
+                            entries * (sizeof(float) + sizeof(int64_t)) + (static_cast<size_t>(p.n) + factors) * 4, st),
                 "cudaMallocAsync");
   int64_t* part_ix = static_cast<int64_t*>(scratch);
   float* part_pw = reinterpret_cast<float*>(part_ix + entries);
   float* floors = part_pw + entries;
+  float* sig_scale = tensor == 2 ? floors + p.n : nullptr;
+  float* atom_scale = tensor == 2 ? sig_scale + p.n : nullptr;
   const unsigned per_signal = static_cast<unsigned>((p.n + 127) / 128);
   cudaError_t e = cudaSuccess;
+  if (tensor == 2) {
+    match_scale_kernel<<<static_cast<unsigned>((p.n + 7) / 8), 256, 0, st>>>(
+        reinterpret_cast<const float2*>(p.signal), p.n, p.dim, sig_scale);
+    if (p.atoms > 0)
+      match_scale_kernel<<<static_cast<unsigned>((p.atoms + 7) / 8), 256, 0, st>>>(
+          reinterpret_cast<const float2*>(p.atom), p.atoms, p.dim, atom_scale);
+    e = cudaGetLastError();
+  }
   auto partial = [&](int64_t stride, const float* fl, int64_t splits_, int64_t per) {
     const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(splits_));
-    if (tensor)
-      match_tc_kernel<KC><<<grid, match_threads, match_tc_smem, st>>>(p, stride, fl, per, part_pw, part_ix);
+    if (tensor == 2)
+      match_tc_kernel<KC, match_f16_parts><<<grid, match_threads, match_tc_smem<match_f16_parts>(), st>>>(
+          p, stride, fl, per, part_pw, part_ix, sig_scale, atom_scale);
+    else if (tensor == 1)
+      match_tc_kernel<KC, match_tf32_parts><<<grid, match_threads, match_tc_smem<match_tf32_parts>(), st>>>(
+          p, stride, fl, per, part_pw, part_ix, nullptr, nullptr);
     else
       match_kernel<KC><<<grid, match_threads, 0, st>>>(p, stride, fl, per, part_pw, part_ix);
     return cudaGetLastError();
   };
-  if (sample) {
+  if (sample && e == cudaSuccess) {
     e = partial(match_device_sample_stride, nullptr, sample_splits, sample_per_split);
     if (e == cudaSuccess) {
       match_floor<KC><<<per_signal, 128, 0, st>>>(p, sample_splits * lists, part_pw, part_ix, floors);
@@ -606,7 +711,7 @@ inline int match_launch(const MatchProblem& p, const MatchResult& r, cudaStream_
   }
   if (e == cudaSuccess) e = partial(1, sample ? floors : nullptr, splits, per_split);
   if (e == cudaSuccess) {
-    match_finish<KC><<<per_signal, 128, 0, st>>>(p, splits * lists, part_pw, part_ix, r);
+    match_finish<KC><<<per_signal, 128, 0, st>>>(p, splits * lists, part_pw, part_ix, sig_scale, r);
     e = cudaGetLastError();
   }
   cudaFreeAsync(scratch, st);
