@@ -35,6 +35,33 @@ def forward(owner, ps, arrays, shape, out, threads, variant, streamed=None):
     return out
 
 
+def keyed_forward(owner, stream, ps, arrays, shape, out, threads):
+    """The signal (*shape, samples) of host tissue arrays through the
+    moment-keyed EPG (blochsim/sequence/keyed.py; ``stream`` carries the
+    moments), into ``out`` (checked) or a new array."""
+    from blochsim.sequence import keyed
+
+    want = shape + (ps.n_samples,)
+    if out is not None:
+        V.check_host_out("out", out, want)
+    si = si_planes(arrays, shape)
+    names = list(_core.TISSUE_FIELDS)
+    for name in ("D_m2_s", "v_m_s"):
+        if si[names.index(name)] is not None:
+            raise TypeError(f"{owner}: the moment-keyed EPG plays no {name.split('_')[0]} yet (this file's gradient "
+                            "moments need it): leave it out")
+    program = keyed.program_for(stream, si, names)
+    n = int(np.prod(shape, dtype=np.int64))
+    _memory.check_host(owner, n, 8.0 * ps.n_samples * (out is None),
+                       4.0 * program.max_slots * 12 * 16 * max(1, min(threads, n)),
+                       f"the moment-keyed EPG's workspaces ({program.max_slots:,} states)",
+                       "fewer threads, or a file whose moments hold fewer states")
+    if out is None:
+        out = np.empty(want, dtype=np.complex64)
+    _core.keyed_forward_host(ps, program, si, n, out.reshape(n, ps.n_samples), threads)
+    return out
+
+
 def jacobian(owner, ps, arrays, shape, fields, scale, one, threads, variant, out=None, entry="jacobian",
              outputs=None):
     """Signal (*shape, samples) and Jacobian (*shape, len(fields), samples;

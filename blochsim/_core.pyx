@@ -17,7 +17,8 @@ from libcpp.vector cimport vector
 from blochsim._events cimport (EventStream, Pools, Property, Tissue, cuda_error_base, field_pooled_direction,
                               field_single_pool_direction, field_table, interrupted, lineshape_g, out_of_memory,
                               pool_field_count, pool_property, status_message, tissue_fields, tissue_property)
-from blochsim._host cimport (Interrupt, MatchProblem, MatchResult, NoiseKey, PerkModel, host_available_memory,
+from blochsim._host cimport (Interrupt, KeyedProgram, MatchProblem, MatchResult, NoiseKey, PerkModel, host_available_memory,
+                             host_keyed_dispatch,
                              host_match_dispatch, host_noise_add, host_perk_dispatch, host_set_interrupt, host_workspace_bytes,
                              match_max_k, perk_max_outputs, unchecked_workspace_bytes)
 from blochsim._host cimport (host_adjoint2_dispatch, host_adjoint_dispatch, host_forward_dispatch, host_forward_registers, host_isa,
@@ -216,6 +217,45 @@ def forward_host(PackedStream ps, tuple tissue, int64_t n, float complex[:, ::1]
             st = host_forward_dispatch(ps.s, t, outp, threads)
         else:
             st = host_forward_registers(ps.s, t, outp, variant)
+    host_set_interrupt(prev)
+    _raise(st, err, holder)
+
+
+def keyed_forward_host(PackedStream ps, program, tuple tissue, int64_t n, float complex[:, ::1] out, int threads):
+    """Play a packed stream through the moment-keyed EPG (epg/keyed.hpp)
+    for n problems on the host.  ``program`` is a
+    blochsim.pulseq.keyed.KeyedProgram of the stream; ``tissue`` and
+    ``out`` as for forward_host."""
+    cdef KeyedProgram k
+    cdef Tissue t
+    cdef int st
+    cdef char err[ERRLEN]
+    err[0] = 0
+    cdef const int32_t[::1] slots = program.slots
+    cdef const int64_t[::1] first = program.first
+    cdef const int32_t[::1] dst = program.dst
+    cdef const int32_t[::1] src = program.src
+    if out.shape[0] != n or out.shape[1] != ps.s.n_samples:
+        raise ValueError("blochsim internal error: output has shape (%d, %d), expected (%d, %d)"
+                         % (out.shape[0], out.shape[1], n, ps.s.n_samples))
+    if slots.shape[0] != 2 * ps.s.n_events or first.shape[0] != 2 * ps.s.n_events + 1 or dst.shape[0] != src.shape[0]:
+        raise ValueError("blochsim internal error: the keyed program does not fit its stream")
+    k.n_events = ps.s.n_events
+    k.max_slots = program.max_slots
+    if ps.s.n_events > 0:
+        k.slots = &slots[0]
+        k.first = &first[0]
+    if dst.shape[0] > 0:
+        k.dst = &dst[0]
+        k.src = &src[0]
+    keep = _host_tissue(&t, tissue, n)
+    if n == 0 or ps.s.n_samples == 0:
+        return
+    cdef float* outp = <float*> &out[0, 0]
+    holder = []
+    cdef Interrupt prev = _listen(holder)
+    with nogil:
+        st = host_keyed_dispatch(ps.s, k, t, outp, threads)
     host_set_interrupt(prev)
     _raise(st, err, holder)
 

@@ -1,5 +1,5 @@
 # Declarations of src_cpp/host/dispatch.hpp (the host backend entry points).
-from libc.stdint cimport int64_t, uint32_t
+from libc.stdint cimport int32_t, int64_t, uint32_t
 
 from blochsim._events cimport EventStream, Pools, Tissue
 
@@ -32,6 +32,16 @@ cdef extern from "blochsim/match.hpp" namespace "blochsim" nogil:
         int64_t* index
         float* power
         double* dot
+
+
+cdef extern from "blochsim/epg/keyed.hpp" namespace "blochsim" nogil:
+    cdef cppclass KeyedProgram:
+        int64_t n_events
+        int32_t max_slots
+        const int32_t* slots
+        const int64_t* first
+        const int32_t* dst
+        const int32_t* src
 
 
 cdef extern from "blochsim/host/interrupt.hpp" namespace "blochsim" nogil:
@@ -69,6 +79,7 @@ cdef extern from "dispatch.hpp" namespace "blochsim" nogil:
     int host_perk_dispatch(const PerkModel& m, const float* x, const float* g, int64_t n, float* out,
                            float* xbar, int threads)
     int host_match_dispatch(const MatchProblem& p, const MatchResult& r, int threads)
+    int host_keyed_dispatch(const EventStream& s, const KeyedProgram& k, const Tissue& t, float* out, int threads)
     int host_noise_add(float* z, int64_t n, int64_t first, double sigma, const NoiseKey& k, int threads)
     const char* host_isa()
     double host_workspace_bytes(int entry, const EventStream& s, const Pools* p, int64_t n, int threads,

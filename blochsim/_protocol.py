@@ -243,10 +243,12 @@ class Played(Base):
         self._stream_cache = (key, s)
         return s
 
-    def _stream_for(self, p, present, stream=None):
+    def _stream_for(self, p, present, stream=None, keyed=False):
         """The event stream of protocol p (or ``stream``, packed from it),
         its packed form for the kernels, the states and whether it plays on
-        the real path, given the tissue properties present."""
+        the real path, given the tissue properties present.  A stream of
+        3-D moments (the moment-keyed EPG) is refused unless ``keyed`` (the
+        caller plays it)."""
         if ("D" in present or "v" in present) and (p["crusher_dephasing_rad"] is None or p["voxel_size_m"] is None):
             which = "D" if "D" in present else "v"
             raise ValueError(
@@ -254,6 +256,11 @@ class Played(Base):
                 f"to {type(self).__name__} (got crusher_dephasing_rad={p['crusher_dephasing_rad']!r}, "
                 f"voxel_size_m={p['voxel_size_m']!r})")
         s = self._packed(p) if stream is None else stream
+        if s.moments is not None and not keyed:
+            raise TypeError(f"{type(self).__name__}: this sequence's gradient moments need the moment-keyed EPG "
+                            "(states keyed by 3-D moment), which plays simulate on the host only for now: "
+                            "jacobian, vjp, pools and the GPU are not played on it (read the file with axis= and "
+                            "unit= to put its moments on one EPG order)")
         if "inv_efficiency" in present and not np.any(s.flags & EV_INVERSION):
             self._refuse_idle_inversion()
         states = p["states"] if p["states"] is not None else max(8, 1 + s.total_shifts)

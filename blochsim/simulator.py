@@ -230,7 +230,9 @@ class Simulator(Played):
             _, ps, _, _ = self._stream_for(p, set(tissue))
             return _backend_device.resident(owner, ps, arrays, ifaces, shape, shape + (ps.n_samples,), out)
         arrays, shape = self._tissue(tissue)
-        _, ps, _, _ = self._stream_for(p, set(arrays))
+        s, ps, _, _ = self._stream_for(p, set(arrays), keyed=route.device != "cuda")
+        if s.moments is not None:
+            return _backend_host.keyed_forward(owner, s, ps, arrays, shape, out, route.threads)
         streamed = (p["budget_bytes"] or 0) if route.device == "cuda" else None
         return _backend_host.forward(owner, ps, arrays, shape, out, route.threads, self._host_variant, streamed)
 

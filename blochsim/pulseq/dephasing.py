@@ -68,6 +68,8 @@ class _Dephasing:
         # what is left of rewound moments by the file's rounding of amplitudes
         inc[np.abs(inc) <= 1e-6 * np.max(np.abs(inc), initial=0.0)] = 0.0
         tol_abs = MOMENT_TOLERANCE / self.voxel
+        if self.dephasing == "keyed":
+            return self._keyed(inc, pts, tol_abs)
         if self.axis is not None or self.unit is not None:
             axis = self.axis if self.axis is not None else self._dominant_axis(inc)
             c = inc @ axis
@@ -92,14 +94,13 @@ class _Dephasing:
         except PulseqError:
             found = self._generators(inc, blocks)
             if found is None:
-                raise
+                return self._keyed(inc, pts, tol_abs)  # one order cannot hold them: states keyed by moment
             return found
 
-    def _combined(self, inc, pts, blocks, tol_abs):
-        """Shifts of the axes that dephase, combined on one order (the
-        default analysis); PulseqError where it cannot hold them."""
-        n = len(inc)
-        # which axes dephase: those not rewound between consecutive RF pulses
+    def _axes(self, inc, pts, tol_abs):
+        """Per axis: its largest moment, whether it is rewound between
+        consecutive RF pulses (it encodes and does not dephase), and whether
+        its moments put at least ENCODING_CYCLES across the voxel."""
         rf_at = [i for i, kind in enumerate(self.ev_kind) if kind == "rf"]
         balanced = np.zeros(3, dtype=bool)
         peak = np.max(np.abs(inc), axis=0).tolist()
@@ -109,6 +110,25 @@ class _Dephasing:
             balanced = np.all(np.abs(between) <= 1e-6 * np.maximum(peak, 1e-30) + tol_abs, axis=0)
         # a unit must itself dephase the voxel: distinct orders closer than that are not distinct pathways
         strong = [p * self.voxel >= ENCODING_CYCLES for p in peak]
+        return peak, balanced, strong
+
+    def _keyed(self, inc, pts, tol_abs):
+        """The moments of the axes that dephase, as 3-D vectors in steps of
+        MOMENT_TOLERANCE cycles across the voxel for the moment-keyed EPG
+        (blochsim/sequence/keyed.py): shifts before each
+        event (0 for none) and after the last, and a NaN unit vector (no
+        one order)."""
+        _, balanced, strong = self._axes(inc, pts, tol_abs)
+        use = np.array(strong) & ~np.asarray(balanced)
+        m = np.where(use[None, :], inc / tol_abs, 0.0)  # lattice steps of MOMENT_TOLERANCE cycles across the voxel
+        shifts = [tuple(v) if np.any(v) else 0 for v in m.tolist()]
+        return [0] + shifts[1:], shifts[0], np.full(3, np.nan)
+
+    def _combined(self, inc, pts, blocks, tol_abs):
+        """Shifts of the axes that dephase, combined on one order (the
+        default analysis); PulseqError where it cannot hold them."""
+        n = len(inc)
+        peak, balanced, strong = self._axes(inc, pts, tol_abs)
         units = [_common_unit(inc[:, a], MOMENT_TOLERANCE, tol_abs, ENCODING_CYCLES / self.voxel) if strong[a] else 0.0
                  for a in range(3)]
         chosen, g_all, independent = [], None, []

@@ -12,6 +12,7 @@ from blochsim import _validate as V
 from blochsim.pulseq.dephasing import DEFAULT_VOXEL_M, _Dephasing
 from blochsim.pulseq.file import PulseqBlock, PulseqError, _File
 from blochsim.sequence import GAMMA_RAD_PER_S_PER_T, Delay, Dephase, Pulse, Readout, RectPulse, Sequence, Spoil
+from blochsim.sequence.operators import _Moment
 
 _HZ_PER_UT = GAMMA_RAD_PER_S_PER_T / (2 * np.pi) * 1e-6
 _AXES = {"x": 0, "y": 1, "z": 2}
@@ -104,8 +105,8 @@ class _Reader(_Dephasing):
             V.protocol_array("field_strength", field_strength, low=0.0, strict=True, unit="T", ndim_max=0))
         if rf_mode not in ("auto", "hard", "shaped"):
             raise ValueError(f"rf must be 'auto', 'hard' or 'shaped', got {rf_mode!r}")
-        if not (callable(dephasing) or dephasing in ("moment", "spoil")):
-            raise ValueError(f"dephasing must be 'moment', 'spoil' or a callable, got {dephasing!r}")
+        if not (callable(dephasing) or dephasing in ("moment", "keyed", "spoil")):
+            raise ValueError(f"dephasing must be 'moment', 'keyed', 'spoil' or a callable, got {dephasing!r}")
         self.rf_mode, self.dephasing = rf_mode, dephasing
         if isinstance(axis, str):
             if axis not in _AXES:
@@ -379,7 +380,7 @@ class _Reader(_Dephasing):
         return ops, start, w.size * dwell
 
     def ops(self):
-        if self.dephasing == "moment":
+        if self.dephasing in ("moment", "keyed"):
             return self._moment_ops()
         self.unit_vector = np.zeros(3)
         ops, e, before, wrap = [], 0, None, 0
@@ -486,7 +487,7 @@ class _Reader(_Dephasing):
                 t_shift = min(max(when[e], cursor), event_at[e])
                 ops.append(Delay(1e3 * (t_shift - cursor)))
                 cursor = t_shift
-                shift = [Spoil()] if k == "spoil" else [Dephase(int(k))]
+                shift = [Spoil()] if k == "spoil" else [_Moment(k)] if isinstance(k, tuple) else [Dephase(int(k))]
             if kind == "adc":
                 at = event_at[e]
                 if at < cursor - 1e-9:
@@ -511,7 +512,7 @@ class _Reader(_Dephasing):
                                   f"({self.dur[j] * 1e3:g} ms)")
         ops.append(Delay(1e3 * max(self.total - cursor, 0.0)))
         if wrap:
-            ops.append(Spoil() if wrap == "spoil" else Dephase(int(wrap)))
+            ops.append(Spoil() if wrap == "spoil" else _Moment(wrap) if isinstance(wrap, tuple) else Dephase(int(wrap)))
         return [op for op in ops if not (isinstance(op, Delay) and op.duration == 0.0)]
 
 
@@ -537,11 +538,16 @@ def read_pulseq(path, rf="auto", dephasing="moment", axis=None, unit=None, field
         Each RF event as a hard pulse at its centre, played from its
         waveform, or hard where that is exact for the slice-centre spin and
         shaped otherwise (default).
-    dephasing : {"moment", "spoil"} or callable
+    dephasing : {"moment", "keyed", "spoil"} or callable
         How gradients become EPG shifts: whole numbers of the moments'
-        common unit (default); ideal spoiling by blocks with a net moment
-        and no RF or ADC; or ``dephasing(block) -> int`` shifts at the end
-        of each :class:`PulseqBlock`.
+        common unit, on one EPG order (default; where one order cannot hold
+        them, several axes that dephase independently or moments with no
+        common unit, the states are keyed by their 3-D moment instead, as
+        ``"keyed"`` does); states keyed by their moment vector on a lattice
+        of 1e-3 cycles across the voxel per axis (``"keyed"``: the
+        moment-keyed EPG of :mod:`blochsim.sequence.keyed`); ideal spoiling by
+        blocks with a net moment and no RF or ADC; or ``dephasing(block) ->
+        int`` shifts at the end of each :class:`PulseqBlock`.
     axis : {"x", "y", "z"} or array_like, shape (3,), optional
         Follow the moment along this direction alone.
     unit : float, cycles/m, optional

@@ -261,6 +261,15 @@ class Dephase(Operator):
 
 
 @dataclass(frozen=True)
+class _Moment(Operator):
+    """A gradient moment of three axes, in steps of the moment lattice,
+    played by the moment-keyed EPG (blochsim/sequence/keyed.py): the Pulseq
+    reader's shift for files one EPG order cannot hold."""
+
+    moment: tuple = (0.0, 0.0, 0.0)
+
+
+@dataclass(frozen=True)
 class Spoil(Operator):
     """Ideal spoiler: every transverse state is set to zero."""
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from blochsim.sequence.operators import Delay, Dephase, Inversion, Pulse, Readout, RectPulse, Saturation, Spoil
+from blochsim.sequence.operators import (Delay, Dephase, Inversion, Pulse, Readout, RectPulse, Saturation, Spoil,
+                                         _Moment)
 from blochsim.sequence.traced import Traced
 
 # Event flag bits (events.hpp).
@@ -17,7 +18,7 @@ class EventStream:
 
     __slots__ = ("interval", "flags", "shift_before", "shift_after", "flip_rad", "phase_rad",
                  "rx_phase_rad", "slot", "duration_s", "n_samples", "total_shifts", "rf_table",
-                 "rf_duration_s", "rf_offset_hz", "rf_power", "driven", "driven_table")
+                 "rf_duration_s", "rf_offset_hz", "rf_power", "driven", "driven_table", "moments")
 
     @property
     def n_events(self):
@@ -52,6 +53,7 @@ class _Layout:
         n_ops = len(ops)
         ev_flags, sb, sa, rf_op, rx_op = [], [], [], [], []
         delay_op, delay_event = [], []
+        moment_op, moment_at = [], []  # _Moment ops, and 2 event + side (0 before the pulse, 1 after)
         stage = 0
         cur = None
 
@@ -76,6 +78,18 @@ class _Layout:
                 delay_op.append(j)
                 delay_event.append(len(ev_flags))
                 cur["has_iv"] = True
+            elif isinstance(op, _Moment):
+                moment_op.append(j)
+                if stage <= 1:
+                    stage = 1
+                    moment_at.append(2 * len(ev_flags))
+                elif stage <= 3 or not cur["flags"] & EV_SPOIL:
+                    stage = 4
+                    moment_at.append(2 * len(ev_flags) + 1)
+                else:
+                    close()
+                    stage = 1
+                    moment_at.append(2 * len(ev_flags))
             elif isinstance(op, Dephase):
                 n = int(op.orders)
                 if stage <= 1:
@@ -129,6 +143,8 @@ class _Layout:
         self.rx_op = np.array(rx_op, dtype=np.int64)
         self.delay_op = np.array(delay_op, dtype=np.int64)
         self.delay_event = np.array(delay_event, dtype=np.int64)
+        self.moment_op = np.array(moment_op, dtype=np.int64)
+        self.moment_at = np.array(moment_at, dtype=np.int64)
         ro = (self.flags & EV_READOUT) != 0
         self.slot = np.zeros(len(ev_flags), dtype=np.int32)
         self.slot[ro] = np.arange(int(ro.sum()), dtype=np.int32)
@@ -323,6 +339,11 @@ def _pack(preparation, repetition, repetitions, keep_zero):
     interval[has_iv] = inv.astype(np.int32)
     s.interval = interval
     s.duration_s = np.ascontiguousarray(uniq, dtype=np.float64)
+    s.moments = None
+    if lay.moment_op.size:
+        m = np.zeros((2 * n, 3))
+        np.add.at(m, lay.moment_at, np.array([ops[j].moment for j in lay.moment_op.tolist()], dtype=np.float64))
+        s.moments = m.reshape(n, 2, 3)
     one = len(prep) + len(rep)
     s.total_shifts = int(sum(abs(int(o.orders)) for o in ops[:one] if isinstance(o, Dephase)))
     return s, ops, lay

@@ -25,6 +25,7 @@ struct Kernels {
   host::PooledJacobianRangeFn pooled_jacobian;
   host::PerkRangeFn perk;
   host::MatchRangeFn match;
+  int (*keyed)(const EventStream&, const KeyedProgram&, const Tissue&, int64_t, int64_t, void*, float*);
   const char* isa;
 };
 
@@ -32,7 +33,8 @@ struct Kernels {
   Kernels {                                                                                                  \
     &kernels::range_real_##suffix, &kernels::range_complex_##suffix, &kernels::jacobian_range_##suffix,     \
         &kernels::adjoint_range_##suffix, &kernels::adjoint2_range_##suffix, &kernels::pooled_range_##suffix, \
-        &kernels::pooled_jacobian_range_##suffix, &kernels::perk_range_##suffix, &kernels::match_range_##suffix, name \
+        &kernels::pooled_jacobian_range_##suffix, &kernels::perk_range_##suffix, &kernels::match_range_##suffix, \
+        &kernels::keyed_range_##suffix, name                                                                \
   }
 
 // The kernels of the best level this CPU runs, or of the level
@@ -129,6 +131,20 @@ int host_pooled_adjoint_dispatch(const EventStream& s, const Tissue& t, const Po
 int host_perk_dispatch(const PerkModel& m, const float* x, const float* g, int64_t n, float* out, float* xbar,
                        int threads) noexcept {
   return host::perk_status(m, x, g, n, out, xbar, threads, chosen().perk);
+}
+
+int host_keyed_dispatch(const EventStream& s, const KeyedProgram& k, const Tissue& t, float* out,
+                        int threads) noexcept {
+  return guarded([&]() -> int {
+    int v = validate(s, t);
+    if (v == ok) v = validate_keyed(s, k);
+    if (v != ok) return v;
+    const auto fn = chosen().keyed;
+    const std::size_t work = static_cast<std::size_t>(keyed_workspace(k)) * host::lanes;
+    return host::run_blocks_with(t, threads, work, [&](int64_t b0, int64_t b1, void* w) {
+      return fn(s, k, t, b0, b1, w, out);
+    });
+  });
 }
 
 int host_match_dispatch(const MatchProblem& p, const MatchResult& r, int threads) noexcept {

@@ -1,6 +1,7 @@
 // Entry points of the host backend as compiled into the Python extension.
 #pragma once
 
+#include <blochsim/epg/keyed.hpp>
 #include <blochsim/events.hpp>
 #include <blochsim/host/interrupt.hpp>
 #include <blochsim/match.hpp>
@@ -89,6 +90,11 @@ const char* host_isa() noexcept;
 double host_workspace_bytes(int entry, const EventStream& s, const Pools* p, int64_t n, int threads, const int* fields,
                             int n_dirs, unsigned mask) noexcept;
 
+// The moment-keyed EPG (epg/keyed.hpp) of every problem of t on `threads`
+// threads; returns a Status.
+int host_keyed_dispatch(const EventStream& s, const KeyedProgram& k, const Tissue& t, float* out,
+                        int threads) noexcept;
+
 // Memory available to a new allocation (bytes; host/interrupt.hpp).
 double host_available_memory() noexcept;
 
@@ -110,7 +116,8 @@ namespace kernels {
                                      int64_t, int64_t, void*, float*); \
   int perk_range_##suffix(const PerkModel&, const float*, const float*, int64_t, int64_t, int64_t, void*, float*, \
                           float*);                                                                             \
-  int match_range_##suffix(const MatchProblem&, const MatchResult&, int64_t, int64_t, float*);
+  int match_range_##suffix(const MatchProblem&, const MatchResult&, int64_t, int64_t, float*);        \
+  int keyed_range_##suffix(const EventStream&, const KeyedProgram&, const Tissue&, int64_t, int64_t, void*, float*);
 BLOCHSIM_DECLARE_KERNELS(default)
 BLOCHSIM_DECLARE_KERNELS(v3)
 BLOCHSIM_DECLARE_KERNELS(v4)

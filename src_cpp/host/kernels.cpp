@@ -13,6 +13,7 @@
 #include <blochsim/epg/adjoint.hpp>
 #include <blochsim/epg/epg.hpp>
 #include <blochsim/epg/jacobian.hpp>
+#include <blochsim/epg/keyed.hpp>
 #include <blochsim/host/match.hpp>
 #include <blochsim/perk.hpp>
 #include <blochsim/pools/lanes.hpp>
@@ -131,6 +132,17 @@ int BLOCHSIM_CAT(perk_range_, BLOCHSIM_ISA_SUFFIX)(const PerkModel& m, const flo
 int BLOCHSIM_CAT(match_range_, BLOCHSIM_ISA_SUFFIX)(const MatchProblem& p, const MatchResult& r, int64_t b0,
                                                     int64_t b1, float* work) {
   return match_blocks<Native>(p, r, b0, b1, work);
+}
+
+int BLOCHSIM_CAT(keyed_range_, BLOCHSIM_ISA_SUFFIX)(const EventStream& s, const KeyedProgram& k, const Tissue& t,
+                                                    int64_t hb0, int64_t hb1, void* work, float* out) {
+  int64_t b0, b1;
+  native_blocks(t.n, hb0, hb1, b0, b1);
+  for (int64_t b = b0; b < b1; ++b) {
+    const int st = epg::keyed_block<Native>(s, k, t, b * Lanes<Native>::width, static_cast<Native*>(work), out);
+    if (st != ok) return st;
+  }
+  return ok;
 }
 
 int BLOCHSIM_CAT(range_real_, BLOCHSIM_ISA_SUFFIX)(const EventStream& s, const Tissue& t, int64_t b0,

@@ -1,0 +1,294 @@
+"""The moment-keyed EPG's program (src_cpp/include/blochsim/epg/keyed.hpp):
+for a packed stream whose events carry 3-D gradient moments
+(``_Moment`` operators, in lattice steps), the keys of the states each
+event holds and the maps that move them, decided once per sequence and
+tissue range and played by the core for every voxel.
+
+The states are keyed by their gradient moment on a lattice (the Pulseq
+reader's step is :data:`blochsim.pulseq.MOMENT_TOLERANCE` cycles across the
+voxel per axis): two pathways whose moments agree to a step dephase alike
+across the voxel and are one state (the moments of an interval are rounded
+to the lattice once; a pathway's key is the sum of its rounded moments).  Two prunings keep the
+states few:
+
+- exact: a state whose moment no longer fits within the moments left to
+  play (per axis) can never be read again and is dropped;
+- bounded: each state's magnitude is bounded over the call's tissue (the
+  largest B1 range, T1 and T2 of its voxels, the sum over the pathways that
+  reach it of the products of their rotations' magnitudes), and states
+  whose bound falls below ``prune`` are dropped.  The operators are
+  rotations, shifts and relaxation, which never lengthen the magnetisation
+  field in L2 (Parseval), so every later sample moves by at most M0 times
+  the sum of the L2 bounds of the states dropped before it:
+  :attr:`KeyedProgram.error_bound` reports that sum.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from blochsim.sequence.packing import EV_INVERSION, EV_RF, EV_SPOIL
+
+#: states whose bound (a fraction of M0) falls below this are dropped
+PRUNE = 1e-7
+#: a lattice cell, in lattice steps: irrational, so that no moment a file
+#: writes (a rational number of steps) sits on a cell boundary
+CELL = 1 / math.sqrt(2)
+_FITS = 1 << 20  # cell coordinates packed in 21 bits each
+
+
+class KeyedProgram:
+    """The maps of a keyed stream, as the core's KeyedProgram reads them.
+
+    Attributes
+    ----------
+    slots : ndarray, int32, (2 n_events,)
+    first : ndarray, int64, (2 n_events + 1,)
+    dst, src : ndarray, int32, (entries,)
+    max_slots : int
+        The most states any event holds.
+    error_bound : float
+        Largest change of any sample (a fraction of M0) the bounded pruning
+        can cause.
+    """
+
+    def __init__(self, slots, first, dst, src, max_slots, error_bound, cost):
+        self.slots, self.first, self.dst, self.src = slots, first, dst, src
+        self.max_slots, self.error_bound, self.cost = max_slots, error_bound, cost
+
+
+def _canonical(K):
+    """Whether each key (rows of K) is in the half-space: its first
+    non-zero coordinate positive, or all zero."""
+    nz = K != 0
+    first = np.argmax(nz, axis=1)
+    lead = K[np.arange(K.shape[0]), first]
+    return lead >= 0
+
+
+def _codes(*arrays):
+    """One int64 code per row of the key arrays, equal for equal rows."""
+    allk = np.concatenate(arrays)
+    if allk.size == 0 or np.abs(allk).max() < _FITS:
+        c = (allk[:, 0] + _FITS) * (1 << 42) + (allk[:, 1] + _FITS) * (1 << 21) + (allk[:, 2] + _FITS)
+    else:
+        c = np.unique(allk, axis=0, return_inverse=True)[1].reshape(-1).astype(np.int64)
+    out, at = [], 0
+    for a in arrays:
+        out.append(c[at:at + a.shape[0]])
+        at += a.shape[0]
+    return out
+
+
+def _lookup(keys_codes, query_codes):
+    """Index of each query code among keys_codes (unique), -1 if absent."""
+    order = np.argsort(keys_codes, kind="stable")
+    sk = keys_codes[order]
+    pos = np.searchsorted(sk, query_codes)
+    pos = np.minimum(pos, max(sk.size - 1, 0))
+    hit = sk.size > 0
+    found = np.zeros(query_codes.shape, dtype=bool) if not hit else sk[pos] == query_codes
+    return np.where(found, order[pos] if hit else 0, -1)
+
+
+def _sup_terms(lo, hi):
+    """Suprema over flips in [lo, hi] (rad) of cos²(a/2), sin²(a/2), |sin a|,
+    |cos a|."""
+    def hits(period, offset):
+        return math.floor((hi - offset) / period) >= math.ceil((lo - offset) / period)
+
+    ends = np.array([lo, hi])
+    c2 = 1.0 if hits(2 * math.pi, 0.0) else float(np.max(np.cos(ends / 2) ** 2))
+    s2 = 1.0 if hits(2 * math.pi, math.pi) else float(np.max(np.sin(ends / 2) ** 2))
+    sa = 1.0 if hits(math.pi, math.pi / 2) else float(np.max(np.abs(np.sin(ends))))
+    ca = 1.0 if hits(math.pi, 0.0) else float(np.max(np.abs(np.cos(ends))))
+    return c2, s2, sa, ca
+
+
+def _cells(K):
+    """The lattice cell of each moment (rows of K, lattice steps): the
+    nearest multiple of CELL, symmetric in sign (cell(-k) = -cell(k))."""
+    return np.round(K / CELL).astype(np.int64)
+
+
+def build(stream, b1=(1.0, 1.0), t1_max=math.inf, t2_max=math.inf, prune=PRUNE):
+    """The keyed program of a packed stream with ``stream.moments``
+    ((n_events, 2, 3) lattice steps: each event's moment before its pulse
+    and after its readout).
+
+    Each slot keeps the exact moment of the first pathway that reached its
+    cell; the pathways that reach a cell are summed there (merged), and a
+    moment moves by the exact moment of each interval, so that pathways
+    whose moments agree exactly meet in one cell whatever the order of
+    their intervals.
+
+    Parameters
+    ----------
+    stream : blochsim.sequence.packing.EventStream
+    b1 : (float, float)
+        Smallest and largest relative B1 of the call's voxels.
+    t1_max, t2_max : float, s
+        Largest T1 and T2 of the call's voxels.
+    prune : float
+        Bound (fraction of M0) below which a state is dropped; 0 keeps every
+        state that can still be read.
+    """
+    n = stream.n_events
+    d_all = np.array(stream.moments, dtype=np.float64)  # (n, 2, 3)
+    flags = np.asarray(stream.flags)
+    spoil = (flags & EV_SPOIL) != 0
+    d_all[spoil, 1] = 0.0
+    # the moment left to play after each map (per axis), for the exact pruning
+    steps = np.abs(d_all).reshape(2 * n, 3)
+    left = np.cumsum(steps[::-1], axis=0)[::-1] - steps + CELL  # after map m: the maps m+1 ...
+    dur = np.asarray(stream.duration_s, dtype=np.float64)
+    iv = np.asarray(stream.interval)
+    flips = np.asarray(stream.flip_rad, dtype=np.float64)
+
+    K = np.zeros((1, 3))  # each slot's exact moment (canonical cell), row 0 the origin's
+    bP, bM, bZ = np.zeros(1), np.zeros(1), np.ones(1)
+    slots = np.full(2 * n, -1, dtype=np.int32)
+    first = np.zeros(2 * n + 1, dtype=np.int64)
+    dsts, srcs = [], []
+    entries, error, max_slots, cost = 0, 0.0, 1, 0
+
+    def remap(m, d, spoil_now):
+        nonlocal K, bP, bM, bZ, entries, error, max_slots
+        S0 = K.shape[0]
+        old = np.arange(S0)
+        # the coefficients that move: f(k) from each F+ and f(-k) from each
+        # F- but the origin's (the same coefficient as its F+)
+        fp = old[bP > 0] if not spoil_now else old[:0]
+        fm = old[(bM > 0) & (old > 0)] if not spoil_now else old[:0]
+        moved = np.concatenate([K[fp] + d, -K[fm] + d])
+        src_slot = np.concatenate([fp, fm])
+        src_part = np.concatenate([np.zeros(fp.size, np.int64), np.full(fm.size, 2)])
+        src_b = np.concatenate([bP[fp], bM[fm]])
+        # F- holds conj f(-k): a coefficient from an F- comes conjugated
+        src_conj = src_part == 2
+        # the exact pruning: moments the rest of the sequence cannot bring back
+        reach = left[m]
+        live = np.all(np.abs(moved) <= reach, axis=1)
+        moved, src_slot, src_part, src_b, src_conj = (x[live] for x in (moved, src_slot, src_part, src_b, src_conj))
+        zs = old[bZ > 0]
+        zs = zs[np.all(np.abs(K[zs]) <= reach, axis=1) | (zs == 0)]
+        cell_m = _cells(moved)
+        canon = _canonical(cell_m)
+        at = np.where(canon[:, None], moved, -moved)  # canonical exact moment
+        cell_c = np.where(canon[:, None], cell_m, -cell_m)
+        # the new slots: the origin, the Z kept, the cells the coefficients reach
+        allk = np.concatenate([np.zeros((1, 3)), K[zs], at])
+        allc = np.concatenate([np.zeros((1, 3), np.int64), _cells(K[zs]), cell_c])
+        code, = _codes(allc)
+        _, firsts, inverse = np.unique(code, return_index=True, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        rank = np.empty(firsts.size, np.int64)  # slot numbers in order of first appearance
+        rank[np.argsort(firsts, kind="stable")] = np.arange(firsts.size)
+        slot_of = rank[inverse]
+        S = firsts.size
+        newK = allk[np.sort(firsts)]
+        z_dst = slot_of[1:1 + zs.size]
+        f_dst = slot_of[1 + zs.size:]
+        is0 = np.all(cell_m == 0, axis=1)
+        # entries: Z to its slot; a coefficient f at cell c to the F+ of c
+        # (canonical), the F- of -c (conjugated) or, at the origin, both
+        d_list = [6 * z_dst + 4]
+        s_list = [6 * zs + 4]
+        c_list = [np.zeros(zs.size, bool)]
+        to_p = canon | is0
+        d_list.append(6 * f_dst[to_p])
+        s_list.append(6 * src_slot[to_p] + src_part[to_p])
+        c_list.append(src_conj[to_p])
+        to_m = ~canon | is0
+        d_list.append(6 * f_dst[to_m] + 2)
+        s_list.append(6 * src_slot[to_m] + src_part[to_m])
+        c_list.append(~src_conj[to_m])
+        dst = np.concatenate(d_list)
+        src = np.concatenate(s_list)
+        cj = np.concatenate(c_list)
+        # bounds: the sum of what each component receives
+        nP = np.bincount(f_dst[to_p], weights=src_b[to_p], minlength=S)
+        nM = np.bincount(f_dst[to_m], weights=src_b[to_m], minlength=S)
+        nZ = np.bincount(z_dst, weights=bZ[zs], minlength=S)
+        nP, nM, nZ = np.minimum(nP, 1.0), np.minimum(nM, 1.0), np.minimum(nZ, 1.0)
+        # the bounded pruning (never the origin)
+        norm = np.sqrt(nP ** 2 + nM ** 2 + 2 * nZ ** 2)
+        keep = norm >= prune
+        keep[0] = True
+        if not keep.all():
+            error += float(norm[~keep].sum())
+            renum = np.cumsum(keep) - 1
+            ok = keep[dst // 6]
+            dst = 6 * renum[dst[ok] // 6] + dst[ok] % 6
+            src, cj = src[ok], cj[ok]
+            newK, nP, nM, nZ = newK[keep], nP[keep], nM[keep], nZ[keep]
+            S = int(keep.sum())
+        dsts.append(dst.astype(np.int32))
+        srcs.append(np.where(cj, -1 - src, src).astype(np.int32))
+        entries += dst.size
+        first[m + 1] = entries
+        slots[m] = S
+        max_slots = max(max_slots, S)
+        K, bP, bM, bZ = newK, nP, nM, nZ
+
+    c2, s2, sa, ca = 1.0, 0.0, 0.0, 1.0
+    b1lo, b1hi = float(b1[0]), float(b1[1])
+    for e in range(n):
+        if iv[e] >= 0:
+            tau = float(dur[iv[e]])
+            bP = bP * math.exp(-tau / t2_max)
+            bM = bM * math.exp(-tau / t2_max)
+            bZ = bZ * math.exp(-tau / t1_max)
+            bZ[0] = 1.0
+        for side in (0, 1):
+            m = 2 * e + side
+            d = d_all[e, side]
+            if side == 0:
+                if np.any(d):
+                    remap(m, d, False)
+                else:
+                    first[m + 1] = entries
+                f = int(flags[e])
+                if f & EV_RF:
+                    lo, hi = sorted((abs(flips[e]) * b1lo, abs(flips[e]) * b1hi))
+                    c2, s2, sa, ca = _sup_terms(lo, hi)
+                    nP = np.minimum(1.0, c2 * bP + s2 * bM + sa * bZ)
+                    nM = np.minimum(1.0, s2 * bP + c2 * bM + sa * bZ)
+                    bZ = np.minimum(1.0, 0.5 * sa * (bP + bM) + ca * bZ)
+                    bP, bM = nP, nM
+                cost += K.shape[0]
+            else:
+                if spoil[e]:
+                    remap(m, np.zeros(3), True)
+                elif np.any(d):
+                    remap(m, d, False)
+                else:
+                    first[m + 1] = entries
+    dst = np.concatenate(dsts) if dsts else np.zeros(0, np.int32)
+    src = np.concatenate(srcs) if srcs else np.zeros(0, np.int32)
+    return KeyedProgram(slots, first, np.ascontiguousarray(dst), np.ascontiguousarray(src), max_slots, error, cost)
+
+
+_PROGRAMS: dict = {}
+
+
+def program_for(stream, si, names, prune=PRUNE):
+    """The program of ``stream`` for the call's SI tissue planes ``si``
+    (TISSUE_FIELDS order, ``names``), cached per stream and tissue range."""
+    def span(name, default):
+        a = si[names.index(name)]
+        return (default, default) if a is None or a.size == 0 else (float(a.min()), float(a.max()))
+
+    b1 = span("B1", 1.0)
+    t1 = span("T1_s", math.inf)[1]
+    t2 = span("T2_s", math.inf)[1]
+    key = (id(stream), b1, t1, t2, prune)
+    hit = _PROGRAMS.get(key)
+    if hit is not None and hit[0] is stream:
+        return hit[1]
+    program = build(stream, b1, t1, t2, prune)
+    if len(_PROGRAMS) >= 16:
+        _PROGRAMS.pop(next(iter(_PROGRAMS)))
+    _PROGRAMS[key] = (stream, program)
+    return program

@@ -1,0 +1,154 @@
+// The moment-keyed EPG: for sequences whose gradient moments one EPG order
+// cannot hold (several axes that dephase independently, moments with no
+// common unit), each state is keyed by its gradient moment vector k (the
+// discrete EPG of the literature: Weigel, J. Magn. Reson. Imaging 41, 2015,
+// §"Arbitrary gradients"; the phase graph of Endres et al., Magn. Reson.
+// Med. 2023, keys states the same way).
+//
+// The states held are slots, one per key k of a half-space (k = 0 first),
+// each the triple (F+(k), F-(k), Z(k)) with F-(k) = conj(F+(-k)), as the
+// one-order kernel holds its orders (epg.hpp), so that relaxation, pulses,
+// inversions and readouts are the same per-slot arithmetic (interval_coef,
+// pulse_op, apply_order, take_readout).  Where the one-order kernel shifts
+// its orders, a keyed program applies a map: the state after it is a sparse
+// sum of components of the state before it (a moment moves F+(k) to
+// F+(k + m), which lands in the F- of slot -(k + m), conjugated, when
+// k + m leaves the half-space; keys that meet are summed; a spoil keeps the
+// Z of each slot).  The keys, their merging within the voxel's tolerance
+// and the pruning of states below a bound are decided once per sequence on
+// the host (blochsim/sequence/keyed.py); the same maps serve every problem.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+
+#include "../events.hpp"
+#include "epg.hpp"
+
+namespace blochsim {
+
+// The maps of a keyed program over an EventStream of n_events: map 2e is
+// applied after event e's interval and before its pulse (its shift
+// before), map 2e + 1 after its readout (its shift after, or spoil).  A map
+// writes `slots[m]` slots; entry j adds component src[j] of the state
+// before the map into component dst[j] of the state after it.  Components
+// are numbered as the workspace holds them: 6 s + c for slot s, with c = 0,
+// 1 the real and imaginary parts of F+, 2, 3 of F-, 4, 5 of Z; an entry
+// names the real part (c even), and moves the imaginary part with it.  A
+// negative source -1 - i takes component i conjugated.  slots[m] = -1: the
+// map is the identity (no entries).
+struct KeyedProgram {
+  int64_t n_events = 0;
+  int32_t max_slots = 1;               // the most slots any map writes (and 1)
+  const int32_t* slots = nullptr;      // (2 n_events,)
+  const int64_t* first = nullptr;      // (2 n_events + 1,) map m's entries: [first[m], first[m + 1])
+  const int32_t* dst = nullptr;        // (entries,)
+  const int32_t* src = nullptr;        // (entries,)
+};
+
+// Checks a program against its stream: sizes, and every entry within the
+// slots before and after its map.  Returns a Status.
+inline int validate_keyed(const EventStream& s, const KeyedProgram& k) {
+  if (k.n_events != s.n_events || k.max_slots < 1) return bad_shape;
+  if (k.n_events == 0) return ok;
+  if (!k.slots || !k.first || k.first[0] != 0) return bad_shape;
+  int64_t before = 1;
+  for (int64_t m = 0; m < 2 * k.n_events; ++m) {
+    const int64_t a = k.first[m], b = k.first[m + 1];
+    if (b < a) return bad_shape;
+    if (k.slots[m] < 0) {
+      if (b != a) return bad_shape;
+      continue;
+    }
+    if (k.slots[m] < 1 || k.slots[m] > k.max_slots) return bad_shape;
+    if (b > a && (!k.dst || !k.src)) return bad_shape;
+    for (int64_t j = a; j < b; ++j) {
+      const int64_t d = k.dst[j], r = k.src[j] < 0 ? -1 - static_cast<int64_t>(k.src[j]) : k.src[j];
+      if (d < 0 || d % 2 != 0 || d >= 6 * static_cast<int64_t>(k.slots[m])) return bad_shape;
+      if (r % 2 != 0 || r >= 6 * before) return bad_shape;
+    }
+    before = k.slots[m];
+  }
+  return ok;
+}
+
+// Lane vectors a block's workspace holds: two states of max_slots slots.
+inline int64_t keyed_workspace(const KeyedProgram& k) { return 12 * static_cast<int64_t>(k.max_slots); }
+
+namespace BLOCHSIM_ISA {
+namespace epg {
+
+// Play a keyed program for problems [first, first + width) of t (the lanes
+// of V) with keyed_workspace(k) lane vectors in `work`: samples into out
+// (events.hpp's layout).  Diffusion, flow and pools are not played here
+// (the Python layer refuses them first).
+template <class V, class M = double>
+BLOCHSIM_HD int keyed_block(const EventStream& s, const KeyedProgram& k, const Tissue& t, int64_t first, V* work,
+                            float* out) {
+  constexpr int W = Lanes<V>::width;
+  int64_t idx[W];
+  lane_indices<W>(first, t.n, idx);
+  const LaneTissue<V> lt = gather<V>(t, idx);
+  PlayContext<V> cx;
+  cx.rf_uniform = !t.B1.present() && !t.B1phase_rad.present();
+  cx.per_order = false;
+  cx.c0 = 1.0f;
+  cx.s0 = 0.0f;
+  cx.m0 = lt.M0;
+  LaneSink<V> sink{out, first, t.n, s.n_samples};
+  V* a = work;
+  V* b = work + 6 * static_cast<int64_t>(k.max_slots);
+  int64_t n = 1;
+  for (int i = 0; i < 6; ++i) a[i] = V{};
+  a[4] = splat<V>(1.0f);  // Z(0) = 1: equilibrium
+  auto map = [&](int64_t m) {
+    const int64_t nn = k.slots[m];
+    if (nn < 0) return;
+    for (int64_t i = 0; i < 6 * nn; ++i) b[i] = V{};
+    for (int64_t j = k.first[m]; j < k.first[m + 1]; ++j) {
+      const int32_t d = k.dst[j], r = k.src[j];
+      if (r >= 0) {
+        b[d] = b[d] + a[r];
+        b[d + 1] = b[d + 1] + a[r + 1];
+      } else {
+        b[d] = b[d] + a[-1 - r];
+        b[d + 1] = b[d + 1] - a[-r];
+      }
+    }
+    std::swap(a, b);
+    n = nn;
+  };
+  for (int64_t e = 0; e < s.n_events; ++e) {
+    const EventRecord ev = load_event(s, e);
+    if (ev.interval >= 0) {
+      const IvCoef<V> c = interval_coef<V, M>(s, lt, ev.interval);
+      for (int64_t j = 0; j < n; ++j) {
+        V* x = a + 6 * j;
+        const V pr = x[0], pi_ = x[1], mr = x[2], mi = x[3];
+        x[0] = c.qr * pr - c.qi * pi_;  // q F+
+        x[1] = c.qr * pi_ + c.qi * pr;
+        x[2] = c.qr * mr + c.qi * mi;  // conj(q) F-
+        x[3] = c.qr * mi - c.qi * mr;
+        x[4] = c.e1 * x[4];
+        x[5] = c.e1 * x[5];
+      }
+      a[4] = a[4] + c.rec;
+    }
+    map(2 * e);
+    if (ev.flags & (event_rf | event_inversion)) {
+      const Op<V> o =
+          (ev.flags & event_rf) ? pulse_op<V, true>(s, ev, cx.rf_uniform, lt, 1.0f, 0.0f) : inversion_op<V>(lt);
+      for (int64_t j = 0; j < n; ++j) {
+        V* x = a + 6 * j;
+        apply_order<V, true>(o, x[0], x[1], x[2], x[3], x[4], x[5]);
+      }
+    }
+    if (ev.flags & event_readout) take_readout<V, true>(s, e, ev, cx, a[0], a[1], sink);
+    map(2 * e + 1);
+  }
+  return ok;
+}
+
+}  // namespace epg
+}  // namespace BLOCHSIM_ISA
+}  // namespace blochsim
