@@ -32,9 +32,10 @@ from blochsim.sequence.packing import EV_INVERSION, EV_RF, EV_SPOIL
 
 #: states whose bound (a fraction of M0) falls below this are dropped
 PRUNE = 1e-7
-#: a lattice cell, in lattice steps: irrational, so that no moment a file
-#: writes (a rational number of steps) sits on a cell boundary
-CELL = 1 / math.sqrt(2)
+#: a lattice cell, in lattice steps (moments within about one step of each
+#: other share a cell): irrational, so that no moment a file writes (a
+#: rational number of steps) sits on a cell boundary
+CELL = math.e / math.sqrt(2)
 _FITS = 1 << 20  # cell coordinates packed in 21 bits each
 
 
