@@ -58,7 +58,26 @@ def keyed_forward(owner, stream, ps, arrays, shape, out, threads):
                        "fewer threads, or a file whose moments hold fewer states")
     if out is None:
         out = np.empty(want, dtype=np.complex64)
-    _core.keyed_forward_host(ps, program, si, n, out.reshape(n, ps.n_samples), threads)
+    flat = out.reshape(n, ps.n_samples)
+    seconds = program.seconds(n, threads)
+    if seconds <= keyed.LONG_CALL_S:
+        _core.keyed_forward_host(ps, program, si, n, flat, threads)
+        return out
+    import sys
+    import warnings
+
+    warnings.warn(f"{owner}: the moment-keyed EPG holds up to {program.max_slots:,} states of this sequence "
+                  f"({program.cost:,} state-events a voxel); {n:,} voxels on {threads} threads are expected to take "
+                  f"about {seconds:.0f} s", keyed.SlowCallWarning, stacklevel=3)
+    # in pieces of about 2 % (every piece's voxels are computed as in one call), progress on stderr
+    step = max(1, -(-n // 50))
+    for i in range(0, n, step):
+        j = min(n, i + step)
+        part = tuple(a if a is None or a.shape[0] == 1 else a[i:j] for a in si)
+        _core.keyed_forward_host(ps, program, part, j - i, flat[i:j], threads)
+        sys.stderr.write(f"\r{owner}: {j:,} of {n:,} voxels ({100 * j // n} %)")
+        sys.stderr.flush()
+    sys.stderr.write("\n")
     return out
 
 

@@ -691,3 +691,22 @@ def test_keyed_by_moment_refuses_what_it_does_not_play_by_name(tmp_path):
         sim.vjp(["T2"], **TISSUE)
     with pytest.raises((TypeError, ValueError), match="crusher|moment-keyed|D"):
         sim.simulate(**TISSUE, D=1e-3)
+
+
+def test_keyed_by_moment_says_a_long_call_before_it_runs(tmp_path, monkeypatch, capsys):
+    """The cost (states x events x voxels) is known before the run: a call
+    expected to pass LONG_CALL_S warns with its estimate, shows its progress
+    on stderr, and returns what one call returns."""
+    from blochsim.sequence import keyed
+
+    path = tse_unequal(tmp_path / "unequal.seq", echoes=12)
+    sim = Simulator.from_pulseq(path)
+    T2 = np.linspace(40.0, 120.0, 70)
+    quick = sim.simulate(T1=900.0, T2=T2)
+    monkeypatch.setattr(keyed, "SECONDS_PER_STATE_EVENT", 1.0)
+    with pytest.warns(keyed.SlowCallWarning, match=r"up to [\d,]+ states .* 70 voxels on \d+ threads are expected "
+                                                   r"to take about \d+ s"):
+        slow = sim.simulate(T1=900.0, T2=T2)
+    np.testing.assert_array_equal(slow, quick)
+    err = capsys.readouterr().err
+    assert "70 of 70 voxels (100 %)" in err and err.count("voxels (") >= 10

@@ -28,7 +28,7 @@ import math
 
 import numpy as np
 
-from blochsim.sequence.packing import EV_INVERSION, EV_RF, EV_SPOIL
+from blochsim.sequence.packing import EV_RF, EV_SPOIL
 
 #: states whose bound (a fraction of M0) falls below this are dropped
 PRUNE = 1e-7
@@ -37,6 +37,16 @@ PRUNE = 1e-7
 #: rational number of steps) sits on a cell boundary
 CELL = math.e / math.sqrt(2)
 _FITS = 1 << 20  # cell coordinates packed in 21 bits each
+#: seconds a state takes per event and voxel on one host thread (measured:
+#: 3.8 ns on the 2-core CI machine, bench/NOTES.md), for the cost estimate
+SECONDS_PER_STATE_EVENT = 4e-9
+#: a call expected to take longer than this (s) says so and shows its progress
+LONG_CALL_S = 30.0
+
+
+class SlowCallWarning(UserWarning):
+    """A moment-keyed call expected to take long: its estimate, before it
+    runs (progress follows on stderr)."""
 
 
 class KeyedProgram:
@@ -52,11 +62,17 @@ class KeyedProgram:
     error_bound : float
         Largest change of any sample (a fraction of M0) the bounded pruning
         can cause.
+    cost : int
+        States summed over the events: the work of one voxel.
     """
 
     def __init__(self, slots, first, dst, src, max_slots, error_bound, cost):
         self.slots, self.first, self.dst, self.src = slots, first, dst, src
         self.max_slots, self.error_bound, self.cost = max_slots, error_bound, cost
+
+    def seconds(self, voxels, threads):
+        """The expected time (s) of ``voxels`` voxels on ``threads`` threads."""
+        return self.cost * voxels * SECONDS_PER_STATE_EVENT / max(1, min(threads, voxels))
 
 
 def _canonical(K):
