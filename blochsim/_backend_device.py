@@ -19,12 +19,13 @@ def check_states(states, real, what):
             f"path ({limit}); run {what} on the host (NumPy inputs, device='cpu') or lower states")
 
 
-def resident(owner, ps, arrays, ifaces, shape, want, out, jacobian=None, jac_out=None, pools=None):
+def resident(owner, ps, arrays, ifaces, shape, want, out, jacobian=None, jac_out=None, pools=None, keyed=None):
     """The device path for device-array inputs (results stay on the device).
     With ``jacobian`` = (fields, scale, count) it returns (signal, J), J
     into ``jac_out`` = (name, device array, shape) if given.  With
     ``pools`` = (n_exchanging, bound, lineshape index) the pooled kernels
-    play it."""
+    play it; with ``keyed`` (a stream of 3-D moments) the moment-keyed
+    EPG."""
     n = int(np.prod(shape, dtype=np.int64))
     streams = [i.stream for i in ifaces.values() if i.stream is not None]
     out_iface = None
@@ -73,11 +74,33 @@ def resident(owner, ps, arrays, ifaces, shape, want, out, jacobian=None, jac_out
         planes, keep_pools = resident_tissue(arrays, ifaces, shape, n, own, stream, _core.POOL_FIELDS)
         _core.pooled_cuda(ps, tuple(dev), tuple(planes), *pools, n, out_ptr, stream)
         return result
+    if keyed is not None:
+        _keyed(owner, keyed, ps, dev, n, out_ptr, stream)
+        return result
     _core.forward_cuda(ps, tuple(dev), n, out_ptr, stream)
     # The work is ordered after the producer's on its stream (if it gave
     # one); waiting for it hands back a result any stream may read.
     _core.stream_synchronize(stream)
     return result
+
+
+def _keyed(owner, stream_of_moments, ps, dev, n, out_ptr, stream):
+    """The moment-keyed EPG of device planes ``dev``: its program is built
+    for the call's B1, T1 and T2 ranges (read back from the device)."""
+    from blochsim.sequence import keyed
+
+    names = list(_core.TISSUE_FIELDS)
+    si = [None] * len(names)
+    for name in ("B1", "T1_s", "T2_s", "D_m2_s", "v_m_s"):
+        e = dev[names.index(name)]
+        if e is not None:
+            ptr, stride = e
+            h = np.empty(n if stride else 1, np.float32)
+            _core.copy_to_host(h.view(np.uint8), ptr, stream)
+            si[names.index(name)] = h
+    program = keyed.program_for(owner, stream_of_moments, tuple(si), names)
+    _core.keyed_forward_cuda(ps, program, tuple(dev), n, out_ptr, stream)
+    _core.stream_synchronize(stream)
 
 
 def jacobian(owner, ps, intake, names, fields, scale, one, out=None):
@@ -191,3 +214,21 @@ def jacobian_vjp(owner, s, ps, intake, names, one, wrt_names, p, prov, pshapes):
         return signal.get(), (J.get()[..., 0, :] if one else J.get()), pullback
     return signal, J_out, pullback
 
+
+def keyed_from_host(owner, stream_of_moments, ps, arrays, shape, out):
+    """The moment-keyed EPG on the device for host tissue arrays: the planes
+    go to the card, the signal comes back into ``out`` (checked) or a new
+    array."""
+    want = shape + (ps.n_samples,)
+    if out is not None:
+        V.check_host_out("out", out, want)
+    n = int(np.prod(shape, dtype=np.int64))
+    _memory.check_device(owner, n, n * ps.n_samples * 8 + 4 * n * len(arrays))
+    own, stream = work_stream([])
+    dev, keep = resident_tissue(arrays, {}, shape, n, own, stream)
+    buf = _core.DeviceBuffer(max(8 * n * ps.n_samples, 8), own if own is not None else stream)
+    _keyed(owner, stream_of_moments, ps, dev, n, buf.ptr, stream)
+    result = out if out is not None else np.empty(want, dtype=np.complex64)
+    if result.size:
+        _core.copy_to_host(result.reshape(-1).view(np.uint8), buf.ptr, stream)
+    return result

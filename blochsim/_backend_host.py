@@ -45,12 +45,7 @@ def keyed_forward(owner, stream, ps, arrays, shape, out, threads):
     if out is not None:
         V.check_host_out("out", out, want)
     si = si_planes(arrays, shape)
-    names = list(_core.TISSUE_FIELDS)
-    for name in ("D_m2_s", "v_m_s"):
-        if si[names.index(name)] is not None:
-            raise TypeError(f"{owner}: the moment-keyed EPG plays no {name.split('_')[0]} yet (this file's gradient "
-                            "moments need it): leave it out")
-    program = keyed.program_for(stream, si, names)
+    program = keyed.program_for(owner, stream, si, list(_core.TISSUE_FIELDS))
     n = int(np.prod(shape, dtype=np.int64))
     _memory.check_host(owner, n, 8.0 * ps.n_samples * (out is None),
                        4.0 * program.max_slots * 12 * 16 * max(1, min(threads, n)),

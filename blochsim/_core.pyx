@@ -221,23 +221,13 @@ def forward_host(PackedStream ps, tuple tissue, int64_t n, float complex[:, ::1]
     _raise(st, err, holder)
 
 
-def keyed_forward_host(PackedStream ps, program, tuple tissue, int64_t n, float complex[:, ::1] out, int threads):
-    """Play a packed stream through the moment-keyed EPG (epg/keyed.hpp)
-    for n problems on the host.  ``program`` is a
-    blochsim.pulseq.keyed.KeyedProgram of the stream; ``tissue`` and
-    ``out`` as for forward_host."""
-    cdef KeyedProgram k
-    cdef Tissue t
-    cdef int st
-    cdef char err[ERRLEN]
-    err[0] = 0
+cdef object _keyed_program(KeyedProgram* k, PackedStream ps, program):
+    """Point k at a blochsim.sequence.keyed.KeyedProgram of ps's stream;
+    returns the views that keep its arrays alive."""
     cdef const int32_t[::1] slots = program.slots
     cdef const int64_t[::1] first = program.first
     cdef const int32_t[::1] dst = program.dst
     cdef const int32_t[::1] src = program.src
-    if out.shape[0] != n or out.shape[1] != ps.s.n_samples:
-        raise ValueError("blochsim internal error: output has shape (%d, %d), expected (%d, %d)"
-                         % (out.shape[0], out.shape[1], n, ps.s.n_samples))
     if slots.shape[0] != 2 * ps.s.n_events or first.shape[0] != 2 * ps.s.n_events + 1 or dst.shape[0] != src.shape[0]:
         raise ValueError("blochsim internal error: the keyed program does not fit its stream")
     k.n_events = ps.s.n_events
@@ -248,6 +238,23 @@ def keyed_forward_host(PackedStream ps, program, tuple tissue, int64_t n, float 
     if dst.shape[0] > 0:
         k.dst = &dst[0]
         k.src = &src[0]
+    return (slots, first, dst, src)
+
+
+def keyed_forward_host(PackedStream ps, program, tuple tissue, int64_t n, float complex[:, ::1] out, int threads):
+    """Play a packed stream through the moment-keyed EPG (epg/keyed.hpp)
+    for n problems on the host.  ``program`` is a
+    blochsim.sequence.keyed.KeyedProgram of the stream; ``tissue`` and
+    ``out`` as for forward_host."""
+    cdef KeyedProgram k
+    cdef Tissue t
+    cdef int st
+    cdef char err[ERRLEN]
+    err[0] = 0
+    if out.shape[0] != n or out.shape[1] != ps.s.n_samples:
+        raise ValueError("blochsim internal error: output has shape (%d, %d), expected (%d, %d)"
+                         % (out.shape[0], out.shape[1], n, ps.s.n_samples))
+    refs = _keyed_program(&k, ps, program)
     keep = _host_tissue(&t, tissue, n)
     if n == 0 or ps.s.n_samples == 0:
         return
@@ -256,6 +263,26 @@ def keyed_forward_host(PackedStream ps, program, tuple tissue, int64_t n, float 
     cdef Interrupt prev = _listen(holder)
     with nogil:
         st = host_keyed_dispatch(ps.s, k, t, outp, threads)
+    host_set_interrupt(prev)
+    _raise(st, err, holder)
+
+
+def keyed_forward_cuda(PackedStream ps, program, tuple tissue, int64_t n, uintptr_t out_ptr, uintptr_t stream):
+    """The moment-keyed EPG on the device: device tissue planes as for
+    forward_cuda, a device complex64 output, on ``stream``."""
+    cdef KeyedProgram k
+    cdef Tissue t
+    cdef int st
+    cdef char err[ERRLEN]
+    err[0] = 0
+    refs = _keyed_program(&k, ps, program)
+    _device_tissue(&t, tissue, n)
+    if n == 0 or ps.s.n_samples == 0:
+        return
+    holder = []
+    cdef Interrupt prev = _listen(holder)
+    with nogil:
+        st = L.keyed_forward(ps.s, k, t, <float*> out_ptr, <void*> stream, err, ERRLEN)
     host_set_interrupt(prev)
     _raise(st, err, holder)
 

@@ -3,7 +3,7 @@ from libc.stddef cimport size_t
 from libc.stdint cimport int64_t
 
 from blochsim._events cimport EventStream, Pools, Tissue
-from blochsim._host cimport MatchProblem, MatchResult, NoiseKey, PerkModel
+from blochsim._host cimport KeyedProgram, MatchProblem, MatchResult, NoiseKey, PerkModel
 
 
 cdef extern from "launcher.hpp" namespace "blochsim::cuda" nogil:
@@ -25,6 +25,8 @@ cdef extern from "launcher.hpp" namespace "blochsim::cuda" nogil:
     int first_bad_value(const float* x, int64_t count, int check_lower, float lower, int strict,
                         int64_t* index, float* bad_value, void* stream, char* err, int n)
     int forward(const EventStream& s, const Tissue& t, float* out, void* stream, char* err, int n)
+    int keyed_forward(const EventStream& s, const KeyedProgram& k, const Tissue& t, float* out, void* stream,
+                      char* err, int n)
     int jacobian(const EventStream& s, const Tissue& t, const int* fields, const float* seeds, int n_dirs,
                  float* out, float* jac, void* stream, char* err, int n)
     int jacobian_max_states(int real_path)

@@ -227,10 +227,13 @@ class Simulator(Played):
         owner = f"{type(self).__name__}.simulate"
         if route.device == "cuda" and route.on_device:
             _, ifaces, arrays, shape = device_inputs(tissue, route.on_device)
-            _, ps, _, _ = self._stream_for(p, set(tissue))
-            return _backend_device.resident(owner, ps, arrays, ifaces, shape, shape + (ps.n_samples,), out)
+            s, ps, _, _ = self._stream_for(p, set(tissue), keyed=True)
+            return _backend_device.resident(owner, ps, arrays, ifaces, shape, shape + (ps.n_samples,), out,
+                                            keyed=s if s.moments is not None else None)
         arrays, shape = self._tissue(tissue)
-        s, ps, _, _ = self._stream_for(p, set(arrays), keyed=route.device != "cuda")
+        s, ps, _, _ = self._stream_for(p, set(arrays), keyed=True)
+        if s.moments is not None and route.device == "cuda":
+            return _backend_device.keyed_from_host(owner, s, ps, arrays, shape, out)
         if s.moments is not None:
             return _backend_host.keyed_forward(owner, s, ps, arrays, shape, out, route.threads)
         streamed = (p["budget_bytes"] or 0) if route.device == "cuda" else None

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <blochsim/cuda/forward.cuh>
+#include <blochsim/cuda/keyed.cuh>
 #include <blochsim/host/interrupt.hpp>
 
 #include "launcher.hpp"
@@ -189,6 +190,11 @@ std::size_t bytes_per_problem(const EventStream& s, const Tissue&) {
 
 int forward(const EventStream& s, const Tissue& t, float* out, void* stream, char* err, int n) {
   return guarded([&] { return forward_device(s, t, out, as_stream(stream), err, n); });
+}
+
+int keyed_forward(const EventStream& s, const KeyedProgram& k, const Tissue& t, float* out, void* stream, char* err,
+                  int n) {
+  return guarded([&] { return keyed_device(s, k, t, out, as_stream(stream), err, n); });
 }
 
 int forward_streamed_unguarded(const EventStream& s, const Tissue& t, float* out, std::size_t budget_bytes,

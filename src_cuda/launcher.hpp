@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <blochsim/epg/keyed.hpp>
 #include <blochsim/events.hpp>
 #include <blochsim/match.hpp>
 #include <blochsim/noise.hpp>
@@ -58,6 +59,11 @@ int first_bad_value(const float* x, int64_t count, int check_lower, float lower,
 // (t.n, s.n_samples) complex64 interleaved.  Ordered on `stream`, not
 // synchronised.
 int forward(const EventStream& s, const Tissue& t, float* out, void* stream, char* err, int n);
+
+// The moment-keyed EPG on the device (cuda/keyed.cuh): the program's arrays
+// are host pointers, the rest as forward().  Ordered on `stream`.
+int keyed_forward(const EventStream& s, const KeyedProgram& k, const Tissue& t, float* out, void* stream, char* err,
+                  int n);
 
 // Signal and tissue Jacobian on the device in one pass (cuda.cuh
 // jacobian_device): fields are TissueField values (1 to 9, distinct),

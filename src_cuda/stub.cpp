@@ -38,6 +38,9 @@ int first_bad_value(const float*, int64_t, int, float, int, int64_t*, float*, vo
   return no(err, n);
 }
 int forward(const EventStream&, const Tissue&, float*, void*, char* err, int n) { return no(err, n); }
+int keyed_forward(const EventStream&, const KeyedProgram&, const Tissue&, float*, void*, char* err, int n) {
+  return no(err, n);
+}
 int jacobian(const EventStream&, const Tissue&, const int*, const float*, int, float*, float*, void*, char* err,
              int n) {
   return no(err, n);

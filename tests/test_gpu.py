@@ -645,3 +645,24 @@ def test_pools_vjp_parity_with_host(name, sim, tissue):
         assert np.shape(g1[k]) == np.shape(g0[k]), k
         # (a gradient that is 0 by symmetry, as B0's in a CPMG train, is round-off on both)
         assert np.max(np.abs(g1[k] - g0[k])) <= RTOL * np.max(np.abs(g0[k])) + 1e-9, k
+
+
+def test_moment_keyed_epg_on_the_card_equals_the_host(tmp_path):
+    """A file one EPG order cannot hold (crushers of unequal areas on two
+    axes) on the card: NumPy inputs with device="cuda" and device arrays
+    in, against the host's keyed EPG."""
+    pytest.importorskip("pypulseq")
+    from test_pulseq_reference import tse_unequal
+
+    path = tse_unequal(tmp_path / "unequal.seq", echoes=12)
+    n = 3000
+    rng = np.random.default_rng(3)
+    tissue = dict(T1=rng.uniform(300, 3000, n), T2=rng.uniform(20, 300, n), B1=rng.uniform(0.8, 1.2, n),
+                  B0=rng.uniform(-20, 20, n))
+    host = Simulator.from_pulseq(path).simulate(**tissue)
+    card = Simulator.from_pulseq(path, device="cuda").simulate(**tissue)
+    assert isinstance(card, np.ndarray) and card.shape == host.shape
+    assert rel(card, host) < 2e-5
+    dev = {k: blochsim.DeviceArray.from_numpy(v.astype(np.float32)) for k, v in tissue.items()}
+    resident = Simulator.from_pulseq(path).simulate(**dev)
+    assert rel(resident.get(), host) < 2e-5

@@ -290,9 +290,15 @@ def build(stream, b1=(1.0, 1.0), t1_max=math.inf, t2_max=math.inf, prune=PRUNE):
 _PROGRAMS: dict = {}
 
 
-def program_for(stream, si, names, prune=PRUNE):
+def program_for(owner, stream, si, names, prune=PRUNE):
     """The program of ``stream`` for the call's SI tissue planes ``si``
-    (TISSUE_FIELDS order, ``names``), cached per stream and tissue range."""
+    (TISSUE_FIELDS order, ``names``; only B1, T1, T2, D and v are read),
+    cached per stream and tissue range; D and v are refused by name."""
+    for name in ("D_m2_s", "v_m_s"):
+        if si[names.index(name)] is not None:
+            raise TypeError(f"{owner}: the moment-keyed EPG plays no {name.split('_')[0]} yet (this sequence's "
+                            "gradient moments need it): leave it out")
+
     def span(name, default):
         a = si[names.index(name)]
         return (default, default) if a is None or a.size == 0 else (float(a.min()), float(a.max()))

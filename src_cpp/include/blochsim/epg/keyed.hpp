@@ -20,7 +20,6 @@
 #pragma once
 
 #include <cstdint>
-#include <utility>
 
 #include "../events.hpp"
 #include "epg.hpp"
@@ -78,13 +77,26 @@ inline int64_t keyed_workspace(const KeyedProgram& k) { return 12 * static_cast<
 namespace BLOCHSIM_ISA {
 namespace epg {
 
-// Play a keyed program for problems [first, first + width) of t (the lanes
-// of V) with keyed_workspace(k) lane vectors in `work`: samples into out
-// (events.hpp's layout).  Diffusion, flow and pools are not played here
+// A keyed state's components strided in memory (the device's layout: one
+// thread a problem, component c of every problem's state in a row, so that
+// a warp's reads are coalesced).
+template <class V>
+struct StridedBuffer {
+  V* p;
+  int64_t stride;
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE V& operator[](int64_t i) const { return p[i * stride]; }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE StridedBuffer operator+(int64_t i) const { return {p + i * stride, stride}; }
+};
+
+// Play a keyed program for the problems of the lane vector V starting at
+// `first` (t's indices; lanes past t.n replay the last), the state in two
+// buffers a and b of 6 max_slots components each (V* or StridedBuffer<V>):
+// samples into out (events.hpp's layout).  M is the precision of the
+// interval exponentials.  Diffusion, flow and pools are not played here
 // (the Python layer refuses them first).
-template <class V, class M = double>
-BLOCHSIM_HD int keyed_block(const EventStream& s, const KeyedProgram& k, const Tissue& t, int64_t first, V* work,
-                            float* out) {
+template <class V, class M, class Buf>
+BLOCHSIM_HD void keyed_play(const EventStream& s, const KeyedProgram& k, const Tissue& t, int64_t first, Buf a,
+                            Buf b, float* out) {
   constexpr int W = Lanes<V>::width;
   int64_t idx[W];
   lane_indices<W>(first, t.n, idx);
@@ -96,8 +108,6 @@ BLOCHSIM_HD int keyed_block(const EventStream& s, const KeyedProgram& k, const T
   cx.s0 = 0.0f;
   cx.m0 = lt.M0;
   LaneSink<V> sink{out, first, t.n, s.n_samples};
-  V* a = work;
-  V* b = work + 6 * static_cast<int64_t>(k.max_slots);
   int64_t n = 1;
   for (int i = 0; i < 6; ++i) a[i] = V{};
   a[4] = splat<V>(1.0f);  // Z(0) = 1: equilibrium
@@ -115,7 +125,9 @@ BLOCHSIM_HD int keyed_block(const EventStream& s, const KeyedProgram& k, const T
         b[d + 1] = b[d + 1] - a[-r];
       }
     }
-    std::swap(a, b);
+    const Buf c = a;
+    a = b;
+    b = c;
     n = nn;
   };
   for (int64_t e = 0; e < s.n_events; ++e) {
@@ -123,7 +135,7 @@ BLOCHSIM_HD int keyed_block(const EventStream& s, const KeyedProgram& k, const T
     if (ev.interval >= 0) {
       const IvCoef<V> c = interval_coef<V, M>(s, lt, ev.interval);
       for (int64_t j = 0; j < n; ++j) {
-        V* x = a + 6 * j;
+        const Buf x = a + 6 * j;
         const V pr = x[0], pi_ = x[1], mr = x[2], mi = x[3];
         x[0] = c.qr * pr - c.qi * pi_;  // q F+
         x[1] = c.qr * pi_ + c.qi * pr;
@@ -139,13 +151,31 @@ BLOCHSIM_HD int keyed_block(const EventStream& s, const KeyedProgram& k, const T
       const Op<V> o =
           (ev.flags & event_rf) ? pulse_op<V, true>(s, ev, cx.rf_uniform, lt, 1.0f, 0.0f) : inversion_op<V>(lt);
       for (int64_t j = 0; j < n; ++j) {
-        V* x = a + 6 * j;
-        apply_order<V, true>(o, x[0], x[1], x[2], x[3], x[4], x[5]);
+        const Buf x = a + 6 * j;
+        V fpr = x[0], fpi = x[1], fmr = x[2], fmi = x[3], zr = x[4], zi = x[5];
+        apply_order<V, true>(o, fpr, fpi, fmr, fmi, zr, zi);
+        x[0] = fpr;
+        x[1] = fpi;
+        x[2] = fmr;
+        x[3] = fmi;
+        x[4] = zr;
+        x[5] = zi;
       }
     }
-    if (ev.flags & event_readout) take_readout<V, true>(s, e, ev, cx, a[0], a[1], sink);
+    if (ev.flags & event_readout) {
+      const V f0r = a[0], f0i = a[1];
+      take_readout<V, true>(s, e, ev, cx, f0r, f0i, sink);
+    }
     map(2 * e + 1);
   }
+}
+
+// The host's block: problems [first, first + width) of t with
+// keyed_workspace(k) lane vectors in `work`.
+template <class V, class M = double>
+BLOCHSIM_HD int keyed_block(const EventStream& s, const KeyedProgram& k, const Tissue& t, int64_t first, V* work,
+                            float* out) {
+  keyed_play<V, M, V*>(s, k, t, first, work, work + 6 * static_cast<int64_t>(k.max_slots), out);
   return ok;
 }
 
