@@ -710,3 +710,12 @@ def test_keyed_by_moment_says_a_long_call_before_it_runs(tmp_path, monkeypatch, 
     np.testing.assert_array_equal(slow, quick)
     err = capsys.readouterr().err
     assert "70 of 70 voxels (100 %)" in err and err.count("voxels (") >= 10
+
+
+def test_keyed_by_moment_plays_shaped_pulses(tmp_path):
+    """rf="shaped" on the moment-keyed EPG: every pulse stepped cell by
+    cell, the moments placed where their gradients are (before each
+    pulse), against the oracle stepping the same cells."""
+    path = tse_unequal(tmp_path / "unequal.seq", echoes=3)
+    s = Simulator.from_pulseq(path, rf="shaped", dephasing="keyed").simulate(**TISSUE)
+    np.testing.assert_allclose(s, oracle(path, **TISSUE, axes=(0, 2), shaped=True), atol=TOL, rtol=0)

@@ -120,6 +120,7 @@ class _Dephasing:
         one order)."""
         _, balanced, strong = self._axes(inc, pts, tol_abs)
         use = np.array(strong) & ~np.asarray(balanced)
+        self.keyed_axes = use
         m = np.where(use[None, :], inc / tol_abs, 0.0)  # lattice steps of MOMENT_TOLERANCE cycles across the voxel
         shifts = [tuple(v) if np.any(v) else 0 for v in m.tolist()]
         return [0] + shifts[1:], shifts[0], np.full(3, np.nan)

@@ -431,12 +431,25 @@ class _Reader(_Dephasing):
         n = len(self.ev_kind)
         at = self.start[self.ev_b] + self.ev_when if n else np.zeros(0)
         u = self.unit_vector
-        norm = math.hypot(*u.tolist())
-        if n < 2 or not (0.0 < norm < math.inf):
+        keyed = getattr(self, "keyed_axes", None)
+        if keyed is not None and np.any(keyed):
+            # the moment-keyed EPG: the magnitude summed over the axes it follows
+            mask = keyed.astype(np.float64)
+
+            def along(x):
+                return np.abs(x) @ mask
+        else:
+            norm = math.hypot(*u.tolist())
+            if n < 2 or not (0.0 < norm < math.inf):
+                return at
+            d = u / norm
+
+            def along(x):
+                return np.abs(x @ d)
+        if n < 2:
             return at
-        d = u / norm
-        # per block: its moment along d and where it sits (the trapezoids' centroids)
-        parts = np.abs(self.net * d)  # (blocks, 3)
+        # per block: its moment along the direction and where it sits (the trapezoids' centroids)
+        parts = np.abs(self.net) * mask if keyed is not None and np.any(keyed) else np.abs(self.net * d)  # (blocks, 3)
         w = parts.sum(axis=1)
         ids = self.f.blocks[:, 3:6]
         r, f, fa, dl = (self._trap_tab[:, i] * 1e-6 for i in (1, 2, 3, 4))
@@ -452,8 +465,8 @@ class _Reader(_Dephasing):
         W = np.concatenate([[0.0], np.cumsum(w)])
         WT = np.concatenate([[0.0], np.cumsum(w * mid)])
         part = self.points - (np.concatenate([np.zeros((1, 3)), np.cumsum(self.net, axis=0)])[self.ev_b])
-        before = np.abs(part @ d)  # from the event's block start to the event
-        after = np.abs((self.net[self.ev_b] - part) @ d)  # from the event to its block's end
+        before = along(part)  # from the event's block start to the event
+        after = along(self.net[self.ev_b] - part)  # from the event to its block's end
         end = self.start[self.ev_b] + self.dur[self.ev_b]
         j0, j1 = self.ev_b[:-1], self.ev_b[1:]
         wt = (after[:-1] * 0.5 * (at[:-1] + end[:-1]) + before[1:] * 0.5 * (self.start[j1] + at[1:])
