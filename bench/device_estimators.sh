@@ -34,7 +34,7 @@ echo "build: $(( $(date +%s) - start )) s"
 export PYTHONPATH=/tmp/bs:/tmp/site
 cd /tmp
 python3 -c "import blochsim; print(blochsim.backends()['cuda'])"
-tests="$repo/tests/test_gpu_estimators.py"
+tests=${TESTS:-"$repo/tests/test_gpu_estimators.py"}
 [ "${ALL_GPU_TESTS:-0}" = 1 ] && tests="$repo/tests -m gpu"
 timeout "${TEST_S:-240}" python3 -m pytest $tests -q -p no:cacheprovider -rfE 2>&1 | tee "$out/tests.log" | tail -15
 if [ "${BENCH:-1}" = 1 ]; then

@@ -91,7 +91,7 @@ def _keyed(owner, stream_of_moments, ps, dev, n, out_ptr, stream):
 
     names = list(_core.TISSUE_FIELDS)
     si = [None] * len(names)
-    for name in ("B1", "T1_s", "T2_s", "D_m2_s", "v_m_s"):
+    for name in ("B1", "T1_s", "T2_s", "v_m_s"):
         e = dev[names.index(name)]
         if e is not None:
             ptr, stride = e

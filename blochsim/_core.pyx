@@ -228,6 +228,8 @@ cdef object _keyed_program(KeyedProgram* k, PackedStream ps, program):
     cdef const int64_t[::1] first = program.first
     cdef const int32_t[::1] dst = program.dst
     cdef const int32_t[::1] src = program.src
+    cdef const double[::1] k2 = program.k2
+    cdef const int64_t[::1] k2_first = program.k2_first
     if slots.shape[0] != 2 * ps.s.n_events or first.shape[0] != 2 * ps.s.n_events + 1 or dst.shape[0] != src.shape[0]:
         raise ValueError("blochsim internal error: the keyed program does not fit its stream")
     k.n_events = ps.s.n_events
@@ -238,7 +240,13 @@ cdef object _keyed_program(KeyedProgram* k, PackedStream ps, program):
     if dst.shape[0] > 0:
         k.dst = &dst[0]
         k.src = &src[0]
-    return (slots, first, dst, src)
+    if k2_first.shape[0] != 2 * ps.s.n_events:
+        raise ValueError("blochsim internal error: the keyed program's wavenumbers do not fit its stream")
+    k.n_k2 = k2.shape[0]
+    if k2.shape[0] > 0 and ps.s.n_events > 0:
+        k.k2 = &k2[0]
+        k.k2_first = &k2_first[0]
+    return (slots, first, dst, src, k2, k2_first)
 
 
 def keyed_forward_host(PackedStream ps, program, tuple tissue, int64_t n, float complex[:, ::1] out, int threads):

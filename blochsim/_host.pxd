@@ -42,6 +42,9 @@ cdef extern from "blochsim/epg/keyed.hpp" namespace "blochsim" nogil:
         const int64_t* first
         const int32_t* dst
         const int32_t* src
+        int64_t n_k2
+        const double* k2
+        const int64_t* k2_first
 
 
 cdef extern from "blochsim/host/interrupt.hpp" namespace "blochsim" nogil:

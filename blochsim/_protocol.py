@@ -249,13 +249,15 @@ class Played(Base):
         the real path, given the tissue properties present.  A stream of
         3-D moments (the moment-keyed EPG) is refused unless ``keyed`` (the
         caller plays it)."""
-        if ("D" in present or "v" in present) and (p["crusher_dephasing_rad"] is None or p["voxel_size_m"] is None):
+        s = self._packed(p) if stream is None else stream
+        # the moment-keyed EPG's moments are absolute: D needs no crusher geometry there
+        if (("D" in present and s.moments is None) or "v" in present) and (
+                p["crusher_dephasing_rad"] is None or p["voxel_size_m"] is None):
             which = "D" if "D" in present else "v"
             raise ValueError(
                 f"{which} needs the crusher geometry: pass crusher_dephasing_rad and voxel_size_m "
                 f"to {type(self).__name__} (got crusher_dephasing_rad={p['crusher_dephasing_rad']!r}, "
                 f"voxel_size_m={p['voxel_size_m']!r})")
-        s = self._packed(p) if stream is None else stream
         if s.moments is not None and not keyed:
             raise TypeError(f"{type(self).__name__}: this sequence's gradient moments need the moment-keyed EPG "
                             "(states keyed by 3-D moment), which plays simulate only (on the host or the GPU): "

@@ -113,15 +113,16 @@ class _Dephasing:
         return peak, balanced, strong
 
     def _keyed(self, inc, pts, tol_abs):
-        """The moments of the axes that dephase, as 3-D vectors in steps of
-        MOMENT_TOLERANCE cycles across the voxel for the moment-keyed EPG
-        (blochsim/sequence/keyed.py): shifts before each
+        """The moments of the axes that dephase, as 3-D vectors (cycles/m)
+        for the moment-keyed EPG (blochsim/sequence/keyed.py), on a lattice
+        of MOMENT_TOLERANCE cycles across the voxel: shifts before each
         event (0 for none) and after the last, and a NaN unit vector (no
         one order)."""
         _, balanced, strong = self._axes(inc, pts, tol_abs)
         use = np.array(strong) & ~np.asarray(balanced)
         self.keyed_axes = use
-        m = np.where(use[None, :], inc / tol_abs, 0.0)  # lattice steps of MOMENT_TOLERANCE cycles across the voxel
+        m = np.where(use[None, :], inc, 0.0)
+        self.keyed_step = tol_abs  # MOMENT_TOLERANCE cycles across the voxel
         shifts = [tuple(v) if np.any(v) else 0 for v in m.tolist()]
         return [0] + shifts[1:], shifts[0], np.full(3, np.nan)
 

@@ -500,7 +500,8 @@ class _Reader(_Dephasing):
                 t_shift = min(max(when[e], cursor), event_at[e])
                 ops.append(Delay(1e3 * (t_shift - cursor)))
                 cursor = t_shift
-                shift = [Spoil()] if k == "spoil" else [_Moment(k)] if isinstance(k, tuple) else [Dephase(int(k))]
+                shift = ([Spoil()] if k == "spoil" else [_Moment(k, self.keyed_step)] if isinstance(k, tuple)
+                         else [Dephase(int(k))])
             if kind == "adc":
                 at = event_at[e]
                 if at < cursor - 1e-9:
@@ -525,7 +526,8 @@ class _Reader(_Dephasing):
                                   f"({self.dur[j] * 1e3:g} ms)")
         ops.append(Delay(1e3 * max(self.total - cursor, 0.0)))
         if wrap:
-            ops.append(Spoil() if wrap == "spoil" else _Moment(wrap) if isinstance(wrap, tuple) else Dephase(int(wrap)))
+            ops.append(Spoil() if wrap == "spoil" else _Moment(wrap, self.keyed_step) if isinstance(wrap, tuple)
+                       else Dephase(int(wrap)))
         return [op for op in ops if not (isinstance(op, Delay) and op.duration == 0.0)]
 
 

@@ -64,11 +64,16 @@ class KeyedProgram:
         can cause.
     cost : int
         States summed over the events: the work of one voxel.
+    k2 : ndarray, float64
+        Each map's states' squared wavenumber |2π k|² ((rad/m)², for
+        diffusion), map m's at [k2_first[m], k2_first[m] + slots[m]).
+    k2_first : ndarray, int64, (2 n_events,)
     """
 
-    def __init__(self, slots, first, dst, src, max_slots, error_bound, cost):
+    def __init__(self, slots, first, dst, src, max_slots, error_bound, cost, k2, k2_first):
         self.slots, self.first, self.dst, self.src = slots, first, dst, src
         self.max_slots, self.error_bound, self.cost = max_slots, error_bound, cost
+        self.k2, self.k2_first = k2, k2_first
 
     def seconds(self, voxels, threads):
         """The expected time (s) of ``voxels`` voxels on ``threads`` threads."""
@@ -131,8 +136,8 @@ def _cells(K):
 
 def build(stream, b1=(1.0, 1.0), t1_max=math.inf, t2_max=math.inf, prune=PRUNE):
     """The keyed program of a packed stream with ``stream.moments``
-    ((n_events, 2, 3) lattice steps: each event's moment before its pulse
-    and after its readout).
+    ((n_events, 2, 3) cycles/m: each event's moment before its pulse and
+    after its readout) on a lattice of ``stream.moment_step`` cycles/m.
 
     Each slot keeps the exact moment of the first pathway that reached its
     cell; the pathways that reach a cell are summed there (merged), and a
@@ -152,7 +157,8 @@ def build(stream, b1=(1.0, 1.0), t1_max=math.inf, t2_max=math.inf, prune=PRUNE):
         state that can still be read.
     """
     n = stream.n_events
-    d_all = np.array(stream.moments, dtype=np.float64)  # (n, 2, 3)
+    step = float(stream.moment_step)
+    d_all = np.array(stream.moments, dtype=np.float64) / step  # (n, 2, 3) lattice steps
     flags = np.asarray(stream.flags)
     spoil = (flags & EV_SPOIL) != 0
     d_all[spoil, 1] = 0.0
@@ -167,11 +173,12 @@ def build(stream, b1=(1.0, 1.0), t1_max=math.inf, t2_max=math.inf, prune=PRUNE):
     bP, bM, bZ = np.zeros(1), np.zeros(1), np.ones(1)
     slots = np.full(2 * n, -1, dtype=np.int32)
     first = np.zeros(2 * n + 1, dtype=np.int64)
-    dsts, srcs = [], []
-    entries, error, max_slots, cost = 0, 0.0, 1, 0
+    dsts, srcs, k2s = [], [], []
+    k2_first = np.zeros(2 * n, dtype=np.int64)
+    entries, error, max_slots, cost, k2_count = 0, 0.0, 1, 0, 0
 
     def remap(m, d, spoil_now):
-        nonlocal K, bP, bM, bZ, entries, error, max_slots
+        nonlocal K, bP, bM, bZ, entries, error, max_slots, k2_count
         S0 = K.shape[0]
         old = np.arange(S0)
         # the coefficients that move: f(k) from each F+ and f(-k) from each
@@ -248,6 +255,9 @@ def build(stream, b1=(1.0, 1.0), t1_max=math.inf, t2_max=math.inf, prune=PRUNE):
         slots[m] = S
         max_slots = max(max_slots, S)
         K, bP, bM, bZ = newK, nP, nM, nZ
+        k2s.append(np.sum((2 * math.pi * step * K) ** 2, axis=1))
+        k2_first[m] = k2_count
+        k2_count += S
 
     c2, s2, sa, ca = 1.0, 0.0, 0.0, 1.0
     b1lo, b1hi = float(b1[0]), float(b1[1])
@@ -284,7 +294,9 @@ def build(stream, b1=(1.0, 1.0), t1_max=math.inf, t2_max=math.inf, prune=PRUNE):
                     first[m + 1] = entries
     dst = np.concatenate(dsts) if dsts else np.zeros(0, np.int32)
     src = np.concatenate(srcs) if srcs else np.zeros(0, np.int32)
-    return KeyedProgram(slots, first, np.ascontiguousarray(dst), np.ascontiguousarray(src), max_slots, error, cost)
+    k2 = np.concatenate(k2s) if k2s else np.zeros(0)
+    return KeyedProgram(slots, first, np.ascontiguousarray(dst), np.ascontiguousarray(src), max_slots, error, cost,
+                        np.ascontiguousarray(k2, dtype=np.float64), k2_first)
 
 
 _PROGRAMS: dict = {}
@@ -292,12 +304,11 @@ _PROGRAMS: dict = {}
 
 def program_for(owner, stream, si, names, prune=PRUNE):
     """The program of ``stream`` for the call's SI tissue planes ``si``
-    (TISSUE_FIELDS order, ``names``; only B1, T1, T2, D and v are read),
-    cached per stream and tissue range; D and v are refused by name."""
-    for name in ("D_m2_s", "v_m_s"):
-        if si[names.index(name)] is not None:
-            raise TypeError(f"{owner}: the moment-keyed EPG plays no {name.split('_')[0]} yet (this sequence's "
-                            "gradient moments need it): leave it out")
+    (TISSUE_FIELDS order, ``names``; only B1, T1, T2 and v are read),
+    cached per stream and tissue range; v is refused by name."""
+    if si[names.index("v_m_s")] is not None:
+        raise TypeError(f"{owner}: the moment-keyed EPG plays no flow (v) yet: this sequence's gradient moments "
+                        "dephase along several axes, so v has no one direction: leave it out")
 
     def span(name, default):
         a = si[names.index(name)]

@@ -262,11 +262,13 @@ class Dephase(Operator):
 
 @dataclass(frozen=True)
 class _Moment(Operator):
-    """A gradient moment of three axes, in steps of the moment lattice,
-    played by the moment-keyed EPG (blochsim/sequence/keyed.py): the Pulseq
-    reader's shift for files one EPG order cannot hold."""
+    """A gradient moment of three axes (cycles/m) and the step of the
+    lattice its states are keyed on (cycles/m), played by the moment-keyed
+    EPG (blochsim/sequence/keyed.py): the Pulseq reader's shift for files
+    one EPG order cannot hold."""
 
     moment: tuple = (0.0, 0.0, 0.0)
+    step: float = 1.0
 
 
 @dataclass(frozen=True)

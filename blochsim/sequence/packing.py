@@ -18,7 +18,8 @@ class EventStream:
 
     __slots__ = ("interval", "flags", "shift_before", "shift_after", "flip_rad", "phase_rad",
                  "rx_phase_rad", "slot", "duration_s", "n_samples", "total_shifts", "rf_table",
-                 "rf_duration_s", "rf_offset_hz", "rf_power", "driven", "driven_table", "moments")
+                 "rf_duration_s", "rf_offset_hz", "rf_power", "driven", "driven_table", "moments",
+                 "moment_step")
 
     @property
     def n_events(self):
@@ -339,11 +340,12 @@ def _pack(preparation, repetition, repetitions, keep_zero):
     interval[has_iv] = inv.astype(np.int32)
     s.interval = interval
     s.duration_s = np.ascontiguousarray(uniq, dtype=np.float64)
-    s.moments = None
+    s.moments, s.moment_step = None, 0.0
     if lay.moment_op.size:
         m = np.zeros((2 * n, 3))
         np.add.at(m, lay.moment_at, np.array([ops[j].moment for j in lay.moment_op.tolist()], dtype=np.float64))
-        s.moments = m.reshape(n, 2, 3)
+        s.moments = m.reshape(n, 2, 3)  # cycles/m
+        s.moment_step = float(ops[int(lay.moment_op[0])].step)
     one = len(prep) + len(rep)
     s.total_shifts = int(sum(abs(int(o.orders)) for o in ops[:one] if isinstance(o, Dephase)))
     return s, ops, lay

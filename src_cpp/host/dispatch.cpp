@@ -138,6 +138,7 @@ int host_keyed_dispatch(const EventStream& s, const KeyedProgram& k, const Tissu
   return guarded([&]() -> int {
     int v = validate(s, t);
     if (v == ok) v = validate_keyed(s, k);
+    if (v == ok) v = keyed_plays(k, t);
     if (v != ok) return v;
     const auto fn = chosen().keyed;
     const std::size_t work = static_cast<std::size_t>(keyed_workspace(k)) * host::lanes;

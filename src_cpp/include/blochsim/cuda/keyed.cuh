@@ -33,6 +33,7 @@ inline int upload_program(const KeyedProgram& k, KeyedProgram& dk, void** buf, c
   const int64_t maps = 2 * k.n_events, entries = k.n_events > 0 ? k.first[maps] : 0;
   const size_t o_slots = put(h, k.slots, maps), o_first = put(h, k.first, maps + 1);
   const size_t o_dst = put(h, k.dst, entries), o_src = put(h, k.src, entries);
+  const size_t o_k2 = k.k2 ? put(h, k.k2, k.n_k2) : 0, o_k2f = k.k2 ? put(h, k.k2_first, maps) : 0;
   h.resize(std::max<size_t>(h.size(), 16));
   BLOCHSIM_CUDA(pool_malloc(buf, h.size(), st), "cudaMallocFromPoolAsync (keyed program)");
   BLOCHSIM_CUDA(cudaMemcpyAsync(*buf, h.data(), h.size(), cudaMemcpyHostToDevice, st), "copy of the keyed program");
@@ -42,6 +43,8 @@ inline int upload_program(const KeyedProgram& k, KeyedProgram& dk, void** buf, c
   dk.first = reinterpret_cast<const int64_t*>(b + o_first);
   dk.dst = reinterpret_cast<const int32_t*>(b + o_dst);
   dk.src = reinterpret_cast<const int32_t*>(b + o_src);
+  dk.k2 = k.k2 ? reinterpret_cast<const double*>(b + o_k2) : nullptr;
+  dk.k2_first = k.k2 ? reinterpret_cast<const int64_t*>(b + o_k2f) : nullptr;
   return ok;
 }
 
@@ -60,6 +63,7 @@ inline int keyed_device(const EventStream& s, const KeyedProgram& k, const Tissu
   using detail::fail;
   int v = validate(s, t);
   if (v == ok) v = validate_keyed(s, k);
+  if (v == ok) v = keyed_plays(k, t);
   if (v != ok) return detail::say(v, err, n);
   if (t.n == 0 || s.n_samples == 0) return ok;
   size_t free_b = 0, total_b = 0;

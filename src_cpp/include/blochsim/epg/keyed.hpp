@@ -43,6 +43,12 @@ struct KeyedProgram {
   const int64_t* first = nullptr;      // (2 n_events + 1,) map m's entries: [first[m], first[m + 1])
   const int32_t* dst = nullptr;        // (entries,)
   const int32_t* src = nullptr;        // (entries,)
+  // Optional, for diffusion: the squared wavenumber |2 pi k|^2 ((rad/m)^2)
+  // of each slot after map m at k2[k2_first[m] + slot] (n_k2 values in
+  // all); null: no problem diffuses (a tissue with D is refused).
+  int64_t n_k2 = 0;
+  const double* k2 = nullptr;
+  const int64_t* k2_first = nullptr;  // (2 n_events,)
 };
 
 // Checks a program against its stream: sizes, and every entry within the
@@ -60,6 +66,7 @@ inline int validate_keyed(const EventStream& s, const KeyedProgram& k) {
       continue;
     }
     if (k.slots[m] < 1 || k.slots[m] > k.max_slots) return bad_shape;
+    if (k.k2 && (!k.k2_first || k.k2_first[m] < 0 || k.k2_first[m] + k.slots[m] > k.n_k2)) return bad_shape;
     if (b > a && (!k.dst || !k.src)) return bad_shape;
     for (int64_t j = a; j < b; ++j) {
       const int64_t d = k.dst[j], r = k.src[j] < 0 ? -1 - static_cast<int64_t>(k.src[j]) : k.src[j];
@@ -69,6 +76,12 @@ inline int validate_keyed(const EventStream& s, const KeyedProgram& k) {
     before = k.slots[m];
   }
   return ok;
+}
+
+// Whether the program can play tissue t (diffusion needs the slots'
+// wavenumbers).
+inline int keyed_plays(const KeyedProgram& k, const Tissue& t) {
+  return t.D_m2_s.present() && !k.k2 ? bad_shape : ok;
 }
 
 // Lane vectors a block's workspace holds: two states of max_slots slots.
@@ -111,9 +124,12 @@ BLOCHSIM_HD void keyed_play(const EventStream& s, const KeyedProgram& k, const T
   int64_t n = 1;
   for (int i = 0; i < 6; ++i) a[i] = V{};
   a[4] = splat<V>(1.0f);  // Z(0) = 1: equilibrium
+  const bool diffuses = t.D_m2_s.present();
+  const double* k2 = nullptr;  // the slots' |2 pi k|^2 (slot 0 alone: k = 0 needs none)
   auto map = [&](int64_t m) {
     const int64_t nn = k.slots[m];
     if (nn < 0) return;
+    if (diffuses) k2 = k.k2 + k.k2_first[m];
     for (int64_t i = 0; i < 6 * nn; ++i) b[i] = V{};
     for (int64_t j = k.first[m]; j < k.first[m + 1]; ++j) {
       const int32_t d = k.dst[j], r = k.src[j];
@@ -143,6 +159,21 @@ BLOCHSIM_HD void keyed_play(const EventStream& s, const KeyedProgram& k, const T
         x[3] = c.qr * mi - c.qi * mr;
         x[4] = c.e1 * x[4];
         x[5] = c.e1 * x[5];
+      }
+      if (diffuses && k2) {
+        // each slot (and its Z) loses e^{-D |2 pi k|^2 tau} over the interval
+        using LT = Lanes<V>;
+        using S = typename LT::Scalar;
+        const M tau = static_cast<M>(s.duration_s[ev.interval]);
+        for (int64_t j = 1; j < n; ++j) {
+          V g;
+          for (int l = 0; l < LT::width; ++l) {
+            using std::exp;
+            LT::set(g, l, static_cast<S>(exp(-static_cast<M>(LT::get(lt.D, l)) * tau * static_cast<M>(k2[j]))));
+          }
+          const Buf x = a + 6 * j;
+          for (int i = 0; i < 6; ++i) x[i] = g * x[i];
+        }
       }
       a[4] = a[4] + c.rec;
     }
