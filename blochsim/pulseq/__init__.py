@@ -83,13 +83,30 @@ What is read, and the model
   the order counts the lattice steps plus multiples of the generators,
   again with multipliers that keep every reachable moment apart: exact,
   provided no small combination of the generators falls back on the
-  lattice (checked; then refused).  Moments with no common unit, or unbalanced axes
-  that dephase independently, are refused, naming the block; ``axis`` (a
-  direction to follow alone), ``unit`` (cycles/m, checked, never rounded)
-  or a callable ``dephasing(block) -> shifts`` choose otherwise, and
-  ``dephasing="spoil"`` spoils ideally at every block with a net moment and
-  no RF or ADC.  With ``voxel_size_m`` the crusher geometry for D and v
-  follows from the unit: ``crusher_dephasing_rad`` = 2π·|unit|·voxel.
+  lattice (checked).  Moments one order cannot hold (no common unit,
+  unbalanced axes that dephase independently) are played by the
+  **moment-keyed EPG** (also ``dephasing="keyed"``): each state keyed by
+  its exact 3-D moment on the axes that dephase, the pathways whose moments
+  agree within about 1e-3 cycles across the voxel merged into one state (a
+  cell of the lattice), so that exact coincidences of the file's moments
+  are never rounded apart; states the rest of the sequence cannot bring
+  back to the origin are dropped (exactly), and states whose magnitude
+  bound over the call's B1, T1 and T2 falls below 1e-7 of M0 are dropped
+  with the sum of the bounds as the largest change of any sample
+  (rotations, shifts and relaxation never lengthen the magnetisation in
+  L2).  As on one order, every state off the origin's cell counts as
+  dephased across the voxel.  It plays ``simulate`` on the host and the
+  GPU, relaxation, B0, B1, shaped pulses and D (each state diffusing with
+  its exact moment, the moment of an interval applied at its gradients'
+  centroid: within 3 % of the waveform's b for lobes short beside their
+  gap); ``jacobian``, ``vjp``, pools and v are refused by name.  A call
+  expected to take over 30 s says so with its estimate (states x events
+  x voxels) and shows its progress.  ``axis`` (a direction to follow
+  alone), ``unit`` (cycles/m, checked, never rounded) or a callable
+  ``dephasing(block) -> shifts`` choose otherwise, and ``dephasing="spoil"``
+  spoils ideally at every block with a net moment and no RF or ADC.  With
+  ``voxel_size_m`` the crusher geometry for D and v follows from the unit:
+  ``crusher_dephasing_rad`` = 2π·|unit|·voxel.
 - Not read: extensions (labels, triggers, rotations), soft delays, the
   gradients' effect on B0 (eddy currents, concomitant fields), slice
   profiles (``slice_profile`` gives them), ADC samples other than the
