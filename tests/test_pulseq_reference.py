@@ -689,6 +689,8 @@ def test_keyed_by_moment_refuses_what_it_does_not_play_by_name(tmp_path):
         sim.jacobian(["T2"], **TISSUE)
     with pytest.raises(TypeError, match="moment-keyed EPG"):
         sim.vjp(["T2"], **TISSUE)
+    with pytest.raises(TypeError, match="moment-keyed EPG"):
+        sim.simulate(**TISSUE, bound_fraction=0.1, bound_exchange=20.0)
     with pytest.raises(ValueError, match="v needs the crusher geometry"):
         sim.simulate(**TISSUE, v=1.0)
 
