@@ -82,3 +82,43 @@ def test_simulate_1e4_voxels(benchmark, files, name):
     benchmark.extra_info["voxels"] = 10_000
     benchmark.extra_info["samples"] = out.shape[1]
     benchmark.extra_info["voxels_per_s_median"] = 10_000 / benchmark.stats.stats.median
+
+
+KEYED_FILES = {
+    # pypulseq's TSE example's form: shots whose spoilers leave the train's proportion of x to z
+    "tse_shots": (lambda p: writers.tse(p, shots=3, echoes=16, phase_encode=False), ("moment", "keyed")),
+    # crushers on z and x changing area from echo to echo with no common unit: keyed only
+    "tse16_unequal": (lambda p: writers.tse_unequal(p, echoes=16), ("moment",)),
+    "tse24_unequal": (lambda p: writers.tse_unequal(p, echoes=24), ("moment",)),
+}
+
+
+@pytest.fixture(scope="module")
+def keyed_files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("keyed")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return {name: write(root / f"{name}.seq") for name, (write, _) in KEYED_FILES.items()}
+
+
+@pytest.mark.parametrize("name, dephasing", [(n, d) for n, (_, ds) in KEYED_FILES.items() for d in ds])
+def test_keyed_1e4_voxels(benchmark, keyed_files, name, dephasing):
+    """1e4 voxels (a T1 x T2 grid) through a file on one EPG order
+    (``moment`` where one order holds it) or the moment-keyed EPG (``keyed``,
+    and ``moment`` where one order cannot hold it), the keyed program built
+    outside the timing (it is cached per stream and tissue range)."""
+    from blochsim.sequence import keyed
+
+    sim = Simulator.from_pulseq(keyed_files[name], dephasing=dephasing)
+    T1, T2 = np.meshgrid(np.geomspace(300.0, 3000.0, 100), np.geomspace(20.0, 300.0, 100))
+    T1, T2 = T1.ravel(), T2.ravel()
+    sim.simulate(T1=T1, T2=T2)
+    out = benchmark.pedantic(sim.simulate, kwargs={"T1": T1, "T2": T2}, rounds=3, warmup_rounds=0)
+    assert out.shape[0] == 10_000
+    played = [p for s, p in keyed._PROGRAMS.values()]
+    benchmark.extra_info["voxels"] = 10_000
+    benchmark.extra_info["samples"] = out.shape[1]
+    if any(type(op).__name__ == "_Moment" for op in read_pulseq(keyed_files[name], dephasing=dephasing)):
+        benchmark.extra_info["keyed_states"] = played[-1].max_slots
+        benchmark.extra_info["keyed_state_events"] = played[-1].cost
+        benchmark.extra_info["error_bound"] = played[-1].error_bound
