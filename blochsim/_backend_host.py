@@ -104,6 +104,35 @@ def jacobian(owner, ps, arrays, shape, fields, scale, one, threads, variant, out
     return (signal, J[..., 0, :] if one else J), si
 
 
+def keyed_jacobian(owner, stream, ps, arrays, shape, fields, scale, one, threads, out=None):
+    """jacobian() through the moment-keyed EPG (``stream`` carries the
+    moments): signal and Jacobian per public unit, into ``out`` if given."""
+    from blochsim.sequence import keyed
+
+    n = int(np.prod(shape, dtype=np.int64))
+    if out is not None:
+        for name, a, want in V.jacobian_out_shapes(out, shape, len(fields), ps.n_samples, one):
+            V.check_host_out(name, a, want)
+    si = si_planes(arrays, shape)
+    program = keyed.program_for(owner, stream, si, list(_core.TISSUE_FIELDS))
+    duals = len(fields) + 1
+    _memory.check_host(owner, n, 8.0 * ps.n_samples * (1 + len(fields)) * (out is None),
+                       4.0 * program.max_slots * 12 * 16 * duals * max(1, min(threads, n)),
+                       f"the moment-keyed EPG's dual workspaces ({program.max_slots:,} states)",
+                       "fewer threads or fewer directions")
+    if out is None:
+        signal = np.empty(shape + (ps.n_samples,), dtype=np.complex64)
+        jac = np.empty((n, len(fields), ps.n_samples), dtype=np.complex64)
+    else:
+        signal, jac = out
+    _core.keyed_jacobian_host(ps, program, si, n, fields, scale, signal.reshape(n, ps.n_samples),
+                              jac.reshape(n, len(fields), ps.n_samples), threads)
+    if out is not None:
+        return out
+    J = jac.reshape(shape + (len(fields), ps.n_samples))
+    return signal, J[..., 0, :] if one else J
+
+
 def vjp(owner, s, ps, arrays, shape, names, tissue_names, p, prov, pshapes, threads, variant):
     """The signal and the pullback of the host adjoint."""
     fields, scale = _reverse.fields_and_scale(tissue_names)

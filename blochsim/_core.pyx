@@ -18,7 +18,7 @@ from blochsim._events cimport (EventStream, Pools, Property, Tissue, cuda_error_
                               field_single_pool_direction, field_table, interrupted, lineshape_g, out_of_memory,
                               pool_field_count, pool_property, status_message, tissue_fields, tissue_property)
 from blochsim._host cimport (Interrupt, KeyedProgram, MatchProblem, MatchResult, NoiseKey, PerkModel, host_available_memory,
-                             host_keyed_dispatch,
+                             host_keyed_dispatch, host_keyed_jacobian_dispatch,
                              host_match_dispatch, host_noise_add, host_perk_dispatch, host_set_interrupt, host_workspace_bytes,
                              match_max_k, perk_max_outputs, unchecked_workspace_bytes)
 from blochsim._host cimport (host_adjoint2_dispatch, host_adjoint_dispatch, host_forward_dispatch, host_forward_registers, host_isa,
@@ -271,6 +271,39 @@ def keyed_forward_host(PackedStream ps, program, tuple tissue, int64_t n, float 
     cdef Interrupt prev = _listen(holder)
     with nogil:
         st = host_keyed_dispatch(ps.s, k, t, outp, threads)
+    host_set_interrupt(prev)
+    _raise(st, err, holder)
+
+
+def keyed_jacobian_host(PackedStream ps, program, tuple tissue, int64_t n, fields, seeds,
+                        float complex[:, ::1] out, float complex[:, :, ::1] jac, int threads):
+    """Signal and tissue Jacobian through the moment-keyed EPG on the host:
+    ``program`` as keyed_forward_host, the rest as jacobian_host."""
+    cdef KeyedProgram k
+    cdef Tissue t
+    cdef int st
+    cdef int nd = len(fields)
+    cdef vector[int] cf
+    cdef vector[float] cs
+    cdef char err[ERRLEN]
+    err[0] = 0
+    if nd < 1 or nd > tissue_fields or len(seeds) != nd:
+        raise ValueError("blochsim internal error: 1 to tissue_fields Jacobian directions, one seed each")
+    cf = [int(f) for f in fields]
+    cs = [float(x) for x in seeds]
+    if out.shape[0] != n or out.shape[1] != ps.s.n_samples or jac.shape[0] != n or jac.shape[1] != nd \
+            or jac.shape[2] != ps.s.n_samples:
+        raise ValueError("blochsim internal error: output shapes")
+    refs = _keyed_program(&k, ps, program)
+    keep = _host_tissue(&t, tissue, n)
+    if n == 0 or ps.s.n_samples == 0:
+        return
+    cdef float* outp = <float*> &out[0, 0]
+    cdef float* jacp = <float*> &jac[0, 0, 0]
+    holder = []
+    cdef Interrupt prev = _listen(holder)
+    with nogil:
+        st = host_keyed_jacobian_dispatch(ps.s, k, t, cf.data(), nd, outp, jacp, threads, cs.data())
     host_set_interrupt(prev)
     _raise(st, err, holder)
 

@@ -83,6 +83,8 @@ cdef extern from "dispatch.hpp" namespace "blochsim" nogil:
                            float* xbar, int threads)
     int host_match_dispatch(const MatchProblem& p, const MatchResult& r, int threads)
     int host_keyed_dispatch(const EventStream& s, const KeyedProgram& k, const Tissue& t, float* out, int threads)
+    int host_keyed_jacobian_dispatch(const EventStream& s, const KeyedProgram& k, const Tissue& t, const int* fields,
+                                     int n_dirs, float* out, float* jac, int threads, const float* seeds)
     int host_noise_add(float* z, int64_t n, int64_t first, double sigma, const NoiseKey& k, int threads)
     const char* host_isa()
     double host_workspace_bytes(int entry, const EventStream& s, const Pools* p, int64_t n, int threads,

@@ -291,7 +291,9 @@ class Simulator(Played):
             _backend_device.check_states(states, real, "this Jacobian")
             return _backend_device.jacobian(owner, ps, intake, names, fields, scale, one, out)
         arrays, shape = self._tissue(tissue)
-        _, ps, _, _ = self._stream_for(p, set(arrays))
+        s, ps, _, _ = self._stream_for(p, set(arrays), keyed=True)
+        if s.moments is not None:
+            return _backend_host.keyed_jacobian(owner, s, ps, arrays, shape, fields, scale, one, route.threads, out)
         result, _ = _backend_host.jacobian(owner, ps, arrays, shape, fields, scale, one, route.threads,
                                            self._host_variant, out)
         return result

@@ -96,10 +96,11 @@ What is read, and the model
   (rotations, shifts and relaxation never lengthen the magnetisation in
   L2).  As on one order, every state off the origin's cell counts as
   dephased across the voxel.  It plays ``simulate`` on the host and the
-  GPU, relaxation, B0, B1, shaped pulses and D (each state diffusing with
+  GPU and ``jacobian`` on the host (dual numbers through the same maps),
+  with relaxation, B0, B1, shaped pulses and D (each state diffusing with
   its exact moment, the moment of an interval applied at its gradients'
   centroid: within 3 % of the waveform's b for lobes short beside their
-  gap); ``jacobian``, ``vjp``, pools and v are refused by name.  A call
+  gap); ``vjp``, the GPU's ``jacobian``, pools and v are refused by name.  A call
   expected to take over 30 s says so with its estimate (states x events
   x voxels) and shows its progress.  ``axis`` (a direction to follow
   alone), ``unit`` (cycles/m, checked, never rounded) or a callable

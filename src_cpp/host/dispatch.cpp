@@ -26,6 +26,8 @@ struct Kernels {
   host::PerkRangeFn perk;
   host::MatchRangeFn match;
   int (*keyed)(const EventStream&, const KeyedProgram&, const Tissue&, int64_t, int64_t, void*, float*);
+  int (*keyed_jacobian)(const EventStream&, const KeyedProgram&, const Tissue&, const int*, int, int64_t, int64_t,
+                        void*, float*, float*, const float*);
   const char* isa;
 };
 
@@ -34,7 +36,7 @@ struct Kernels {
     &kernels::range_real_##suffix, &kernels::range_complex_##suffix, &kernels::jacobian_range_##suffix,     \
         &kernels::adjoint_range_##suffix, &kernels::adjoint2_range_##suffix, &kernels::pooled_range_##suffix, \
         &kernels::pooled_jacobian_range_##suffix, &kernels::perk_range_##suffix, &kernels::match_range_##suffix, \
-        &kernels::keyed_range_##suffix, name                                                                \
+        &kernels::keyed_range_##suffix, &kernels::keyed_jacobian_range_##suffix, name                       \
   }
 
 // The kernels of the best level this CPU runs, or of the level
@@ -144,6 +146,23 @@ int host_keyed_dispatch(const EventStream& s, const KeyedProgram& k, const Tissu
     const std::size_t work = static_cast<std::size_t>(keyed_workspace(k)) * host::lanes;
     return host::run_blocks_with(t, threads, work, [&](int64_t b0, int64_t b1, void* w) {
       return fn(s, k, t, b0, b1, w, out);
+    });
+  });
+}
+
+int host_keyed_jacobian_dispatch(const EventStream& s, const KeyedProgram& k, const Tissue& t, const int* fields,
+                                 int n_dirs, float* out, float* jac, int threads, const float* seeds) noexcept {
+  return guarded([&]() -> int {
+    int v = validate(s, t);
+    if (v == ok) v = validate_keyed(s, k);
+    if (v == ok) v = keyed_plays(k, t);
+    if (v == ok) v = validate_directions(fields, n_dirs);
+    if (v != ok) return v;
+    const auto fn = chosen().keyed_jacobian;
+    const std::size_t work = static_cast<std::size_t>(keyed_workspace(k)) * host::lanes *
+                             static_cast<std::size_t>(1 + dual_width(dual_directions(fields, n_dirs)));
+    return host::run_blocks_with(t, threads, work, [&](int64_t b0, int64_t b1, void* w) {
+      return fn(s, k, t, fields, n_dirs, b0, b1, w, out, jac, seeds);
     });
   });
 }

@@ -95,6 +95,11 @@ double host_workspace_bytes(int entry, const EventStream& s, const Pools* p, int
 int host_keyed_dispatch(const EventStream& s, const KeyedProgram& k, const Tissue& t, float* out,
                         int threads) noexcept;
 
+// Signal and tissue Jacobian through the moment-keyed EPG (as
+// host_jacobian_dispatch); returns a Status.
+int host_keyed_jacobian_dispatch(const EventStream& s, const KeyedProgram& k, const Tissue& t, const int* fields,
+                                 int n_dirs, float* out, float* jac, int threads, const float* seeds) noexcept;
+
 // Memory available to a new allocation (bytes; host/interrupt.hpp).
 double host_available_memory() noexcept;
 
@@ -117,7 +122,9 @@ namespace kernels {
   int perk_range_##suffix(const PerkModel&, const float*, const float*, int64_t, int64_t, int64_t, void*, float*, \
                           float*);                                                                             \
   int match_range_##suffix(const MatchProblem&, const MatchResult&, int64_t, int64_t, float*);        \
-  int keyed_range_##suffix(const EventStream&, const KeyedProgram&, const Tissue&, int64_t, int64_t, void*, float*);
+  int keyed_range_##suffix(const EventStream&, const KeyedProgram&, const Tissue&, int64_t, int64_t, void*, float*); \
+  int keyed_jacobian_range_##suffix(const EventStream&, const KeyedProgram&, const Tissue&, const int*, int, int64_t, \
+                                    int64_t, void*, float*, float*, const float*);
 BLOCHSIM_DECLARE_KERNELS(default)
 BLOCHSIM_DECLARE_KERNELS(v3)
 BLOCHSIM_DECLARE_KERNELS(v4)

@@ -145,6 +145,15 @@ int BLOCHSIM_CAT(keyed_range_, BLOCHSIM_ISA_SUFFIX)(const EventStream& s, const 
   return ok;
 }
 
+int BLOCHSIM_CAT(keyed_jacobian_range_, BLOCHSIM_ISA_SUFFIX)(const EventStream& s, const KeyedProgram& k,
+                                                             const Tissue& t, const int* fields, int n_dirs,
+                                                             int64_t hb0, int64_t hb1, void* work, float* out,
+                                                             float* jac, const float* seeds) {
+  int64_t b0, b1;
+  native_blocks(t.n, hb0, hb1, b0, b1);
+  return epg::keyed_jacobian_range<Native>(s, k, t, fields, n_dirs, b0, b1, work, out, jac, seeds);
+}
+
 int BLOCHSIM_CAT(range_real_, BLOCHSIM_ISA_SUFFIX)(const EventStream& s, const Tissue& t, int64_t b0,
                                                    int64_t b1, void* work, float* out) {
   return range<false>(s, t, b0, b1, work, out);

@@ -24,7 +24,7 @@ __global__ void keyed_kernel(EventStream s, KeyedProgram k, Tissue t, int64_t fi
   if (i >= count) return;
   const epg::StridedBuffer<float> a{buf + i, count};
   const epg::StridedBuffer<float> b{buf + 6 * static_cast<int64_t>(k.max_slots) * count + i, count};
-  epg::keyed_play<float, float>(s, k, t, first + i, a, b, out);
+  epg::keyed_thread<float>(s, k, t, first + i, a, b, out);
 }
 
 // The program's arrays copied to the device as one buffer.

@@ -21,8 +21,12 @@
 
 #include <cstdint>
 
+#include <type_traits>
+
+#include "../dual.hpp"
 #include "../events.hpp"
 #include "epg.hpp"
+#include "jacobian.hpp"
 
 namespace blochsim {
 
@@ -87,7 +91,7 @@ inline int keyed_plays(const KeyedProgram& k, const Tissue& t) {
 // Lane vectors a block's workspace holds: two states of max_slots slots.
 inline int64_t keyed_workspace(const KeyedProgram& k) { return 12 * static_cast<int64_t>(k.max_slots); }
 
-namespace BLOCHSIM_ISA {
+inline namespace BLOCHSIM_ISA {
 namespace epg {
 
 // A keyed state's components strided in memory (the device's layout: one
@@ -101,26 +105,21 @@ struct StridedBuffer {
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE StridedBuffer operator+(int64_t i) const { return {p + i * stride, stride}; }
 };
 
-// Play a keyed program for the problems of the lane vector V starting at
-// `first` (t's indices; lanes past t.n replay the last), the state in two
-// buffers a and b of 6 max_slots components each (V* or StridedBuffer<V>):
-// samples into out (events.hpp's layout).  M is the precision of the
-// interval exponentials.  Diffusion, flow and pools are not played here
-// (the Python layer refuses them first).
-template <class V, class M, class Buf>
-BLOCHSIM_HD void keyed_play(const EventStream& s, const KeyedProgram& k, const Tissue& t, int64_t first, Buf a,
-                            Buf b, float* out) {
-  constexpr int W = Lanes<V>::width;
-  int64_t idx[W];
-  lane_indices<W>(first, t.n, idx);
-  const LaneTissue<V> lt = gather<V>(t, idx);
+// Play a keyed program for the lane vector V of problems whose tissue is
+// lt (V may be a dual: its tangents are carried through), the state in two
+// buffers a and b of 6 max_slots components each (V* or StridedBuffer<V>),
+// each readout handed to sink.write(slot, re, im).  M is the precision of
+// the interval exponentials.  Flow and pools are not played here (the
+// Python layer refuses them first).
+template <class V, class M, class Buf, class Sink>
+BLOCHSIM_HD void keyed_play(const EventStream& s, const KeyedProgram& k, const Tissue& t, const LaneTissue<V>& lt,
+                            Buf a, Buf b, Sink& sink) {
   PlayContext<V> cx;
   cx.rf_uniform = !t.B1.present() && !t.B1phase_rad.present();
   cx.per_order = false;
   cx.c0 = 1.0f;
   cx.s0 = 0.0f;
   cx.m0 = lt.M0;
-  LaneSink<V> sink{out, first, t.n, s.n_samples};
   int64_t n = 1;
   for (int i = 0; i < 6; ++i) a[i] = V{};
   a[4] = splat<V>(1.0f);  // Z(0) = 1: equilibrium
@@ -164,12 +163,14 @@ BLOCHSIM_HD void keyed_play(const EventStream& s, const KeyedProgram& k, const T
         // each slot (and its Z) loses e^{-D |2 pi k|^2 tau} over the interval
         using LT = Lanes<V>;
         using S = typename LT::Scalar;
+        using Wd = typename LT::template Wide<M>;  // M, or its dual on a dual lane type
         const M tau = static_cast<M>(s.duration_s[ev.interval]);
         for (int64_t j = 1; j < n; ++j) {
           V g;
           for (int l = 0; l < LT::width; ++l) {
             using std::exp;
-            LT::set(g, l, static_cast<S>(exp(-static_cast<M>(LT::get(lt.D, l)) * tau * static_cast<M>(k2[j]))));
+            const Wd Dl = static_cast<Wd>(LT::get(lt.D, l));
+            LT::set(g, l, static_cast<S>(exp(-Dl * (tau * static_cast<M>(k2[j])))));
           }
           const Buf x = a + 6 * j;
           for (int i = 0; i < 6; ++i) x[i] = g * x[i];
@@ -206,8 +207,68 @@ BLOCHSIM_HD void keyed_play(const EventStream& s, const KeyedProgram& k, const T
 template <class V, class M = double>
 BLOCHSIM_HD int keyed_block(const EventStream& s, const KeyedProgram& k, const Tissue& t, int64_t first, V* work,
                             float* out) {
-  keyed_play<V, M, V*>(s, k, t, first, work, work + 6 * static_cast<int64_t>(k.max_slots), out);
+  constexpr int W = Lanes<V>::width;
+  int64_t idx[W];
+  lane_indices<W>(first, t.n, idx);
+  const LaneTissue<V> lt = gather<V>(t, idx);
+  LaneSink<V> sink{out, first, t.n, s.n_samples};
+  keyed_play<V, M, V*>(s, k, t, lt, work, work + 6 * static_cast<int64_t>(k.max_slots), sink);
   return ok;
+}
+
+// The device's thread: problem `first` of t, its state in strided buffers.
+template <class M>
+BLOCHSIM_HD void keyed_thread(const EventStream& s, const KeyedProgram& k, const Tissue& t, int64_t first,
+                              StridedBuffer<float> a, StridedBuffer<float> b, float* out) {
+  int64_t idx[1] = {first};
+  const LaneTissue<float> lt = gather<float>(t, idx);
+  LaneSink<float> sink{out, first, t.n, s.n_samples};
+  keyed_play<float, M>(s, k, t, lt, a, b, sink);
+}
+
+// Signal and tissue Jacobian of problems [first, first + width) of t along
+// fields[0 .. n_dirs) (dual_directions <= N; M0 from the unscaled signal, as
+// jacobian_block), the state on duals in `work` (2 x 6 max_slots dual lane
+// vectors): jac as host_jacobian_dispatch.
+template <class V, int N>
+BLOCHSIM_HD int keyed_jacobian_block(const EventStream& s, const KeyedProgram& k, const Tissue& t,
+                                     const int* fields, int n_dirs, int64_t first, Dual<V, N>* work, float* out,
+                                     float* jac, const float* seeds) {
+  using T = Dual<V, N>;
+  constexpr int W = Lanes<V>::width;
+  int64_t idx[W];
+  lane_indices<W>(first, t.n, idx);
+  LaneTissue<T> lt = gather<T>(t, idx);
+  const DirectionSlots ds(fields, n_dirs, seeds);
+  for (int j = 0; j < ds.n_duals; ++j) seed(lt, ds.duals[j], j, ds.dseeds[j]);
+  const V m0 = lt.M0.v;
+  lt.M0 = T(1.0f);
+  JacobianSink<V, N> sink{out, jac, first, t.n, s.n_samples, n_dirs, ds.m0_col, ds.slot, m0, ds.m0_seed};
+  keyed_play<T, double, T*>(s, k, t, lt, work, work + 6 * static_cast<int64_t>(k.max_slots), sink);
+  return ok;
+}
+
+// The Jacobian of blocks [b0, b1) of lane vectors V, the dual width picked
+// at run time (as jacobian_range).
+template <class V>
+inline int keyed_jacobian_range(const EventStream& s, const KeyedProgram& k, const Tissue& t, const int* fields,
+                                int n_dirs, int64_t b0, int64_t b1, void* work, float* out, float* jac,
+                                const float* seeds) {
+  auto blocks = [&](auto width) {
+    constexpr int N = decltype(width)::value;
+    for (int64_t b = b0; b < b1; ++b) {
+      const int st = keyed_jacobian_block<V, N>(s, k, t, fields, n_dirs, b * Lanes<V>::width,
+                                                static_cast<Dual<V, N>*>(work), out, jac, seeds);
+      if (st != ok) return st;
+    }
+    return static_cast<int>(ok);
+  };
+  switch (dual_width(dual_directions(fields, n_dirs))) {
+    case 1: return blocks(std::integral_constant<int, 1>{});
+    case 2: return blocks(std::integral_constant<int, 2>{});
+    case 4: return blocks(std::integral_constant<int, 4>{});
+    default: return blocks(std::integral_constant<int, tissue_fields>{});
+  }
 }
 
 }  // namespace epg
