@@ -10,6 +10,7 @@
 #include "epg/epg.hpp"
 #include "events.hpp"
 #include "host/epg.hpp"
+#include "host/keyed.hpp"
 #include "host/perk.hpp"
 #include "host/pools.hpp"
 #include "perk.hpp"

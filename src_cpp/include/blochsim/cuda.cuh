@@ -26,6 +26,7 @@
 #include "cuda/adjoint.cuh"
 #include "cuda/forward.cuh"
 #include "cuda/jacobian.cuh"
+#include "cuda/keyed.cuh"
 #include "cuda/match.cuh"
 #include "cuda/perk.cuh"
 #include "cuda/pools.cuh"

@@ -95,11 +95,15 @@ __device__ __forceinline__ void match_lists_merge(float (&pw)[S][KC], int64_t (&
 // Atom stages in shared memory: 2 lets a step store the next step's atoms
 // while slower warps still read this step's, one barrier a step instead of
 // two when the signals stay resident (-D to compare: bench/device_match.cu).
-// The tensor-core kernel where the card has them, on FP16 parts (2) or
-// TF32 parts (1); 0 for the scalar kernel everywhere (bench/device_match.cu
-// compares them).
+// The tensor-core kernel where the card has them: on FP16 parts for atoms
+// longer than a staging step and TF32 parts for shorter ones (3, the
+// default: on an H100 FP16 matches 1e5 x 1e5 full atoms in 0.66 s against
+// TF32's 0.87 s, TF32 1e6 x 1e6 at rank 12 in 2.0 s against FP16's 2.6 s,
+// whose k-steps of 8 components waste a third of rank 12), FP16 (2) or
+// TF32 (1) always; 0 for the scalar kernel everywhere
+// (bench/device_match.cu compares them).
 #ifndef BLOCHSIM_MATCH_TENSOR
-#define BLOCHSIM_MATCH_TENSOR 2
+#define BLOCHSIM_MATCH_TENSOR 3
 #endif
 #ifndef BLOCHSIM_MATCH_ATOM_STAGES
 #define BLOCHSIM_MATCH_ATOM_STAGES 2
@@ -659,7 +663,8 @@ inline int match_launch(const MatchProblem& p, const MatchResult& r, cudaStream_
   };
   int major = 0;
   BLOCHSIM_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
-  const int tensor = major >= 8 ? BLOCHSIM_MATCH_TENSOR : 0;  // 0 scalar, 1 TF32, 2 FP16
+  const int tensor = major < 8 ? 0 : BLOCHSIM_MATCH_TENSOR != 3 ? BLOCHSIM_MATCH_TENSOR
+                                 : p.dim > match_step ? 2 : 1;  // 0 scalar, 1 TF32, 2 FP16
   const int64_t lists = tensor ? match_tc_lists : 1;          // lists a split writes per signal
   if (tensor == 1) BLOCHSIM_CUDA((match_tc_prepare<KC, match_tf32_parts>()), "cudaFuncSetAttribute");
   if (tensor == 2) BLOCHSIM_CUDA((match_tc_prepare<KC, match_f16_parts>()), "cudaFuncSetAttribute");

@@ -1,0 +1,36 @@
+// The moment-keyed EPG (epg/keyed.hpp) on the host for C++ callers: the
+// problems in blocks of host::lanes over a thread pool of the caller's
+// size, as forward_status.  (The Python extension plays the same blocks on
+// the best x86-64 level's lanes, src_cpp/host/dispatch.cpp.)
+#pragma once
+
+#include "../epg/keyed.hpp"
+#include "epg.hpp"
+
+#if !defined(__CUDA_ARCH__)
+namespace blochsim {
+namespace host {
+
+// The samples of every problem of t through the keyed program k of stream
+// s into out (events.hpp's layout) on `threads` threads; returns a Status.
+inline int keyed_status(const EventStream& s, const KeyedProgram& k, const Tissue& t, float* out,
+                        int threads) noexcept {
+  return guarded([&]() -> int {
+    int v = validate(s, t);
+    if (v == ok) v = validate_keyed(s, k);
+    if (v == ok) v = keyed_plays(k, t);
+    if (v != ok) return v;
+    const std::size_t work = static_cast<std::size_t>(keyed_workspace(k)) * lanes;
+    return run_blocks_with(t, threads, work, [&](int64_t b0, int64_t b1, float* w) {
+      for (int64_t b = b0; b < b1; ++b) {
+        const int st = epg::keyed_block<Vec>(s, k, t, b * lanes, reinterpret_cast<Vec*>(w), out);
+        if (st != ok) return st;
+      }
+      return static_cast<int>(ok);
+    });
+  });
+}
+
+}  // namespace host
+}  // namespace blochsim
+#endif
