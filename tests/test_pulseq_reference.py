@@ -869,3 +869,27 @@ def test_keyed_by_moment_jacobian_against_central_differences(tmp_path):
     one = Simulator.from_pulseq(cpmg).jacobian(["T2", "B1", "B0"], **kw)[1]
     keyed = Simulator.from_pulseq(cpmg, dephasing="keyed").jacobian(["T2", "B1", "B0"], **kw)[1]
     np.testing.assert_allclose(keyed, one, atol=1e-5 * np.abs(one).max())
+
+
+def test_keyed_by_moment_bounds_what_its_pruning_drops(tmp_path, monkeypatch):
+    """The bounded pruning's threshold is lowered until the summed bound of
+    the states it drops (the largest change of any sample) is at most
+    ERROR_BOUND, and the samples move by no more than that bound against a
+    program that drops nothing it may need."""
+    from blochsim.sequence import keyed
+
+    path = tse_unequal(tmp_path / "unequal.seq", echoes=20)
+    sim = Simulator.from_pulseq(path)
+    s = sim.simulate(T1=3000.0, T2=300.0)
+    prog = [p for _, p in keyed._PROGRAMS.values()][-1]
+    assert 0.0 <= prog.error_bound <= keyed.ERROR_BOUND
+    stream = [st for st, _ in keyed._PROGRAMS.values()][-1]
+    loose = keyed.build(stream, t1_max=3.0, t2_max=0.3, prune=1e-5)
+    assert loose.error_bound > prog.error_bound and loose.max_slots < prog.max_slots
+    full = keyed.build(stream, t1_max=3.0, t2_max=0.3, prune=0.0)
+    assert full.error_bound == 0.0 and full.max_slots >= prog.max_slots
+    # the loose program's samples within its bound of the default's
+    monkeypatch.setattr(keyed.program_for, "__defaults__", (1e-5, 1.0))
+    keyed._PROGRAMS.clear()
+    coarse = sim.simulate(T1=3000.0, T2=300.0)
+    assert 0 < np.abs(coarse - s).max() <= loose.error_bound + prog.error_bound + 1e-6

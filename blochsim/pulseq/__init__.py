@@ -91,10 +91,10 @@ What is read, and the model
   cell of the lattice), so that exact coincidences of the file's moments
   are never rounded apart; states the rest of the sequence cannot bring
   back to the origin are dropped (exactly), and states whose magnitude
-  bound over the call's B1, T1 and T2 falls below 1e-7 of M0 are dropped
-  with the sum of the bounds as the largest change of any sample
-  (rotations, shifts and relaxation never lengthen the magnetisation in
-  L2).  As on one order, every state off the origin's cell counts as
+  bound over the call's B1, T1 and T2 falls below 1e-7 of M0 are dropped,
+  the threshold lowered until the sum of the dropped states' bounds, the
+  largest change of any sample (rotations, shifts and relaxation never
+  lengthen the magnetisation in L2), is at most 1e-5 of M0.  As on one order, every state off the origin's cell counts as
   dephased across the voxel.  It plays ``simulate`` on the host and the
   GPU and ``jacobian`` on the host (dual numbers through the same maps),
   with relaxation, B0, B1, shaped pulses and D (each state diffusing with

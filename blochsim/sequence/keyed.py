@@ -16,7 +16,8 @@ states few:
 - bounded: each state's magnitude is bounded over the call's tissue (the
   largest B1 range, T1 and T2 of its voxels, the sum over the pathways that
   reach it of the products of their rotations' magnitudes), and states
-  whose bound falls below ``prune`` are dropped.  The operators are
+  whose bound falls below ``PRUNE`` are dropped, the threshold lowered until
+  their summed bound is at most ``ERROR_BOUND``.  The operators are
   rotations, shifts and relaxation, which never lengthen the magnetisation
   field in L2 (Parseval), so every later sample moves by at most M0 times
   the sum of the L2 bounds of the states dropped before it:
@@ -30,8 +31,12 @@ import numpy as np
 
 from blochsim.sequence.packing import EV_RF, EV_SPOIL
 
-#: states whose bound (a fraction of M0) falls below this are dropped
+#: states whose bound (a fraction of M0) falls below this are dropped ...
 PRUNE = 1e-7
+#: ... a hundredfold lower at a time (down to 1e-13, then none) until the
+#: summed bound of the states dropped, the largest change of any sample, is
+#: at most this (a fraction of M0)
+ERROR_BOUND = 1e-5
 #: a lattice cell, in lattice steps (moments within about one step of each
 #: other share a cell): irrational, so that no moment a file writes (a
 #: rational number of steps) sits on a cell boundary
@@ -302,7 +307,7 @@ def build(stream, b1=(1.0, 1.0), t1_max=math.inf, t2_max=math.inf, prune=PRUNE):
 _PROGRAMS: dict = {}
 
 
-def program_for(owner, stream, si, names, prune=PRUNE):
+def program_for(owner, stream, si, names, prune=PRUNE, target=ERROR_BOUND):
     """The program of ``stream`` for the call's SI tissue planes ``si``
     (TISSUE_FIELDS order, ``names``; only B1, T1, T2 and v are read),
     cached per stream and tissue range; v is refused by name."""
@@ -322,6 +327,9 @@ def program_for(owner, stream, si, names, prune=PRUNE):
     if hit is not None and hit[0] is stream:
         return hit[1]
     program = build(stream, b1, t1, t2, prune)
+    while program.error_bound > target:
+        prune = prune / 100 if prune > 1e-13 else 0.0
+        program = build(stream, b1, t1, t2, prune)
     if len(_PROGRAMS) >= 16:
         _PROGRAMS.pop(next(iter(_PROGRAMS)))
     _PROGRAMS[key] = (stream, program)
