@@ -647,22 +647,35 @@ def test_pools_vjp_parity_with_host(name, sim, tissue):
         assert np.max(np.abs(g1[k] - g0[k])) <= RTOL * np.max(np.abs(g0[k])) + 1e-9, k
 
 
-def test_moment_keyed_epg_on_the_card_equals_the_host(tmp_path):
-    """A file one EPG order cannot hold (crushers of unequal areas on two
-    axes) on the card: NumPy inputs with device="cuda" and device arrays
-    in, against the host's keyed EPG."""
-    pytest.importorskip("pypulseq")
-    from test_pulseq_reference import tse_unequal
+class _KeyedTrain(Simulator):
+    """A spin-echo train whose crushers (x and z, unequal from echo to echo)
+    only the moment-keyed EPG holds: _Moment operators, as the Pulseq reader
+    writes them."""
 
-    path = tse_unequal(tmp_path / "unequal.seq", echoes=12)
+    protocol = {"echoes": 12}
+
+    def repetition(self, p):
+        from blochsim.sequence.operators import _Moment
+
+        ops = [Pulse(90.0, 90.0)]
+        for e in range(p["echoes"]):
+            m = (300.0 * (1 + 0.291 * (e % 4)), 0.0, 400.0 * (1 + 0.137 * (e % 5)))
+            ops += [Delay(4.0), _Moment(m, 1.0), Delay(1.0), Pulse(120.0), Delay(1.0), _Moment(m, 1.0), Delay(4.0),
+                    Readout()]
+        return Sequence(ops)
+
+
+def test_moment_keyed_epg_on_the_card_equals_the_host():
+    """The moment-keyed EPG on the card: NumPy inputs with device="cuda" and
+    device arrays in, against the host's, with B1, B0 and D per voxel."""
     n = 3000
     rng = np.random.default_rng(3)
     tissue = dict(T1=rng.uniform(300, 3000, n), T2=rng.uniform(20, 300, n), B1=rng.uniform(0.8, 1.2, n),
-                  B0=rng.uniform(-20, 20, n))
-    host = Simulator.from_pulseq(path).simulate(**tissue)
-    card = Simulator.from_pulseq(path, device="cuda").simulate(**tissue)
-    assert isinstance(card, np.ndarray) and card.shape == host.shape
+                  B0=rng.uniform(-20, 20, n), D=rng.uniform(0, 3, n))
+    host = _KeyedTrain().simulate(**tissue)
+    card = _KeyedTrain(device="cuda").simulate(**tissue)
+    assert isinstance(card, np.ndarray) and card.shape == host.shape == (n, 12)
     assert rel(card, host) < 2e-5
     dev = {k: blochsim.DeviceArray.from_numpy(v.astype(np.float32)) for k, v in tissue.items()}
-    resident = Simulator.from_pulseq(path).simulate(**dev)
+    resident = _KeyedTrain().simulate(**dev)
     assert rel(resident.get(), host) < 2e-5
