@@ -275,6 +275,16 @@ def keyed_forward_host(PackedStream ps, program, tuple tissue, int64_t n, float 
     _raise(st, err, holder)
 
 
+def _check_jacobian(PackedStream ps, int64_t n, fields, seeds, o0, o1, j0, j1, j2):
+    """The Jacobian entries' directions (1 to tissue_fields, one seed each)
+    and output shapes ((n, samples) and (n, directions, samples))."""
+    nd = len(fields)
+    if nd < 1 or nd > tissue_fields or len(seeds) != nd:
+        raise ValueError("blochsim internal error: 1 to tissue_fields Jacobian directions, one seed each")
+    if o0 != n or o1 != ps.s.n_samples or j0 != n or j1 != nd or j2 != ps.s.n_samples:
+        raise ValueError("blochsim internal error: output shapes")
+
+
 def keyed_jacobian_host(PackedStream ps, program, tuple tissue, int64_t n, fields, seeds,
                         float complex[:, ::1] out, float complex[:, :, ::1] jac, int threads):
     """Signal and tissue Jacobian through the moment-keyed EPG on the host:
@@ -287,13 +297,9 @@ def keyed_jacobian_host(PackedStream ps, program, tuple tissue, int64_t n, field
     cdef vector[float] cs
     cdef char err[ERRLEN]
     err[0] = 0
-    if nd < 1 or nd > tissue_fields or len(seeds) != nd:
-        raise ValueError("blochsim internal error: 1 to tissue_fields Jacobian directions, one seed each")
+    _check_jacobian(ps, n, fields, seeds, out.shape[0], out.shape[1], jac.shape[0], jac.shape[1], jac.shape[2])
     cf = [int(f) for f in fields]
     cs = [float(x) for x in seeds]
-    if out.shape[0] != n or out.shape[1] != ps.s.n_samples or jac.shape[0] != n or jac.shape[1] != nd \
-            or jac.shape[2] != ps.s.n_samples:
-        raise ValueError("blochsim internal error: output shapes")
     refs = _keyed_program(&k, ps, program)
     keep = _host_tissue(&t, tissue, n)
     if n == 0 or ps.s.n_samples == 0:
@@ -526,13 +532,9 @@ def jacobian_host(PackedStream ps, tuple tissue, int64_t n, fields, seeds, float
     cdef vector[float] cs
     cdef char err[ERRLEN]
     err[0] = 0
-    if nd < 1 or nd > tissue_fields or len(seeds) != nd:
-        raise ValueError("blochsim internal error: 1 to tissue_fields Jacobian directions, one seed each")
+    _check_jacobian(ps, n, fields, seeds, out.shape[0], out.shape[1], jac.shape[0], jac.shape[1], jac.shape[2])
     cf = [int(f) for f in fields]
     cs = [float(x) for x in seeds]
-    if out.shape[0] != n or out.shape[1] != ps.s.n_samples or jac.shape[0] != n or jac.shape[1] != nd \
-            or jac.shape[2] != ps.s.n_samples:
-        raise ValueError("blochsim internal error: output shapes")
     keep = _host_tissue(&t, tissue, n)
     if n == 0 or ps.s.n_samples == 0:
         return

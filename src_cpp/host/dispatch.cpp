@@ -6,6 +6,7 @@
 #include <string>
 
 #include <blochsim/host/epg.hpp>
+#include <blochsim/host/keyed.hpp>
 #include <blochsim/host/match.hpp>
 #include <blochsim/host/perk.hpp>
 #include <blochsim/host/pools.hpp>
@@ -25,7 +26,7 @@ struct Kernels {
   host::PooledJacobianRangeFn pooled_jacobian;
   host::PerkRangeFn perk;
   host::MatchRangeFn match;
-  int (*keyed)(const EventStream&, const KeyedProgram&, const Tissue&, int64_t, int64_t, void*, float*);
+  host::KeyedRangeFn keyed;
   int (*keyed_jacobian)(const EventStream&, const KeyedProgram&, const Tissue&, const int*, int, int64_t, int64_t,
                         void*, float*, float*, const float*);
   const char* isa;
@@ -137,17 +138,7 @@ int host_perk_dispatch(const PerkModel& m, const float* x, const float* g, int64
 
 int host_keyed_dispatch(const EventStream& s, const KeyedProgram& k, const Tissue& t, float* out,
                         int threads) noexcept {
-  return guarded([&]() -> int {
-    int v = validate(s, t);
-    if (v == ok) v = validate_keyed(s, k);
-    if (v == ok) v = keyed_plays(k, t);
-    if (v != ok) return v;
-    const auto fn = chosen().keyed;
-    const std::size_t work = static_cast<std::size_t>(keyed_workspace(k)) * host::lanes;
-    return host::run_blocks_with(t, threads, work, [&](int64_t b0, int64_t b1, void* w) {
-      return fn(s, k, t, b0, b1, w, out);
-    });
-  });
+  return host::keyed_status(s, k, t, out, threads, chosen().keyed);
 }
 
 int host_keyed_jacobian_dispatch(const EventStream& s, const KeyedProgram& k, const Tissue& t, const int* fields,

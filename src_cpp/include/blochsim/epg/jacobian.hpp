@@ -341,6 +341,23 @@ struct DirectionSlots {
   }
 };
 
+// The tissue of problems [first, first + width) of t on duals, the dual
+// directions of ds seeded, M0 set to 1 (the sinks scale by it): its values
+// into m0.
+template <class V, int N>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE LaneTissue<Dual<V, N>> seeded_lanes(const Tissue& t, int64_t first,
+                                                                     const DirectionSlots& ds, V& m0) {
+  using T = Dual<V, N>;
+  constexpr int W = Lanes<V>::width;
+  int64_t idx[W];
+  lane_indices<W>(first, t.n, idx);
+  LaneTissue<T> lt = gather<T>(t, idx);
+  for (int k = 0; k < ds.n_duals; ++k) seed(lt, ds.duals[k], k, ds.dseeds[k]);
+  m0 = lt.M0.v;
+  lt.M0 = T(1.0f);
+  return lt;
+}
+
 // Writes the samples of a lane vector of problems [first, first + width)
 // and their n_dirs derivatives, skipping lanes past n.  The event loop plays
 // with M0 = 1; the sink scales by each lane's M0 and takes the direction
@@ -388,14 +405,9 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE int jacobian_block(const EventStream& s, const 
                                                     int n_dirs, int64_t first, Dual<V, N>* work, float* out,
                                                     float* jac, const float* seeds = nullptr) {
   using T = Dual<V, N>;
-  constexpr int W = Lanes<V>::width;
-  int64_t idx[W];
-  lane_indices<W>(first, t.n, idx);
-  LaneTissue<T> lt = gather<T>(t, idx);
   const DirectionSlots ds(fields, n_dirs, seeds);
-  for (int k = 0; k < ds.n_duals; ++k) seed(lt, ds.duals[k], k, ds.dseeds[k]);
-  const V m0 = lt.M0.v;
-  lt.M0 = T(1.0f);
+  V m0;
+  const LaneTissue<T> lt = seeded_lanes<V, N>(t, first, ds, m0);
   SplitStore<SlidingPlaneStore<T, Complex>, V, N, Complex> st;
   st.directions(ds.duals, ds.n_duals);
   st.template init<double>(s, lt, work);

@@ -235,14 +235,9 @@ BLOCHSIM_HD int keyed_jacobian_block(const EventStream& s, const KeyedProgram& k
                                      const int* fields, int n_dirs, int64_t first, Dual<V, N>* work, float* out,
                                      float* jac, const float* seeds) {
   using T = Dual<V, N>;
-  constexpr int W = Lanes<V>::width;
-  int64_t idx[W];
-  lane_indices<W>(first, t.n, idx);
-  LaneTissue<T> lt = gather<T>(t, idx);
   const DirectionSlots ds(fields, n_dirs, seeds);
-  for (int j = 0; j < ds.n_duals; ++j) seed(lt, ds.duals[j], j, ds.dseeds[j]);
-  const V m0 = lt.M0.v;
-  lt.M0 = T(1.0f);
+  V m0;
+  const LaneTissue<T> lt = seeded_lanes<V, N>(t, first, ds, m0);
   JacobianSink<V, N> sink{out, jac, first, t.n, s.n_samples, n_dirs, ds.m0_col, ds.slot, m0, ds.m0_seed};
   keyed_play<T, double, T*>(s, k, t, lt, work, work + 6 * static_cast<int64_t>(k.max_slots), sink);
   return ok;
