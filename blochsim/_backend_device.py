@@ -99,7 +99,7 @@ def _keyed(owner, stream_of_moments, ps, dev, n, out_ptr, stream):
             _core.copy_to_host(h.view(np.uint8), ptr, stream)
             si[names.index(name)] = h
     program = keyed.program_for(owner, stream_of_moments, tuple(si), names)
-    _core.keyed_forward_cuda(ps, program, tuple(dev), n, out_ptr, stream)
+    _core.forward_cuda(ps, tuple(dev), n, out_ptr, stream, program=program)
     _core.stream_synchronize(stream)
 
 

@@ -56,7 +56,7 @@ def keyed_forward(owner, stream, ps, arrays, shape, out, threads):
     flat = out.reshape(n, ps.n_samples)
     seconds = program.seconds(n, threads)
     if seconds <= keyed.LONG_CALL_S:
-        _core.keyed_forward_host(ps, program, si, n, flat, threads)
+        _core.forward_host(ps, si, n, flat, threads, program=program)
         return out
     import sys
     import warnings
@@ -69,7 +69,7 @@ def keyed_forward(owner, stream, ps, arrays, shape, out, threads):
     for i in range(0, n, step):
         j = min(n, i + step)
         part = tuple(a if a is None or a.shape[0] == 1 else a[i:j] for a in si)
-        _core.keyed_forward_host(ps, program, part, j - i, flat[i:j], threads)
+        _core.forward_host(ps, part, j - i, flat[i:j], threads, program=program)
         sys.stderr.write(f"\r{owner}: {j:,} of {n:,} voxels ({100 * j // n} %)")
         sys.stderr.flush()
     sys.stderr.write("\n")
@@ -125,8 +125,8 @@ def keyed_jacobian(owner, stream, ps, arrays, shape, fields, scale, one, threads
         jac = np.empty((n, len(fields), ps.n_samples), dtype=np.complex64)
     else:
         signal, jac = out
-    _core.keyed_jacobian_host(ps, program, si, n, fields, scale, signal.reshape(n, ps.n_samples),
-                              jac.reshape(n, len(fields), ps.n_samples), threads)
+    _core.jacobian_host(ps, si, n, fields, scale, signal.reshape(n, ps.n_samples),
+                        jac.reshape(n, len(fields), ps.n_samples), threads, program=program)
     if out is not None:
         return out
     J = jac.reshape(shape + (len(fields), ps.n_samples))

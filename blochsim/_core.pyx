@@ -190,22 +190,26 @@ cdef object _host_tissue(Tissue* t, tuple tissue, int64_t n):
 
 
 def forward_host(PackedStream ps, tuple tissue, int64_t n, float complex[:, ::1] out, int threads,
-                 int variant=0):
+                 int variant=0, program=None):
     """Play a packed stream for n problems on the host.
 
     ``tissue`` holds one float32 array (length n or 1) or None per name of
     TISSUE_FIELDS, in SI units; ``out`` is complex64 of shape (n, n_samples),
     written in place.  ``variant`` 0 runs the host backend; 1 or 4 run the
     device's register path on the host with a team of that many members (for
-    tests).
+    tests).  With ``program`` (a blochsim.sequence.keyed.KeyedProgram of the
+    stream) the moment-keyed EPG plays it (epg/keyed.hpp).
     """
     cdef Tissue t
+    cdef KeyedProgram k
     cdef int st
+    cdef bint keyed = program is not None
     cdef char err[ERRLEN]
     err[0] = 0
     if out.shape[0] != n or out.shape[1] != ps.s.n_samples:
         raise ValueError("blochsim internal error: output has shape (%d, %d), expected (%d, %d)"
                          % (out.shape[0], out.shape[1], n, ps.s.n_samples))
+    refs = _keyed_program(&k, ps, program) if keyed else None
     keep = _host_tissue(&t, tissue, n)
     if n == 0 or ps.s.n_samples == 0:
         return
@@ -213,7 +217,9 @@ def forward_host(PackedStream ps, tuple tissue, int64_t n, float complex[:, ::1]
     holder = []
     cdef Interrupt prev = _listen(holder)
     with nogil:
-        if variant == 0:
+        if keyed:
+            st = host_keyed_dispatch(ps.s, k, t, outp, threads)
+        elif variant == 0:
             st = host_forward_dispatch(ps.s, t, outp, threads)
         else:
             st = host_forward_registers(ps.s, t, outp, variant)
@@ -247,91 +253,6 @@ cdef object _keyed_program(KeyedProgram* k, PackedStream ps, program):
         k.k2 = &k2[0]
         k.k2_first = &k2_first[0]
     return (slots, first, dst, src, k2, k2_first)
-
-
-def keyed_forward_host(PackedStream ps, program, tuple tissue, int64_t n, float complex[:, ::1] out, int threads):
-    """Play a packed stream through the moment-keyed EPG (epg/keyed.hpp)
-    for n problems on the host.  ``program`` is a
-    blochsim.sequence.keyed.KeyedProgram of the stream; ``tissue`` and
-    ``out`` as for forward_host."""
-    cdef KeyedProgram k
-    cdef Tissue t
-    cdef int st
-    cdef char err[ERRLEN]
-    err[0] = 0
-    if out.shape[0] != n or out.shape[1] != ps.s.n_samples:
-        raise ValueError("blochsim internal error: output has shape (%d, %d), expected (%d, %d)"
-                         % (out.shape[0], out.shape[1], n, ps.s.n_samples))
-    refs = _keyed_program(&k, ps, program)
-    keep = _host_tissue(&t, tissue, n)
-    if n == 0 or ps.s.n_samples == 0:
-        return
-    cdef float* outp = <float*> &out[0, 0]
-    holder = []
-    cdef Interrupt prev = _listen(holder)
-    with nogil:
-        st = host_keyed_dispatch(ps.s, k, t, outp, threads)
-    host_set_interrupt(prev)
-    _raise(st, err, holder)
-
-
-def _check_jacobian(PackedStream ps, int64_t n, fields, seeds, o0, o1, j0, j1, j2):
-    """The Jacobian entries' directions (1 to tissue_fields, one seed each)
-    and output shapes ((n, samples) and (n, directions, samples))."""
-    nd = len(fields)
-    if nd < 1 or nd > tissue_fields or len(seeds) != nd:
-        raise ValueError("blochsim internal error: 1 to tissue_fields Jacobian directions, one seed each")
-    if o0 != n or o1 != ps.s.n_samples or j0 != n or j1 != nd or j2 != ps.s.n_samples:
-        raise ValueError("blochsim internal error: output shapes")
-
-
-def keyed_jacobian_host(PackedStream ps, program, tuple tissue, int64_t n, fields, seeds,
-                        float complex[:, ::1] out, float complex[:, :, ::1] jac, int threads):
-    """Signal and tissue Jacobian through the moment-keyed EPG on the host:
-    ``program`` as keyed_forward_host, the rest as jacobian_host."""
-    cdef KeyedProgram k
-    cdef Tissue t
-    cdef int st
-    cdef int nd = len(fields)
-    cdef vector[int] cf
-    cdef vector[float] cs
-    cdef char err[ERRLEN]
-    err[0] = 0
-    _check_jacobian(ps, n, fields, seeds, out.shape[0], out.shape[1], jac.shape[0], jac.shape[1], jac.shape[2])
-    cf = [int(f) for f in fields]
-    cs = [float(x) for x in seeds]
-    refs = _keyed_program(&k, ps, program)
-    keep = _host_tissue(&t, tissue, n)
-    if n == 0 or ps.s.n_samples == 0:
-        return
-    cdef float* outp = <float*> &out[0, 0]
-    cdef float* jacp = <float*> &jac[0, 0, 0]
-    holder = []
-    cdef Interrupt prev = _listen(holder)
-    with nogil:
-        st = host_keyed_jacobian_dispatch(ps.s, k, t, cf.data(), nd, outp, jacp, threads, cs.data())
-    host_set_interrupt(prev)
-    _raise(st, err, holder)
-
-
-def keyed_forward_cuda(PackedStream ps, program, tuple tissue, int64_t n, uintptr_t out_ptr, uintptr_t stream):
-    """The moment-keyed EPG on the device: device tissue planes as for
-    forward_cuda, a device complex64 output, on ``stream``."""
-    cdef KeyedProgram k
-    cdef Tissue t
-    cdef int st
-    cdef char err[ERRLEN]
-    err[0] = 0
-    refs = _keyed_program(&k, ps, program)
-    _device_tissue(&t, tissue, n)
-    if n == 0 or ps.s.n_samples == 0:
-        return
-    holder = []
-    cdef Interrupt prev = _listen(holder)
-    with nogil:
-        st = L.keyed_forward(ps.s, k, t, <float*> out_ptr, <void*> stream, err, ERRLEN)
-    host_set_interrupt(prev)
-    _raise(st, err, holder)
 
 
 cdef list _host_pools(Pools* p, tuple pools, int n_exchanging, bint bound, int lineshape):
@@ -513,7 +434,7 @@ def lineshape_values(int shape, const double[::1] x, double[::1] g, double[::1] 
 
 
 def jacobian_host(PackedStream ps, tuple tissue, int64_t n, fields, seeds, float complex[:, ::1] out,
-                  float complex[:, :, ::1] jac, int threads, int variant=0):
+                  float complex[:, :, ::1] jac, int threads, int variant=0, program=None):
     """Signal and tissue Jacobian of a packed stream for n problems on the
     host, in one pass.
 
@@ -523,18 +444,26 @@ def jacobian_host(PackedStream ps, tuple tissue, int64_t n, fields, seeds, float
     ``seeds[j]`` (d SI value / d direction: the SI value of one public unit
     gives derivatives per public unit).  ``tissue`` and
     ``out`` as in :func:`forward_host`; ``variant`` 4 runs the device's
-    Jacobian register path on the host (a team of four, for tests).
+    Jacobian register path on the host (a team of four, for tests); with
+    ``program`` the moment-keyed EPG plays it, as in :func:`forward_host`.
     """
     cdef Tissue t
+    cdef KeyedProgram k
+    cdef bint keyed = program is not None
     cdef int st
     cdef int nd = len(fields)
     cdef vector[int] cf
     cdef vector[float] cs
     cdef char err[ERRLEN]
     err[0] = 0
-    _check_jacobian(ps, n, fields, seeds, out.shape[0], out.shape[1], jac.shape[0], jac.shape[1], jac.shape[2])
+    if nd < 1 or nd > tissue_fields or len(seeds) != nd:
+        raise ValueError("blochsim internal error: 1 to tissue_fields Jacobian directions, one seed each")
+    if out.shape[0] != n or out.shape[1] != ps.s.n_samples or jac.shape[0] != n or jac.shape[1] != nd \
+            or jac.shape[2] != ps.s.n_samples:
+        raise ValueError("blochsim internal error: output shapes")
     cf = [int(f) for f in fields]
     cs = [float(x) for x in seeds]
+    refs = _keyed_program(&k, ps, program) if keyed else None
     keep = _host_tissue(&t, tissue, n)
     if n == 0 or ps.s.n_samples == 0:
         return
@@ -543,7 +472,9 @@ def jacobian_host(PackedStream ps, tuple tissue, int64_t n, fields, seeds, float
     holder = []
     cdef Interrupt prev = _listen(holder)
     with nogil:
-        if variant == 0:
+        if keyed:
+            st = host_keyed_jacobian_dispatch(ps.s, k, t, cf.data(), nd, outp, jacp, threads, cs.data())
+        elif variant == 0:
             st = host_jacobian_dispatch(ps.s, t, cf.data(), nd, outp, jacp, threads, cs.data())
         else:
             st = host_jacobian_registers(ps.s, t, cf.data(), nd, outp, jacp, cs.data())
@@ -735,20 +666,27 @@ cdef int _device_tissue(Tissue* t, tuple tissue, int64_t n) except -1:
     return 0
 
 
-def forward_cuda(PackedStream ps, tuple tissue, int64_t n, uintptr_t out_ptr, uintptr_t stream):
+def forward_cuda(PackedStream ps, tuple tissue, int64_t n, uintptr_t out_ptr, uintptr_t stream, program=None):
     """Device tissue (one (pointer, stride) pair or None per TISSUE_FIELDS
-    entry, float32 SI values) into a device complex64 output, on ``stream``."""
+    entry, float32 SI values) into a device complex64 output, on ``stream``;
+    with ``program`` through the moment-keyed EPG (cuda/keyed.cuh)."""
     cdef Tissue t
+    cdef KeyedProgram k
+    cdef bint keyed = program is not None
     cdef int st
     cdef char err[ERRLEN]
     err[0] = 0
+    refs = _keyed_program(&k, ps, program) if keyed else None
     _device_tissue(&t, tissue, n)
     if n == 0 or ps.s.n_samples == 0:
         return
     holder = []
     cdef Interrupt prev = _listen(holder)
     with nogil:
-        st = L.forward(ps.s, t, <float*> out_ptr, <void*> stream, err, ERRLEN)
+        if keyed:
+            st = L.keyed_forward(ps.s, k, t, <float*> out_ptr, <void*> stream, err, ERRLEN)
+        else:
+            st = L.forward(ps.s, t, <float*> out_ptr, <void*> stream, err, ERRLEN)
     host_set_interrupt(prev)
     _raise(st, err, holder)
 

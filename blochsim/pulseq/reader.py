@@ -434,22 +434,23 @@ class _Reader(_Dephasing):
         keyed = getattr(self, "keyed_axes", None)
         if keyed is not None and np.any(keyed):
             # the moment-keyed EPG: the magnitude summed over the axes it follows
-            mask = keyed.astype(np.float64)
+            weight = keyed.astype(np.float64)
 
             def along(x):
-                return np.abs(x) @ mask
+                return np.abs(x) @ weight
         else:
             norm = math.hypot(*u.tolist())
             if n < 2 or not (0.0 < norm < math.inf):
                 return at
             d = u / norm
+            weight = np.abs(d)
 
             def along(x):
                 return np.abs(x @ d)
         if n < 2:
             return at
         # per block: its moment along the direction and where it sits (the trapezoids' centroids)
-        parts = np.abs(self.net) * mask if keyed is not None and np.any(keyed) else np.abs(self.net * d)  # (blocks, 3)
+        parts = np.abs(self.net) * weight  # (blocks, 3)
         w = parts.sum(axis=1)
         ids = self.f.blocks[:, 3:6]
         r, f, fa, dl = (self._trap_tab[:, i] * 1e-6 for i in (1, 2, 3, 4))

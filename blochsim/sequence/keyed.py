@@ -94,29 +94,11 @@ def _canonical(K):
     return lead >= 0
 
 
-def _codes(*arrays):
-    """One int64 code per row of the key arrays, equal for equal rows."""
-    allk = np.concatenate(arrays)
-    if allk.size == 0 or np.abs(allk).max() < _FITS:
-        c = (allk[:, 0] + _FITS) * (1 << 42) + (allk[:, 1] + _FITS) * (1 << 21) + (allk[:, 2] + _FITS)
-    else:
-        c = np.unique(allk, axis=0, return_inverse=True)[1].reshape(-1).astype(np.int64)
-    out, at = [], 0
-    for a in arrays:
-        out.append(c[at:at + a.shape[0]])
-        at += a.shape[0]
-    return out
-
-
-def _lookup(keys_codes, query_codes):
-    """Index of each query code among keys_codes (unique), -1 if absent."""
-    order = np.argsort(keys_codes, kind="stable")
-    sk = keys_codes[order]
-    pos = np.searchsorted(sk, query_codes)
-    pos = np.minimum(pos, max(sk.size - 1, 0))
-    hit = sk.size > 0
-    found = np.zeros(query_codes.shape, dtype=bool) if not hit else sk[pos] == query_codes
-    return np.where(found, order[pos] if hit else 0, -1)
+def _codes(K):
+    """One int64 code per row of the cell array K, equal for equal rows."""
+    if K.size == 0 or np.abs(K).max() < _FITS:
+        return (K[:, 0] + _FITS) * (1 << 42) + (K[:, 1] + _FITS) * (1 << 21) + (K[:, 2] + _FITS)
+    return np.unique(K, axis=0, return_inverse=True)[1].reshape(-1).astype(np.int64)
 
 
 def _sup_terms(lo, hi):
@@ -209,7 +191,7 @@ def build(stream, b1=(1.0, 1.0), t1_max=math.inf, t2_max=math.inf, prune=PRUNE):
         # the new slots: the origin, the Z kept, the cells the coefficients reach
         allk = np.concatenate([np.zeros((1, 3)), K[zs], at])
         allc = np.concatenate([np.zeros((1, 3), np.int64), _cells(K[zs]), cell_c])
-        code, = _codes(allc)
+        code = _codes(allc)
         _, firsts, inverse = np.unique(code, return_index=True, return_inverse=True)
         inverse = inverse.reshape(-1)
         rank = np.empty(firsts.size, np.int64)  # slot numbers in order of first appearance
@@ -264,7 +246,6 @@ def build(stream, b1=(1.0, 1.0), t1_max=math.inf, t2_max=math.inf, prune=PRUNE):
         k2_first[m] = k2_count
         k2_count += S
 
-    c2, s2, sa, ca = 1.0, 0.0, 0.0, 1.0
     b1lo, b1hi = float(b1[0]), float(b1[1])
     for e in range(n):
         if iv[e] >= 0:
