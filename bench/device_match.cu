@@ -6,7 +6,7 @@
 // the first signals are checked against a double-precision brute force.
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 -Isrc_cpp/include \
-//        [-DBLOCHSIM_MATCH_TENSOR=0|1|2 -DBLOCHSIM_MATCH_MIN_BLOCKS=2 -DBLOCHSIM_MATCH_ATOM_STAGES=1] \
+//        [-DBLOCHSIM_MATCH_TENSOR=0|1|2 -DBLOCHSIM_MATCH_STAGES=2|3|4 -DBLOCHSIM_MATCH_MIN_BLOCKS=2 ...] \
 //        bench/device_match.cu -o device_match
 //   ./device_match n r k [n r k ...]
 #include <blochsim/cuda/match.cuh>

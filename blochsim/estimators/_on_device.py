@@ -143,7 +143,10 @@ def match(dm, signals, k, m, refine):
         raise ValueError(f"DictionaryMatcher.match: the device keeps at most {_core.match_device_max_k()} "
                          f"candidates a signal, and k = {k} with refine = {dm.refine} asks for {wide}")
     r = atoms.shape[1]
-    _check_memory("DictionaryMatcher.match", n * (r * 8 + 8 + wide * 28))
+    # the kernel's staged parts of the signals and of the atoms (at most
+    # 2**30 bytes of atoms at once): up to 256 bytes a 16-component chunk
+    parts = 256 * -(-r // 16)
+    _check_memory("DictionaryMatcher.match", n * (r * 8 + 8 + wide * 28 + parts) + min(N * parts, 2 ** 30))
     qn = _core.DeviceBuffer(8 * max(n, 1))
     if basis_dev is not None:
         q = DeviceArray((n, r), np.complex64)

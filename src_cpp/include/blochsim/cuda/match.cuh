@@ -40,6 +40,9 @@ static_assert(match_threads == 256 && match_signals / match_S == 16 && match_ato
 // signal a floor (match_floor), as on the host (host/match.hpp).
 constexpr int match_device_max_k = 64;
 
+// Blocks of 256 threads for one warp per item.
+inline unsigned warp_blocks(int64_t warps) { return static_cast<unsigned>((warps * 32 + 255) / 256); }
+
 // Shuffle a list entry from the lane `mask` apart (within a half-warp).
 __device__ __forceinline__ void match_shuffle(float& pw, int64_t& ix, int mask) {
   pw = __shfl_xor_sync(0xffffffffu, pw, mask);
@@ -296,6 +299,7 @@ __device__ __forceinline__ void tf32_split(float x, uint32_t& big, uint32_t& sma
 struct match_tf32_parts {
   static constexpr int row = 2 * match_step + 4;  // words a staged row: lanes (g, q) read banks 4 g + q
   static constexpr int per_k = 4;                 // complex components an mma consumes
+  static constexpr int words = 2;                 // words a component of a part
   static constexpr bool scaled = false;
   __device__ static void put(uint32_t* hi, uint32_t* lo, int j, float2 x) {
     uint2 h, l;
@@ -322,6 +326,7 @@ struct match_tf32_parts {
 struct match_f16_parts {
   static constexpr int row = match_step + 4;  // lanes (g, q) read banks (20 g + q) mod 32: all differ
   static constexpr int per_k = 8;
+  static constexpr int words = 1;
   static constexpr bool scaled = true;
   __device__ static void put(uint32_t* hi, uint32_t* lo, int j, float2 x) {
     const __half2 h = __floats2half2_rn(x.x, x.y);
@@ -371,18 +376,324 @@ __global__ void match_scale_kernel(const float2* rows, int64_t n, int64_t dim, f
   }
 }
 
+template <class F>
+using match_row = uint32_t[F::row];
+constexpr int match_tc_TS = 4, match_tc_TN = 8;  // a lane's signals, a warp's atom tiles
+
+__device__ __forceinline__ void match_tc_zero(float (&acc)[2][match_tc_TN][4]) {
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int v = 0; v < match_tc_TN; ++v)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[m][v][e] = 0.0f;
+}
+
+// One staged chunk (`left` components of it count) of the block's signal
+// tile against its atom tile, accumulated into warp (wm, wn)'s tiles.
+// Lane (g, q4) reads column g of an atom tile: atom g / 2, the real part's
+// column for even g (part 0), the imaginary part's for odd g (part 1).
+template <class F>
+__device__ __forceinline__ void match_tc_products(float (&acc)[2][match_tc_TN][4], const match_row<F>* sig_hi,
+                                                  const match_row<F>* sig_lo, const match_row<F>* atm_hi,
+                                                  const match_row<F>* atm_lo, int64_t left, int wm, int wn, int g,
+                                                  int q4, int part) {
+  constexpr int TN = match_tc_TN;
+  const int ksteps = static_cast<int>(((left < match_step ? left : match_step) + F::per_k - 1) / F::per_k);
+  const match_row<F>* bh = atm_hi + 32 * wn + g / 2;
+  const match_row<F>* bl = atm_lo + 32 * wn + g / 2;
+#pragma unroll
+  for (int ks = 0; ks < match_step / F::per_k; ++ks) {
+    if (ks >= ksteps) break;
+    const int kk = 8 * ks;
+    uint32_t ah[2][4], al[2][4], b[TN][4];
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      const int r0 = 32 * wm + 16 * m + g;
+      ah[m][0] = sig_hi[r0][kk + q4];
+      ah[m][1] = sig_hi[r0 + 8][kk + q4];
+      ah[m][2] = sig_hi[r0][kk + q4 + 4];
+      ah[m][3] = sig_hi[r0 + 8][kk + q4 + 4];
+      al[m][0] = sig_lo[r0][kk + q4];
+      al[m][1] = sig_lo[r0 + 8][kk + q4];
+      al[m][2] = sig_lo[r0][kk + q4 + 4];
+      al[m][3] = sig_lo[r0 + 8][kk + q4 + 4];
+    }
+#pragma unroll
+    for (int v = 0; v < TN; ++v) {
+      b[v][0] = F::column(bh[4 * v], kk, q4, part);
+      b[v][1] = F::column(bh[4 * v], kk + 4, q4, part);
+      b[v][2] = F::column(bl[4 * v], kk, q4, part);
+      b[v][3] = F::column(bl[4 * v], kk + 4, q4, part);
+    }
+    // the three products pass by pass: 16 independent accumulations
+    // between two into the same accumulator
+#pragma unroll
+    for (int v = 0; v < TN; ++v)
+#pragma unroll
+      for (int m = 0; m < 2; ++m) F::mma(acc[m][v], al[m], b[v][0], b[v][1]);
+#pragma unroll
+    for (int v = 0; v < TN; ++v)
+#pragma unroll
+      for (int m = 0; m < 2; ++m) F::mma(acc[m][v], ah[m], b[v][2], b[v][3]);
+#pragma unroll
+    for (int v = 0; v < TN; ++v)
+#pragma unroll
+      for (int m = 0; m < 2; ++m) F::mma(acc[m][v], ah[m], b[v][0], b[v][1]);
+  }
+}
+
+// The finished tile's powers offered to the lane's lists: its atoms at
+// positions a0 + 4 v (before aend; atom index position · stride), each
+// power without its atom's factor scale(position) where F scales.
+template <class F, int KC, class Scale>
+__device__ __forceinline__ void match_tc_offers(const float (&acc)[2][match_tc_TN][4], float (&pw)[match_tc_TS][KC],
+                                                int64_t (&ix)[match_tc_TS][KC], float (&thr)[match_tc_TS],
+                                                const float (&fl)[match_tc_TS], int k, int64_t a0, int64_t aend,
+                                                int64_t stride, Scale scale) {
+  constexpr int TN = match_tc_TN;
+  float inv[TN];  // the atoms' factors come off (1 unscaled)
+#pragma unroll
+  for (int v = 0; v < TN; ++v) inv[v] = F::scaled && a0 + 4 * v < aend ? __frcp_rn(scale(a0 + 4 * v)) : 1.0f;
+#pragma unroll
+  for (int s = 0; s < match_tc_TS; ++s) {
+    float x[TN], best = -1.0f;
+#pragma unroll
+    for (int v = 0; v < TN; ++v) {
+      const float re = acc[s / 2][v][2 * (s % 2)], im = acc[s / 2][v][2 * (s % 2) + 1];
+      x[v] = F::scaled ? match_power(re * inv[v], im * inv[v]) : match_power(re, im);
+      best = fmaxf(best, x[v]);
+    }
+    if (best > thr[s])  // rare once the lists fill: one test for the lane's 8 atoms
+#pragma unroll
+      for (int v = 0; v < TN; ++v) {
+        const int64_t a = a0 + 4 * v;
+        if (x[v] > thr[s] && a < aend) {
+          match_offer(pw[s], ix[s], k, x[v], a * stride);
+          thr[s] = fmaxf(pw[s][k - 1], fl[s]);
+        }
+      }
+  }
+}
+
+// The lanes' lists merged per signal and written as list `list` of
+// `lists` per signal (the two warps of a signal tile write one each).
+template <int KC, class Row>
+__device__ __forceinline__ void match_tc_write(float (&pw)[match_tc_TS][KC], int64_t (&ix)[match_tc_TS][KC], int k,
+                                               int64_t n, int64_t lists, int64_t list, Row row, int q4,
+                                               float* part_pw, int64_t* part_ix) {
+  match_lists_merge(pw, ix, k, 4);  // the 4 lanes (g, 0..3) of a signal
+#pragma unroll
+  for (int s = 0; s < match_tc_TS; ++s) {
+    const int64_t sigi = row(s);
+    if (sigi >= n) continue;
+    for (int q = q4; q < k; q += 4) {
+      const int64_t o = (sigi * lists + list) * k + q;
+      part_pw[o] = pw[s][q];
+      part_ix[o] = ix[s][q];
+    }
+  }
+}
+
+// The staged parts of rows, made once per launch (match_split_kernel) and
+// copied to shared memory as they are (cp.async): row u's chunk c (components
+// [16 c, 16 c + 16), zero past the row's end) holds its big parts then its
+// small parts, match_part_words<F>() words each.
+template <class F>
+__host__ __device__ constexpr int match_part_words() {
+  return F::words * match_step;
+}
+template <class F>
+constexpr size_t match_part_bytes(int64_t chunks) {
+  return sizeof(uint32_t) * 2 * match_part_words<F>() * static_cast<size_t>(chunks);
+}
+// Shared memory of a stage of match_pipe_kernel: the signal and the atom
+// tile's big and small rows.
+template <class F>
+constexpr size_t match_stage_bytes() {
+  return sizeof(uint32_t) * 2 * (match_signals + match_atoms) * F::row;
+}
+
+// The power of two that puts a row's largest magnitude m in [2^14, 2^15)
+// (1 for m = 0; at most 2^127).
+__device__ __forceinline__ float match_factor(float m) {
+  int e = 0;
+  frexpf(m, &e);  // m = f · 2^e, f in [0.5, 1)
+  const int sh = m > 0.0f ? min(15 - e, 127) : 0;
+  return __int_as_float((sh + 127) << 23);
+}
+
+// Rows rows[u · stride] (u < count) of `dim` complex components into their
+// parts (match_part_words), each scaled by its factor (into scale[u]) where
+// F scales: one warp a row.
+template <class F>
+__global__ void match_split_kernel(const float2* rows, int64_t count, int64_t stride, int64_t dim, int chunks,
+                                   float* scale, uint32_t* parts) {
+  const int64_t u = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (u >= count) return;
+  const float2* x = rows + u * stride * dim;
+  float f = 1.0f;
+  if (F::scaled) {
+    float m = 0.0f;
+    for (int64_t j = lane; j < dim; j += 32) m = fmaxf(m, fmaxf(fabsf(x[j].x), fabsf(x[j].y)));
+    for (int mask = 16; mask >= 1; mask >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, mask));
+    f = match_factor(m);
+    if (lane == 0) scale[u] = f;
+  }
+  constexpr int PW = match_part_words<F>();
+  uint32_t* out = parts + u * chunks * 2 * PW;
+  for (int64_t j = lane; j < static_cast<int64_t>(chunks) * match_step; j += 32) {
+    const float2 v = j < dim ? x[j] : make_float2(0.0f, 0.0f);
+    uint32_t* c = out + (j / match_step) * 2 * PW;
+    F::put(c, c + PW, static_cast<int>(j % match_step), make_float2(v.x * f, v.y * f));
+  }
+}
+
+__device__ __forceinline__ void match_copy16(void* dst, const void* src, bool full) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(full ? 16 : 0));
+#endif
+}
+__device__ __forceinline__ void match_copy_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;");
+#endif
+}
+// Wait until at most `pending` (0, 1 or 2) committed groups are in flight.
+__device__ __forceinline__ void match_copy_wait(int pending) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if (pending <= 0)
+    asm volatile("cp.async.wait_group 0;");
+  else if (pending == 1)
+    asm volatile("cp.async.wait_group 1;");
+  else
+    asm volatile("cp.async.wait_group 2;");
+#endif
+}
+
+// The partial lists of match_tc_kernel's layout (blocks x of signals,
+// blocks y of splits split0 + y of `splits`) from the staged parts:
+// the signals' (sig_parts, rows n) and the atoms' (atom_parts, row
+// position - pbegin, with their factors atom_scale where F scales).  A
+// ring of `stages` (2 to 4) stages in shared memory: while the block
+// multiplies step t (an atom tile's chunk), the copies of the steps up to
+// t + stages - 1 are in flight, one barrier a step.  A signal tile of one
+// chunk is copied once into each stage.
+template <int KC, class F>
+__global__ void __launch_bounds__(match_threads, BLOCHSIM_MATCH_MIN_BLOCKS)
+    match_pipe_kernel(MatchProblem p, int64_t stride, const float* floors, int64_t per_split, int64_t split0,
+                      int64_t splits, int64_t pbegin, int stages, float* part_pw, int64_t* part_ix,
+                      const uint32_t* sig_parts, const uint32_t* atom_parts, const float* atom_scale) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  extern __shared__ __align__(16) uint32_t smem[];
+  typedef match_row<F> Row;
+  constexpr int PW = match_part_words<F>(), pieces = PW / 4;  // 16-byte pieces of a part of a chunk
+  constexpr int stage_rows = 2 * (match_signals + match_atoms);
+  // stage st: signal big, signal small, atom big and atom small rows
+  auto sig_hi = [&](int st) { return reinterpret_cast<Row*>(smem) + st * stage_rows; };
+  auto atm_hi = [&](int st) { return sig_hi(st) + 2 * match_signals; };
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int g = lane / 4, q4 = lane % 4, wm = warp % 4, wn = warp / 4;
+  const int k = KC == 1 ? 1 : p.k;
+  const int64_t s0 = static_cast<int64_t>(blockIdx.x) * match_signals;
+  const int64_t split = static_cast<int64_t>(blockIdx.y) + split0;
+  const int64_t abegin = split * per_split;
+  const int64_t positions = (p.atoms + stride - 1) / stride;
+  const int64_t aend = abegin + per_split < positions ? abegin + per_split : positions;
+  const int64_t dim = p.dim;
+  const int chunks = static_cast<int>((dim + match_step - 1) / match_step);
+  const int64_t steps = ((aend - abegin + match_atoms - 1) / match_atoms) * chunks;
+  auto row = [&](int s) { return s0 + 32 * wm + 16 * (s / 2) + 8 * (s % 2) + g; };
+
+  float pw[match_tc_TS][KC];
+  int64_t ix[match_tc_TS][KC];
+  float thr[match_tc_TS], fl[match_tc_TS];
+  match_lists_start(pw, ix, thr, fl, k, floors, p.n, row);
+
+  // the copies of step (atom tile from position a0, chunk c) into stage st
+  auto issue = [&](int64_t a0, int c, int64_t step, int st) {
+    if (chunks > 1 || step < stages) {
+      Row* hi = sig_hi(st);
+      for (int e = tid; e < match_signals * 2 * pieces; e += match_threads) {
+        const int r = e / (2 * pieces), h = e / pieces % 2, w = 4 * (e % pieces);
+        const int64_t sx = s0 + r;
+        const bool in = sx < p.n;
+        match_copy16(&hi[h * match_signals + r][w],
+                     in ? sig_parts + (sx * chunks + c) * 2 * PW + h * PW + w : sig_parts, in);
+      }
+    }
+    Row* hi = atm_hi(st);
+    for (int e = tid; e < match_atoms * 2 * pieces; e += match_threads) {
+      const int r = e / (2 * pieces), h = e / pieces % 2, w = 4 * (e % pieces);
+      const int64_t a = a0 + r;
+      const bool in = a < aend;
+      match_copy16(&hi[h * match_atoms + r][w],
+                   in ? atom_parts + ((a - pbegin) * chunks + c) * 2 * PW + h * PW + w : atom_parts, in);
+    }
+  };
+  // the issued step (position ia, chunk ic, number it) and the multiplied one
+  int64_t ia = abegin, it = 0;
+  int ic = 0;
+  auto next = [&](int64_t& a, int& c) {
+    if (++c == chunks) {
+      c = 0;
+      a += match_atoms;
+    }
+  };
+  for (int st = 0; st + 1 < stages; ++st) {
+    if (it < steps) {
+      issue(ia, ic, it, st);
+      next(ia, ic);
+      ++it;
+    }
+    match_copy_commit();
+  }
+
+  const int part = g % 2;
+  float acc[2][match_tc_TN][4];
+  int64_t ta = abegin;
+  int tc = 0;
+  for (int64_t t = 0; t < steps; ++t) {
+    const int st = static_cast<int>(t % stages);
+    match_copy_wait(stages - 2);  // step t's copies landed (this thread's) ...
+    __syncthreads();              // ... and everyone's; step t - 1 multiplied by all
+    if (it < steps) {
+      issue(ia, ic, it, static_cast<int>(it % stages));
+      next(ia, ic);
+      ++it;
+    }
+    match_copy_commit();
+    if (tc == 0) match_tc_zero(acc);
+    const Row* sh = sig_hi(st);
+    const Row* ah = atm_hi(st);
+    match_tc_products<F>(acc, sh, sh + match_signals, ah, ah + match_atoms,
+                         dim - static_cast<int64_t>(tc) * match_step, wm, wn, g, q4, part);
+    if (tc == chunks - 1)
+      match_tc_offers<F>(acc, pw, ix, thr, fl, k, ta + 32 * wn + q4, aend, stride,
+                         [&](int64_t a) { return atom_scale[a - pbegin]; });
+    next(ta, tc);
+  }
+  match_copy_wait(0);
+  match_tc_write(pw, ix, k, p.n, splits * match_tc_lists, split * match_tc_lists + wn, row, q4, part_pw, part_ix);
+#else
+  __trap();
+#endif
+}
+
 template <int KC, class F>
 __global__ void __launch_bounds__(match_threads, BLOCHSIM_MATCH_MIN_BLOCKS)
     match_tc_kernel(MatchProblem p, int64_t stride, const float* floors, int64_t per_split, float* part_pw,
                     int64_t* part_ix, const float* sig_scale, const float* atom_scale) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   extern __shared__ __align__(16) uint32_t smem[];
-  typedef uint32_t Row[F::row];
+  typedef match_row<F> Row;
   Row* sig_hi = reinterpret_cast<Row*>(smem);
   Row* sig_lo = sig_hi + match_signals;
   Row* atm_hi = sig_lo + match_signals;  // stage b at atm_hi + b · match_atoms
   Row* atm_lo = atm_hi + BLOCHSIM_MATCH_ATOM_STAGES * match_atoms;
-  constexpr int TS = 4, TN = 8;  // a lane's signals, a warp's atom tiles
+  constexpr int TS = match_tc_TS;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, q4 = lane % 4, wm = warp % 4, wn = warp / 4;
   const int k = KC == 1 ? 1 : p.k;
@@ -459,93 +770,20 @@ __global__ void __launch_bounds__(match_threads, BLOCHSIM_MATCH_MIN_BLOCKS)
     store(0);
   }
 
-  // lane (g, q4) reads column g of an atom tile: atom g / 2, the real
-  // part's column for even g, the imaginary part's for odd g
   const int part = g % 2;
-  float acc[2][TN][4];
+  float acc[2][match_tc_TN][4];
   while (ta < aend) {
     const int64_t na = tc + 1 == chunks ? ta + match_atoms : ta;  // the next step
     const int nc = tc + 1 == chunks ? 0 : tc + 1;
     const bool more = na < aend;
     __syncthreads();
     if (more) load(na, nc);
-    if (tc == 0) {
-#pragma unroll
-      for (int m = 0; m < 2; ++m)
-#pragma unroll
-        for (int v = 0; v < TN; ++v)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[m][v][e] = 0.0f;
-    }
-    const int64_t left = dim - static_cast<int64_t>(tc) * match_step;
-    const int ksteps = static_cast<int>(((left < match_step ? left : match_step) + F::per_k - 1) / F::per_k);
-    const Row* bh = atm_hi + buf * match_atoms + 32 * wn + g / 2;
-    const Row* bl = atm_lo + buf * match_atoms + 32 * wn + g / 2;
-#pragma unroll
-    for (int ks = 0; ks < match_step / F::per_k; ++ks) {
-      if (ks >= ksteps) break;
-      const int kk = 8 * ks;
-      uint32_t ah[2][4], al[2][4], b[TN][4];
-#pragma unroll
-      for (int m = 0; m < 2; ++m) {
-        const int r0 = 32 * wm + 16 * m + g;
-        ah[m][0] = sig_hi[r0][kk + q4];
-        ah[m][1] = sig_hi[r0 + 8][kk + q4];
-        ah[m][2] = sig_hi[r0][kk + q4 + 4];
-        ah[m][3] = sig_hi[r0 + 8][kk + q4 + 4];
-        al[m][0] = sig_lo[r0][kk + q4];
-        al[m][1] = sig_lo[r0 + 8][kk + q4];
-        al[m][2] = sig_lo[r0][kk + q4 + 4];
-        al[m][3] = sig_lo[r0 + 8][kk + q4 + 4];
-      }
-#pragma unroll
-      for (int v = 0; v < TN; ++v) {
-        b[v][0] = F::column(bh[4 * v], kk, q4, part);
-        b[v][1] = F::column(bh[4 * v], kk + 4, q4, part);
-        b[v][2] = F::column(bl[4 * v], kk, q4, part);
-        b[v][3] = F::column(bl[4 * v], kk + 4, q4, part);
-      }
-      // the three products pass by pass: 16 independent accumulations
-      // between two into the same accumulator
-#pragma unroll
-      for (int v = 0; v < TN; ++v)
-#pragma unroll
-        for (int m = 0; m < 2; ++m) F::mma(acc[m][v], al[m], b[v][0], b[v][1]);
-#pragma unroll
-      for (int v = 0; v < TN; ++v)
-#pragma unroll
-        for (int m = 0; m < 2; ++m) F::mma(acc[m][v], ah[m], b[v][2], b[v][3]);
-#pragma unroll
-      for (int v = 0; v < TN; ++v)
-#pragma unroll
-        for (int m = 0; m < 2; ++m) F::mma(acc[m][v], ah[m], b[v][0], b[v][1]);
-    }
-    if (tc == chunks - 1) {
-      const int64_t a0 = ta + 32 * wn + q4;
-      float inv[TN];  // the atoms' factors come off (1 unscaled)
-#pragma unroll
-      for (int v = 0; v < TN; ++v)
-        inv[v] = F::scaled && a0 + 4 * v < aend ? __frcp_rn(atom_scale[(a0 + 4 * v) * stride]) : 1.0f;
-#pragma unroll
-      for (int s = 0; s < TS; ++s) {
-        float x[TN], best = -1.0f;
-#pragma unroll
-        for (int v = 0; v < TN; ++v) {
-          const float re = acc[s / 2][v][2 * (s % 2)], im = acc[s / 2][v][2 * (s % 2) + 1];
-          x[v] = F::scaled ? match_power(re * inv[v], im * inv[v]) : match_power(re, im);
-          best = fmaxf(best, x[v]);
-        }
-        if (best > thr[s])  // rare once the lists fill: one test for the lane's 8 atoms
-#pragma unroll
-          for (int v = 0; v < TN; ++v) {
-            const int64_t a = a0 + 4 * v;
-            if (x[v] > thr[s] && a < aend) {
-              match_offer(pw[s], ix[s], k, x[v], a * stride);
-              thr[s] = fmaxf(pw[s][k - 1], fl[s]);
-            }
-          }
-      }
-    }
+    if (tc == 0) match_tc_zero(acc);
+    match_tc_products<F>(acc, sig_hi, sig_lo, atm_hi + buf * match_atoms, atm_lo + buf * match_atoms,
+                         dim - static_cast<int64_t>(tc) * match_step, wm, wn, g, q4, part);
+    if (tc == chunks - 1)
+      match_tc_offers<F>(acc, pw, ix, thr, fl, k, ta + 32 * wn + q4, aend, stride,
+                         [&](int64_t a) { return atom_scale[a * stride]; });
     if (BLOCHSIM_MATCH_ATOM_STAGES == 1 || !resident) __syncthreads();
     buf = BLOCHSIM_MATCH_ATOM_STAGES == 1 ? 0 : buf ^ 1;
     if (more) store(buf);
@@ -553,19 +791,9 @@ __global__ void __launch_bounds__(match_threads, BLOCHSIM_MATCH_MIN_BLOCKS)
     tc = nc;
   }
 
-  match_lists_merge(pw, ix, k, 4);  // the 4 lanes (g, 0..3) of a signal
-  const int64_t lists = static_cast<int64_t>(gridDim.y) * match_tc_lists;
-  const int64_t list = static_cast<int64_t>(blockIdx.y) * match_tc_lists + wn;
-#pragma unroll
-  for (int s = 0; s < TS; ++s) {
-    const int64_t sigi = s0 + row(s);
-    if (sigi >= p.n) continue;
-    for (int q = q4; q < k; q += 4) {
-      const int64_t o = (sigi * lists + list) * k + q;
-      part_pw[o] = pw[s][q];
-      part_ix[o] = ix[s][q];
-    }
-  }
+  match_tc_write(pw, ix, k, p.n, static_cast<int64_t>(gridDim.y) * match_tc_lists,
+                 static_cast<int64_t>(blockIdx.y) * match_tc_lists + wn, [&](int s) { return s0 + row(s); }, q4,
+                 part_pw, part_ix);
 #else
   __trap();
 #endif
@@ -643,6 +871,105 @@ inline cudaError_t match_tc_prepare() {
                               static_cast<int>(match_tc_smem<F>()));
 }
 
+#ifndef BLOCHSIM_MATCH_STAGES
+#define BLOCHSIM_MATCH_STAGES 3
+#endif
+#ifndef BLOCHSIM_MATCH_PRESPLIT
+#define BLOCHSIM_MATCH_PRESPLIT 1
+#endif
+// The most bytes of atom parts made at once (a larger dictionary is split
+// and matched in groups of splits).
+constexpr size_t match_parts_budget = size_t(1) << 30;
+
+// One pass of match_pipe_kernel over the positions of `stride`: `splits`
+// splits of `per` positions, in groups of `group` splits whose atoms'
+// parts are made just before their launch.
+template <int KC, class F>
+inline cudaError_t match_pipe(const MatchProblem& p, cudaStream_t st, int stages, int64_t stride, const float* fl,
+                              int64_t splits, int64_t per, int64_t group, float* part_pw, int64_t* part_ix,
+                              const uint32_t* sig_parts, uint32_t* atom_parts, float* atom_scale) {
+  const int64_t positions = (p.atoms + stride - 1) / stride;
+  const int chunks = static_cast<int>((p.dim + match_step - 1) / match_step);
+  const unsigned tiles = static_cast<unsigned>((p.n + match_signals - 1) / match_signals);
+  const float2* at = reinterpret_cast<const float2*>(p.atom);
+  for (int64_t s = 0; s < splits; s += group) {
+    const int64_t b = s * per, e = std::min(positions, (s + group) * per);
+    match_split_kernel<F><<<warp_blocks(e - b), 256, 0, st>>>(at + b * stride * p.dim, e - b, stride, p.dim, chunks,
+                                                              atom_scale, atom_parts);
+    const dim3 grid(tiles, static_cast<unsigned>(std::min(group, splits - s)));
+    match_pipe_kernel<KC, F><<<grid, match_threads, stages * match_stage_bytes<F>(), st>>>(
+        p, stride, fl, per, s, splits, b, stages, part_pw, part_ix, sig_parts, atom_parts, atom_scale);
+    const cudaError_t e2 = cudaGetLastError();
+    if (e2 != cudaSuccess) return e2;
+  }
+  return cudaSuccess;
+}
+
+// The whole match on staged parts of format F: the signals' parts, a
+// strided first pass for the floors (`sample`), the full pass, the merge.
+template <int KC, class F>
+inline int match_pipe_launch(const MatchProblem& p, const MatchResult& r, cudaStream_t st, int stages, bool sample,
+                             int64_t splits, int64_t per_split, int64_t sample_splits, int64_t sample_per_split,
+                             char* err, int n) {
+  BLOCHSIM_CUDA(cudaFuncSetAttribute(match_pipe_kernel<KC, F>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(stages * match_stage_bytes<F>())),
+                "cudaFuncSetAttribute");
+  const int64_t chunks = (p.dim + match_step - 1) / match_step;
+  const size_t row_bytes = match_part_bytes<F>(chunks);
+  // groups of splits whose atom parts fit the budget, and the rows they take
+  int64_t rows = 0;
+  auto group = [&](int64_t stride, int64_t splits_, int64_t per) {
+    const int64_t positions = (p.atoms + stride - 1) / stride;
+    const int64_t g = std::max<int64_t>(1, static_cast<int64_t>(match_parts_budget / (row_bytes * per)));
+    rows = std::max(rows, std::min(positions, std::min(g, splits_) * per));
+    return g;
+  };
+  const int64_t full_group = group(1, splits, per_split);
+  const int64_t sample_group = sample ? group(match_device_sample_stride, sample_splits, sample_per_split) : 1;
+  const int64_t lists = std::max(splits, sample_splits) * match_tc_lists;
+  const size_t entries = static_cast<size_t>(p.n) * static_cast<size_t>(lists) * static_cast<size_t>(p.k);
+  const size_t words = (static_cast<size_t>(p.n) + static_cast<size_t>(rows)) * row_bytes / 4;
+  void* scratch = nullptr;
+  no_stale_error();
+  BLOCHSIM_CUDA(pool_malloc(&scratch,
+                            entries * (sizeof(float) + sizeof(int64_t)) +
+                                (2 * static_cast<size_t>(p.n) + static_cast<size_t>(rows)) * 4 + words * 4,
+                            st),
+                "cudaMallocAsync");
+  // the parts first (16-byte aligned for the copies; a row's parts are a
+  // multiple of 64 bytes), then the lists and the factors
+  uint32_t* sig_parts = static_cast<uint32_t*>(scratch);
+  uint32_t* atom_parts = sig_parts + static_cast<size_t>(p.n) * row_bytes / 4;
+  int64_t* part_ix = reinterpret_cast<int64_t*>(sig_parts + words);
+  float* part_pw = reinterpret_cast<float*>(part_ix + entries);
+  float* floors = part_pw + entries;
+  float* sig_scale = floors + p.n;
+  float* atom_scale = sig_scale + p.n;
+  match_split_kernel<F><<<warp_blocks(p.n), 256, 0, st>>>(reinterpret_cast<const float2*>(p.signal), p.n, 1, p.dim,
+                                                          static_cast<int>(chunks), sig_scale, sig_parts);
+  cudaError_t e = cudaGetLastError();
+  const unsigned per_signal = static_cast<unsigned>((p.n + 127) / 128);
+  if (sample && e == cudaSuccess) {
+    e = match_pipe<KC, F>(p, st, stages, match_device_sample_stride, nullptr, sample_splits, sample_per_split,
+                          sample_group, part_pw, part_ix, sig_parts, atom_parts, atom_scale);
+    if (e == cudaSuccess) {
+      match_floor<KC><<<per_signal, 128, 0, st>>>(p, sample_splits * match_tc_lists, part_pw, part_ix, floors);
+      e = cudaGetLastError();
+    }
+  }
+  if (e == cudaSuccess)
+    e = match_pipe<KC, F>(p, st, stages, 1, sample ? floors : nullptr, splits, per_split, full_group, part_pw,
+                          part_ix, sig_parts, atom_parts, atom_scale);
+  if (e == cudaSuccess) {
+    match_finish<KC><<<per_signal, 128, 0, st>>>(p, splits * match_tc_lists, part_pw, part_ix,
+                                                 F::scaled ? sig_scale : nullptr, r);
+    e = cudaGetLastError();
+  }
+  cudaFreeAsync(scratch, st);
+  if (e != cudaSuccess) return fail(e, "match kernel launch", err, n);
+  return ok;
+}
+
 template <int KC>
 inline int match_launch(const MatchProblem& p, const MatchResult& r, cudaStream_t st, char* err, int n) {
   int dev = 0, sms = 1;
@@ -661,14 +988,33 @@ inline int match_launch(const MatchProblem& p, const MatchResult& r, cudaStream_
     per_split = ((atom_tiles + splits - 1) / splits) * match_atoms;
     splits = std::max<int64_t>(1, (positions + per_split - 1) / per_split);
   };
-  int major = 0;
+  int major = 0, optin = 0;
   BLOCHSIM_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
-  const int tensor = major < 8 ? 0 : BLOCHSIM_MATCH_TENSOR != 3 ? BLOCHSIM_MATCH_TENSOR
-                                 : p.dim > match_step ? 2 : 1;  // 0 scalar, 1 TF32, 2 FP16
+  BLOCHSIM_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+                "cudaDeviceGetAttribute");
+  int tensor = major < 8 ? 0 : BLOCHSIM_MATCH_TENSOR != 3 ? BLOCHSIM_MATCH_TENSOR
+                           : p.dim > match_step ? 2 : 1;  // 0 scalar, 1 TF32, 2 FP16
+  // the stages that fit a block's shared memory; TF32's rows are twice
+  // FP16's, and a card that cannot hold two of their stages gets FP16
+  auto stages_of = [&](size_t stage) {
+    return static_cast<int>(std::min<size_t>(BLOCHSIM_MATCH_STAGES, static_cast<size_t>(optin) / stage));
+  };
+  if (tensor == 1 && stages_of(match_stage_bytes<match_tf32_parts>()) < 2) tensor = 2;
+  const bool sample = p.atoms >= match_device_sample_stride * 4 * static_cast<int64_t>(p.k);
+  if (BLOCHSIM_MATCH_PRESPLIT && tensor) {
+    int64_t splits = 1, per_split = 0, sample_splits = 1, sample_per_split = 0;
+    split(1, splits, per_split);
+    if (sample) split(match_device_sample_stride, sample_splits, sample_per_split);
+    if (tensor == 1)
+      return match_pipe_launch<KC, match_tf32_parts>(p, r, st, stages_of(match_stage_bytes<match_tf32_parts>()),
+                                                     sample, splits, per_split, sample_splits, sample_per_split,
+                                                     err, n);
+    return match_pipe_launch<KC, match_f16_parts>(p, r, st, stages_of(match_stage_bytes<match_f16_parts>()), sample,
+                                                  splits, per_split, sample_splits, sample_per_split, err, n);
+  }
   const int64_t lists = tensor ? match_tc_lists : 1;          // lists a split writes per signal
   if (tensor == 1) BLOCHSIM_CUDA((match_tc_prepare<KC, match_tf32_parts>()), "cudaFuncSetAttribute");
   if (tensor == 2) BLOCHSIM_CUDA((match_tc_prepare<KC, match_f16_parts>()), "cudaFuncSetAttribute");
-  const bool sample = p.atoms >= match_device_sample_stride * 4 * static_cast<int64_t>(p.k);
   int64_t splits = 1, per_split = 0, sample_splits = 1, sample_per_split = 0;
   split(1, splits, per_split);
   if (sample) split(match_device_sample_stride, sample_splits, sample_per_split);
@@ -785,8 +1131,6 @@ __global__ void candidate_dots_kernel(const float2* atoms, const float2* signals
     norms[w] = sqrt(e);
   }
 }
-
-inline unsigned warp_blocks(int64_t warps) { return static_cast<unsigned>((warps * 32 + 255) / 256); }
 
 }  // namespace detail
 
