@@ -54,26 +54,39 @@ def keyed_forward(owner, stream, ps, arrays, shape, out, threads):
     if out is None:
         out = np.empty(want, dtype=np.complex64)
     flat = out.reshape(n, ps.n_samples)
-    seconds = program.seconds(n, threads)
+
+    def run(i, j):
+        part = tuple(a if a is None or a.shape[0] == 1 else a[i:j] for a in si)
+        _core.forward_host(ps, part, j - i, flat[i:j], threads, program=program)
+
+    keyed_run(owner, program, n, program.seconds(n, threads), threads, run)
+    return out
+
+
+def keyed_run(owner, program, n, seconds, threads, run, stacklevel=4):
+    """run(i, j) computes voxels [i, j) of a moment-keyed call: at once, or,
+    when the call is expected to take more than keyed.LONG_CALL_S
+    (``seconds``), after a SlowCallWarning in pieces of about 2 % with
+    progress on stderr (every piece's voxels computed as in one call);
+    ``stacklevel`` points the warning at the user's call."""
+    from blochsim.sequence import keyed
+
     if seconds <= keyed.LONG_CALL_S:
-        _core.forward_host(ps, si, n, flat, threads, program=program)
-        return out
+        run(0, n)
+        return
     import sys
     import warnings
 
     warnings.warn(f"{owner}: the moment-keyed EPG holds up to {program.max_slots:,} states of this sequence "
                   f"({program.cost:,} state-events a voxel); {n:,} voxels on {threads} threads are expected to take "
-                  f"about {seconds:.0f} s", keyed.SlowCallWarning, stacklevel=3)
-    # in pieces of about 2 % (every piece's voxels are computed as in one call), progress on stderr
+                  f"about {seconds:.0f} s", keyed.SlowCallWarning, stacklevel=stacklevel)
     step = max(1, -(-n // 50))
     for i in range(0, n, step):
         j = min(n, i + step)
-        part = tuple(a if a is None or a.shape[0] == 1 else a[i:j] for a in si)
-        _core.forward_host(ps, part, j - i, flat[i:j], threads, program=program)
+        run(i, j)
         sys.stderr.write(f"\r{owner}: {j:,} of {n:,} voxels ({100 * j // n} %)")
         sys.stderr.flush()
     sys.stderr.write("\n")
-    return out
 
 
 def jacobian(owner, ps, arrays, shape, fields, scale, one, threads, variant, out=None, entry="jacobian",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from blochsim import _backend_device, _core, _memory, _pools, _reverse
+from blochsim import _backend_device, _backend_host, _core, _memory, _pools, _reverse
 from blochsim import _validate as V
 from blochsim._device import Interface, Shaped, device_results, from_host, to_host
 from blochsim._backend_host import si_planes
@@ -32,28 +32,33 @@ def _tissue(tissue):
     return arrays, (V.broadcast_voxels(arrays) if arrays else ())
 
 
-def play(owner, ps, lineshape, tissue, pools, route, names, out, variant):
+def play(owner, ps, lineshape, tissue, pools, route, names, out, variant, keyed=None):
     """simulate() or jacobian() with pools or exact rectangular pulses:
     (signal, J), J (*voxels, len(names), samples) or None without names.
     NumPy in and out (on the GPU when ``route`` says cuda); the signal of
     device arrays is computed on the device (:func:`resident`), their
     Jacobian is moved through the host and comes back as device arrays.
-    ``pools`` is (exchanging pools, bound pool)."""
+    ``pools`` is (exchanging pools, bound pool).  ``keyed``: the event
+    stream when it carries 3-D moments, played by the moment-keyed EPG on
+    the host (device arrays moved through it)."""
     device_out = "out" in route.on_device
-    if not names and route.device == "cuda" and route.on_device:
+    if keyed is not None and keyed.moments is None:
+        keyed = None
+    if not names and route.device == "cuda" and route.on_device and keyed is None:
         return resident(owner, ps, lineshape, tissue, pools, route, out), None
     tissue, library = stage(route, tissue)
     if library is not None and out is not None and not device_out:
         raise TypeError("out must be a device array when tissue properties are device arrays")
     if device_out or library is not None:
-        signal, J = _host_arrays(owner, ps, lineshape, tissue, pools, route, names, None, variant)
+        signal, J = _host_arrays(owner, ps, lineshape, tissue, pools, route, names, None, variant, keyed)
         return device_results(signal, J, out if device_out else None, library, names)
-    return _host_arrays(owner, ps, lineshape, tissue, pools, route, names, out, variant)
+    return _host_arrays(owner, ps, lineshape, tissue, pools, route, names, out, variant, keyed)
 
 
-def _host_arrays(owner, ps, lineshape, tissue, pools, route, names, out, variant):
-    """play() of host arrays, into the host ``out`` (checked) if given."""
-    gpu = route.device == "cuda"
+def _host_arrays(owner, ps, lineshape, tissue, pools, route, names, out, variant, keyed=None):
+    """play() of host arrays, into the host ``out`` (checked) if given;
+    through the moment-keyed EPG on the host for a ``keyed`` stream."""
+    gpu = route.device == "cuda" and keyed is None
     n_exchanging, bound = pools
     arrays, shape = _tissue(tissue)
     n = int(np.prod(shape, dtype=np.int64))
@@ -69,18 +74,40 @@ def _host_arrays(owner, ps, lineshape, tissue, pools, route, names, out, variant
             V.check_host_out("out", out, want)
             signal = out
     fields = [_pools.field_index(k) for k in names]
-    _memory.check_call(f"{owner}.{'jacobian' if names else 'simulate'}", ps, shape, arrays, "pooled",
-                       route.threads, fields, outputs=0 if out is not None else 1 + len(names),
-                       pools=pools, host_kernels=not gpu)
+    call = f"{owner}.{'jacobian' if names else 'simulate'}"
+    si, planes = si_planes(arrays, shape), V.si_planes(arrays, shape, _core.POOL_FIELDS)
+    program = None
+    if keyed is not None:
+        from blochsim.sequence import keyed as K
+        program = K.program_for(call, keyed, si, list(_core.TISSUE_FIELDS))
+        threads = max(1, min(route.threads, n))
+        # two states of 3 n + bound complex planes over the slots, on duals of up to 4 directions
+        state = (3 * n_exchanging + 3 + bound) * 2 * program.max_slots
+        _memory.check_host(call, n, 8.0 * ns * (out is None) * (1 + len(names)),
+                           8.0 * 2 * state * (1 + min(4, len(names))) * threads,
+                           f"the moment-keyed EPG's pooled workspaces ({program.max_slots:,} states)",
+                           "fewer threads, or a file whose moments hold fewer states")
+    else:
+        _memory.check_call(call, ps, shape, arrays, "pooled", route.threads, fields,
+                           outputs=0 if out is not None else 1 + len(names), pools=pools, host_kernels=not gpu)
     if signal is None:
         signal = np.empty(want, dtype=np.complex64)
     if names and jac is None:
         jac = np.empty((n, len(names), ns), dtype=np.complex64)
     # seeded with the SI value of one public unit: derivatives per public unit
     seeds = [float(V.TISSUE_UNITS[k][0]) for k in names]
-    _core.pooled(ps, si_planes(arrays, shape), V.si_planes(arrays, shape, _core.POOL_FIELDS), n_exchanging,
-                 bound, lineshape, n, fields, seeds, signal.reshape(n, ns), jac,
-                 route.threads, gpu, bool(variant) and not names and not gpu)
+    flat = signal.reshape(n, ns)
+    if program is None:
+        _core.pooled(ps, si, planes, n_exchanging, bound, lineshape, n, fields, seeds, flat, jac,
+                     route.threads, gpu, bool(variant) and not names and not gpu)
+    else:
+        def run(i, j):
+            part = [tuple(a if a is None or a.shape[0] == 1 else a[i:j] for a in x) for x in (si, planes)]
+            _core.pooled(ps, part[0], part[1], n_exchanging, bound, lineshape, j - i, fields, seeds, flat[i:j],
+                         None if jac is None else jac[i:j], route.threads, program=program)
+
+        seconds = program.seconds(n, route.threads) * K.POOLED_SLOWDOWN * (3 * n_exchanging + 3 + bound) / 3
+        _backend_host.keyed_run(call, program, n, seconds * (1 + len(names)), route.threads, run, stacklevel=5)
     return signal, (jac.reshape(shape + (len(names), ns)) if names else None)
 
 

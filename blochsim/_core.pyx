@@ -18,7 +18,7 @@ from blochsim._events cimport (EventStream, Pools, Property, Tissue, cuda_error_
                               field_single_pool_direction, field_table, interrupted, lineshape_g, out_of_memory,
                               pool_field_count, pool_property, status_message, tissue_fields, tissue_property)
 from blochsim._host cimport (Interrupt, KeyedProgram, MatchProblem, MatchResult, NoiseKey, PerkModel, host_available_memory,
-                             host_keyed_dispatch, host_keyed_jacobian_dispatch,
+                             host_keyed_dispatch, host_keyed_jacobian_dispatch, host_keyed_pooled_dispatch,
                              host_match_dispatch, host_noise_add, host_perk_dispatch, host_set_interrupt, host_workspace_bytes,
                              match_max_k, perk_max_outputs, unchecked_workspace_bytes)
 from blochsim._host cimport (host_adjoint2_dispatch, host_adjoint_dispatch, host_forward_dispatch, host_forward_registers, host_isa,
@@ -281,11 +281,13 @@ cdef list _host_pools(Pools* p, tuple pools, int n_exchanging, bint bound, int l
 
 def pooled(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bint bound, int lineshape,
            int64_t n, fields, seeds, float complex[:, ::1] out, jac, int threads, bint gpu=False,
-           bint registers=False):
+           bint registers=False, program=None):
     """Signal (and Jacobian) of a packed stream with pools: on the host, or
     with ``gpu`` moved through the device (host arrays in and out).
     ``registers`` (host, no fields): the device's register team emulated on
-    the host, for tests.
+    the host, for tests.  With ``program`` (a
+    blochsim.sequence.keyed.KeyedProgram of the stream) the moment-keyed
+    EPG plays it on the host (pools/keyed.hpp).
 
     ``tissue`` as in :func:`forward_host`; ``pools`` holds one float32 array
     (length n or 1) or None per name of POOL_FIELDS, in SI units;
@@ -296,6 +298,8 @@ def pooled(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bint bo
     """
     cdef Tissue t
     cdef Pools p
+    cdef KeyedProgram k
+    cdef bint keyed = program is not None
     cdef float complex[:, :, ::1] jv
     cdef int st
     cdef int nd = len(fields)
@@ -310,6 +314,9 @@ def pooled(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bint bo
     cs = [float(x) for x in seeds]
     if out.shape[0] != n or out.shape[1] != ps.s.n_samples:
         raise ValueError("blochsim internal error: output shapes")
+    if keyed and (gpu or registers):
+        raise ValueError("blochsim internal error: the keyed pooled EPG runs on the host")
+    refs = _keyed_program(&k, ps, program) if keyed else None
     keep = _host_tissue(&t, tissue, n)
     keep += _host_pools(&p, pools, n_exchanging, bound, lineshape)
     if nd > 0:
@@ -324,7 +331,9 @@ def pooled(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bint bo
     holder = []
     cdef Interrupt prev = _listen(holder)
     with nogil:
-        if gpu:
+        if keyed:
+            st = host_keyed_pooled_dispatch(ps.s, k, t, p, cf.data(), nd, cs.data(), outp, jacp, threads)
+        elif gpu:
             st = L.pooled(ps.s, t, p, cf.data(), nd, cs.data(), outp, jacp, err, ERRLEN)
         elif registers:
             st = host_pooled_registers(ps.s, t, p, outp)

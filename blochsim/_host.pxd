@@ -76,6 +76,9 @@ cdef extern from "dispatch.hpp" namespace "blochsim" nogil:
     int host_pooled_registers(const EventStream& s, const Tissue& t, const Pools& p, float* out)
     int host_pooled_dispatch(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_dirs,
                              const float* seeds, float* out, float* jac, int threads)
+    int host_keyed_pooled_dispatch(const EventStream& s, const KeyedProgram& k, const Tissue& t, const Pools& p,
+                                   const int* fields, int n_dirs, const float* seeds, float* out, float* jac,
+                                   int threads)
     int host_pooled_adjoint_dispatch(const EventStream& s, const Tissue& t, const Pools& p, const int* fields,
                                      int n_tdirs, const float* cot, double* ev_grad, float* tgrad, int threads,
                                      unsigned mask)

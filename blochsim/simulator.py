@@ -219,11 +219,11 @@ class Simulator(Played):
         proto, tissue = self._split(values)
         p = self._protocol_values(proto)
         route = _dispatch.route(self.device, self.threads, tissue, out)
-        tissue, pooled = self._pooled_call(p, tissue, ())
+        tissue, pooled = self._pooled_call(p, tissue, (), keyed=True)
         if pooled is not None:
-            pools, _, ps = pooled
+            pools, s, ps = pooled
             return _backend_pooled.play(type(self).__name__, ps, _pools.LINESHAPES.index(p["lineshape"]), tissue,
-                                        pools, route, (), out, self._host_variant)[0]
+                                        pools, route, (), out, self._host_variant, keyed=s)[0]
         owner = f"{type(self).__name__}.simulate"
         if route.device == "cuda" and route.on_device:
             _, ifaces, arrays, shape = device_inputs(tissue, route.on_device)
@@ -276,11 +276,11 @@ class Simulator(Played):
         if out is not None and (not isinstance(out, tuple) or len(out) != 2):
             raise TypeError(f"out must be a tuple (signal, J) of two arrays, got {type(out).__name__}")
         route = _dispatch.route(self.device, self.threads, tissue, out)
-        tissue, pooled = self._pooled_call(p, tissue, names)
+        tissue, pooled = self._pooled_call(p, tissue, names, keyed=True)
         if pooled is not None:
-            pools, _, ps = pooled
+            pools, s, ps = pooled
             signal, J = _backend_pooled.play(type(self).__name__, ps, _pools.LINESHAPES.index(p["lineshape"]),
-                                             tissue, pools, route, names, out, self._host_variant)
+                                             tissue, pools, route, names, out, self._host_variant, keyed=s)
             # (device results come back shaped)
             return out if out is not None else (signal, J[..., 0, :] if one and isinstance(J, np.ndarray) else J)
         owner = f"{type(self).__name__}.jacobian"
@@ -440,16 +440,17 @@ class Simulator(Played):
         return _backend_host.jacobian_vjp(owner, s, ps, arrays, shape, names, one, wrt_names, p, prov, pshapes,
                                           route.threads, self._host_variant)
 
-    def _pooled_call(self, p, tissue, names, stream=None):
+    def _pooled_call(self, p, tissue, names, stream=None, keyed=False):
         """The tissue of a call with its idle pools dropped and, for a call
         the pooled kernels play (pools, or exact rectangular pulses),
         ((exchanging pools, bound pool), the event stream, its packed form);
-        else None."""
+        else None.  A stream of 3-D moments is refused unless ``keyed``
+        (the caller plays it on the moment-keyed EPG)."""
         owner = type(self).__name__
         if _pools.any_pool(tissue):
             tissue = _pools.drop_idle(tissue, names, owner)
         if not _pools.any_pool(tissue) and (self._packed(p) if stream is None else stream).driven is None:
             return tissue, None
         pools = _pools.configuration(tissue, owner)
-        s, ps, _, _ = self._stream_for(p, set(tissue), stream)
+        s, ps, _, _ = self._stream_for(p, set(tissue), stream, keyed=keyed)
         return tissue, (pools, s, ps)

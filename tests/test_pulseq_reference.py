@@ -283,10 +283,11 @@ def tse(path, flip=180.0, echoes=8, ESP=15e-3, slice_pos=0.0, phase_encode=True,
     return _write(seq, path)
 
 
-def tse_unequal(path, flip=120.0, echoes=8, ESP=15e-3, thickness=5e-3):
+def tse_unequal(path, flip=120.0, echoes=8, ESP=15e-3, thickness=5e-3, vary=True):
     """A spin-echo train whose crushers, on z and on x, change area from
     echo to echo with no common unit (z: 1 + 0.137 (e mod 5), x: 1 + 0.291
-    (e mod 4) times a base area), equal on either side of each refocusing
+    (e mod 4) times a base area; with vary=False the same every echo, z and
+    x still of unequal areas), equal on either side of each refocusing
     pulse: one EPG order cannot hold its moments."""
     sys = _system()
     seq = pp.Sequence(sys)
@@ -306,8 +307,10 @@ def tse_unequal(path, flip=120.0, echoes=8, ESP=15e-3, thickness=5e-3):
     d1 = ESP / 2 - post_ref - 1.2e-3 - pp.calc_duration(gx) / 2
     d2 = ESP / 2 - pp.calc_duration(gx) / 2 - 1.2e-3 - pre_ref
     for e in range(echoes):
-        cz = pp.make_trapezoid("z", area=2 / thickness * (1 + 0.137 * (e % 5)), duration=1.2e-3, system=sys)
-        cx = pp.make_trapezoid("x", area=1.5 / thickness * (1 + 0.291 * (e % 4)), duration=1.2e-3, system=sys)
+        cz = pp.make_trapezoid("z", area=2 / thickness * (1 + 0.137 * (e % 5 if vary else 1)), duration=1.2e-3,
+                               system=sys)
+        cx = pp.make_trapezoid("x", area=1.5 / thickness * (1 + 0.291 * (e % 4 if vary else 1)), duration=1.2e-3,
+                               system=sys)
         seq.add_block(cz, cx)
         seq.add_block(rfr, gzs)
         seq.add_block(cz, cx)

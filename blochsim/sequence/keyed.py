@@ -45,6 +45,10 @@ _FITS = 1 << 20  # cell coordinates packed in 21 bits each
 #: seconds a state takes per event and voxel on one host thread (measured:
 #: 3.8 ns on the 2-core CI machine, bench/NOTES.md), for the cost estimate
 SECONDS_PER_STATE_EVENT = 4e-9
+#: the pooled EPG on the keyed program (one voxel at a time in double
+#: precision) per state-event and voxel, relative to
+#: SECONDS_PER_STATE_EVENT, per three complex planes of its pools
+POOLED_SLOWDOWN = 4.0
 #: a call expected to take longer than this (s) says so and shows its progress
 LONG_CALL_S = 30.0
 

@@ -141,6 +141,12 @@ int host_keyed_dispatch(const EventStream& s, const KeyedProgram& k, const Tissu
   return host::keyed_status(s, k, t, out, threads, chosen().keyed);
 }
 
+int host_keyed_pooled_dispatch(const EventStream& s, const KeyedProgram& k, const Tissue& t, const Pools& p,
+                               const int* fields, int n_dirs, const float* seeds, float* out, float* jac,
+                               int threads) noexcept {
+  return host::keyed_pooled_status(s, k, t, p, fields, n_dirs, seeds, out, jac, threads);
+}
+
 int host_keyed_jacobian_dispatch(const EventStream& s, const KeyedProgram& k, const Tissue& t, const int* fields,
                                  int n_dirs, float* out, float* jac, int threads, const float* seeds) noexcept {
   return guarded([&]() -> int {

@@ -95,6 +95,13 @@ double host_workspace_bytes(int entry, const EventStream& s, const Pools* p, int
 int host_keyed_dispatch(const EventStream& s, const KeyedProgram& k, const Tissue& t, float* out,
                         int threads) noexcept;
 
+// Signal (and, with n_dirs > 0, Jacobian) of every problem of t with the
+// pools of p through the moment-keyed EPG (host::keyed_pooled_status);
+// returns a Status.
+int host_keyed_pooled_dispatch(const EventStream& s, const KeyedProgram& k, const Tissue& t, const Pools& p,
+                               const int* fields, int n_dirs, const float* seeds, float* out, float* jac,
+                               int threads) noexcept;
+
 // Signal and tissue Jacobian through the moment-keyed EPG (as
 // host_jacobian_dispatch); returns a Status.
 int host_keyed_jacobian_dispatch(const EventStream& s, const KeyedProgram& k, const Tissue& t, const int* fields,

@@ -254,37 +254,42 @@ __global__ void __launch_bounds__(match_threads, BLOCHSIM_MATCH_MIN_BLOCKS)
 }
 
 // The same partial lists on the tensor cores (compute capability 8.0 and
-// later).  Each complex inner product is a real one of length 2·dim over
-// the interleaved components: a signal's row [sr, si, ...] against an
-// atom's two columns, [ar, ai, ...] for the real part of <atom, signal> and
-// [-ai, ar, ...] for its imaginary part, so that the 16 × 8 accumulator
-// tiles of mma.m16n8k8 (TF32) and mma.m16n8k16 (FP16) (PTX ISA, "Matrix
-// fragments for mma.m16n8k8 / m16n8k16") give each lane the real and
-// imaginary part of one atom against two signals.  Both formats keep 11
-// significant bits; every value is split into two parts (big, the rounded
-// value; small, the rounded rest) and the three products big·big,
-// big·small and small·big are accumulated in float32, which restores single
-// precision (the "3xTF32" split of CUTLASS; Ootomo and Yokota, Int. J. High
-// Perform. Comput. Appl. 36, 2022, for FP16 with scaling).  FP16 does twice
-// the products of TF32 per instruction and per byte of shared memory read;
-// its range is kept by scaling each signal and each atom by a power of two
-// (exact) that puts its largest component in [2^14, 2^15), so that the small
-// parts stay normal: match_scale_kernel computes the factors, the atoms'
-// come off each power before it is ranked, the signals' off the final
-// powers (a signal's list is ranked in its own scale).
+// later).  Each complex inner product is a real one over the components
+// laid out planar by k-step (per_k components: their real parts, then
+// their imaginary parts): a signal's row [sr, si] against an atom's column
+// [ar, ai] gives the real part of <atom, signal>, and the signal's row with
+// its halves swapped and the real parts negated, [si, -sr], against the
+// same column the imaginary part: the swap renames the signal's fragment
+// registers and the negation is one sign flip of half of them, so one
+// staged copy of each atom and one fragment of it serve both.  mma.m16n8k8 (TF32) and mma.m16n8k16 (FP16) (PTX
+// ISA, "Matrix fragments for mma.m16n8k8 / m16n8k16") read their fragments
+// with ldmatrix.  Both formats keep 11 significant bits; every value is
+// split into two parts (big, the rounded value; small, the rounded rest)
+// and the three products big·big, big·small and small·big are accumulated
+// in float32, which restores single precision (the "3xTF32" split of
+// CUTLASS; Ootomo and Yokota, Int. J. High Perform. Comput. Appl. 36,
+// 2022, for FP16 with scaling).  FP16 does twice the products of TF32 per
+// instruction and per byte of shared memory read; its range is kept by
+// scaling each signal and each atom by a power of two (exact) that puts its
+// largest component in [2^14, 2^15), so that the small parts stay normal:
+// match_scale_kernel computes the factors, the atoms' come off each power
+// before it is ranked, the signals' off the final powers (a signal's list
+// is ranked in its own scale).
 //
 // The 8 warps sit 4 (signals) × 2 (atoms): warp (wm, wn) holds signals
-// 32 wm + [0, 32) and atoms 32 wn + [0, 32) of the block's tile, as 2 × 8
-// tiles of 16 signals × 4 atoms; lane (g, q) = (lane / 4, lane % 4) holds
-// signals g and g + 8 of each signal tile against atom q of each atom tile:
-// 4 signals × 8 atoms, as the scalar kernel's threads hold 8 × 4.  The four
-// lanes of a signal merge their lists by shuffles; the two warps of a signal
-// write theirs as two lists of the split (2 gridDim.y lists a signal).
+// 32 wm + [0, 32) and atoms 32 wn + [0, 32) of the block's tile, as 2 × 4
+// tiles of 16 signals × 8 atoms, each with a real and an imaginary
+// accumulator tile; lane (g, q) = (lane / 4, lane % 4) holds signals g and
+// g + 8 of each signal tile against atoms 2 q and 2 q + 1 of each atom
+// tile: 4 signals × 8 atoms, as the scalar kernel's threads hold 8 × 4.
+// The four lanes of a signal merge their lists by shuffles; the two warps
+// of a signal write theirs as two lists of the split (2 gridDim.y lists a
+// signal).
 //
-// A staged row holds 32-bit words: one real (TF32) or one complex (a pair
-// of FP16) each, so that in both formats the fragments read words
-// kk + q and kk + q + 4 of a row (kk = 8 · k-step) and the A fragments'
-// reads are the same code.
+// A staged row holds 32-bit words, 8 a k-step (TF32: 4 real parts, then 4
+// imaginary parts; FP16: 4 pairs of real parts, then 4 pairs of imaginary
+// parts), so that in both formats a fragment register is word kk + q or
+// kk + q + 4 of a row (kk = 8 · k-step), and the first is the real half.
 constexpr int match_tc_lists = 2;  // lists a split writes per signal
 
 __device__ __forceinline__ void tf32_split(float x, uint32_t& big, uint32_t& small) {
@@ -297,22 +302,15 @@ __device__ __forceinline__ void tf32_split(float x, uint32_t& big, uint32_t& sma
 
 // TF32 parts: a word a real.
 struct match_tf32_parts {
-  static constexpr int row = 2 * match_step + 4;  // words a staged row: lanes (g, q) read banks 4 g + q
+  static constexpr int row = 2 * match_step + 4;  // words a staged row: 8 rows' 16-byte reads on distinct banks
   static constexpr int per_k = 4;                 // complex components an mma consumes
   static constexpr int words = 2;                 // words a component of a part
   static constexpr bool scaled = false;
+  static constexpr uint32_t negate = 0x80000000u;  // the sign of a word's values
   __device__ static void put(uint32_t* hi, uint32_t* lo, int j, float2 x) {
-    uint2 h, l;
-    tf32_split(x.x, h.x, l.x);
-    tf32_split(x.y, h.y, l.y);
-    *reinterpret_cast<uint2*>(hi + 2 * j) = h;
-    *reinterpret_cast<uint2*>(lo + 2 * j) = l;
-  }
-  // lane (g, q)'s word c + q of its atom's column: the real part's column
-  // for part 0, the imaginary part's for part 1 (the neighbour component,
-  // negated at even rows)
-  __device__ static uint32_t column(const uint32_t* r, int c, int q, int part) {
-    return r[c + (q ^ part)] ^ (part && q % 2 == 0 ? 0x80000000u : 0u);
+    const int w = 8 * (j / 4) + j % 4;
+    tf32_split(x.x, hi[w], lo[w]);
+    tf32_split(x.y, hi[w + 4], lo[w + 4]);
   }
   __device__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -322,23 +320,24 @@ struct match_tf32_parts {
   }
 };
 
-// FP16 parts: a word a complex component (real part in the low half).
+// FP16 parts: a word a pair of real or of imaginary parts.
 struct match_f16_parts {
-  static constexpr int row = match_step + 4;  // lanes (g, q) read banks (20 g + q) mod 32: all differ
+  static constexpr int row = match_step + 4;  // 8 rows' 16-byte reads on distinct banks
   static constexpr int per_k = 8;
   static constexpr int words = 1;
   static constexpr bool scaled = true;
+  static constexpr uint32_t negate = 0x80008000u;
   __device__ static void put(uint32_t* hi, uint32_t* lo, int j, float2 x) {
-    const __half2 h = __floats2half2_rn(x.x, x.y);
-    const float2 hf = __half22float2(h);
-    const __half2 l = __floats2half2_rn(x.x - hf.x, x.y - hf.y);
-    hi[j] = *reinterpret_cast<const uint32_t*>(&h);
-    lo[j] = *reinterpret_cast<const uint32_t*>(&l);
-  }
-  // (ar, ai) for part 0, (-ai, ar) for part 1
-  __device__ static uint32_t column(const uint32_t* r, int c, int q, int part) {
-    const uint32_t x = r[c + q];
-    return part ? __byte_perm(x, 0, 0x1032) ^ 0x8000u : x;
+    const int h = 2 * (8 * (j / 8) + j % 8 / 2) + j % 2;  // the real part's half
+    const __half2 b = __floats2half2_rn(x.x, x.y);
+    const float2 bf = __half22float2(b);
+    const __half2 l = __floats2half2_rn(x.x - bf.x, x.y - bf.y);
+    __half* H = reinterpret_cast<__half*>(hi);
+    __half* L = reinterpret_cast<__half*>(lo);
+    H[h] = __low2half(b);
+    H[h + 8] = __high2half(b);
+    L[h] = __low2half(l);
+    L[h + 8] = __high2half(l);
   }
   __device__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -347,6 +346,16 @@ struct match_f16_parts {
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
 };
+
+// Four 8 × 8 matrices of 16-byte rows from shared memory: lane l gives the
+// address of row l % 8 of matrix l / 8, and receives word l % 4 of row
+// l / 4 of each matrix (PTX ISA, ldmatrix).
+__device__ __forceinline__ void match_ldmatrix(uint32_t (&r)[4], const uint32_t* row) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
 
 // Shared memory of match_tc_kernel (dynamic: above the static 48 KiB for
 // TF32): the signal tile and the atom stages, each as big and small parts.
@@ -378,96 +387,107 @@ __global__ void match_scale_kernel(const float2* rows, int64_t n, int64_t dim, f
 
 template <class F>
 using match_row = uint32_t[F::row];
-constexpr int match_tc_TS = 4, match_tc_TN = 8;  // a lane's signals, a warp's atom tiles
+constexpr int match_tc_TS = 4, match_tc_TA = 8;  // a lane's signals and atoms
+// a warp's accumulators: [signal tile][atom tile][real, imaginary][4]
+typedef float match_tc_acc[2][4][2][4];
 
-__device__ __forceinline__ void match_tc_zero(float (&acc)[2][match_tc_TN][4]) {
+__device__ __forceinline__ void match_tc_zero(match_tc_acc& acc) {
 #pragma unroll
   for (int m = 0; m < 2; ++m)
 #pragma unroll
-    for (int v = 0; v < match_tc_TN; ++v)
+    for (int t = 0; t < 4; ++t)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[m][v][e] = 0.0f;
+      for (int c = 0; c < 2; ++c)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[m][t][c][e] = 0.0f;
 }
 
 // One staged chunk (`left` components of it count) of the block's signal
 // tile against its atom tile, accumulated into warp (wm, wn)'s tiles.
-// Lane (g, q4) reads column g of an atom tile: atom g / 2, the real part's
-// column for even g (part 0), the imaginary part's for odd g (part 1).
 template <class F>
-__device__ __forceinline__ void match_tc_products(float (&acc)[2][match_tc_TN][4], const match_row<F>* sig_hi,
+__device__ __forceinline__ void match_tc_products(match_tc_acc& acc, const match_row<F>* sig_hi,
                                                   const match_row<F>* sig_lo, const match_row<F>* atm_hi,
-                                                  const match_row<F>* atm_lo, int64_t left, int wm, int wn, int g,
-                                                  int q4, int part) {
-  constexpr int TN = match_tc_TN;
+                                                  const match_row<F>* atm_lo, int64_t left, int wm, int wn,
+                                                  int lane) {
   const int ksteps = static_cast<int>(((left < match_step ? left : match_step) + F::per_k - 1) / F::per_k);
-  const match_row<F>* bh = atm_hi + 32 * wn + g / 2;
-  const match_row<F>* bl = atm_lo + 32 * wn + g / 2;
+  const int l8 = lane % 8, mi = lane / 8;  // the row and matrix this lane addresses
 #pragma unroll
   for (int ks = 0; ks < match_step / F::per_k; ++ks) {
     if (ks >= ksteps) break;
     const int kk = 8 * ks;
-    uint32_t ah[2][4], al[2][4], b[TN][4];
+    // A: matrices (rows +0, real half), (+8, real), (+0, imaginary), (+8, imaginary)
+    uint32_t ah[2][4], al[2][4], nh[2][4], nl[2][4], b[4][4];
 #pragma unroll
     for (int m = 0; m < 2; ++m) {
-      const int r0 = 32 * wm + 16 * m + g;
-      ah[m][0] = sig_hi[r0][kk + q4];
-      ah[m][1] = sig_hi[r0 + 8][kk + q4];
-      ah[m][2] = sig_hi[r0][kk + q4 + 4];
-      ah[m][3] = sig_hi[r0 + 8][kk + q4 + 4];
-      al[m][0] = sig_lo[r0][kk + q4];
-      al[m][1] = sig_lo[r0 + 8][kk + q4];
-      al[m][2] = sig_lo[r0][kk + q4 + 4];
-      al[m][3] = sig_lo[r0 + 8][kk + q4 + 4];
-    }
+      const int r = 32 * wm + 16 * m + 8 * (mi % 2) + l8, w = kk + 4 * (mi / 2);
+      match_ldmatrix(ah[m], &sig_hi[r][w]);
+      match_ldmatrix(al[m], &sig_lo[r][w]);
 #pragma unroll
-    for (int v = 0; v < TN; ++v) {
-      b[v][0] = F::column(bh[4 * v], kk, q4, part);
-      b[v][1] = F::column(bh[4 * v], kk + 4, q4, part);
-      b[v][2] = F::column(bl[4 * v], kk, q4, part);
-      b[v][3] = F::column(bl[4 * v], kk + 4, q4, part);
+      for (int e = 0; e < 4; ++e) {  // [si, -sr]
+        nh[m][e] = e < 2 ? ah[m][e + 2] : ah[m][e - 2] ^ F::negate;
+        nl[m][e] = e < 2 ? al[m][e + 2] : al[m][e - 2] ^ F::negate;
+      }
+    }
+    // B: atom tile t's matrices (big, real half), (big, imaginary), (small, real), (small, imaginary)
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      const int r = 32 * wn + 8 * t + l8, w = kk + 4 * (mi % 2);
+      match_ldmatrix(b[t], mi < 2 ? &atm_hi[r][w] : &atm_lo[r][w]);
     }
     // the three products pass by pass: 16 independent accumulations
     // between two into the same accumulator
 #pragma unroll
-    for (int v = 0; v < TN; ++v)
+    for (int t = 0; t < 4; ++t)
 #pragma unroll
-      for (int m = 0; m < 2; ++m) F::mma(acc[m][v], al[m], b[v][0], b[v][1]);
+      for (int m = 0; m < 2; ++m) {
+        F::mma(acc[m][t][0], al[m], b[t][0], b[t][1]);
+        F::mma(acc[m][t][1], nl[m], b[t][0], b[t][1]);
+      }
 #pragma unroll
-    for (int v = 0; v < TN; ++v)
+    for (int t = 0; t < 4; ++t)
 #pragma unroll
-      for (int m = 0; m < 2; ++m) F::mma(acc[m][v], ah[m], b[v][2], b[v][3]);
+      for (int m = 0; m < 2; ++m) {
+        F::mma(acc[m][t][0], ah[m], b[t][2], b[t][3]);
+        F::mma(acc[m][t][1], nh[m], b[t][2], b[t][3]);
+      }
 #pragma unroll
-    for (int v = 0; v < TN; ++v)
+    for (int t = 0; t < 4; ++t)
 #pragma unroll
-      for (int m = 0; m < 2; ++m) F::mma(acc[m][v], ah[m], b[v][0], b[v][1]);
+      for (int m = 0; m < 2; ++m) {
+        F::mma(acc[m][t][0], ah[m], b[t][0], b[t][1]);
+        F::mma(acc[m][t][1], nh[m], b[t][0], b[t][1]);
+      }
   }
 }
 
 // The finished tile's powers offered to the lane's lists: its atoms at
-// positions a0 + 4 v (before aend; atom index position · stride), each
-// power without its atom's factor scale(position) where F scales.
+// positions a0 + 8 t + e (t < 4, e < 2; before aend; atom index
+// position · stride), each power without its atom's factor
+// scale(position) where F scales.
 template <class F, int KC, class Scale>
-__device__ __forceinline__ void match_tc_offers(const float (&acc)[2][match_tc_TN][4], float (&pw)[match_tc_TS][KC],
+__device__ __forceinline__ void match_tc_offers(const match_tc_acc& acc, float (&pw)[match_tc_TS][KC],
                                                 int64_t (&ix)[match_tc_TS][KC], float (&thr)[match_tc_TS],
                                                 const float (&fl)[match_tc_TS], int k, int64_t a0, int64_t aend,
                                                 int64_t stride, Scale scale) {
-  constexpr int TN = match_tc_TN;
-  float inv[TN];  // the atoms' factors come off (1 unscaled)
+  constexpr int TA = match_tc_TA;
+  auto atom = [&](int v) { return a0 + 8 * (v / 2) + v % 2; };
+  float inv[TA];  // the atoms' factors come off (1 unscaled)
 #pragma unroll
-  for (int v = 0; v < TN; ++v) inv[v] = F::scaled && a0 + 4 * v < aend ? __frcp_rn(scale(a0 + 4 * v)) : 1.0f;
+  for (int v = 0; v < TA; ++v) inv[v] = F::scaled && atom(v) < aend ? __frcp_rn(scale(atom(v))) : 1.0f;
 #pragma unroll
   for (int s = 0; s < match_tc_TS; ++s) {
-    float x[TN], best = -1.0f;
+    float x[TA], best = -1.0f;
 #pragma unroll
-    for (int v = 0; v < TN; ++v) {
-      const float re = acc[s / 2][v][2 * (s % 2)], im = acc[s / 2][v][2 * (s % 2) + 1];
+    for (int v = 0; v < TA; ++v) {
+      const int e = 2 * (s % 2) + v % 2;
+      const float re = acc[s / 2][v / 2][0][e], im = acc[s / 2][v / 2][1][e];
       x[v] = F::scaled ? match_power(re * inv[v], im * inv[v]) : match_power(re, im);
       best = fmaxf(best, x[v]);
     }
     if (best > thr[s])  // rare once the lists fill: one test for the lane's 8 atoms
 #pragma unroll
-      for (int v = 0; v < TN; ++v) {
-        const int64_t a = a0 + 4 * v;
+      for (int v = 0; v < TA; ++v) {
+        const int64_t a = atom(v);
         if (x[v] > thr[s] && a < aend) {
           match_offer(pw[s], ix[s], k, x[v], a * stride);
           thr[s] = fmaxf(pw[s][k - 1], fl[s]);
@@ -550,10 +570,10 @@ __global__ void match_split_kernel(const float2* rows, int64_t count, int64_t st
   }
 }
 
-__device__ __forceinline__ void match_copy16(void* dst, const void* src, bool full) {
+// 16 bytes from global src to the shared address dst (zeros unless full).
+__device__ __forceinline__ void match_copy16(unsigned dst, const void* src, bool full) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(full ? 16 : 0));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(full ? 16 : 0));
 #endif
 }
 __device__ __forceinline__ void match_copy_commit() {
@@ -612,25 +632,47 @@ __global__ void __launch_bounds__(match_threads, BLOCHSIM_MATCH_MIN_BLOCKS)
   float thr[match_tc_TS], fl[match_tc_TS];
   match_lists_start(pw, ix, thr, fl, k, floors, p.n, row);
 
+  // A thread's copies, the same every step but for the chunk and the atom
+  // tile: u-th signal piece e = tid + u · match_threads (row e / (2 pieces),
+  // part e / pieces % 2, word 4 (e % pieces)), likewise its atom pieces; their
+  // global sources at chunk 0 of the block's first tile and their shared
+  // destinations within a stage.
+  constexpr int SU = match_signals * 2 * pieces / match_threads, AU = match_atoms * 2 * pieces / match_threads;
+  static_assert(SU * match_threads == match_signals * 2 * pieces && AU * match_threads == match_atoms * 2 * pieces,
+                "whole copies a thread");
+  const unsigned base = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  constexpr unsigned stage_bytes = 4u * stage_rows * F::row;
+  const uint32_t* ssrc[SU];
+  unsigned sdst[SU];
+  bool sin[SU];
+#pragma unroll
+  for (int u = 0; u < SU; ++u) {
+    const int e = tid + u * match_threads, r = e / (2 * pieces), h = e / pieces % 2, w = 4 * (e % pieces);
+    sin[u] = s0 + r < p.n;
+    ssrc[u] = sig_parts + (sin[u] ? ((s0 + r) * chunks * 2 + h) * PW + w : 0);
+    sdst[u] = base + 4u * ((h * match_signals + r) * F::row + w);
+  }
+  const uint32_t* asrc[AU];
+  unsigned adst[AU];
+  int arow[AU];
+#pragma unroll
+  for (int u = 0; u < AU; ++u) {
+    const int e = tid + u * match_threads, r = e / (2 * pieces), h = e / pieces % 2, w = 4 * (e % pieces);
+    arow[u] = r;
+    asrc[u] = atom_parts + ((abegin - pbegin + r) * chunks * 2 + h) * PW + w;
+    adst[u] = base + 4u * ((2 * match_signals + h * match_atoms + r) * F::row + w);
+  }
   // the copies of step (atom tile from position a0, chunk c) into stage st
   auto issue = [&](int64_t a0, int c, int64_t step, int st) {
-    if (chunks > 1 || step < stages) {
-      Row* hi = sig_hi(st);
-      for (int e = tid; e < match_signals * 2 * pieces; e += match_threads) {
-        const int r = e / (2 * pieces), h = e / pieces % 2, w = 4 * (e % pieces);
-        const int64_t sx = s0 + r;
-        const bool in = sx < p.n;
-        match_copy16(&hi[h * match_signals + r][w],
-                     in ? sig_parts + (sx * chunks + c) * 2 * PW + h * PW + w : sig_parts, in);
-      }
-    }
-    Row* hi = atm_hi(st);
-    for (int e = tid; e < match_atoms * 2 * pieces; e += match_threads) {
-      const int r = e / (2 * pieces), h = e / pieces % 2, w = 4 * (e % pieces);
-      const int64_t a = a0 + r;
-      const bool in = a < aend;
-      match_copy16(&hi[h * match_atoms + r][w],
-                   in ? atom_parts + ((a - pbegin) * chunks + c) * 2 * PW + h * PW + w : atom_parts, in);
+    const unsigned at = static_cast<unsigned>(st) * stage_bytes;
+    if (chunks > 1 || step < stages)
+#pragma unroll
+      for (int u = 0; u < SU; ++u) match_copy16(sdst[u] + at, sin[u] ? ssrc[u] + c * 2 * PW : sig_parts, sin[u]);
+    const int64_t off = ((a0 - abegin) * chunks + c) * 2 * PW;
+#pragma unroll
+    for (int u = 0; u < AU; ++u) {
+      const bool in = a0 + arow[u] < aend;
+      match_copy16(adst[u] + at, in ? asrc[u] + off : atom_parts, in);
     }
   };
   // the issued step (position ia, chunk ic, number it) and the multiplied one
@@ -651,29 +693,33 @@ __global__ void __launch_bounds__(match_threads, BLOCHSIM_MATCH_MIN_BLOCKS)
     match_copy_commit();
   }
 
-  const int part = g % 2;
-  float acc[2][match_tc_TN][4];
+  match_tc_acc acc;
+  match_tc_zero(acc);
   int64_t ta = abegin;
   int tc = 0;
+  // the stages of the step multiplied and of the step issued
+  int st = 0, ist = stages - 1;
   for (int64_t t = 0; t < steps; ++t) {
-    const int st = static_cast<int>(t % stages);
     match_copy_wait(stages - 2);  // step t's copies landed (this thread's) ...
     __syncthreads();              // ... and everyone's; step t - 1 multiplied by all
     if (it < steps) {
-      issue(ia, ic, it, static_cast<int>(it % stages));
+      issue(ia, ic, it, ist);
       next(ia, ic);
       ++it;
     }
     match_copy_commit();
-    if (tc == 0) match_tc_zero(acc);
+    ist = ist + 1 == stages ? 0 : ist + 1;
     const Row* sh = sig_hi(st);
     const Row* ah = atm_hi(st);
     match_tc_products<F>(acc, sh, sh + match_signals, ah, ah + match_atoms,
-                         dim - static_cast<int64_t>(tc) * match_step, wm, wn, g, q4, part);
-    if (tc == chunks - 1)
-      match_tc_offers<F>(acc, pw, ix, thr, fl, k, ta + 32 * wn + q4, aend, stride,
+                         dim - static_cast<int64_t>(tc) * match_step, wm, wn, lane);
+    if (tc == chunks - 1) {  // the tile done: its offers, and the next tile's sums start
+      match_tc_offers<F>(acc, pw, ix, thr, fl, k, ta + 32 * wn + 2 * q4, aend, stride,
                          [&](int64_t a) { return atom_scale[a - pbegin]; });
+      match_tc_zero(acc);
+    }
     next(ta, tc);
+    st = st + 1 == stages ? 0 : st + 1;
   }
   match_copy_wait(0);
   match_tc_write(pw, ix, k, p.n, splits * match_tc_lists, split * match_tc_lists + wn, row, q4, part_pw, part_ix);
@@ -770,8 +816,7 @@ __global__ void __launch_bounds__(match_threads, BLOCHSIM_MATCH_MIN_BLOCKS)
     store(0);
   }
 
-  const int part = g % 2;
-  float acc[2][match_tc_TN][4];
+  match_tc_acc acc;
   while (ta < aend) {
     const int64_t na = tc + 1 == chunks ? ta + match_atoms : ta;  // the next step
     const int nc = tc + 1 == chunks ? 0 : tc + 1;
@@ -780,9 +825,9 @@ __global__ void __launch_bounds__(match_threads, BLOCHSIM_MATCH_MIN_BLOCKS)
     if (more) load(na, nc);
     if (tc == 0) match_tc_zero(acc);
     match_tc_products<F>(acc, sig_hi, sig_lo, atm_hi + buf * match_atoms, atm_lo + buf * match_atoms,
-                         dim - static_cast<int64_t>(tc) * match_step, wm, wn, g, q4, part);
+                         dim - static_cast<int64_t>(tc) * match_step, wm, wn, lane);
     if (tc == chunks - 1)
-      match_tc_offers<F>(acc, pw, ix, thr, fl, k, ta + 32 * wn + q4, aend, stride,
+      match_tc_offers<F>(acc, pw, ix, thr, fl, k, ta + 32 * wn + 2 * q4, aend, stride,
                          [&](int64_t a) { return atom_scale[a * stride]; });
     if (BLOCHSIM_MATCH_ATOM_STAGES == 1 || !resident) __syncthreads();
     buf = BLOCHSIM_MATCH_ATOM_STAGES == 1 ? 0 : buf ^ 1;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "../pools/adjoint.hpp"
+#include "../pools/keyed.hpp"
 #include "../pools/lanes.hpp"
 #include "../pools/player.hpp"
 #include "../pools/pools.hpp"
@@ -48,15 +49,23 @@ inline int pooled_range_any(const EventStream& s, const Tissue& t, const Pools& 
 
 namespace pools_detail {
 
+// Scalars of one problem's workspace: pooled_problem's, or with a keyed
+// program k keyed_pooled_problem's.
+inline int64_t pooled_problem_workspace(const EventStream& s, const Pools& p, const KeyedProgram* k) {
+  return k ? keyed_pool_workspace(s, *k, p) : pool_workspace(s, p);
+}
+
+// Problems [i0, i1) one at a time over the scalar S (double, or duals
+// along fields[0 .. n_dirs)), on EPG orders or on the keyed program k.
 template <class S>
 inline int pooled_range(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_dirs,
                         const float* seeds, int64_t i0, int64_t i1, float* out, float* jac, int64_t jac_dirs,
-                        int64_t first_dir) {
-  std::vector<S> work(static_cast<std::size_t>(pool_workspace(s, p)));
+                        int64_t first_dir, const KeyedProgram* k = nullptr) {
+  std::vector<S> work(static_cast<std::size_t>(pooled_problem_workspace(s, p, k)));
   const LineshapeTable ls = host_lineshape_table();
   const int64_t ns = s.n_samples;
   for (int64_t i = i0; i < i1; ++i) {
-    pooled_problem<S>(s, t, p, ls, i, fields, n_dirs, seeds, work.data(), [&](int32_t slot, const Cx<S>& v) {
+    auto sink = [&](int32_t slot, const Cx<S>& v) {
       float* o = out + (i * ns + slot) * 2;
       o[0] = static_cast<float>(value_of(v.re));
       o[1] = static_cast<float>(value_of(v.im));
@@ -67,22 +76,61 @@ inline int pooled_range(const EventStream& s, const Tissue& t, const Pools& p, c
           d[1] = static_cast<float>(v.im.d[j]);
         }
       }
-    });
+    };
+    if (k)
+      keyed_pooled_problem<S>(s, *k, t, p, ls, i, fields, n_dirs, seeds, work.data(), sink);
+    else
+      pooled_problem<S>(s, t, p, ls, i, fields, n_dirs, seeds, work.data(), sink);
   }
   return ok;
 }
 
-template <int N>
+template <class S>
 inline int pooled_pass(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_dirs,
                        const float* seeds, float* out, float* jac, int64_t jac_dirs, int64_t first_dir,
-                       int threads) {
-  if (!workspace_fits(static_cast<double>(pool_workspace(s, p)) * sizeof(Dual<double, N>) *
+                       int threads, const KeyedProgram* k = nullptr) {
+  if (!workspace_fits(static_cast<double>(pooled_problem_workspace(s, p, k)) * sizeof(S) *
                       std::min<int64_t>(threads, t.n)))
     return out_of_memory;
   return run_ranges(t.n, threads, 0, [&](int64_t i0, int64_t i1, float*) {
-    return pooled_range<Dual<double, N>>(s, t, p, fields, n_dirs, seeds, i0, i1, out, jac, jac_dirs,
-                                         first_dir);
+    return pooled_range<S>(s, t, p, fields, n_dirs, seeds, i0, i1, out, jac, jac_dirs, first_dir, k);
   });
+}
+
+// The Jacobian in double precision, pooled_pass_directions a pass.
+inline int pooled_double_passes(const EventStream& s, const Tissue& t, const Pools& p, const int* fields,
+                                int n_dirs, const float* seeds, float* out, float* jac, int threads,
+                                const KeyedProgram* k) {
+  for (int first = 0; first < n_dirs; first += pooled_pass_directions) {
+    const int nd = n_dirs - first < pooled_pass_directions ? n_dirs - first : pooled_pass_directions;
+    const int* f = fields + first;
+    const float* sd = seeds ? seeds + first : nullptr;
+    int st;
+    switch (nd) {
+      case 1: st = pooled_pass<Dual<double, 1>>(s, t, p, f, nd, sd, out, jac, n_dirs, first, threads, k); break;
+      case 2: st = pooled_pass<Dual<double, 2>>(s, t, p, f, nd, sd, out, jac, n_dirs, first, threads, k); break;
+      case 3: st = pooled_pass<Dual<double, 3>>(s, t, p, f, nd, sd, out, jac, n_dirs, first, threads, k); break;
+      default: st = pooled_pass<Dual<double, 4>>(s, t, p, f, nd, sd, out, jac, n_dirs, first, threads, k); break;
+    }
+    if (st != ok) return st;
+  }
+  return ok;
+}
+
+// The checks of a pooled call's stream, tissue, pools and directions.
+inline int pooled_checks(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_dirs,
+                         const float* jac) {
+  const int v = validate(s, t, true);
+  if (v != ok) return v;
+  const int vp = validate_pools(s, t, p);
+  if (vp != ok) return vp;
+  if (n_dirs < 0 || (n_dirs > 0 && (!fields || !jac))) return bad_shape;
+  for (int j = 0; j < n_dirs; ++j) {
+    if (!pooled_direction(fields[j])) return bad_shape;
+    for (int l = 0; l < j; ++l)
+      if (fields[l] == fields[j]) return bad_shape;
+  }
+  return ok;
 }
 
 }  // namespace pools_detail
@@ -103,16 +151,8 @@ inline int pooled_status(const EventStream& s, const Tissue& t, const Pools& p, 
                          const float* seeds, float* out, float* jac, int threads,
                          PooledRangeFn fn = &pooled_range_any, PooledJacobianRangeFn jfn = nullptr) noexcept {
   return guarded([&]() -> int {
-    const int v = validate(s, t, true);
+    const int v = pools_detail::pooled_checks(s, t, p, fields, n_dirs, jac);
     if (v != ok) return v;
-    const int vp = validate_pools(s, t, p);
-    if (vp != ok) return vp;
-    if (n_dirs < 0 || (n_dirs > 0 && (!fields || !jac))) return bad_shape;
-    for (int j = 0; j < n_dirs; ++j) {
-      if (!pooled_direction(fields[j])) return bad_shape;
-      for (int l = 0; l < j; ++l)
-        if (fields[l] == fields[j]) return bad_shape;
-    }
     if (t.n == 0 || s.n_samples == 0) return ok;
     if (n_dirs == 0)
       return run_blocks_with(t, threads, static_cast<std::size_t>(pool_block_workspace(s, p)) * lanes,
@@ -136,20 +176,25 @@ inline int pooled_status(const EventStream& s, const Tissue& t, const Pools& p, 
       }
       return ok;
     }
-    for (int first = 0; first < n_dirs; first += pooled_pass_directions) {
-      const int nd = n_dirs - first < pooled_pass_directions ? n_dirs - first : pooled_pass_directions;
-      const int* f = fields + first;
-      const float* sd = seeds ? seeds + first : nullptr;
-      int st;
-      switch (nd) {
-        case 1: st = pools_detail::pooled_pass<1>(s, t, p, f, nd, sd, out, jac, n_dirs, first, threads); break;
-        case 2: st = pools_detail::pooled_pass<2>(s, t, p, f, nd, sd, out, jac, n_dirs, first, threads); break;
-        case 3: st = pools_detail::pooled_pass<3>(s, t, p, f, nd, sd, out, jac, n_dirs, first, threads); break;
-        default: st = pools_detail::pooled_pass<4>(s, t, p, f, nd, sd, out, jac, n_dirs, first, threads); break;
-      }
-      if (st != ok) return st;
-    }
-    return ok;
+    return pools_detail::pooled_double_passes(s, t, p, fields, n_dirs, seeds, out, jac, threads, nullptr);
+  });
+}
+
+// pooled_status on the moment-keyed program k of s (epg/keyed.hpp): every
+// problem one at a time in double precision (pools/keyed.hpp), the signal
+// alone or with its Jacobian along fields (as pooled_status).
+inline int keyed_pooled_status(const EventStream& s, const KeyedProgram& k, const Tissue& t, const Pools& p,
+                               const int* fields, int n_dirs, const float* seeds, float* out, float* jac,
+                               int threads) noexcept {
+  return guarded([&]() -> int {
+    int v = pools_detail::pooled_checks(s, t, p, fields, n_dirs, jac);
+    if (v == ok) v = validate_keyed(s, k);
+    if (v == ok) v = keyed_plays(k, t);
+    if (v != ok) return v;
+    if (t.n == 0 || s.n_samples == 0) return ok;
+    if (n_dirs == 0)
+      return pools_detail::pooled_pass<double>(s, t, p, nullptr, 0, nullptr, out, nullptr, 0, 0, threads, &k);
+    return pools_detail::pooled_double_passes(s, t, p, fields, n_dirs, seeds, out, jac, threads, &k);
   });
 }
 
