@@ -679,3 +679,10 @@ def test_moment_keyed_epg_on_the_card_equals_the_host():
     dev = {k: blochsim.DeviceArray.from_numpy(v.astype(np.float32)) for k, v in tissue.items()}
     resident = _KeyedTrain().simulate(**dev)
     assert rel(resident.get(), host) < 2e-5
+    # with pools the keyed EPG plays on the host: device arrays in, a device array out
+    pools = dict(poolB_fraction=0.1, poolB_exchange=25.0, poolB_T1=700.0, poolB_T2=30.0, poolB_shift=20.0)
+    small = {k: v[:200] for k, v in tissue.items() if k != "D"}
+    host = _KeyedTrain().simulate(**small, **pools)
+    dev = {k: blochsim.DeviceArray.from_numpy(v.astype(np.float32)) for k, v in small.items()}
+    pooled = _KeyedTrain().simulate(**dev, **pools)
+    assert isinstance(pooled, blochsim.DeviceArray) and rel(pooled.get(), host) < 1e-6

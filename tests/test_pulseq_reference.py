@@ -691,9 +691,123 @@ def test_keyed_by_moment_refuses_what_it_does_not_play_by_name(tmp_path):
     with pytest.raises(TypeError, match="moment-keyed EPG"):
         sim.vjp(["T2"], **TISSUE)
     with pytest.raises(TypeError, match="moment-keyed EPG"):
-        sim.simulate(**TISSUE, bound_fraction=0.1, bound_exchange=20.0)
+        sim.vjp(["T2"], **TISSUE, bound_fraction=0.1, bound_exchange=20.0)
     with pytest.raises(ValueError, match="v needs the crusher geometry"):
         sim.simulate(**TISSUE, v=1.0)
+
+
+class _PooledMomentEPG(_MomentEPG):
+    """_MomentEPG with Bloch–McConnell pools (free water and exchanging
+    pools, as pool_oracles.Oracle's generator has them; no semisolid pool):
+    per liquid pool j, F[j] and Z[j] over exact moments; an interval is the
+    exact exponential of the generator at every moment (recovery at m = 0),
+    a pulse rotates every pool alike."""
+
+    def __init__(self, T1, T2, B0, pools, q=1e-2):
+        from pool_oracles import Oracle
+
+        self.bm, self.q = Oracle(T1, T2, B0, pools=pools), q
+        self.n = self.bm.n
+        self.Fs = [{} for _ in range(self.n)]
+        self.Zs = [{(0, 0, 0): self.bm.f[j] + 0j} for j in range(self.n)]
+
+    def shift(self, dm):
+        d = self.key(dm)
+        if any(d):
+            self.Fs = [{tuple(a + b for a, b in zip(k, d)): v for k, v in F.items()} for F in self.Fs]
+
+    def apply(self, R, affine=None):
+        """(Mx, My, Mz) of every pool <- R (3 n x 3 n) times them at every
+        moment (+ affine at m = 0); a 3 x 3 R turns every pool alike."""
+        if R.shape == (3, 3):
+            R = np.kron(np.eye(self.n), R)
+        keys = set()
+        for F, Z in zip(self.Fs, self.Zs):
+            keys |= set(F) | set(Z) | {tuple(-a for a in k) for k in F}
+        Fs, Zs = [{} for _ in range(self.n)], [{} for _ in range(self.n)]
+        for k in keys:
+            neg = tuple(-a for a in k)
+            v = []
+            for F, Z in zip(self.Fs, self.Zs):
+                fp, fm = F.get(k, 0.0), np.conj(F.get(neg, 0.0))
+                v += [(fp + fm) / 2, (fp - fm) / 2j, Z.get(k, 0.0)]
+            v = R @ np.array(v)
+            if affine is not None and not any(k):
+                v = v + affine
+            for j in range(self.n):
+                f, z = v[3 * j] + 1j * v[3 * j + 1], v[3 * j + 2]
+                if abs(f) > 1e-13:
+                    Fs[j][k] = f
+                if abs(z) > 1e-13:
+                    Zs[j][k] = z
+        self.Fs, self.Zs = Fs, Zs
+
+    def relax(self, tau):
+        if tau > 0:
+            E = expm(self.bm.generator() * tau)
+            self.apply(E[:-1, :-1], affine=E[:-1, -1])
+
+    def sample(self):
+        return sum(F.get((0, 0, 0), 0.0) for F in self.Fs)
+
+
+def pooled_oracle(path, T1, T2, pools, B0=0.0, axes=(0, 1, 2)):
+    """The file's samples by the exact-moment EPG with pools (hard pulses
+    at their centres, as oracle() plays them by default)."""
+    tl = _Timeline(path)
+    epg = _PooledMomentEPG(T1, T2, B0, pools)
+    out, now = [], 0.0
+    for when, kind, data in tl.events:
+        epg.relax(when - now)
+        epg.shift(tl.moment(now, when, axes))
+        now = when
+        if kind == "adc":
+            out.append(epg.sample() * np.exp(1j * data))
+            continue
+        rf = data[0]
+        t, w, dt = _rf_cells(rf)
+        area = np.sum(w) * dt
+        theta = -(rf.phase_offset + 2 * np.pi * rf.freq_offset * rf.center + np.angle(area))
+        epg.apply(_rotation((np.cos(theta), np.sin(theta), 0.0), 2 * np.pi * abs(area)))
+    return np.array(out)
+
+
+POOL_B = dict(poolB_fraction=0.15, poolB_exchange=30.0, poolB_T1=800.0, poolB_T2=20.0, poolB_shift=40.0)
+
+
+def test_keyed_by_moment_plays_exchanging_pools_against_the_pooled_oracle(tmp_path):
+    """Crushers of unequal areas (the moment-keyed EPG) with an exchanging
+    pool (Bloch–McConnell: exchange, its own relaxation and shift): every
+    echo against the exact-moment EPG with the pools' exact exponentials,
+    on and off resonance."""
+    path = tse_unequal(tmp_path / "unequal.seq", echoes=6)
+    sim = Simulator.from_pulseq(path)
+    pools = [(POOL_B["poolB_fraction"], POOL_B["poolB_exchange"], POOL_B["poolB_T1"], POOL_B["poolB_T2"],
+              POOL_B["poolB_shift"])]
+    for B0 in (0.0, 11.0):
+        ref = pooled_oracle(path, TISSUE["T1"], TISSUE["T2"], pools, B0=B0, axes=(0, 2))
+        got = sim.simulate(**TISSUE, **POOL_B, B0=B0)
+        np.testing.assert_allclose(got, ref, atol=TOL, rtol=0, err_msg=f"B0 = {B0}")
+    # without exchange the pools are two trains summed by their fractions
+    alone = sim.simulate(**TISSUE, **{**POOL_B, "poolB_exchange": 0.0, "poolB_shift": 0.0, "poolB_T1": TISSUE["T1"],
+                                      "poolB_T2": TISSUE["T2"]})
+    np.testing.assert_allclose(alone, sim.simulate(**TISSUE), atol=1e-6)
+
+
+@pytest.mark.parametrize("flip", [180.0, 120.0])
+def test_keyed_by_moment_plays_pools_as_the_one_order_path(tmp_path, flip):
+    """A train one order holds, read keyed on request, with an exchanging
+    and a semisolid pool (saturated by each pulse's power): the samples and
+    the Jacobian the one-order pooled EPG gives."""
+    path = tse(tmp_path / "tse.seq", flip=flip, slice_pos=5.1e-3)
+    one, keyed = Simulator.from_pulseq(path), Simulator.from_pulseq(path, dephasing="keyed")
+    kw = dict(**TISSUE, **POOL_B, B0=7.0, bound_fraction=0.1, bound_exchange=20.0, B1=np.array([0.9, 1.05]))
+    np.testing.assert_allclose(keyed.simulate(**kw), one.simulate(**kw), atol=1e-6)
+    names = ["T2", "poolB_exchange", "bound_fraction"]
+    s1, J1 = one.jacobian(names, **kw)
+    s2, J2 = keyed.jacobian(names, **kw)
+    np.testing.assert_allclose(s2, s1, atol=1e-6)
+    np.testing.assert_allclose(J2, J1, atol=1e-6 * np.abs(J1).max())
 
 
 def test_keyed_by_moment_says_a_long_call_before_it_runs(tmp_path, monkeypatch, capsys):
@@ -706,6 +820,7 @@ def test_keyed_by_moment_says_a_long_call_before_it_runs(tmp_path, monkeypatch, 
     sim = Simulator.from_pulseq(path)
     T2 = np.linspace(40.0, 120.0, 70)
     quick = sim.simulate(T1=900.0, T2=T2)
+    quick_pooled = sim.simulate(T1=900.0, T2=T2[:5], **POOL_B)
     monkeypatch.setattr(keyed, "SECONDS_PER_STATE_EVENT", 1.0)
     with pytest.warns(keyed.SlowCallWarning, match=r"up to [\d,]+ states .* 70 voxels on \d+ threads are expected "
                                                    r"to take about \d+ s"):
@@ -713,6 +828,11 @@ def test_keyed_by_moment_says_a_long_call_before_it_runs(tmp_path, monkeypatch, 
     np.testing.assert_array_equal(slow, quick)
     err = capsys.readouterr().err
     assert "70 of 70 voxels (100 %)" in err and err.count("voxels (") >= 10
+    # with pools (one voxel at a time in double precision): likewise
+    with pytest.warns(keyed.SlowCallWarning, match=r"5 voxels on \d+ threads"):
+        slow = sim.simulate(T1=900.0, T2=T2[:5], **POOL_B)
+    np.testing.assert_array_equal(slow, quick_pooled)
+    assert "5 of 5 voxels (100 %)" in capsys.readouterr().err
 
 
 def test_keyed_by_moment_plays_shaped_pulses(tmp_path):

@@ -48,7 +48,8 @@ SECONDS_PER_STATE_EVENT = 4e-9
 #: the pooled EPG on the keyed program (one voxel at a time in double
 #: precision) per state-event and voxel, relative to
 #: SECONDS_PER_STATE_EVENT, per three complex planes of its pools
-POOLED_SLOWDOWN = 4.0
+#: (measured: 5.2 with one exchanging pool on the 2-core CI machine)
+POOLED_SLOWDOWN = 5.0
 #: a call expected to take longer than this (s) says so and shows its progress
 LONG_CALL_S = 30.0
 
