@@ -92,15 +92,17 @@ What is read, and the model
   are never rounded apart; states the rest of the sequence cannot bring
   back to the origin are dropped (exactly), and states whose magnitude
   bound over the call's B1, T1 and T2 falls below 1e-7 of M0 are dropped,
-  the threshold lowered until the sum of the dropped states' bounds, the
-  largest change of any sample (rotations, shifts and relaxation never
-  lengthen the magnetisation in L2), is at most 1e-5 of M0.  As on one order, every state off the origin's cell counts as
+  the threshold lowered until the largest change of any sample they can
+  cause is at most 1e-5 of M0 (rotations, shifts and relaxation never
+  lengthen the magnetisation in L2, so what an event drops moves later
+  samples by at most its L2 length; the lengths add over the events).  As on one order, every state off the origin's cell counts as
   dephased across the voxel.  It plays ``simulate`` on the host and the
   GPU and ``jacobian`` on the host (dual numbers through the same maps),
   with relaxation, B0, B1, shaped pulses and D (each state diffusing with
   its exact moment, the moment of an interval applied at its gradients'
   centroid: within 3 % of the waveform's b for lobes short beside their
-  gap); ``vjp``, the GPU's ``jacobian``, pools and v are refused by name.  A call
+  gap), and pools (on the host, one voxel at a time in double precision);
+  ``vjp``, the GPU's ``jacobian`` and v are refused by name.  A call
   expected to take over 30 s says so with its estimate (states x events
   x voxels) and shows its progress.  ``axis`` (a direction to follow
   alone), ``unit`` (cycles/m, checked, never rounded) or a callable

@@ -17,11 +17,13 @@ states few:
   largest B1 range, T1 and T2 of its voxels, the sum over the pathways that
   reach it of the products of their rotations' magnitudes), and states
   whose bound falls below ``PRUNE`` are dropped, the threshold lowered until
-  their summed bound is at most ``ERROR_BOUND``.  The operators are
-  rotations, shifts and relaxation, which never lengthen the magnetisation
-  field in L2 (Parseval), so every later sample moves by at most M0 times
-  the sum of the L2 bounds of the states dropped before it:
-  :attr:`KeyedProgram.error_bound` reports that sum.
+  the bound of what they change is at most ``ERROR_BOUND``.  The states are
+  the Fourier components of the magnetisation field, and the operators
+  (rotations, shifts, relaxation) never lengthen that field in L2
+  (Parseval), so what one event drops moves every later sample by at most
+  M0 times its L2 length, the root of the summed squares of the dropped
+  states' bounds; :attr:`KeyedProgram.error_bound` sums that over the
+  events.
 """
 from __future__ import annotations
 
@@ -233,7 +235,7 @@ def build(stream, b1=(1.0, 1.0), t1_max=math.inf, t2_max=math.inf, prune=PRUNE):
         keep = norm >= prune
         keep[0] = True
         if not keep.all():
-            error += float(norm[~keep].sum())
+            error += float(np.sqrt(np.sum(norm[~keep] ** 2)))
             renum = np.cumsum(keep) - 1
             ok = keep[dst // 6]
             dst = 6 * renum[dst[ok] // 6] + dst[ok] % 6

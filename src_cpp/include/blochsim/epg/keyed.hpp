@@ -109,8 +109,8 @@ struct StridedBuffer {
 // lt (V may be a dual: its tangents are carried through), the state in two
 // buffers a and b of 6 max_slots components each (V* or StridedBuffer<V>),
 // each readout handed to sink.write(slot, re, im).  M is the precision of
-// the interval exponentials.  Flow and pools are not played here (the
-// Python layer refuses them first).
+// the interval exponentials.  Flow is not played (the Python layer refuses
+// it first); pools play through pools/keyed.hpp.
 template <class V, class M, class Buf, class Sink>
 BLOCHSIM_HD void keyed_play(const EventStream& s, const KeyedProgram& k, const Tissue& t, const LaneTissue<V>& lt,
                             Buf a, Buf b, Sink& sink) {
