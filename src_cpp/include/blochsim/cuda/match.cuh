@@ -1,6 +1,6 @@
 // Dictionary matching on the device (match.hpp): one launch of tiles of
 // signals against tiles of atoms, then a merge.  From compute capability
-// 8.0 the products run on the TF32 tensor cores (match_tc_kernel, below);
+// 8.0 the products run on the tensor cores (match_pipe_kernel, below);
 // before, on the FMA units (match_kernel), as described here.
 //
 // A block holds match_signals signals and sweeps the atoms of its split
@@ -100,11 +100,9 @@ __device__ __forceinline__ void match_lists_merge(float (&pw)[S][KC], int64_t (&
 // two when the signals stay resident (-D to compare: bench/device_match.cu).
 // The tensor-core kernel where the card has them: on FP16 parts for atoms
 // longer than a staging step and TF32 parts for shorter ones (3, the
-// default: on an H100 FP16 matches 1e5 x 1e5 full atoms in 0.66 s against
-// TF32's 0.87 s, TF32 1e6 x 1e6 at rank 12 in 2.0 s against FP16's 2.6 s,
-// whose k-steps of 8 components waste a third of rank 12), FP16 (2) or
-// TF32 (1) always; 0 for the scalar kernel everywhere
-// (bench/device_match.cu compares them).
+// default: FP16's k-steps of 8 components waste a third of rank 12;
+// bench/NOTES.md has the figures), FP16 (2) or TF32 (1) always; 0 for the
+// scalar kernel everywhere (bench/device_match.cu compares them).
 #ifndef BLOCHSIM_MATCH_TENSOR
 #define BLOCHSIM_MATCH_TENSOR 3
 #endif
@@ -261,9 +259,9 @@ __global__ void __launch_bounds__(match_threads, BLOCHSIM_MATCH_MIN_BLOCKS)
 // its halves swapped and the real parts negated, [si, -sr], against the
 // same column the imaginary part: the swap renames the signal's fragment
 // registers and the negation is one sign flip of half of them, so one
-// staged copy of each atom and one fragment of it serve both.  mma.m16n8k8 (TF32) and mma.m16n8k16 (FP16) (PTX
-// ISA, "Matrix fragments for mma.m16n8k8 / m16n8k16") read their fragments
-// with ldmatrix.  Both formats keep 11 significant bits; every value is
+// staged copy of each atom and one fragment of it serve both.
+// mma.m16n8k8 (TF32) and mma.m16n8k16 (FP16) (PTX ISA, "Matrix fragments
+// for mma.m16n8k8 / m16n8k16") read their fragments with ldmatrix.  Both formats keep 11 significant bits; every value is
 // split into two parts (big, the rounded value; small, the rounded rest)
 // and the three products big·big, big·small and small·big are accumulated
 // in float32, which restores single precision (the "3xTF32" split of
@@ -272,9 +270,9 @@ __global__ void __launch_bounds__(match_threads, BLOCHSIM_MATCH_MIN_BLOCKS)
 // instruction and per byte of shared memory read; its range is kept by
 // scaling each signal and each atom by a power of two (exact) that puts its
 // largest component in [2^14, 2^15), so that the small parts stay normal:
-// match_scale_kernel computes the factors, the atoms' come off each power
-// before it is ranked, the signals' off the final powers (a signal's list
-// is ranked in its own scale).
+// match_split_kernel applies the factors as it splits the rows once per
+// launch, the atoms' come off each power before it is ranked, the signals'
+// off the final powers (a signal's list is ranked in its own scale).
 //
 // The 8 warps sit 4 (signals) × 2 (atoms): warp (wm, wn) holds signals
 // 32 wm + [0, 32) and atoms 32 wn + [0, 32) of the block's tile, as 2 × 4
@@ -355,34 +353,6 @@ __device__ __forceinline__ void match_ldmatrix(uint32_t (&r)[4], const uint32_t*
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(a));
-}
-
-// Shared memory of match_tc_kernel (dynamic: above the static 48 KiB for
-// TF32): the signal tile and the atom stages, each as big and small parts.
-template <class F>
-constexpr size_t match_tc_smem() {
-  return sizeof(uint32_t) * 2 * (match_signals + BLOCHSIM_MATCH_ATOM_STAGES * match_atoms) * F::row;
-}
-
-// Each row's power-of-two factor (rows of `dim` complex components, rows
-// [0, n)) that puts its largest component in [2^14, 2^15) (1 for a null
-// row; at most 2^127): one warp a row.
-__global__ void match_scale_kernel(const float2* rows, int64_t n, int64_t dim, float* scale) {
-  const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (i >= n) return;
-  float m = 0.0f;
-  for (int64_t j = lane; j < dim; j += 32) {
-    const float2 x = rows[i * dim + j];
-    m = fmaxf(m, fmaxf(fabsf(x.x), fabsf(x.y)));
-  }
-  for (int mask = 16; mask >= 1; mask >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, mask));
-  if (lane == 0) {
-    int e = 0;
-    frexpf(m, &e);  // m = f · 2^e, f in [0.5, 1)
-    const int sh = m > 0.0f ? min(15 - e, 127) : 0;
-    scale[i] = __int_as_float((sh + 127) << 23);
-  }
 }
 
 template <class F>
@@ -593,8 +563,9 @@ __device__ __forceinline__ void match_copy_wait(int pending) {
 #endif
 }
 
-// The partial lists of match_tc_kernel's layout (blocks x of signals,
-// blocks y of splits split0 + y of `splits`) from the staged parts:
+// The partial lists (part_pw/part_ix (n, 2 splits, k): two lists a
+// split, one a warp of a signal tile) of blocks x of signals against
+// blocks y of splits split0 + y of `splits`, from the staged parts:
 // the signals' (sig_parts, rows n) and the atoms' (atom_parts, row
 // position - pbegin, with their factors atom_scale where F scales).  A
 // ring of `stages` (2 to 4) stages in shared memory: while the block
@@ -728,122 +699,6 @@ __global__ void __launch_bounds__(match_threads, BLOCHSIM_MATCH_MIN_BLOCKS)
 #endif
 }
 
-template <int KC, class F>
-__global__ void __launch_bounds__(match_threads, BLOCHSIM_MATCH_MIN_BLOCKS)
-    match_tc_kernel(MatchProblem p, int64_t stride, const float* floors, int64_t per_split, float* part_pw,
-                    int64_t* part_ix, const float* sig_scale, const float* atom_scale) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  extern __shared__ __align__(16) uint32_t smem[];
-  typedef match_row<F> Row;
-  Row* sig_hi = reinterpret_cast<Row*>(smem);
-  Row* sig_lo = sig_hi + match_signals;
-  Row* atm_hi = sig_lo + match_signals;  // stage b at atm_hi + b · match_atoms
-  Row* atm_lo = atm_hi + BLOCHSIM_MATCH_ATOM_STAGES * match_atoms;
-  constexpr int TS = match_tc_TS;
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int g = lane / 4, q4 = lane % 4, wm = warp % 4, wn = warp / 4;
-  const int k = KC == 1 ? 1 : p.k;
-  const int64_t s0 = static_cast<int64_t>(blockIdx.x) * match_signals;
-  const int64_t abegin = static_cast<int64_t>(blockIdx.y) * per_split;
-  const int64_t positions = (p.atoms + stride - 1) / stride;
-  const int64_t aend = abegin + per_split < positions ? abegin + per_split : positions;
-  const float2* sg = reinterpret_cast<const float2*>(p.signal);
-  const float2* at = reinterpret_cast<const float2*>(p.atom);
-  const int64_t dim = p.dim, sd = stride * dim;
-  const bool resident = dim <= match_step;
-  const int chunks = static_cast<int>((dim + match_step - 1) / match_step);
-  auto row = [&](int s) { return 32 * wm + 16 * (s / 2) + 8 * (s % 2) + g; };
-
-  float pw[TS][KC];
-  int64_t ix[TS][KC];
-  float thr[TS], fl[TS];
-  match_lists_start(pw, ix, thr, fl, k, floors, p.n, [&](int s) { return s0 + row(s); });
-
-  constexpr int sig_per_thread = match_signals * match_step / match_threads;
-  constexpr int atom_per_thread = match_atoms * match_step / match_threads;
-  // the factor of a signal row (element e of a staging: row e / match_step)
-  auto sfactor = [&](int64_t sx) { return F::scaled && sx < p.n ? sig_scale[sx] : 1.0f; };
-  float2 rs[sig_per_thread], ra[atom_per_thread];
-  float rsf[sig_per_thread], raf[atom_per_thread];  // their factors
-#pragma unroll
-  for (int u = 0; u < sig_per_thread; ++u) rsf[u] = sfactor(s0 + (tid + u * match_threads) / match_step);
-  // the global loads of the step at atom position a0, chunk c into
-  // registers, and from there to shared memory
-  auto load = [&](int64_t a0, int c) {
-    const int64_t j0 = static_cast<int64_t>(c) * match_step;
-    if (!resident)
-#pragma unroll
-      for (int u = 0; u < sig_per_thread; ++u) {
-        const int e = tid + u * match_threads, si = e / match_step, jj = e % match_step;
-        const int64_t sx = s0 + si, j = j0 + jj;
-        rs[u] = (sx < p.n && j < dim) ? sg[sx * dim + j] : make_float2(0.0f, 0.0f);
-      }
-#pragma unroll
-    for (int u = 0; u < atom_per_thread; ++u) {
-      const int e = tid + u * match_threads, ai = e / match_step, jj = e % match_step;
-      const int64_t j = j0 + jj;
-      const bool in = a0 + ai < aend;
-      ra[u] = (in && j < dim) ? at[(a0 + ai) * sd + j] : make_float2(0.0f, 0.0f);
-      if (F::scaled) raf[u] = in ? atom_scale[(a0 + ai) * stride] : 1.0f;
-    }
-  };
-  auto scaled = [](float2 x, float f) { return F::scaled ? make_float2(x.x * f, x.y * f) : x; };
-  auto store = [&](int buf) {
-    if (!resident)
-#pragma unroll
-      for (int u = 0; u < sig_per_thread; ++u) {
-        const int e = tid + u * match_threads;
-        F::put(sig_hi[e / match_step], sig_lo[e / match_step], e % match_step, scaled(rs[u], rsf[u]));
-      }
-#pragma unroll
-    for (int u = 0; u < atom_per_thread; ++u) {
-      const int e = tid + u * match_threads, r = buf * match_atoms + e / match_step;
-      F::put(atm_hi[r], atm_lo[r], e % match_step, scaled(ra[u], raf[u]));
-    }
-  };
-  if (resident)
-    for (int e = tid; e < match_signals * match_step; e += match_threads) {
-      const int si = e / match_step, jj = e % match_step;
-      const int64_t sx = s0 + si;
-      const float2 x = (sx < p.n && jj < dim) ? sg[sx * dim + jj] : make_float2(0.0f, 0.0f);
-      F::put(sig_hi[si], sig_lo[si], jj, scaled(x, sfactor(sx)));
-    }
-  // steps: atom tiles from abegin, each in chunks of match_step components
-  int64_t ta = abegin;
-  int tc = 0, buf = 0;
-  if (ta < aend) {
-    load(ta, tc);
-    store(0);
-  }
-
-  match_tc_acc acc;
-  while (ta < aend) {
-    const int64_t na = tc + 1 == chunks ? ta + match_atoms : ta;  // the next step
-    const int nc = tc + 1 == chunks ? 0 : tc + 1;
-    const bool more = na < aend;
-    __syncthreads();
-    if (more) load(na, nc);
-    if (tc == 0) match_tc_zero(acc);
-    match_tc_products<F>(acc, sig_hi, sig_lo, atm_hi + buf * match_atoms, atm_lo + buf * match_atoms,
-                         dim - static_cast<int64_t>(tc) * match_step, wm, wn, lane);
-    if (tc == chunks - 1)
-      match_tc_offers<F>(acc, pw, ix, thr, fl, k, ta + 32 * wn + 2 * q4, aend, stride,
-                         [&](int64_t a) { return atom_scale[a * stride]; });
-    if (BLOCHSIM_MATCH_ATOM_STAGES == 1 || !resident) __syncthreads();
-    buf = BLOCHSIM_MATCH_ATOM_STAGES == 1 ? 0 : buf ^ 1;
-    if (more) store(buf);
-    ta = na;
-    tc = nc;
-  }
-
-  match_tc_write(pw, ix, k, p.n, static_cast<int64_t>(gridDim.y) * match_tc_lists,
-                 static_cast<int64_t>(blockIdx.y) * match_tc_lists + wn, [&](int s) { return s0 + row(s); }, q4,
-                 part_pw, part_ix);
-#else
-  __trap();
-#endif
-}
-
 // Signal i's k best over its splits' sorted lists (n, splits, k) into pw,
 // ix.
 template <int KC>
@@ -910,17 +765,8 @@ __global__ void match_floor(MatchProblem p, int64_t splits, const float* part_pw
 // The stride of the first pass that sets the floors (as the host's).
 constexpr int64_t match_device_sample_stride = 32;
 
-template <int KC, class F>
-inline cudaError_t match_tc_prepare() {
-  return cudaFuncSetAttribute(match_tc_kernel<KC, F>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(match_tc_smem<F>()));
-}
-
 #ifndef BLOCHSIM_MATCH_STAGES
 #define BLOCHSIM_MATCH_STAGES 3
-#endif
-#ifndef BLOCHSIM_MATCH_PRESPLIT
-#define BLOCHSIM_MATCH_PRESPLIT 1
 #endif
 // The most bytes of atom parts made at once (a larger dictionary is split
 // and matched in groups of splits).
@@ -1046,68 +892,43 @@ inline int match_launch(const MatchProblem& p, const MatchResult& r, cudaStream_
   };
   if (tensor == 1 && stages_of(match_stage_bytes<match_tf32_parts>()) < 2) tensor = 2;
   const bool sample = p.atoms >= match_device_sample_stride * 4 * static_cast<int64_t>(p.k);
-  if (BLOCHSIM_MATCH_PRESPLIT && tensor) {
-    int64_t splits = 1, per_split = 0, sample_splits = 1, sample_per_split = 0;
-    split(1, splits, per_split);
-    if (sample) split(match_device_sample_stride, sample_splits, sample_per_split);
-    if (tensor == 1)
-      return match_pipe_launch<KC, match_tf32_parts>(p, r, st, stages_of(match_stage_bytes<match_tf32_parts>()),
-                                                     sample, splits, per_split, sample_splits, sample_per_split,
-                                                     err, n);
-    return match_pipe_launch<KC, match_f16_parts>(p, r, st, stages_of(match_stage_bytes<match_f16_parts>()), sample,
-                                                  splits, per_split, sample_splits, sample_per_split, err, n);
-  }
-  const int64_t lists = tensor ? match_tc_lists : 1;          // lists a split writes per signal
-  if (tensor == 1) BLOCHSIM_CUDA((match_tc_prepare<KC, match_tf32_parts>()), "cudaFuncSetAttribute");
-  if (tensor == 2) BLOCHSIM_CUDA((match_tc_prepare<KC, match_f16_parts>()), "cudaFuncSetAttribute");
   int64_t splits = 1, per_split = 0, sample_splits = 1, sample_per_split = 0;
   split(1, splits, per_split);
   if (sample) split(match_device_sample_stride, sample_splits, sample_per_split);
+  if (tensor == 1)
+    return match_pipe_launch<KC, match_tf32_parts>(p, r, st, stages_of(match_stage_bytes<match_tf32_parts>()),
+                                                   sample, splits, per_split, sample_splits, sample_per_split, err,
+                                                   n);
+  if (tensor == 2)
+    return match_pipe_launch<KC, match_f16_parts>(p, r, st, stages_of(match_stage_bytes<match_f16_parts>()), sample,
+                                                  splits, per_split, sample_splits, sample_per_split, err, n);
+  // the FMA units: one list a split
   const size_t entries =
-      static_cast<size_t>(p.n) * static_cast<size_t>(std::max(splits, sample_splits) * lists) * static_cast<size_t>(p.k);
-  const size_t factors = tensor == 2 ? static_cast<size_t>(p.n + p.atoms) : 0;
+      static_cast<size_t>(p.n) * static_cast<size_t>(std::max(splits, sample_splits)) * static_cast<size_t>(p.k);
   void* scratch = nullptr;
   no_stale_error();
-  BLOCHSIM_CUDA(pool_malloc(&scratch,
-                            entries * (sizeof(float) + sizeof(int64_t)) + (static_cast<size_t>(p.n) + factors) * 4, st),
+  BLOCHSIM_CUDA(pool_malloc(&scratch, entries * (sizeof(float) + sizeof(int64_t)) + static_cast<size_t>(p.n) * 4, st),
                 "cudaMallocAsync");
   int64_t* part_ix = static_cast<int64_t*>(scratch);
   float* part_pw = reinterpret_cast<float*>(part_ix + entries);
   float* floors = part_pw + entries;
-  float* sig_scale = tensor == 2 ? floors + p.n : nullptr;
-  float* atom_scale = tensor == 2 ? sig_scale + p.n : nullptr;
   const unsigned per_signal = static_cast<unsigned>((p.n + 127) / 128);
-  cudaError_t e = cudaSuccess;
-  if (tensor == 2) {
-    match_scale_kernel<<<static_cast<unsigned>((p.n + 7) / 8), 256, 0, st>>>(
-        reinterpret_cast<const float2*>(p.signal), p.n, p.dim, sig_scale);
-    if (p.atoms > 0)
-      match_scale_kernel<<<static_cast<unsigned>((p.atoms + 7) / 8), 256, 0, st>>>(
-          reinterpret_cast<const float2*>(p.atom), p.atoms, p.dim, atom_scale);
-    e = cudaGetLastError();
-  }
   auto partial = [&](int64_t stride, const float* fl, int64_t splits_, int64_t per) {
     const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(splits_));
-    if (tensor == 2)
-      match_tc_kernel<KC, match_f16_parts><<<grid, match_threads, match_tc_smem<match_f16_parts>(), st>>>(
-          p, stride, fl, per, part_pw, part_ix, sig_scale, atom_scale);
-    else if (tensor == 1)
-      match_tc_kernel<KC, match_tf32_parts><<<grid, match_threads, match_tc_smem<match_tf32_parts>(), st>>>(
-          p, stride, fl, per, part_pw, part_ix, nullptr, nullptr);
-    else
-      match_kernel<KC><<<grid, match_threads, 0, st>>>(p, stride, fl, per, part_pw, part_ix);
+    match_kernel<KC><<<grid, match_threads, 0, st>>>(p, stride, fl, per, part_pw, part_ix);
     return cudaGetLastError();
   };
-  if (sample && e == cudaSuccess) {
+  cudaError_t e = cudaSuccess;
+  if (sample) {
     e = partial(match_device_sample_stride, nullptr, sample_splits, sample_per_split);
     if (e == cudaSuccess) {
-      match_floor<KC><<<per_signal, 128, 0, st>>>(p, sample_splits * lists, part_pw, part_ix, floors);
+      match_floor<KC><<<per_signal, 128, 0, st>>>(p, sample_splits, part_pw, part_ix, floors);
       e = cudaGetLastError();
     }
   }
   if (e == cudaSuccess) e = partial(1, sample ? floors : nullptr, splits, per_split);
   if (e == cudaSuccess) {
-    match_finish<KC><<<per_signal, 128, 0, st>>>(p, splits * lists, part_pw, part_ix, sig_scale, r);
+    match_finish<KC><<<per_signal, 128, 0, st>>>(p, splits, part_pw, part_ix, nullptr, r);
     e = cudaGetLastError();
   }
   cudaFreeAsync(scratch, st);
