@@ -118,7 +118,9 @@ class Simulator(Played):
             otherwise; "hard"; or "shaped": every waveform sample by
             sample), ``dephasing`` ("moment", default: the gradient moments
             between RF and ADC centres as whole numbers of their common
-            unit, never rounded; "spoil"; or a callable given each
+            unit, never rounded, or on the moment-keyed EPG where no one
+            unit holds them; "keyed": the moment-keyed EPG always;
+            "spoil"; or a callable given each
             :class:`blochsim.pulseq.PulseqBlock` and returning the shifts at
             its end), ``axis``, ``unit``, ``field_strength``,
             ``voxel_size_m`` (the voxel the moments are measured against, 1
