@@ -125,29 +125,48 @@ BLOCHSIM_HD void keyed_play(const EventStream& s, const KeyedProgram& k, const T
   a[4] = splat<V>(1.0f);  // Z(0) = 1: equilibrium
   const bool diffuses = t.D_m2_s.present();
   const double* k2 = nullptr;  // the slots' |2 pi k|^2 (slot 0 alone: k = 0 needs none)
-  auto map = [&](int64_t m) {
+  // Map m from a into b, which becomes the state; with c, the interval's
+  // relaxation applied to each component as the map reads it (q F+,
+  // conj(q) F-, E1 Z) and the recovery added to the origin's Z after (the
+  // builder keeps the origin's Z after every interval), one pass instead
+  // of two.
+  auto map = [&](int64_t m, const IvCoef<V>* c) {
     const int64_t nn = k.slots[m];
     if (nn < 0) return;
     if (diffuses) k2 = k.k2 + k.k2_first[m];
     for (int64_t i = 0; i < 6 * nn; ++i) b[i] = V{};
     for (int64_t j = k.first[m]; j < k.first[m + 1]; ++j) {
       const int32_t d = k.dst[j], r = k.src[j];
-      if (r >= 0) {
-        b[d] = b[d] + a[r];
-        b[d + 1] = b[d + 1] + a[r + 1];
-      } else {
-        b[d] = b[d] + a[-1 - r];
-        b[d + 1] = b[d + 1] - a[-r];
+      const int32_t from = r >= 0 ? r : -1 - r;
+      V re = a[from], im = a[from + 1];
+      if (c) {
+        const int comp = from % 6;
+        if (comp == 4) {
+          re = c->e1 * re;
+          im = c->e1 * im;
+        } else {
+          const V qi = comp == 0 ? c->qi : V{} - c->qi, x = re;
+          re = c->qr * x - qi * im;
+          im = c->qr * im + qi * x;
+        }
       }
+      b[d] = b[d] + re;
+      b[d + 1] = r >= 0 ? b[d + 1] + im : b[d + 1] - im;
     }
-    const Buf c = a;
+    if (c) b[4] = b[4] + c->rec;
+    const Buf t = a;
     a = b;
-    b = c;
+    b = t;
     n = nn;
   };
   for (int64_t e = 0; e < s.n_events; ++e) {
     const EventRecord ev = load_event(s, e);
-    if (ev.interval >= 0) {
+    // the interval folded into the map that follows it (none diffuses: a
+    // slot's decay needs its wavenumber before the map)
+    const bool fold = ev.interval >= 0 && k.slots[2 * e] >= 0 && !diffuses;
+    IvCoef<V> folded{};
+    if (fold) folded = interval_coef<V, M>(s, lt, ev.interval);
+    if (ev.interval >= 0 && !fold) {
       const IvCoef<V> c = interval_coef<V, M>(s, lt, ev.interval);
       for (int64_t j = 0; j < n; ++j) {
         const Buf x = a + 6 * j;
@@ -178,7 +197,7 @@ BLOCHSIM_HD void keyed_play(const EventStream& s, const KeyedProgram& k, const T
       }
       a[4] = a[4] + c.rec;
     }
-    map(2 * e);
+    map(2 * e, fold ? &folded : nullptr);
     if (ev.flags & (event_rf | event_inversion)) {
       const Op<V> o =
           (ev.flags & event_rf) ? pulse_op<V, true>(s, ev, cx.rf_uniform, lt, 1.0f, 0.0f) : inversion_op<V>(lt);
@@ -198,7 +217,7 @@ BLOCHSIM_HD void keyed_play(const EventStream& s, const KeyedProgram& k, const T
       const V f0r = a[0], f0i = a[1];
       take_readout<V, true>(s, e, ev, cx, f0r, f0i, sink);
     }
-    map(2 * e + 1);
+    map(2 * e + 1, nullptr);
   }
 }
 
