@@ -626,6 +626,14 @@ def test_turbo_spin_echo_against_an_isochromat_ensemble(tmp_path, flip, slice_po
                                isochromat_ensemble(path, **TISSUE, B0=9.0), atol=1e-9)
 
 
+def test_haste_against_an_isochromat_ensemble(tmp_path):
+    """The single-shot TSE (its readouts and crushers on one dephasing
+    direction) against isochromats across the voxel, off resonance."""
+    path = haste(tmp_path / "haste.seq", echoes=16)
+    s = Simulator.from_pulseq(path).simulate(**TISSUE, B0=9.0)
+    np.testing.assert_allclose(s, isochromat_ensemble(path, **TISSUE, B0=9.0), atol=TOL)
+
+
 def test_the_formats_frame_is_the_conjugate_of_the_oracles(tmp_path):
     """frame="pulseq": the samples in the format's receiver frame, the
     complex conjugate of SPEC's oracle (off resonance, where the phase
