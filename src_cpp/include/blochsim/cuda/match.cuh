@@ -261,12 +261,13 @@ __global__ void __launch_bounds__(match_threads, BLOCHSIM_MATCH_MIN_BLOCKS)
 // registers and the negation is one sign flip of half of them, so one
 // staged copy of each atom and one fragment of it serve both.
 // mma.m16n8k8 (TF32) and mma.m16n8k16 (FP16) (PTX ISA, "Matrix fragments
-// for mma.m16n8k8 / m16n8k16") read their fragments with ldmatrix.  Both formats keep 11 significant bits; every value is
-// split into two parts (big, the rounded value; small, the rounded rest)
-// and the three products big·big, big·small and small·big are accumulated
-// in float32, which restores single precision (the "3xTF32" split of
-// CUTLASS; Ootomo and Yokota, Int. J. High Perform. Comput. Appl. 36,
-// 2022, for FP16 with scaling).  FP16 does twice the products of TF32 per
+// for mma.m16n8k8 / m16n8k16") read their fragments with ldmatrix.  Both
+// formats keep 11 significant bits; every value is split into two parts
+// (big, the rounded value; small, the rounded rest) and the three products
+// big·big, big·small and small·big are accumulated in float32, which
+// restores single precision (the "3xTF32" split of CUTLASS; Ootomo and
+// Yokota, Int. J. High Perform. Comput. Appl. 36, 2022, for FP16 with
+// scaling).  FP16 does twice the products of TF32 per
 // instruction and per byte of shared memory read; its range is kept by
 // scaling each signal and each atom by a power of two (exact) that puts its
 // largest component in [2^14, 2^15), so that the small parts stay normal:
@@ -468,9 +469,9 @@ __device__ __forceinline__ void match_tc_offers(const match_tc_acc& acc, float (
 
 // The lanes' lists merged per signal and written as list `list` of
 // `lists` per signal (the two warps of a signal tile write one each).
-template <int KC, class Row>
+template <int KC, class SignalOf>
 __device__ __forceinline__ void match_tc_write(float (&pw)[match_tc_TS][KC], int64_t (&ix)[match_tc_TS][KC], int k,
-                                               int64_t n, int64_t lists, int64_t list, Row row, int q4,
+                                               int64_t n, int64_t lists, int64_t list, SignalOf row, int q4,
                                                float* part_pw, int64_t* part_ix) {
   match_lists_merge(pw, ix, k, 4);  // the 4 lanes (g, 0..3) of a signal
 #pragma unroll
@@ -613,12 +614,20 @@ __global__ void __launch_bounds__(match_threads, BLOCHSIM_MATCH_MIN_BLOCKS)
                 "whole copies a thread");
   const unsigned base = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   constexpr unsigned stage_bytes = 4u * stage_rows * F::row;
+  // piece u's row r, part h and word w
+  auto piece = [&](int u, int& r, int& h, int& w) {
+    const int e = tid + u * match_threads;
+    r = e / (2 * pieces);
+    h = e / pieces % 2;
+    w = 4 * (e % pieces);
+  };
   const uint32_t* ssrc[SU];
   unsigned sdst[SU];
   bool sin[SU];
 #pragma unroll
   for (int u = 0; u < SU; ++u) {
-    const int e = tid + u * match_threads, r = e / (2 * pieces), h = e / pieces % 2, w = 4 * (e % pieces);
+    int r, h, w;
+    piece(u, r, h, w);
     sin[u] = s0 + r < p.n;
     ssrc[u] = sig_parts + (sin[u] ? ((s0 + r) * chunks * 2 + h) * PW + w : 0);
     sdst[u] = base + 4u * ((h * match_signals + r) * F::row + w);
@@ -628,10 +637,10 @@ __global__ void __launch_bounds__(match_threads, BLOCHSIM_MATCH_MIN_BLOCKS)
   int arow[AU];
 #pragma unroll
   for (int u = 0; u < AU; ++u) {
-    const int e = tid + u * match_threads, r = e / (2 * pieces), h = e / pieces % 2, w = 4 * (e % pieces);
-    arow[u] = r;
-    asrc[u] = atom_parts + ((abegin - pbegin + r) * chunks * 2 + h) * PW + w;
-    adst[u] = base + 4u * ((2 * match_signals + h * match_atoms + r) * F::row + w);
+    int h, w;
+    piece(u, arow[u], h, w);
+    asrc[u] = atom_parts + ((abegin - pbegin + arow[u]) * chunks * 2 + h) * PW + w;
+    adst[u] = base + 4u * ((2 * match_signals + h * match_atoms + arow[u]) * F::row + w);
   }
   // the copies of step (atom tile from position a0, chunk c) into stage st
   auto issue = [&](int64_t a0, int c, int64_t step, int st) {
@@ -646,8 +655,9 @@ __global__ void __launch_bounds__(match_threads, BLOCHSIM_MATCH_MIN_BLOCKS)
       match_copy16(adst[u] + at, in ? asrc[u] + off : atom_parts, in);
     }
   };
-  // the issued step (position ia, chunk ic, number it) and the multiplied one
-  int64_t ia = abegin, it = 0;
+  // the next step to issue (atom position ia, chunk ic), stages - 1 ahead
+  // of the step multiplied
+  int64_t ia = abegin;
   int ic = 0;
   auto next = [&](int64_t& a, int& c) {
     if (++c == chunks) {
@@ -656,10 +666,9 @@ __global__ void __launch_bounds__(match_threads, BLOCHSIM_MATCH_MIN_BLOCKS)
     }
   };
   for (int st = 0; st + 1 < stages; ++st) {
-    if (it < steps) {
-      issue(ia, ic, it, st);
+    if (st < steps) {
+      issue(ia, ic, st, st);
       next(ia, ic);
-      ++it;
     }
     match_copy_commit();
   }
@@ -673,10 +682,9 @@ __global__ void __launch_bounds__(match_threads, BLOCHSIM_MATCH_MIN_BLOCKS)
   for (int64_t t = 0; t < steps; ++t) {
     match_copy_wait(stages - 2);  // step t's copies landed (this thread's) ...
     __syncthreads();              // ... and everyone's; step t - 1 multiplied by all
-    if (it < steps) {
-      issue(ia, ic, it, ist);
+    if (t + stages - 1 < steps) {
+      issue(ia, ic, t + stages - 1, ist);
       next(ia, ic);
-      ++it;
     }
     match_copy_commit();
     ist = ist + 1 == stages ? 0 : ist + 1;

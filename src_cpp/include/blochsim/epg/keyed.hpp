@@ -154,9 +154,9 @@ BLOCHSIM_HD void keyed_play(const EventStream& s, const KeyedProgram& k, const T
       b[d + 1] = r >= 0 ? b[d + 1] + im : b[d + 1] - im;
     }
     if (c) b[4] = b[4] + c->rec;
-    const Buf t = a;
+    const Buf spare = a;
     a = b;
-    b = t;
+    b = spare;
     n = nn;
   };
   for (int64_t e = 0; e < s.n_events; ++e) {
@@ -164,10 +164,9 @@ BLOCHSIM_HD void keyed_play(const EventStream& s, const KeyedProgram& k, const T
     // the interval folded into the map that follows it (none diffuses: a
     // slot's decay needs its wavenumber before the map)
     const bool fold = ev.interval >= 0 && k.slots[2 * e] >= 0 && !diffuses;
-    IvCoef<V> folded{};
-    if (fold) folded = interval_coef<V, M>(s, lt, ev.interval);
+    IvCoef<V> c{};
+    if (ev.interval >= 0) c = interval_coef<V, M>(s, lt, ev.interval);
     if (ev.interval >= 0 && !fold) {
-      const IvCoef<V> c = interval_coef<V, M>(s, lt, ev.interval);
       for (int64_t j = 0; j < n; ++j) {
         const Buf x = a + 6 * j;
         const V pr = x[0], pi_ = x[1], mr = x[2], mi = x[3];
@@ -197,7 +196,7 @@ BLOCHSIM_HD void keyed_play(const EventStream& s, const KeyedProgram& k, const T
       }
       a[4] = a[4] + c.rec;
     }
-    map(2 * e, fold ? &folded : nullptr);
+    map(2 * e, fold ? &c : nullptr);
     if (ev.flags & (event_rf | event_inversion)) {
       const Op<V> o =
           (ev.flags & event_rf) ? pulse_op<V, true>(s, ev, cx.rf_uniform, lt, 1.0f, 0.0f) : inversion_op<V>(lt);
