@@ -1026,6 +1026,27 @@ def test_keyed_by_moment_bounds_what_its_pruning_drops(tmp_path, monkeypatch):
     assert 0 < np.abs(coarse - s).max() <= loose.error_bound + prog.error_bound + 1e-6
 
 
+
+def test_keyed_by_moment_drops_only_states_no_readout_can_reach(tmp_path, monkeypatch):
+    """The backward pass's pruning (states no later readout can bring back
+    to the origin) drops most of a 16-echo train of changing crushers'
+    states, and no sample moves: against the program that keeps every
+    state within the moments left to play, and against the oracle."""
+    from blochsim.sequence import keyed
+
+    path = tse_unequal(tmp_path / "unequal.seq", echoes=16)
+    sim = Simulator.from_pulseq(path)
+    tissue = dict(T1=3000.0, T2=300.0, B0=7.0)
+    s = sim.simulate(**tissue)
+    stream = [st for st, _ in keyed._PROGRAMS.values()][-1]
+    tight = keyed.build(stream, t1_max=3.0, t2_max=0.3)
+    monkeypatch.setattr(keyed, "READABLE_CAP", -1)
+    box = keyed.build(stream, t1_max=3.0, t2_max=0.3)
+    assert tight.cost < box.cost / 4 and tight.max_slots < box.max_slots / 2
+    keyed._PROGRAMS.clear()
+    np.testing.assert_allclose(sim.simulate(**tissue), s, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(s, oracle(path, **tissue, axes=(0, 2)), atol=TOL, rtol=0)
+
 def mprage_like(path, n=12, flip=8.0, TR=8e-3, TI=40e-3, inc=117.0):
     """An MPRAGE-like block (the form of pypulseq's MPRAGE examples): a
     non-selective 180° inversion and its spoiler on z, then n RF-spoiled

@@ -11,8 +11,16 @@ across the voxel and are one state (the moments of an interval are rounded
 to the lattice once; a pathway's key is the sum of its rounded moments).  Two prunings keep the
 states few:
 
-- exact: a state whose moment no longer fits within the moments left to
-  play (per axis) can never be read again and is dropped;
+- exact: a state that can never be read again is dropped.  A backward
+  pass over the stream finds, after each map, the moments from which an F
+  coefficient or a Z can still reach the origin at a later readout (the
+  readout's origin, moved back through every map and symmetrised at every
+  pulse, which may turn a coefficient into its conjugate or store it in
+  Z); a state farther from all of them than the lattice's merging can
+  drift over the maps left (one cell a map) is dropped.  Where those sets
+  would grow past ``READABLE_CAP`` moments (early in a long train of
+  incommensurate moments) the test falls back to the moments left to play
+  per axis, which the state must not exceed;
 - bounded: each state's magnitude is bounded over the call's tissue (the
   largest B1 range, T1 and T2 of its voxels, the sum over the pathways that
   reach it of the products of their rotations' magnitudes), and states
@@ -31,7 +39,7 @@ import math
 
 import numpy as np
 
-from blochsim.sequence.packing import EV_RF, EV_SPOIL
+from blochsim.sequence.packing import EV_INVERSION, EV_READOUT, EV_RF, EV_SPOIL
 
 #: states whose bound (a fraction of M0) falls below this are dropped ...
 PRUNE = 1e-7
@@ -44,6 +52,9 @@ ERROR_BOUND = 1e-5
 #: rational number of steps) sits on a cell boundary
 CELL = math.e / math.sqrt(2)
 _FITS = 1 << 20  # cell coordinates packed in 21 bits each
+#: the most moments the backward pass holds at one map before the earlier
+#: maps fall back to the per-axis test
+READABLE_CAP = 200_000
 #: seconds a state takes per event and voxel on one host thread (measured:
 #: 3.8 ns on the 2-core CI machine, bench/NOTES.md), for the cost estimate
 SECONDS_PER_STATE_EVENT = 4e-9
@@ -128,6 +139,72 @@ def _cells(K):
     return np.round(K / CELL).astype(np.int64)
 
 
+def _unique_rows(X):
+    """Rows of X (lattice steps) with duplicates (to 1e-6 of a step) removed."""
+    if X.shape[0] < 2:
+        return X
+    R = np.ascontiguousarray(np.round(X * 1e6).astype(np.int64))
+    _, i = np.unique(R.view(np.dtype((np.void, 24))).reshape(-1), return_index=True)
+    return X[i]
+
+
+def _readable(d_all, flags, spoil):
+    """For each map m (the order of ``build``), the moments (lattice steps)
+    an F coefficient and a Z may hold after it and still be read at a later
+    readout, as a pair of arrays (F, Z); None for the maps before the first
+    whose sets exceed READABLE_CAP.
+
+    Backwards from the end: a map of moment d takes an F coefficient at k to
+    k + d and leaves a Z in place (a spoil keeps only Z), a readout reads
+    the F coefficient at 0, and a pulse or inversion mixes a slot's f(k),
+    conj f(-k) and Z(k), so that before it every component is readable at
+    ±k wherever any one is after it."""
+    n = d_all.shape[0]
+    out = [None] * (2 * n)
+    BF = np.zeros((0, 3))
+    BZ = np.zeros((0, 3))
+    for e in range(n - 1, -1, -1):
+        out[2 * e + 1] = (BF, BZ)
+        if spoil[e]:
+            BF = BF[:0]
+        elif np.any(d_all[e, 1]):
+            BF = BF - d_all[e, 1]
+        if flags[e] & EV_READOUT:
+            BF = _unique_rows(np.concatenate([BF, np.zeros((1, 3))]))
+        if flags[e] & (EV_RF | EV_INVERSION):
+            both = np.concatenate([BF, BZ])
+            BF = BZ = _unique_rows(np.concatenate([both, -both]))
+        out[2 * e] = (BF, BZ)
+        if np.any(d_all[e, 0]):
+            BF = BF - d_all[e, 0]
+        if BF.shape[0] + BZ.shape[0] > READABLE_CAP:
+            out[:2 * e] = [None] * (2 * e)
+            break
+    return out
+
+
+_NEIGHBOURS = np.stack(np.meshgrid([-1, 0, 1], [-1, 0, 1], [-1, 0, 1]), axis=-1).reshape(-1, 3)
+
+
+def _near(P, B, tol):
+    """Whether each row of P lies within ``tol`` of some row of B on every
+    axis (or a little farther: rows in neighbouring cells of a grid of
+    side ``tol`` pass)."""
+    if P.shape[0] == 0 or B.shape[0] == 0:
+        return np.zeros(P.shape[0], bool)
+    cells_b = np.floor(B / tol).astype(np.int64)
+    cp = np.floor(P / tol).astype(np.int64)
+    if max(np.abs(cells_b).max(), np.abs(cp).max()) >= _FITS - 1:
+        return np.ones(P.shape[0], bool)
+    cb = np.unique(_codes(cells_b))
+    hit = np.zeros(P.shape[0], bool)
+    for off in _NEIGHBOURS:
+        c = _codes(cp + off)
+        i = np.minimum(np.searchsorted(cb, c), cb.size - 1)
+        hit |= cb[i] == c
+    return hit
+
+
 def build(stream, b1=(1.0, 1.0), t1_max=math.inf, t2_max=math.inf, prune=PRUNE):
     """The keyed program of a packed stream with ``stream.moments``
     ((n_events, 2, 3) cycles/m: each event's moment before its pulse and
@@ -159,6 +236,11 @@ def build(stream, b1=(1.0, 1.0), t1_max=math.inf, t2_max=math.inf, prune=PRUNE):
     # the moment left to play after each map (per axis), for the exact pruning
     steps = np.abs(d_all).reshape(2 * n, 3)
     left = np.cumsum(steps[::-1], axis=0)[::-1] - steps + CELL  # after map m: the maps m+1 ...
+    readable = _readable(d_all, flags, spoil)
+    # the drift of a state's cell from its pathways' exact moments: under a
+    # cell for every map left that moves it (and one to spare)
+    moves = np.any(steps != 0, axis=1)
+    drift = (np.cumsum(moves[::-1])[::-1] - moves + 2) * CELL
     dur = np.asarray(stream.duration_s, dtype=np.float64)
     iv = np.asarray(stream.interval)
     flips = np.asarray(stream.flip_rad, dtype=np.float64)
@@ -188,9 +270,13 @@ def build(stream, b1=(1.0, 1.0), t1_max=math.inf, t2_max=math.inf, prune=PRUNE):
         # the exact pruning: moments the rest of the sequence cannot bring back
         reach = left[m]
         live = np.all(np.abs(moved) <= reach, axis=1)
+        if readable[m] is not None:
+            live &= _near(moved, readable[m][0], drift[m])
         moved, src_slot, src_part, src_b, src_conj = (x[live] for x in (moved, src_slot, src_part, src_b, src_conj))
         zs = old[bZ > 0]
         zs = zs[np.all(np.abs(K[zs]) <= reach, axis=1) | (zs == 0)]
+        if readable[m] is not None:
+            zs = zs[_near(K[zs], readable[m][1], drift[m]) | (zs == 0)]
         cell_m = _cells(moved)
         canon = _canonical(cell_m)
         at = np.where(canon[:, None], moved, -moved)  # canonical exact moment
