@@ -48,7 +48,7 @@ def keyed_forward(owner, stream, ps, arrays, shape, out, threads):
     program = keyed.program_for(owner, stream, si, list(_core.TISSUE_FIELDS))
     n = int(np.prod(shape, dtype=np.int64))
     _memory.check_host(owner, n, 8.0 * ps.n_samples * (out is None),
-                       4.0 * program.max_slots * 12 * 16 * max(1, min(threads, n)),
+                       4.0 * (12 * program.max_slots + 6 * ps.n_intervals) * 16 * max(1, min(threads, n)),
                        f"the moment-keyed EPG's workspaces ({program.max_slots:,} states)",
                        "fewer threads, or a file whose moments hold fewer states")
     if out is None:
@@ -130,7 +130,7 @@ def keyed_jacobian(owner, stream, ps, arrays, shape, fields, scale, one, threads
     program = keyed.program_for(owner, stream, si, list(_core.TISSUE_FIELDS))
     duals = len(fields) + 1
     _memory.check_host(owner, n, 8.0 * ps.n_samples * (1 + len(fields)) * (out is None),
-                       4.0 * program.max_slots * 12 * 16 * duals * max(1, min(threads, n)),
+                       4.0 * (12 * program.max_slots + 6 * ps.n_intervals) * 16 * duals * max(1, min(threads, n)),
                        f"the moment-keyed EPG's dual workspaces ({program.max_slots:,} states)",
                        "fewer threads or fewer directions")
     if out is None:

@@ -158,6 +158,10 @@ cdef class PackedStream:
         return self.s.n_samples
 
     @property
+    def n_intervals(self):
+        return self.s.n_intervals
+
+    @property
     def states(self):
         return self.s.states
 

@@ -372,7 +372,7 @@ def protocol_key(p):
         if isinstance(v, (tuple, list)):
             return (type(v).__name__,) + tuple(snap(x) for x in v)
         if isinstance(v, Operator):  # a pulse given as protocol: its operators, not its short repr
-            return tuple(repr(o) for o in v.ops())
+            return v._key()
         return repr(v)
 
     return tuple((k, snap(p[k])) for k in sorted(p))

@@ -25,6 +25,10 @@ class Operator:
         """The elementary operators in time order."""
         return [self]
 
+    def _key(self):
+        """A hashable snapshot of the operators (their reprs)."""
+        return tuple(repr(o) for o in self.ops())
+
     def __matmul__(self, other):
         if not isinstance(other, Operator):
             return NotImplemented
@@ -57,9 +61,17 @@ class Sequence(Operator):
                 raise TypeError(f"a Sequence holds Operators, got {type(op).__name__}")
             flat.extend(op.ops())
         self._ops = flat
+        self._snapshot = None
 
     def ops(self):
         return list(self._ops)
+
+    def _key(self):
+        """A hashable snapshot of the operators (their reprs), made once:
+        a Sequence's operators are fixed when it is made."""
+        if self._snapshot is None:
+            self._snapshot = tuple(repr(o) for o in self._ops)
+        return self._snapshot
 
     def __len__(self):
         return len(self._ops)

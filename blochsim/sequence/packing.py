@@ -335,7 +335,9 @@ def _pack(preparation, repetition, repetitions, keep_zero):
         has_iv[lay.delay_event[lay.delay_event < n]] = True
     else:
         has_iv = dur > 0
-    uniq, inv = np.unique(dur[has_iv], return_inverse=True)
+    # to the picosecond: durations summed from a file's block timings differ
+    # in their last bits, and each distinct one costs exponentials per voxel
+    uniq, inv = np.unique(np.round(dur[has_iv], 12), return_inverse=True)
     interval = np.full(n, -1, dtype=np.int32)
     interval[has_iv] = inv.astype(np.int32)
     s.interval = interval

@@ -156,7 +156,7 @@ int host_keyed_jacobian_dispatch(const EventStream& s, const KeyedProgram& k, co
     if (v == ok) v = validate_directions(fields, n_dirs);
     if (v != ok) return v;
     const auto fn = chosen().keyed_jacobian;
-    const std::size_t work = static_cast<std::size_t>(keyed_workspace(k)) * host::lanes *
+    const std::size_t work = static_cast<std::size_t>(keyed_workspace(s, k)) * host::lanes *
                              static_cast<std::size_t>(1 + dual_width(dual_directions(fields, n_dirs)));
     return host::run_blocks_with(t, threads, work, [&](int64_t b0, int64_t b1, void* w) {
       return fn(s, k, t, fields, n_dirs, b0, b1, w, out, jac, seeds);

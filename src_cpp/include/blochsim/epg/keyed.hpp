@@ -88,8 +88,11 @@ inline int keyed_plays(const KeyedProgram& k, const Tissue& t) {
   return t.D_m2_s.present() && !k.k2 ? bad_shape : ok;
 }
 
-// Lane vectors a block's workspace holds: two states of max_slots slots.
-inline int64_t keyed_workspace(const KeyedProgram& k) { return 12 * static_cast<int64_t>(k.max_slots); }
+// Lane vectors a block's workspace holds: two states of max_slots slots,
+// then the stream's interval coefficients (6 a distinct interval).
+inline int64_t keyed_workspace(const EventStream& s, const KeyedProgram& k) {
+  return 12 * static_cast<int64_t>(k.max_slots) + 6 * s.n_intervals;
+}
 
 inline namespace BLOCHSIM_ISA {
 namespace epg {
@@ -109,11 +112,13 @@ struct StridedBuffer {
 // lt (V may be a dual: its tangents are carried through), the state in two
 // buffers a and b of 6 max_slots components each (V* or StridedBuffer<V>),
 // each readout handed to sink.write(slot, re, im).  M is the precision of
-// the interval exponentials.  Flow is not played (the Python layer refuses
+// the interval exponentials; ivt, when not null, holds them for every
+// interval of the stream (6 lane vectors each, store_coef's layout), else
+// they are computed when the interval changes.  Flow is not played (the Python layer refuses
 // it first); pools play through pools/keyed.hpp.
 template <class V, class M, class Buf, class Sink>
 BLOCHSIM_HD void keyed_play(const EventStream& s, const KeyedProgram& k, const Tissue& t, const LaneTissue<V>& lt,
-                            Buf a, Buf b, Sink& sink) {
+                            Buf a, Buf b, Sink& sink, const V* ivt = nullptr) {
   PlayContext<V> cx;
   cx.rf_uniform = !t.B1.present() && !t.B1phase_rad.present();
   cx.per_order = false;
@@ -124,6 +129,8 @@ BLOCHSIM_HD void keyed_play(const EventStream& s, const KeyedProgram& k, const T
   for (int i = 0; i < 6; ++i) a[i] = V{};
   a[4] = splat<V>(1.0f);  // Z(0) = 1: equilibrium
   const bool diffuses = t.D_m2_s.present();
+  IvCoef<V> cached{};
+  int64_t cached_iv = -1;
   const double* k2 = nullptr;  // the slots' |2 pi k|^2 (slot 0 alone: k = 0 needs none)
   // Map m from a into b, which becomes the state; with c, the interval's
   // relaxation applied to each component as the map reads it (q F+,
@@ -164,8 +171,11 @@ BLOCHSIM_HD void keyed_play(const EventStream& s, const KeyedProgram& k, const T
     // the interval folded into the map that follows it (none diffuses: a
     // slot's decay needs its wavenumber before the map)
     const bool fold = ev.interval >= 0 && k.slots[2 * e] >= 0 && !diffuses;
-    IvCoef<V> c{};
-    if (ev.interval >= 0) c = interval_coef<V, M>(s, lt, ev.interval);
+    if (ev.interval >= 0 && ev.interval != cached_iv) {
+      cached = ivt ? load_coef(ivt + 6 * ev.interval) : interval_coef<V, M>(s, lt, ev.interval);
+      cached_iv = ev.interval;
+    }
+    const IvCoef<V>& c = cached;
     if (ev.interval >= 0 && !fold) {
       for (int64_t j = 0; j < n; ++j) {
         const Buf x = a + 6 * j;
@@ -230,7 +240,9 @@ BLOCHSIM_HD int keyed_block(const EventStream& s, const KeyedProgram& k, const T
   lane_indices<W>(first, t.n, idx);
   const LaneTissue<V> lt = gather<V>(t, idx);
   LaneSink<V> sink{out, first, t.n, s.n_samples};
-  keyed_play<V, M, V*>(s, k, t, lt, work, work + 6 * static_cast<int64_t>(k.max_slots), sink);
+  V* const ivt = work + 12 * static_cast<int64_t>(k.max_slots);
+  for (int64_t i = 0; i < s.n_intervals; ++i) store_coef(ivt + 6 * i, interval_coef<V, M>(s, lt, i));
+  keyed_play<V, M, V*>(s, k, t, lt, work, work + 6 * static_cast<int64_t>(k.max_slots), sink, ivt);
   return ok;
 }
 
@@ -246,8 +258,8 @@ BLOCHSIM_HD void keyed_thread(const EventStream& s, const KeyedProgram& k, const
 
 // Signal and tissue Jacobian of problems [first, first + width) of t along
 // fields[0 .. n_dirs) (dual_directions <= N; M0 from the unscaled signal, as
-// jacobian_block), the state on duals in `work` (2 x 6 max_slots dual lane
-// vectors): jac as host_jacobian_dispatch.
+// jacobian_block), the state and the interval table on duals in `work`
+// (keyed_workspace dual lane vectors): jac as host_jacobian_dispatch.
 template <class V, int N>
 BLOCHSIM_HD int keyed_jacobian_block(const EventStream& s, const KeyedProgram& k, const Tissue& t,
                                      const int* fields, int n_dirs, int64_t first, Dual<V, N>* work, float* out,
@@ -257,7 +269,9 @@ BLOCHSIM_HD int keyed_jacobian_block(const EventStream& s, const KeyedProgram& k
   V m0;
   const LaneTissue<T> lt = seeded_lanes<V, N>(t, first, ds, m0);
   JacobianSink<V, N> sink{out, jac, first, t.n, s.n_samples, n_dirs, ds.m0_col, ds.slot, m0, ds.m0_seed};
-  keyed_play<T, double, T*>(s, k, t, lt, work, work + 6 * static_cast<int64_t>(k.max_slots), sink);
+  T* const ivt = work + 12 * static_cast<int64_t>(k.max_slots);
+  for (int64_t i = 0; i < s.n_intervals; ++i) store_coef(ivt + 6 * i, interval_coef<T, double>(s, lt, i));
+  keyed_play<T, double, T*>(s, k, t, lt, work, work + 6 * static_cast<int64_t>(k.max_slots), sink, ivt);
   return ok;
 }
 

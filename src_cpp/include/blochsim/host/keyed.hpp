@@ -12,7 +12,7 @@ namespace blochsim {
 namespace host {
 
 // Signature of a function that plays the keyed blocks [b0, b1) with a
-// workspace of keyed_workspace(k) lane vectors a block.
+// workspace of keyed_workspace(s, k) lane vectors a block.
 using KeyedRangeFn = int (*)(const EventStream& s, const KeyedProgram& k, const Tissue& t, int64_t b0, int64_t b1,
                              void* work, float* out);
 
@@ -35,7 +35,7 @@ inline int keyed_status(const EventStream& s, const KeyedProgram& k, const Tissu
     if (v == ok) v = validate_keyed(s, k);
     if (v == ok) v = keyed_plays(k, t);
     if (v != ok) return v;
-    const std::size_t work = static_cast<std::size_t>(keyed_workspace(k)) * lanes;
+    const std::size_t work = static_cast<std::size_t>(keyed_workspace(s, k)) * lanes;
     return run_blocks_with(t, threads, work, [&](int64_t b0, int64_t b1, void* w) {
       return fn(s, k, t, b0, b1, w, out);
     });
