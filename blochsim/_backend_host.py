@@ -13,6 +13,12 @@ def si_planes(arrays, shape):
     return V.si_planes(arrays, shape, _core.TISSUE_FIELDS)
 
 
+def ranges(arrays, shape):
+    """si_planes holding each array's values once (their ranges, for the
+    moment-keyed program), nothing broadcast to the voxel shape."""
+    return V.si_planes(arrays, shape, _core.TISSUE_FIELDS, ranges_only=True)
+
+
 def forward(owner, ps, arrays, shape, out, threads, variant, streamed=None):
     """The signal (*shape, samples) of host tissue arrays, into ``out``
     (checked) or a new array.  With ``streamed`` (a budget in bytes, 0 for
@@ -44,13 +50,13 @@ def keyed_forward(owner, stream, ps, arrays, shape, out, threads):
     want = shape + (ps.n_samples,)
     if out is not None:
         V.check_host_out("out", out, want)
-    si = si_planes(arrays, shape)
-    program = keyed.program_for(owner, stream, si, list(_core.TISSUE_FIELDS))
+    program = keyed.program_for(owner, stream, ranges(arrays, shape), list(_core.TISSUE_FIELDS))
     n = int(np.prod(shape, dtype=np.int64))
-    _memory.check_host(owner, n, 8.0 * ps.n_samples * (out is None),
+    _memory.check_host(owner, n, 8.0 * ps.n_samples * (out is None) + 4.0 * len(arrays),
                        4.0 * (12 * program.max_slots + 6 * ps.n_intervals) * 16 * max(1, min(threads, n)),
                        f"the moment-keyed EPG's workspaces ({program.max_slots:,} states)",
                        "fewer threads, or a file whose moments hold fewer states")
+    si = si_planes(arrays, shape)
     if out is None:
         out = np.empty(want, dtype=np.complex64)
     flat = out.reshape(n, ps.n_samples)
@@ -126,13 +132,13 @@ def keyed_jacobian(owner, stream, ps, arrays, shape, fields, scale, one, threads
     if out is not None:
         for name, a, want in V.jacobian_out_shapes(out, shape, len(fields), ps.n_samples, one):
             V.check_host_out(name, a, want)
-    si = si_planes(arrays, shape)
-    program = keyed.program_for(owner, stream, si, list(_core.TISSUE_FIELDS))
+    program = keyed.program_for(owner, stream, ranges(arrays, shape), list(_core.TISSUE_FIELDS))
     duals = len(fields) + 1
-    _memory.check_host(owner, n, 8.0 * ps.n_samples * (1 + len(fields)) * (out is None),
+    _memory.check_host(owner, n, 8.0 * ps.n_samples * (1 + len(fields)) * (out is None) + 4.0 * len(arrays),
                        4.0 * (12 * program.max_slots + 6 * ps.n_intervals) * 16 * duals * max(1, min(threads, n)),
                        f"the moment-keyed EPG's dual workspaces ({program.max_slots:,} states)",
                        "fewer threads or fewer directions")
+    si = si_planes(arrays, shape)
     if out is None:
         signal = np.empty(shape + (ps.n_samples,), dtype=np.complex64)
         jac = np.empty((n, len(fields), ps.n_samples), dtype=np.complex64)

@@ -41,7 +41,7 @@ _RESTORED: dict = {}
 _RESTORED_MAX = 32
 _RESTORED_LOCK = threading.Lock()
 #: what a simulator caches and rebuilds, never pickled
-_CACHES = ("_stream_cache", "_dephasing_cache")
+_CACHES = ("_stream_cache", "_dephasing_cache", "_keyed_cache")
 
 
 def _restore(cls, state, token):
@@ -242,6 +242,34 @@ class Played(Base):
         s = pack(self.preparation(p), repetition, p["repetitions"])
         self._stream_cache = (key, s)
         return s
+
+    def _keyed_alternative(self, p):
+        """The moment-keyed event stream of protocol p, for a protocol a
+        subclass can also play keyed by moment (a Pulseq file read on one
+        EPG order); None here."""
+        return None
+
+    def _host_stream(self, p, present, s, ps, states, arrays, shape):
+        """The stream (and its packed form) a host simulate or jacobian
+        plays: the one-order stream s, or the moment-keyed stream of the same
+        protocol where a subclass has one and its program does under half
+        the work (a train whose refocusing leaves most orders of its band
+        empty); never with D or v, whose one-order geometry the keyed EPG
+        does not share."""
+        from blochsim.sequence import keyed
+
+        if s.moments is not None or present & {"D", "v"} or not keyed.may_prefer(s, states):
+            return s, ps
+        alt = self._keyed_alternative(p)
+        if alt is None or alt.moments is None:
+            return s, ps
+        from blochsim import _backend_host
+
+        program = keyed.program_for(type(self).__name__, alt, _backend_host.ranges(arrays, shape),
+                                    list(_core.TISSUE_FIELDS))
+        if not keyed.prefer(program, s, states):
+            return s, ps
+        return alt, self._stream_for(p, present, alt, keyed=True)[1]
 
     def _stream_for(self, p, present, stream=None, keyed=False):
         """The event stream of protocol p (or ``stream``, packed from it),

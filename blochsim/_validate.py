@@ -183,18 +183,24 @@ def positive_int(name: str, value, minimum: int = 1) -> int:
     return int(value)
 
 
-def si_planes(arrays: dict, shape, si_names) -> tuple:
+def si_planes(arrays: dict, shape, si_names, ranges_only=False) -> tuple:
     """The arrays (public names and units) as float32 SI values, flat
     (length n of the voxel shape, or 1 for a scalar), in the order of the
-    SI names ``si_names``; None where a property is absent."""
+    SI names ``si_names``; None where a property is absent.  With
+    ``ranges_only`` each holds the array's values once (axes broadcast with
+    zero strides taken once, nothing broadcast to the voxel shape): the
+    same range, for a check that needs no more."""
     public = {v[1]: k for k, v in TISSUE_UNITS.items()}
     out = []
     for name in si_names:
         pub = public.get(name)
         if pub in arrays:
             a = arrays[pub]
+            if ranges_only:
+                a = np.asarray(a)
+                a = a[tuple(slice(0, 1) if st == 0 else slice(None) for st in a.strides)]
             flat = np.asarray(a, dtype=np.float64).reshape(1) if a.size == 1 else \
-                np.broadcast_to(a, shape).reshape(-1)
+                np.asarray(a, dtype=np.float64).reshape(-1) if ranges_only else np.broadcast_to(a, shape).reshape(-1)
             out.append(np.ascontiguousarray(flat * TISSUE_UNITS[pub][0], dtype=np.float32))
         else:
             out.append(None)

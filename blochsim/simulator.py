@@ -233,9 +233,11 @@ class Simulator(Played):
             return _backend_device.resident(owner, ps, arrays, ifaces, shape, shape + (ps.n_samples,), out,
                                             keyed=s if s.moments is not None else None)
         arrays, shape = self._tissue(tissue)
-        s, ps, _, _ = self._stream_for(p, set(arrays), keyed=True)
+        s, ps, states, _ = self._stream_for(p, set(arrays), keyed=True)
         if s.moments is not None and route.device == "cuda":
             return _backend_device.keyed_from_host(owner, s, ps, arrays, shape, out)
+        if route.device != "cuda":
+            s, ps = self._host_stream(p, set(arrays), s, ps, states, arrays, shape)
         if s.moments is not None:
             return _backend_host.keyed_forward(owner, s, ps, arrays, shape, out, route.threads)
         streamed = (p["budget_bytes"] or 0) if route.device == "cuda" else None
@@ -293,7 +295,8 @@ class Simulator(Played):
             _backend_device.check_states(states, real, "this Jacobian")
             return _backend_device.jacobian(owner, ps, intake, names, fields, scale, one, out)
         arrays, shape = self._tissue(tissue)
-        s, ps, _, _ = self._stream_for(p, set(arrays), keyed=True)
+        s, ps, states, _ = self._stream_for(p, set(arrays), keyed=True)
+        s, ps = self._host_stream(p, set(arrays), s, ps, states, arrays, shape)
         if s.moments is not None:
             return _backend_host.keyed_jacobian(owner, s, ps, arrays, shape, fields, scale, one, route.threads, out)
         result, _ = _backend_host.jacobian(owner, ps, arrays, shape, fields, scale, one, route.threads,

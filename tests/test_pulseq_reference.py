@@ -495,6 +495,48 @@ def test_turbo_spin_echo_in_shots_plays_by_default(tmp_path, shots, echoes, spoi
                                        atol=TOL, rtol=0, err_msg=f"{tissue}, B0 = {B0}")
 
 
+
+def test_the_default_plays_keyed_by_moment_where_that_is_less_work(tmp_path, monkeypatch):
+    """A train whose refocusing leaves most orders of its band empty (TSE
+    shots whose spoilers push the states hundreds of orders out) plays its
+    simulate and jacobian on the moment-keyed EPG, and vjp on one order;
+    both against the oracle, and the Jacobians against each other.  An EPI
+    (one order, a band of one) stays on one order."""
+    from blochsim import _backend_host
+    from blochsim.sequence import keyed
+
+    played = []
+    for name in ("keyed_forward", "forward", "keyed_jacobian", "jacobian"):
+        monkeypatch.setattr(_backend_host, name, lambda *a, _f=getattr(_backend_host, name), _n=name, **k: (
+            played.append(_n), _f(*a, **k))[1])
+    path = tse(tmp_path / "shots.seq", shots=3, echoes=16, phase_encode=False)
+    sim = Simulator.from_pulseq(path)
+    tissue = dict(T1=4000.0, T2=2000.0, B0=13.0)
+    want = oracle(path, **tissue, axes=(0, 2))
+    s = sim.simulate(**tissue)
+    _, J = sim.jacobian(("T2", "B0"), **tissue)
+    assert played == ["keyed_forward", "keyed_jacobian"]
+    np.testing.assert_allclose(s, want, atol=TOL, rtol=0)
+    v, grads = sim.vjp(["T2"], **tissue)
+    np.testing.assert_allclose(v, want, atol=TOL, rtol=0)
+    monkeypatch.setattr(keyed, "PREFER_MARGIN", np.inf)
+    played.clear()
+    np.testing.assert_allclose(sim.simulate(**tissue), want, atol=TOL, rtol=0)
+    _, J1 = sim.jacobian(("T2", "B0"), **tissue)
+    assert played == ["forward", "jacobian"]
+    for d in range(2):
+        np.testing.assert_allclose(J[:, d], J1[:, d], atol=1e-3 * np.abs(J1[:, d]).max(), rtol=0)
+    monkeypatch.undo()
+    for name in ("keyed_forward", "forward"):
+        monkeypatch.setattr(_backend_host, name, lambda *a, _f=getattr(_backend_host, name), _n=name, **k: (
+            played.append(_n), _f(*a, **k))[1])
+    played.clear()
+    Simulator.from_pulseq(epi(tmp_path / "epi.seq", n=16)).simulate(**TISSUE)
+    assert played == ["forward"]
+    # a broadcast past memory: refused by the memory check, before any plane is made
+    with pytest.raises(MemoryError, match=r"needs .* of host memory \(100,000,000,000 voxels"):
+        sim.simulate(T1=np.ones((100000, 1)) * 1000.0, T2=np.ones((1, 1000000)) * 80.0)
+
 def test_spoiled_gradient_echo_against_the_exact_moment_epg(tmp_path):
     path = spoiled_gre(tmp_path / "gre.seq")
     _check(path, axes=(0, 2), B0s=(0.0, 11.0))

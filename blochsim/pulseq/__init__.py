@@ -89,8 +89,9 @@ What is read, and the model
   its exact 3-D moment on the axes that dephase, the pathways whose moments
   agree within about 1e-3 cycles across the voxel merged into one state (a
   cell of the lattice), so that exact coincidences of the file's moments
-  are never rounded apart; states the rest of the sequence cannot bring
-  back to the origin are dropped (exactly), and states whose magnitude
+  are never rounded apart; states that no later readout can bring back
+  to the origin are dropped (exactly: a backward pass over the file finds
+  the moments each event's states may hold and still be read), and states whose magnitude
   bound over the call's B1, T1 and T2 falls below 1e-7 of M0 are dropped,
   the threshold lowered until the largest change of any sample they can
   cause is at most 1e-5 of M0 (rotations, shifts and relaxation never
@@ -104,7 +105,13 @@ What is read, and the model
   gap), and pools (on the host, one voxel at a time in double precision);
   ``vjp``, the GPU's ``jacobian`` and v are refused by name.  A call
   expected to take over 30 s says so with its estimate (states x events
-  x voxels) and shows its progress.  ``axis`` (a direction to follow
+  x voxels) and shows its progress.  A file one order holds plays
+  ``simulate`` and ``jacobian`` on the host on the moment-keyed EPG too
+  where its program does under half the one-order kernel's work (a turbo
+  spin echo whose refocusing leaves most orders of its band empty, or
+  whose spoilers push the states hundreds of orders out; not with D or v):
+  the same samples to float32 rounding, faster; ``vjp`` and the GPU stay
+  on one order.  ``axis`` (a direction to follow
   alone), ``unit`` (cycles/m, checked, never rounded) or a callable
   ``dephasing(block) -> shifts`` choose otherwise, and ``dephasing="spoil"``
   spoils ideally at every block with a net moment and no RF or ADC.  With

@@ -9,10 +9,10 @@ import os
 import numpy as np
 
 from blochsim import _validate as V
-from blochsim._protocol import _lazy_entry
+from blochsim._protocol import _lazy_entry, protocol_key
 from blochsim.pulseq.file import PulseqError, _File
 from blochsim.pulseq.reader import _field_strength, _read, _Reader
-from blochsim.sequence import Delay, Pulse, Readout, Sequence, Spoil
+from blochsim.sequence import Delay, Pulse, Readout, Sequence, Spoil, pack
 from blochsim.pulseq.writer import write_pulseq
 from blochsim.simulator import FILE_SIMULATORS, FILE_WRITERS, Simulator
 
@@ -57,15 +57,7 @@ class PulseqSimulator(Simulator):
         if p["path"] is None:
             return p
         path = os.fspath(p["path"])
-        stamp = os.stat(path).st_mtime_ns if os.path.isfile(path) else None
-        key = (path, stamp, p["rf"], p["dephasing"], None if p["axis"] is None else str(p["axis"]), str(p["unit"]),
-               str(p["field_strength"]), p["voxel_size_m"], p["repetitions"] != 1)
-        if key not in _CACHE:
-            if len(_CACHE) > 16:
-                _CACHE.pop(next(iter(_CACHE)))
-            _CACHE[key] = _read(path, p["rf"], p["dephasing"], p["axis"], p["unit"], p["field_strength"],
-                                p["voxel_size_m"], p["repetitions"] != 1)
-        p["_sequence"], unit_vector = _CACHE[key]
+        p["_sequence"], unit_vector = _read_cached(p, p["dephasing"])
         if np.any(np.isnan(unit_vector)):
             if p["crusher_dephasing_rad"] is not None:
                 raise ValueError(f"{path}: its gradient moments dephase along independent axes, kept apart on one "
@@ -79,6 +71,32 @@ class PulseqSimulator(Simulator):
         if p["path"] is None:
             raise TypeError("PulseqSimulator needs path, the Pulseq file")
         return p["_sequence"]
+
+    def _keyed_alternative(self, p):
+        # the file read keyed by moment, where the default put it on one order
+        if p["path"] is None or p["dephasing"] != "moment" or p["axis"] is not None or p["unit"] is not None:
+            return None
+        key = protocol_key(p)
+        hit = getattr(self, "_keyed_cache", None)
+        if hit is None or hit[0] != key:
+            sequence = _read_cached(p, "keyed")[0]
+            hit = self._keyed_cache = (key, pack(self.preparation(p), sequence, p["repetitions"]))
+        return hit[1]
+
+
+def _read_cached(p, dephasing):
+    """The operators and unit vector of protocol p's file read with
+    ``dephasing``, kept while the file does not change."""
+    path = os.fspath(p["path"])
+    stamp = os.stat(path).st_mtime_ns if os.path.isfile(path) else None
+    key = (path, stamp, p["rf"], dephasing, None if p["axis"] is None else str(p["axis"]), str(p["unit"]),
+           str(p["field_strength"]), p["voxel_size_m"], p["repetitions"] != 1)
+    if key not in _CACHE:
+        if len(_CACHE) > 16:
+            _CACHE.pop(next(iter(_CACHE)))
+        _CACHE[key] = _read(path, p["rf"], dephasing, p["axis"], p["unit"], p["field_strength"], p["voxel_size_m"],
+                            p["repetitions"] != 1)
+    return _CACHE[key]
 
 
 FILE_SIMULATORS["pulseq"] = PulseqSimulator

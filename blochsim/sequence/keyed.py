@@ -188,21 +188,20 @@ _NEIGHBOURS = np.stack(np.meshgrid([-1, 0, 1], [-1, 0, 1], [-1, 0, 1]), axis=-1)
 
 def _near(P, B, tol):
     """Whether each row of P lies within ``tol`` of some row of B on every
-    axis (or a little farther: rows in neighbouring cells of a grid of
-    side ``tol`` pass)."""
+    axis (or, for large sets, a little farther: rows in neighbouring cells
+    of a grid of side ``tol`` pass)."""
     if P.shape[0] == 0 or B.shape[0] == 0:
         return np.zeros(P.shape[0], bool)
+    if P.shape[0] * B.shape[0] <= 65536:
+        return np.any(np.all(np.abs(P[:, None, :] - B[None, :, :]) <= tol, axis=2), axis=1)
     cells_b = np.floor(B / tol).astype(np.int64)
     cp = np.floor(P / tol).astype(np.int64)
     if max(np.abs(cells_b).max(), np.abs(cp).max()) >= _FITS - 1:
         return np.ones(P.shape[0], bool)
     cb = np.unique(_codes(cells_b))
-    hit = np.zeros(P.shape[0], bool)
-    for off in _NEIGHBOURS:
-        c = _codes(cp + off)
-        i = np.minimum(np.searchsorted(cb, c), cb.size - 1)
-        hit |= cb[i] == c
-    return hit
+    c = _codes((cp[:, None, :] + _NEIGHBOURS[None, :, :]).reshape(-1, 3))
+    i = np.minimum(np.searchsorted(cb, c), cb.size - 1)
+    return np.any((cb[i] == c).reshape(P.shape[0], -1), axis=1)
 
 
 def build(stream, b1=(1.0, 1.0), t1_max=math.inf, t2_max=math.inf, prune=PRUNE):
@@ -378,6 +377,44 @@ def build(stream, b1=(1.0, 1.0), t1_max=math.inf, t2_max=math.inf, prune=PRUNE):
                         np.ascontiguousarray(k2, dtype=np.float64), k2_first)
 
 
+#: a host call on one EPG order plays the moment-keyed program instead when
+#: this many times its states summed over events is still under the
+#: orders the one-order kernel plays (its band summed over events): the
+#: keyed executor's per-state cost is about the one-order kernel's per
+#: order, and this keeps a margin for its maps
+PREFER_MARGIN = 2.0
+
+
+def one_order_work(stream, states):
+    """The orders the one-order kernel plays for one voxel of ``stream``
+    (its band, the orders its shifts so far can have reached, at most
+    ``states``, summed over events)."""
+    sh = np.abs(np.asarray(stream.shift_before, dtype=np.int64)) + np.abs(np.asarray(stream.shift_after, dtype=np.int64))
+    return int(np.minimum(states, 1 + np.cumsum(sh)).sum())
+
+
+def may_prefer(stream, states):
+    """Whether the one-order work of ``stream`` is wide enough for a keyed
+    program (at least one state an event) to beat it by PREFER_MARGIN."""
+    return one_order_work(stream, states) > 2 * PREFER_MARGIN * stream.n_events
+
+
+def prefer(program, stream, states):
+    """Whether ``program`` does under 1 / PREFER_MARGIN of the one-order
+    work of ``stream``."""
+    return PREFER_MARGIN * program.cost < one_order_work(stream, states)
+
+
+def _widened(lo, hi, t1, t2):
+    """The tissue range a program is built for: the call's, widened to a
+    grid (B1 to 1/32, T1 and T2 to quarter octaves) so that calls over
+    nearby ranges share one program (a wider range only keeps more states)."""
+    def up(t):
+        return t if not math.isfinite(t) or t <= 0 else 2.0 ** (math.ceil(math.log2(t) * 4) / 4)
+
+    return (math.floor(lo * 32) / 32, math.ceil(hi * 32) / 32), up(t1), up(t2)
+
+
 _PROGRAMS: dict = {}
 
 
@@ -393,9 +430,7 @@ def program_for(owner, stream, si, names, prune=PRUNE, target=ERROR_BOUND):
         a = si[names.index(name)]
         return (default, default) if a is None or a.size == 0 else (float(a.min()), float(a.max()))
 
-    b1 = span("B1", 1.0)
-    t1 = span("T1_s", math.inf)[1]
-    t2 = span("T2_s", math.inf)[1]
+    b1, t1, t2 = _widened(*span("B1", 1.0), span("T1_s", math.inf)[1], span("T2_s", math.inf)[1])
     key = (id(stream), b1, t1, t2, prune)
     hit = _PROGRAMS.get(key)
     if hit is not None and hit[0] is stream:
