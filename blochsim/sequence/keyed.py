@@ -47,6 +47,8 @@ PRUNE = 1e-7
 #: summed bound of the states dropped, the largest change of any sample, is
 #: at most this (a fraction of M0)
 ERROR_BOUND = 1e-5
+#: the source of an entry that writes zero (the core's keyed_zero)
+KEYED_ZERO = -(1 << 31)
 #: a lattice cell, in lattice steps (moments within about one step of each
 #: other share a cell): irrational, so that no moment a file writes (a
 #: rational number of steps) sits on a cell boundary
@@ -80,6 +82,9 @@ class KeyedProgram:
     slots : ndarray, int32, (2 n_events,)
     first : ndarray, int64, (2 n_events + 1,)
     dst, src : ndarray, int32, (entries,)
+        Per map: the entries that write a component (zero, from source
+        KEYED_ZERO, or its first source; the destination + 1), then those
+        that add to it (src_cpp/include/blochsim/epg/keyed.hpp).
     max_slots : int
         The most states any event holds.
     error_bound : float
@@ -327,8 +332,19 @@ def build(stream, b1=(1.0, 1.0), t1_max=math.inf, t2_max=math.inf, prune=PRUNE):
             src, cj = src[ok], cj[ok]
             newK, nP, nM, nZ = newK[keep], nP[keep], nM[keep], nZ[keep]
             S = int(keep.sum())
+        # each component's first entry writes it (the destination's lowest
+        # bit), components no entry reaches are written zero, the rest add
+        order = np.argsort(dst, kind="stable")
+        dst, src = dst[order], np.where(cj, -1 - src, src)[order]
+        lead = np.ones(dst.size, bool)
+        lead[1:] = dst[1:] != dst[:-1]
+        reached = np.zeros(3 * S, bool)
+        reached[dst // 2] = True
+        unreached = 2 * np.flatnonzero(~reached)
+        dst = np.concatenate([unreached + 1, dst[lead] + 1, dst[~lead]])
+        src = np.concatenate([np.full(unreached.size, KEYED_ZERO), src[lead], src[~lead]])
         dsts.append(dst.astype(np.int32))
-        srcs.append(np.where(cj, -1 - src, src).astype(np.int32))
+        srcs.append(src.astype(np.int32))
         entries += dst.size
         first[m + 1] = entries
         slots[m] = S

@@ -19,6 +19,7 @@
 // the host (blochsim/sequence/keyed.py); the same maps serve every problem.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 
 #include <type_traits>
@@ -38,8 +39,14 @@ namespace blochsim {
 // are numbered as the workspace holds them: 6 s + c for slot s, with c = 0,
 // 1 the real and imaginary parts of F+, 2, 3 of F-, 4, 5 of Z; an entry
 // names the real part (c even), and moves the imaginary part with it.  A
-// negative source -1 - i takes component i conjugated.  slots[m] = -1: the
-// map is the identity (no entries).
+// negative source -1 - i takes component i conjugated.  A destination with
+// its lowest bit set (c + 1) is written, not added to: a component's first
+// entry, so that the state after a map needs no zeroing; source keyed_zero
+// writes zero (a component no entry reaches).  Every component of a map's
+// slots is written before anything is added to it.  slots[m] = -1: the map
+// is the identity (no entries).
+constexpr int32_t keyed_zero = INT32_MIN;
+
 struct KeyedProgram {
   int64_t n_events = 0;
   int32_t max_slots = 1;               // the most slots any map writes (and 1)
@@ -73,8 +80,10 @@ inline int validate_keyed(const EventStream& s, const KeyedProgram& k) {
     if (k.k2 && (!k.k2_first || k.k2_first[m] < 0 || k.k2_first[m] + k.slots[m] > k.n_k2)) return bad_shape;
     if (b > a && (!k.dst || !k.src)) return bad_shape;
     for (int64_t j = a; j < b; ++j) {
-      const int64_t d = k.dst[j], r = k.src[j] < 0 ? -1 - static_cast<int64_t>(k.src[j]) : k.src[j];
-      if (d < 0 || d % 2 != 0 || d >= 6 * static_cast<int64_t>(k.slots[m])) return bad_shape;
+      const int64_t d = k.dst[j] & ~int64_t{1};
+      if (d < 0 || d >= 6 * static_cast<int64_t>(k.slots[m])) return bad_shape;
+      if (k.src[j] == keyed_zero) continue;
+      const int64_t r = k.src[j] < 0 ? -1 - static_cast<int64_t>(k.src[j]) : k.src[j];
       if (r % 2 != 0 || r >= 6 * before) return bad_shape;
     }
     before = k.slots[m];
@@ -141,78 +150,134 @@ BLOCHSIM_HD void keyed_play(const EventStream& s, const KeyedProgram& k, const T
     const int64_t nn = k.slots[m];
     if (nn < 0) return;
     if (diffuses) k2 = k.k2 + k.k2_first[m];
-    for (int64_t i = 0; i < 6 * nn; ++i) b[i] = V{};
-    for (int64_t j = k.first[m]; j < k.first[m + 1]; ++j) {
-      const int32_t d = k.dst[j], r = k.src[j];
-      const int32_t from = r >= 0 ? r : -1 - r;
-      V re = a[from], im = a[from + 1];
-      if (c) {
-        const int comp = from % 6;
-        if (comp == 4) {
-          re = c->e1 * re;
-          im = c->e1 * im;
+    const int64_t j0 = k.first[m], j1 = k.first[m + 1];
+    if (c) {
+      // per source (F+, F-, Z) and whether it is conjugated: the moved
+      // (re, im) = (ca re + cb im, cc im + cd re)
+      V ca[6], cb[6], cc[6], cd[6];
+      const V cr[3] = {c->qr, c->qr, c->e1}, ci[3] = {c->qi, V{} - c->qi, V{}};
+      for (int q = 0; q < 3; ++q) {
+        ca[2 * q] = ca[2 * q + 1] = cr[q];
+        cb[2 * q] = cb[2 * q + 1] = V{} - ci[q];
+        cc[2 * q] = cr[q];
+        cd[2 * q] = ci[q];
+        cc[2 * q + 1] = V{} - cr[q];
+        cd[2 * q + 1] = V{} - ci[q];
+      }
+      for (int64_t j = j0; j < j1; ++j) {
+        const int32_t d = k.dst[j], r = k.src[j];
+        const int32_t w = d & ~1;
+        if (r == keyed_zero) {
+          b[w] = V{};
+          b[w + 1] = V{};
+          continue;
+        }
+        const int32_t from = r >= 0 ? r : -1 - r;
+        const int q = from % 6 + (r < 0);
+        const V re = a[from], im = a[from + 1];
+        const V x = ca[q] * re + cb[q] * im, y = cc[q] * im + cd[q] * re;
+        if (d & 1) {
+          b[w] = x;
+          b[w + 1] = y;
         } else {
-          const V qi = comp == 0 ? c->qi : V{} - c->qi, x = re;
-          re = c->qr * x - qi * im;
-          im = c->qr * im + qi * x;
+          b[w] = b[w] + x;
+          b[w + 1] = b[w + 1] + y;
         }
       }
-      b[d] = b[d] + re;
-      b[d + 1] = r >= 0 ? b[d + 1] + im : b[d + 1] - im;
+      b[4] = b[4] + c->rec;
+    } else {
+      for (int64_t j = j0; j < j1; ++j) {
+        const int32_t d = k.dst[j], r = k.src[j];
+        const int32_t w = d & ~1;
+        if (r == keyed_zero) {
+          b[w] = V{};
+          b[w + 1] = V{};
+          continue;
+        }
+        const int32_t from = r >= 0 ? r : -1 - r;
+        const V x = a[from], y = r >= 0 ? a[from + 1] : V{} - a[from + 1];
+        if (d & 1) {
+          b[w] = x;
+          b[w + 1] = y;
+        } else {
+          b[w] = b[w] + x;
+          b[w + 1] = b[w + 1] + y;
+        }
+      }
     }
-    if (c) b[4] = b[4] + c->rec;
     const Buf spare = a;
     a = b;
     b = spare;
     n = nn;
   };
+  // An interval's relaxation is pending until the next pass over the slots
+  // (a map, or a pulse's loop) applies it as it reads them; a readout
+  // before that reads the origin relaxed.  Relaxation commutes with the
+  // maps (q on F+, conj(q) on F-, e1 on Z, the origin's Z kept).
+  auto relax = [&](const IvCoef<V>& c, int64_t iv) {
+    for (int64_t j = 0; j < n; ++j) {
+      const Buf x = a + 6 * j;
+      const V pr = x[0], pi_ = x[1], mr = x[2], mi = x[3];
+      x[0] = c.qr * pr - c.qi * pi_;  // q F+
+      x[1] = c.qr * pi_ + c.qi * pr;
+      x[2] = c.qr * mr + c.qi * mi;  // conj(q) F-
+      x[3] = c.qr * mi - c.qi * mr;
+      x[4] = c.e1 * x[4];
+      x[5] = c.e1 * x[5];
+    }
+    if (diffuses && k2) {
+      // each slot (and its Z) loses e^{-D |2 pi k|^2 tau} over the interval
+      using LT = Lanes<V>;
+      using S = typename LT::Scalar;
+      using Wd = typename LT::template Wide<M>;  // M, or its dual on a dual lane type
+      const M tau = static_cast<M>(s.duration_s[iv]);
+      for (int64_t j = 1; j < n; ++j) {
+        V g;
+        for (int l = 0; l < LT::width; ++l) {
+          using std::exp;
+          const Wd Dl = static_cast<Wd>(LT::get(lt.D, l));
+          LT::set(g, l, static_cast<S>(exp(-Dl * (tau * static_cast<M>(k2[j])))));
+        }
+        const Buf x = a + 6 * j;
+        for (int i = 0; i < 6; ++i) x[i] = g * x[i];
+      }
+    }
+    a[4] = a[4] + c.rec;
+  };
+  bool pending = false;
   for (int64_t e = 0; e < s.n_events; ++e) {
     const EventRecord ev = load_event(s, e);
-    // the interval folded into the map that follows it (none diffuses: a
-    // slot's decay needs its wavenumber before the map)
-    const bool fold = ev.interval >= 0 && k.slots[2 * e] >= 0 && !diffuses;
-    if (ev.interval >= 0 && ev.interval != cached_iv) {
-      cached = ivt ? load_coef(ivt + 6 * ev.interval) : interval_coef<V, M>(s, lt, ev.interval);
-      cached_iv = ev.interval;
-    }
-    const IvCoef<V>& c = cached;
-    if (ev.interval >= 0 && !fold) {
-      for (int64_t j = 0; j < n; ++j) {
-        const Buf x = a + 6 * j;
-        const V pr = x[0], pi_ = x[1], mr = x[2], mi = x[3];
-        x[0] = c.qr * pr - c.qi * pi_;  // q F+
-        x[1] = c.qr * pi_ + c.qi * pr;
-        x[2] = c.qr * mr + c.qi * mi;  // conj(q) F-
-        x[3] = c.qr * mi - c.qi * mr;
-        x[4] = c.e1 * x[4];
-        x[5] = c.e1 * x[5];
+    if (ev.interval >= 0) {
+      if (pending) relax(cached, cached_iv);
+      if (ev.interval != cached_iv) {
+        cached = ivt ? load_coef(ivt + 6 * ev.interval) : interval_coef<V, M>(s, lt, ev.interval);
+        cached_iv = ev.interval;
       }
-      if (diffuses && k2) {
-        // each slot (and its Z) loses e^{-D |2 pi k|^2 tau} over the interval
-        using LT = Lanes<V>;
-        using S = typename LT::Scalar;
-        using Wd = typename LT::template Wide<M>;  // M, or its dual on a dual lane type
-        const M tau = static_cast<M>(s.duration_s[ev.interval]);
-        for (int64_t j = 1; j < n; ++j) {
-          V g;
-          for (int l = 0; l < LT::width; ++l) {
-            using std::exp;
-            const Wd Dl = static_cast<Wd>(LT::get(lt.D, l));
-            LT::set(g, l, static_cast<S>(exp(-Dl * (tau * static_cast<M>(k2[j])))));
-          }
-          const Buf x = a + 6 * j;
-          for (int i = 0; i < 6; ++i) x[i] = g * x[i];
-        }
-      }
-      a[4] = a[4] + c.rec;
+      // a slot's diffusion needs its wavenumber before the map: at once
+      pending = !diffuses;
+      if (diffuses) relax(cached, cached_iv);
     }
-    map(2 * e, fold ? &c : nullptr);
+    if (k.slots[2 * e] >= 0) {
+      map(2 * e, pending ? &cached : nullptr);
+      pending = false;
+    }
     if (ev.flags & (event_rf | event_inversion)) {
       const Op<V> o =
           (ev.flags & event_rf) ? pulse_op<V, true>(s, ev, cx.rf_uniform, lt, 1.0f, 0.0f) : inversion_op<V>(lt);
+      const IvCoef<V>& c = cached;
       for (int64_t j = 0; j < n; ++j) {
         const Buf x = a + 6 * j;
         V fpr = x[0], fpi = x[1], fmr = x[2], fmi = x[3], zr = x[4], zi = x[5];
+        if (pending) {
+          const V pr = fpr, mr = fmr;
+          fpr = c.qr * pr - c.qi * fpi;
+          fpi = c.qr * fpi + c.qi * pr;
+          fmr = c.qr * mr + c.qi * fmi;
+          fmi = c.qr * fmi - c.qi * mr;
+          zr = c.e1 * zr;
+          zi = c.e1 * zi;
+          if (j == 0) zr = zr + c.rec;
+        }
         apply_order<V, true>(o, fpr, fpi, fmr, fmi, zr, zi);
         x[0] = fpr;
         x[1] = fpi;
@@ -221,12 +286,21 @@ BLOCHSIM_HD void keyed_play(const EventStream& s, const KeyedProgram& k, const T
         x[4] = zr;
         x[5] = zi;
       }
+      pending = false;
     }
     if (ev.flags & event_readout) {
-      const V f0r = a[0], f0i = a[1];
+      V f0r = a[0], f0i = a[1];
+      if (pending) {
+        const V r = f0r;
+        f0r = cached.qr * r - cached.qi * f0i;
+        f0i = cached.qr * f0i + cached.qi * r;
+      }
       take_readout<V, true>(s, e, ev, cx, f0r, f0i, sink);
     }
-    map(2 * e + 1, nullptr);
+    if (k.slots[2 * e + 1] >= 0) {
+      map(2 * e + 1, pending ? &cached : nullptr);
+      pending = false;
+    }
   }
 }
 

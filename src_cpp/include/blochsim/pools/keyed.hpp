@@ -63,7 +63,9 @@ struct KeyedPoolPlayer : PoolPlayer<S> {
       for (int64_t j = 0; j < nn; ++j) spare[f * K + j] = czero;
     // component c (0 F+, 2 F-, 4 Z) of pool j: row c / 2 · n + j
     for (int64_t e = k.first[map]; e < k.first[map + 1]; ++e) {
-      const int32_t d = k.dst[e], r = k.src[e];
+      // the state is zeroed above: every entry adds (a written one too)
+      const int32_t d = k.dst[e] & ~1, r = k.src[e];
+      if (r == keyed_zero) continue;
       const bool conj_ = r < 0;
       const int32_t from = conj_ ? -1 - r : r;
       const Cx<S>* a = this->x + (from % 6 / 2) * n * K + from / 6;
