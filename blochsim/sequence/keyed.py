@@ -333,16 +333,21 @@ def build(stream, b1=(1.0, 1.0), t1_max=math.inf, t2_max=math.inf, prune=PRUNE):
             newK, nP, nM, nZ = newK[keep], nP[keep], nM[keep], nZ[keep]
             S = int(keep.sum())
         # each component's first entry writes it (the destination's lowest
-        # bit), components no entry reaches are written zero, the rest add
+        # bit), components no entry reaches are written zero, the rest add:
+        # every component's second entry, then every third, ..., so that
+        # consecutive additions rarely wait on each other's stores
         order = np.argsort(dst, kind="stable")
         dst, src = dst[order], np.where(cj, -1 - src, src)[order]
         lead = np.ones(dst.size, bool)
         lead[1:] = dst[1:] != dst[:-1]
+        rank = np.arange(dst.size) - np.maximum.accumulate(np.where(lead, np.arange(dst.size), 0))
+        later = np.flatnonzero(~lead)
+        later = later[np.lexsort((dst[later], rank[later]))]
         reached = np.zeros(3 * S, bool)
         reached[dst // 2] = True
         unreached = 2 * np.flatnonzero(~reached)
-        dst = np.concatenate([unreached + 1, dst[lead] + 1, dst[~lead]])
-        src = np.concatenate([np.full(unreached.size, KEYED_ZERO), src[lead], src[~lead]])
+        dst, src = (np.concatenate([unreached + 1, dst[lead] + 1, dst[later]]),
+                    np.concatenate([np.full(unreached.size, KEYED_ZERO), src[lead], src[later]]))
         dsts.append(dst.astype(np.int32))
         srcs.append(src.astype(np.int32))
         entries += dst.size
@@ -405,8 +410,18 @@ def one_order_work(stream, states):
     """The orders the one-order kernel plays for one voxel of ``stream``
     (its band, the orders its shifts so far can have reached, at most
     ``states``, summed over events)."""
+    hit = _WORK.get((id(stream), states))
+    if hit is not None and hit[0] is stream:
+        return hit[1]
     sh = np.abs(np.asarray(stream.shift_before, dtype=np.int64)) + np.abs(np.asarray(stream.shift_after, dtype=np.int64))
-    return int(np.minimum(states, 1 + np.cumsum(sh)).sum())
+    work = int(np.minimum(states, 1 + np.cumsum(sh)).sum())
+    if len(_WORK) >= 16:
+        _WORK.pop(next(iter(_WORK)))
+    _WORK[(id(stream), states)] = (stream, work)
+    return work
+
+
+_WORK: dict = {}
 
 
 def may_prefer(stream, states):

@@ -211,9 +211,10 @@ BLOCHSIM_HD void keyed_play(const EventStream& s, const KeyedProgram& k, const T
     n = nn;
   };
   // An interval's relaxation is pending until the next pass over the slots
-  // (a map, or a pulse's loop) applies it as it reads them; a readout
-  // before that reads the origin relaxed.  Relaxation commutes with the
-  // maps (q on F+, conj(q) on F-, e1 on Z, the origin's Z kept).
+  // (a map, or a pulse's loop) applies it as it reads them (intervals
+  // before that compose); a readout before that reads the origin relaxed.
+  // Relaxation commutes with the maps (q on F+, conj(q) on F-, e1 on Z,
+  // the origin's Z kept).
   auto relax = [&](const IvCoef<V>& c, int64_t iv) {
     for (int64_t j = 0; j < n; ++j) {
       const Buf x = a + 6 * j;
@@ -244,27 +245,39 @@ BLOCHSIM_HD void keyed_play(const EventStream& s, const KeyedProgram& k, const T
     }
     a[4] = a[4] + c.rec;
   };
+  // the relaxation pending: the intervals since the last pass, composed
+  IvCoef<V> pend{};
   bool pending = false;
   for (int64_t e = 0; e < s.n_events; ++e) {
     const EventRecord ev = load_event(s, e);
     if (ev.interval >= 0) {
-      if (pending) relax(cached, cached_iv);
       if (ev.interval != cached_iv) {
         cached = ivt ? load_coef(ivt + 6 * ev.interval) : interval_coef<V, M>(s, lt, ev.interval);
         cached_iv = ev.interval;
       }
-      // a slot's diffusion needs its wavenumber before the map: at once
-      pending = !diffuses;
-      if (diffuses) relax(cached, cached_iv);
+      if (diffuses) {
+        // a slot's diffusion needs its wavenumber before the map: at once
+        relax(cached, cached_iv);
+      } else if (pending) {
+        // q1 then q2 is q1 q2; Z0 = e1_2 (e1_1 Z0 + rec_1) + rec_2
+        const V qr = pend.qr * cached.qr - pend.qi * cached.qi, qi = pend.qr * cached.qi + pend.qi * cached.qr;
+        pend.qr = qr;
+        pend.qi = qi;
+        pend.rec = cached.e1 * pend.rec + cached.rec;
+        pend.e1 = pend.e1 * cached.e1;
+      } else {
+        pend = cached;
+        pending = true;
+      }
     }
     if (k.slots[2 * e] >= 0) {
-      map(2 * e, pending ? &cached : nullptr);
+      map(2 * e, pending ? &pend : nullptr);
       pending = false;
     }
     if (ev.flags & (event_rf | event_inversion)) {
       const Op<V> o =
           (ev.flags & event_rf) ? pulse_op<V, true>(s, ev, cx.rf_uniform, lt, 1.0f, 0.0f) : inversion_op<V>(lt);
-      const IvCoef<V>& c = cached;
+      const IvCoef<V>& c = pend;
       for (int64_t j = 0; j < n; ++j) {
         const Buf x = a + 6 * j;
         V fpr = x[0], fpi = x[1], fmr = x[2], fmi = x[3], zr = x[4], zi = x[5];
@@ -292,13 +305,13 @@ BLOCHSIM_HD void keyed_play(const EventStream& s, const KeyedProgram& k, const T
       V f0r = a[0], f0i = a[1];
       if (pending) {
         const V r = f0r;
-        f0r = cached.qr * r - cached.qi * f0i;
-        f0i = cached.qr * f0i + cached.qi * r;
+        f0r = pend.qr * r - pend.qi * f0i;
+        f0i = pend.qr * f0i + pend.qi * r;
       }
       take_readout<V, true>(s, e, ev, cx, f0r, f0i, sink);
     }
     if (k.slots[2 * e + 1] >= 0) {
-      map(2 * e + 1, pending ? &cached : nullptr);
+      map(2 * e + 1, pending ? &pend : nullptr);
       pending = false;
     }
   }
