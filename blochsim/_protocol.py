@@ -288,10 +288,10 @@ class Played(Base):
                 f"voxel_size_m={p['voxel_size_m']!r})")
         if s.moments is not None and not keyed:
             raise TypeError(f"{type(self).__name__}: this sequence's gradient moments need the moment-keyed EPG "
-                            "(states keyed by 3-D moment), which plays simulate (on the host or the GPU; with "
-                            "pools on the host) and jacobian (on the host): vjp, jacobian_vjp and the GPU's "
-                            "jacobian are not played on it yet (read the file with axis= and unit= to put its "
-                            "moments on one EPG order)")
+                            "(states keyed by 3-D moment), which plays simulate, jacobian and vjp with respect "
+                            "to tissue properties: jacobian_vjp (second order in protocol parameters) is not "
+                            "played on it yet (read the file with axis= and unit= to put its moments on one EPG "
+                            "order)")
         if "inv_efficiency" in present and not np.any(s.flags & EV_INVERSION):
             self._refuse_idle_inversion()
         states = p["states"] if p["states"] is not None else max(8, 1 + s.total_shifts)

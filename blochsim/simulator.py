@@ -27,7 +27,11 @@ import numpy as np
 
 from blochsim import _backend_device, _backend_host, _backend_pooled, _dispatch, _modifiers, _pools, _reverse
 from blochsim._closed_form import ClosedFormSimulator
+from blochsim import _validate
 from blochsim._device import device_inputs
+from blochsim._device import device_results as _device_results
+from blochsim._device import from_host as _from_host
+from blochsim._device import to_host as _to_host
 from blochsim._protocol import PLAYED_COMMON, Played, check_diff_values
 
 __all__ = ["ClosedFormSimulator", "PLAYED_COMMON", "Simulator"]
@@ -289,6 +293,17 @@ class Simulator(Played):
             return out if out is not None else (signal, J[..., 0, :] if one and isinstance(J, np.ndarray) else J)
         owner = f"{type(self).__name__}.jacobian"
         fields, scale = _reverse.fields_and_scale(names)
+        if route.device == "cuda" and self._packed(p).moments is not None:
+            signal, J, library = self._keyed_jacobian_on_host(p, tissue, route, names)
+            if library is None and "out" not in route.on_device:
+                if out is None:
+                    return signal, J[..., 0, :] if one else J
+                for name, a, want in zip(("out[0]", "out[1]"), out, (signal.shape, (J[..., 0, :] if one else J).shape)):
+                    _validate.check_host_out(name, a, want)
+                out[0][...] = signal
+                out[1][...] = J[..., 0, :] if one else J
+                return out
+            return _device_results(signal, J, out, library or "numpy", names)
         if route.device == "cuda":
             intake = device_inputs(tissue, route.on_device)
             _, ps, states, real = self._stream_for(p, set(tissue))
@@ -361,6 +376,8 @@ class Simulator(Played):
         check_diff_values(tissue_names, tissue, "vjp")
         route = _dispatch.route(self.device, self.threads, tissue)
         stream, prov, pshapes = self._traced_stream(p, proto, protocol_names)
+        if stream.moments is not None:
+            return self._keyed_vjp(p, tissue, route, protocol_names, tissue_names)
         tissue, pooled = self._pooled_call(p, tissue, tissue_names, stream)
         if pooled is not None:
             pools, s, ps = pooled
@@ -444,6 +461,52 @@ class Simulator(Played):
         s, ps, _, _ = self._stream_for(p, set(arrays), stream)
         return _backend_host.jacobian_vjp(owner, s, ps, arrays, shape, names, one, wrt_names, p, prov, pshapes,
                                           route.threads, self._host_variant)
+
+    def _keyed_jacobian_on_host(self, p, tissue, route, names):
+        """The signal and Jacobian (*voxels, len(names), samples) of a
+        stream of 3-D moments on the host's moment-keyed EPG (its Jacobian
+        is not played on the card), pools included, device arrays copied
+        through the host; with the library of the device inputs (None
+        without one)."""
+        owner = f"{type(self).__name__}.jacobian"
+        tissue, library = _backend_pooled.stage(route, tissue)
+        host = route._replace(device="cpu", on_device=[])
+        tissue, pooled = self._pooled_call(p, tissue, names, keyed=True)
+        if pooled is not None:
+            pools, s, ps = pooled
+            signal, J = _backend_pooled.play(type(self).__name__, ps, _pools.LINESHAPES.index(p["lineshape"]), tissue,
+                                             pools, host, names, None, self._host_variant, keyed=s)
+            return signal, J, library
+        fields, scale = _reverse.fields_and_scale(names)
+        arrays, shape = self._tissue(tissue)
+        s, ps, _, _ = self._stream_for(p, set(arrays), keyed=True)
+        signal, J = _backend_host.keyed_jacobian(owner, s, ps, arrays, shape, fields, scale, False, route.threads)
+        return signal, J, library
+
+    def _keyed_vjp(self, p, tissue, route, protocol_names, tissue_names):
+        """vjp of a stream of 3-D moments: the pullback of the moment-keyed
+        Jacobian (forward mode along the tissue names, exact), on the host;
+        the keyed maps are not differentiated with respect to protocol
+        parameters."""
+        owner = f"{type(self).__name__}.vjp"
+        if protocol_names:
+            raise TypeError(f"{owner}: this sequence's gradient moments need the moment-keyed EPG, whose vjp "
+                            f"reaches tissue properties only, not the protocol parameters "
+                            f"{list(protocol_names)} (read the file with axis= and unit= to put its moments on "
+                            "one EPG order)")
+        staged, library = _backend_pooled.stage(route, tissue)
+        tshapes = {k: np.shape(staged[k]) for k in tissue_names}
+        signal, J, _ = self._keyed_jacobian_on_host(p, tissue, route, tissue_names)
+
+        def pullback(cotangent):
+            if library is not None and not isinstance(cotangent, np.ndarray):
+                cotangent = _to_host("cotangent", cotangent, allow_complex64=True)
+            cot = _reverse.cotangent(cotangent, signal.shape, dtype=np.complex128)
+            # dL/dθ = Σ_samples Re(conj(cot) ∂s/∂θ) (cot = dL/dRe s + i dL/dIm s)
+            return {k: _reverse.reduce_to(np.sum((np.conj(cot) * J[..., j, :]).real, axis=-1), tshapes[k])
+                    for j, k in enumerate(tissue_names)}
+
+        return (signal if library is None else _from_host(signal, library)), pullback
 
     def _pooled_call(self, p, tissue, names, stream=None, keyed=False):
         """The tissue of a call with its idle pools dropped and, for a call

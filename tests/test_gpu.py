@@ -686,3 +686,13 @@ def test_moment_keyed_epg_on_the_card_equals_the_host():
     dev = {k: blochsim.DeviceArray.from_numpy(v.astype(np.float32)) for k, v in small.items()}
     pooled = _KeyedTrain().simulate(**dev, **pools)
     assert isinstance(pooled, blochsim.DeviceArray) and rel(pooled.get(), host) < 1e-6
+    # its Jacobian and vjp play on the host: device arrays in, device arrays out
+    small = {k: v[:200] for k, v in tissue.items()}
+    dev = {k: blochsim.DeviceArray.from_numpy(v.astype(np.float32)) for k, v in small.items()}
+    s0, J0 = _KeyedTrain().jacobian(("T2", "B1"), **small)
+    s1, J1 = _KeyedTrain().jacobian(("T2", "B1"), **dev)
+    assert isinstance(J1, blochsim.DeviceArray) and rel(s1.get(), s0) < 1e-5 and rel(J1.get(), J0) < 1e-4
+    s2, pb = _KeyedTrain(device="cuda").vjp(["T2"], **small)
+    assert isinstance(s2, np.ndarray) and rel(s2, s0) < 1e-5
+    np.testing.assert_allclose(pb(2 * s2)["T2"], np.sum((np.conj(2 * s2) * J0[:, 0]).real, axis=-1), rtol=1e-4,
+                               atol=1e-9)

@@ -96,14 +96,18 @@ What is read, and the model
   the threshold lowered until the largest change of any sample they can
   cause is at most 1e-5 of M0 (rotations, shifts and relaxation never
   lengthen the magnetisation in L2, so what an event drops moves later
-  samples by at most its L2 length; the lengths add over the events).  As on one order, every state off the origin's cell counts as
-  dephased across the voxel.  It plays ``simulate`` on the host and the
-  GPU and ``jacobian`` on the host (dual numbers through the same maps),
-  with relaxation, B0, B1, shaped pulses and D (each state diffusing with
-  its exact moment, the moment of an interval applied at its gradients'
+  samples by at most its L2 length; the lengths add over the events).  As
+  on one order, every state off the origin's cell counts as dephased
+  across the voxel.  It plays ``simulate`` on the host and the GPU,
+  ``jacobian`` on the host (dual numbers through the same maps; device
+  arrays go through the host and come back as device arrays) and ``vjp``
+  with respect to tissue properties (the pullback of that Jacobian), with
+  relaxation, B0, B1, shaped pulses and D (each state diffusing with its
+  exact moment, the moment of an interval applied at its gradients'
   centroid: within 3 % of the waveform's b for lobes short beside their
   gap), and pools (on the host, one voxel at a time in double precision);
-  ``vjp``, the GPU's ``jacobian`` and v are refused by name.  A call
+  ``jacobian_vjp``, ``vjp`` with respect to protocol parameters and v are
+  refused by name.  A call
   expected to take over 30 s says so with its estimate (states x events
   x voxels) and shows its progress.  A file one order holds plays
   ``simulate`` and ``jacobian`` on the host on the moment-keyed EPG too
