@@ -1203,6 +1203,32 @@ def test_keyed_by_moment_drops_only_states_no_readout_can_reach(tmp_path, monkey
     np.testing.assert_allclose(sim.simulate(**tissue), s, atol=1e-6, rtol=0)
     np.testing.assert_allclose(s, oracle(path, **tissue, axes=(0, 2)), atol=TOL, rtol=0)
 
+
+def test_the_core_refuses_a_keyed_program_past_its_slots(tmp_path):
+    """A program's entries are checked before any block plays: a run of
+    zeros or a source past the map's slots is refused, not read."""
+    from blochsim import _backend_host, _core
+    from blochsim.sequence import keyed
+
+    sim = Simulator.from_pulseq(tse_unequal(tmp_path / "unequal.seq", echoes=6))
+    p = sim._protocol_values({})
+    s, ps, _, _ = sim._stream_for(p, {"T1", "T2"}, keyed=True)
+    arrays, shape = sim._tissue(dict(TISSUE))
+    si = _backend_host.si_planes(arrays, shape)
+    prog = keyed.program_for("test", s, si, list(_core.TISSUE_FIELDS))
+    out = np.empty((1, ps.n_samples), np.complex64)
+    _core.forward_host(ps, si, 1, out, 1, program=prog)
+    runs = np.flatnonzero(prog.src <= keyed.KEYED_ZERO + (1 << 24) - 1)
+    adds = np.flatnonzero(prog.src >= 0)
+    assert runs.size and adds.size
+    for j, value in ((runs[0], keyed.KEYED_ZERO + prog.max_slots), (adds[-1], 6 * prog.max_slots)):
+        src = prog.src.copy()
+        src[j] = value
+        bad = keyed.KeyedProgram(prog.slots, prog.first, prog.dst, src, prog.max_slots, 0.0, prog.cost, prog.k2,
+                                 prog.k2_first)
+        with pytest.raises(ValueError):
+            _core.forward_host(ps, si, 1, out, 1, program=bad)
+
 def mprage_like(path, n=12, flip=8.0, TR=8e-3, TI=40e-3, inc=117.0):
     """An MPRAGE-like block (the form of pypulseq's MPRAGE examples): a
     non-selective 180° inversion and its spoiler on z, then n RF-spoiled

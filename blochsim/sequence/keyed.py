@@ -47,7 +47,8 @@ PRUNE = 1e-7
 #: summed bound of the states dropped, the largest change of any sample, is
 #: at most this (a fraction of M0)
 ERROR_BOUND = 1e-5
-#: the source of an entry that writes zero (the core's keyed_zero)
+#: the source of an entry that writes zero (the core's keyed_zero; plus r:
+#: the same component of the r slots after it too)
 KEYED_ZERO = -(1 << 31)
 #: a lattice cell, in lattice steps (moments within about one step of each
 #: other share a cell): irrational, so that no moment a file writes (a
@@ -82,9 +83,10 @@ class KeyedProgram:
     slots : ndarray, int32, (2 n_events,)
     first : ndarray, int64, (2 n_events + 1,)
     dst, src : ndarray, int32, (entries,)
-        Per map: the entries that write a component (zero, from source
-        KEYED_ZERO, or its first source; the destination + 1), then those
-        that add to it (src_cpp/include/blochsim/epg/keyed.hpp).
+        Per map: the entries that write a component (zero, from a source
+        KEYED_ZERO + r for a run of r + 1 slots, or its first source; the
+        destination + 1), then those that add to it
+        (src_cpp/include/blochsim/epg/keyed.hpp).
     max_slots : int
         The most states any event holds.
     error_bound : float
@@ -345,9 +347,16 @@ def build(stream, b1=(1.0, 1.0), t1_max=math.inf, t2_max=math.inf, prune=PRUNE):
         later = later[np.lexsort((dst[later], rank[later]))]
         reached = np.zeros(3 * S, bool)
         reached[dst // 2] = True
-        unreached = 2 * np.flatnonzero(~reached)
-        dst, src = (np.concatenate([unreached + 1, dst[lead] + 1, dst[later]]),
-                    np.concatenate([np.full(unreached.size, KEYED_ZERO), src[lead], src[later]]))
+        # the unreached, one entry a run of consecutive slots' same component
+        c, s = np.divmod(np.flatnonzero(~reached.reshape(S, 3).T), S)
+        start = np.ones(s.size, bool)
+        start[1:] = (np.diff(s) != 1) | (np.diff(c) != 0)
+        begin = np.flatnonzero(start)
+        length = np.diff(np.append(begin, s.size))
+        zero_dst = 6 * s[begin] + 2 * c[begin] + 1
+        zero_src = KEYED_ZERO + (length - 1)
+        dst, src = (np.concatenate([zero_dst, dst[lead] + 1, dst[later]]),
+                    np.concatenate([zero_src, src[lead], src[later]]))
         dsts.append(dst.astype(np.int32))
         srcs.append(src.astype(np.int32))
         entries += dst.size

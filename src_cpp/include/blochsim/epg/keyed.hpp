@@ -41,11 +41,13 @@ namespace blochsim {
 // names the real part (c even), and moves the imaginary part with it.  A
 // negative source -1 - i takes component i conjugated.  A destination with
 // its lowest bit set (c + 1) is written, not added to: a component's first
-// entry, so that the state after a map needs no zeroing; source keyed_zero
-// writes zero (a component no entry reaches).  Every component of a map's
-// slots is written before anything is added to it.  slots[m] = -1: the map
-// is the identity (no entries).
+// entry, so that the state after a map needs no zeroing; a source
+// keyed_zero + r (r < 2^24) writes zero into the component dst names and
+// the same component of the r slots after it (components no entry
+// reaches).  Every component of a map's slots is written before anything
+// is added to it.  slots[m] = -1: the map is the identity (no entries).
 constexpr int32_t keyed_zero = INT32_MIN;
+constexpr int32_t keyed_zero_last = INT32_MIN + (1 << 24) - 1;
 
 struct KeyedProgram {
   int64_t n_events = 0;
@@ -82,7 +84,11 @@ inline int validate_keyed(const EventStream& s, const KeyedProgram& k) {
     for (int64_t j = a; j < b; ++j) {
       const int64_t d = k.dst[j] & ~int64_t{1};
       if (d < 0 || d >= 6 * static_cast<int64_t>(k.slots[m])) return bad_shape;
-      if (k.src[j] == keyed_zero) continue;
+      if (k.src[j] <= keyed_zero_last) {
+        if (d + 6 * static_cast<int64_t>(k.src[j] - keyed_zero) >= 6 * static_cast<int64_t>(k.slots[m]))
+          return bad_shape;
+        continue;
+      }
       const int64_t r = k.src[j] < 0 ? -1 - static_cast<int64_t>(k.src[j]) : k.src[j];
       if (r % 2 != 0 || r >= 6 * before) return bad_shape;
     }
@@ -167,9 +173,11 @@ BLOCHSIM_HD void keyed_play(const EventStream& s, const KeyedProgram& k, const T
       for (int64_t j = j0; j < j1; ++j) {
         const int32_t d = k.dst[j], r = k.src[j];
         const int32_t w = d & ~1;
-        if (r == keyed_zero) {
-          b[w] = V{};
-          b[w + 1] = V{};
+        if (r <= keyed_zero_last) {
+          for (int32_t i = 0; i <= r - keyed_zero; ++i) {
+            b[w + 6 * i] = V{};
+            b[w + 6 * i + 1] = V{};
+          }
           continue;
         }
         const int32_t from = r >= 0 ? r : -1 - r;
@@ -189,9 +197,11 @@ BLOCHSIM_HD void keyed_play(const EventStream& s, const KeyedProgram& k, const T
       for (int64_t j = j0; j < j1; ++j) {
         const int32_t d = k.dst[j], r = k.src[j];
         const int32_t w = d & ~1;
-        if (r == keyed_zero) {
-          b[w] = V{};
-          b[w + 1] = V{};
+        if (r <= keyed_zero_last) {
+          for (int32_t i = 0; i <= r - keyed_zero; ++i) {
+            b[w + 6 * i] = V{};
+            b[w + 6 * i + 1] = V{};
+          }
           continue;
         }
         const int32_t from = r >= 0 ? r : -1 - r;
