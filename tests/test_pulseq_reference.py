@@ -696,7 +696,7 @@ def isochromat_ensemble(path, T1, T2, B0=0.0, axes=(0, 2), N=400):
     return np.array(out)
 
 
-@pytest.mark.parametrize("flip,slice_pos", [(120.0, 0.0), (120.0, 5.1e-3)])
+@pytest.mark.parametrize("flip,slice_pos", [(120.0, 0.0), (120.0, 5.1e-3), (180.0, 0.0)])
 def test_turbo_spin_echo_against_an_isochromat_ensemble(tmp_path, flip, slice_pos):
     """The CPMG files against isochromats (no Fourier states): the check of
     the exact-moment oracle itself and of the reader at once."""
