@@ -240,6 +240,7 @@ cdef object _keyed_program(KeyedProgram* k, PackedStream ps, program):
     cdef const int32_t[::1] src = program.src
     cdef const double[::1] k2 = program.k2
     cdef const int64_t[::1] k2_first = program.k2_first
+    cdef const uint8_t[::1] reach = program.reach
     if slots.shape[0] != 2 * ps.s.n_events or first.shape[0] != 2 * ps.s.n_events + 1 or dst.shape[0] != src.shape[0]:
         raise ValueError("blochsim internal error: the keyed program does not fit its stream")
     k.n_events = ps.s.n_events
@@ -250,13 +251,16 @@ cdef object _keyed_program(KeyedProgram* k, PackedStream ps, program):
     if dst.shape[0] > 0:
         k.dst = &dst[0]
         k.src = &src[0]
+    k.n_reach = reach.shape[0]
+    if reach.shape[0] > 0:
+        k.reach = &reach[0]
     if k2_first.shape[0] != 2 * ps.s.n_events:
         raise ValueError("blochsim internal error: the keyed program's wavenumbers do not fit its stream")
     k.n_k2 = k2.shape[0]
     if k2.shape[0] > 0 and ps.s.n_events > 0:
         k.k2 = &k2[0]
         k.k2_first = &k2_first[0]
-    return (slots, first, dst, src, k2, k2_first)
+    return (slots, first, dst, src, k2, k2_first, reach)
 
 
 cdef list _host_pools(Pools* p, tuple pools, int n_exchanging, bint bound, int lineshape):

@@ -1,5 +1,5 @@
 # Declarations of src_cpp/host/dispatch.hpp (the host backend entry points).
-from libc.stdint cimport int32_t, int64_t, uint32_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
 
 from blochsim._events cimport EventStream, Pools, Tissue
 
@@ -42,6 +42,8 @@ cdef extern from "blochsim/epg/keyed.hpp" namespace "blochsim" nogil:
         const int64_t* first
         const int32_t* dst
         const int32_t* src
+        int64_t n_reach
+        const uint8_t* reach
         int64_t n_k2
         const double* k2
         const int64_t* k2_first

@@ -1205,8 +1205,9 @@ def test_keyed_by_moment_drops_only_states_no_readout_can_reach(tmp_path, monkey
 
 
 def test_the_core_refuses_a_keyed_program_past_its_slots(tmp_path):
-    """A program's entries are checked before any block plays: a run of
-    zeros or a source past the map's slots is refused, not read."""
+    """A program's entries and its reach are checked before any block
+    plays: a source past the map's slots, a reach that misses slots or the
+    origin's Z, are refused, not read."""
     from blochsim import _backend_host, _core
     from blochsim.sequence import keyed
 
@@ -1218,14 +1219,14 @@ def test_the_core_refuses_a_keyed_program_past_its_slots(tmp_path):
     prog = keyed.program_for("test", s, si, list(_core.TISSUE_FIELDS))
     out = np.empty((1, ps.n_samples), np.complex64)
     _core.forward_host(ps, si, 1, out, 1, program=prog)
-    runs = np.flatnonzero(prog.src <= keyed.KEYED_ZERO + (1 << 24) - 1)
-    adds = np.flatnonzero(prog.src >= 0)
-    assert runs.size and adds.size
-    for j, value in ((runs[0], keyed.KEYED_ZERO + prog.max_slots), (adds[-1], 6 * prog.max_slots)):
-        src = prog.src.copy()
-        src[j] = value
-        bad = keyed.KeyedProgram(prog.slots, prog.first, prog.dst, src, prog.max_slots, 0.0, prog.cost, prog.k2,
-                                 prog.k2_first)
+    assert prog.reach.size == prog.slots[prog.slots >= 0].sum() and np.all(prog.reach[:1] & 4)
+    src = prog.src.copy()
+    src[np.flatnonzero(src >= 0)[-1]] = 6 * prog.max_slots
+    no_origin_z = prog.reach.copy()
+    no_origin_z[0] &= 3
+    for bad_src, reach in ((src, prog.reach), (prog.src, prog.reach[:-1]), (prog.src, no_origin_z)):
+        bad = keyed.KeyedProgram(prog.slots, prog.first, prog.dst, bad_src, prog.max_slots, 0.0, prog.cost, prog.k2,
+                                 prog.k2_first, np.ascontiguousarray(reach))
         with pytest.raises(ValueError):
             _core.forward_host(ps, si, 1, out, 1, program=bad)
 

@@ -47,9 +47,6 @@ PRUNE = 1e-7
 #: summed bound of the states dropped, the largest change of any sample, is
 #: at most this (a fraction of M0)
 ERROR_BOUND = 1e-5
-#: the source of an entry that writes zero (the core's keyed_zero; plus r:
-#: the same component of the r slots after it too)
-KEYED_ZERO = -(1 << 31)
 #: a lattice cell, in lattice steps (moments within about one step of each
 #: other share a cell): irrational, so that no moment a file writes (a
 #: rational number of steps) sits on a cell boundary
@@ -83,10 +80,12 @@ class KeyedProgram:
     slots : ndarray, int32, (2 n_events,)
     first : ndarray, int64, (2 n_events + 1,)
     dst, src : ndarray, int32, (entries,)
-        Per map: the entries that write a component (zero, from a source
-        KEYED_ZERO + r for a run of r + 1 slots, or its first source; the
+        Per map: the entries that write a component (its first source; the
         destination + 1), then those that add to it
         (src_cpp/include/blochsim/epg/keyed.hpp).
+    reach : ndarray, uint8, (slots summed over the maps,)
+        Per map, per slot: the components it reaches (F+ 1, F- 2, Z 4); the
+        others are zero.
     max_slots : int
         The most states any event holds.
     error_bound : float
@@ -100,8 +99,8 @@ class KeyedProgram:
     k2_first : ndarray, int64, (2 n_events,)
     """
 
-    def __init__(self, slots, first, dst, src, max_slots, error_bound, cost, k2, k2_first):
-        self.slots, self.first, self.dst, self.src = slots, first, dst, src
+    def __init__(self, slots, first, dst, src, max_slots, error_bound, cost, k2, k2_first, reach):
+        self.slots, self.first, self.dst, self.src, self.reach = slots, first, dst, src, reach
         self.max_slots, self.error_bound, self.cost = max_slots, error_bound, cost
         self.k2, self.k2_first = k2, k2_first
 
@@ -255,7 +254,7 @@ def build(stream, b1=(1.0, 1.0), t1_max=math.inf, t2_max=math.inf, prune=PRUNE):
     bP, bM, bZ = np.zeros(1), np.zeros(1), np.ones(1)
     slots = np.full(2 * n, -1, dtype=np.int32)
     first = np.zeros(2 * n + 1, dtype=np.int64)
-    dsts, srcs, k2s = [], [], []
+    dsts, srcs, k2s, reaches = [], [], [], []
     k2_first = np.zeros(2 * n, dtype=np.int64)
     entries, error, max_slots, cost, k2_count = 0, 0.0, 1, 0, 0
 
@@ -279,7 +278,7 @@ def build(stream, b1=(1.0, 1.0), t1_max=math.inf, t2_max=math.inf, prune=PRUNE):
         if readable[m] is not None:
             live &= _near(moved, readable[m][0], drift[m])
         moved, src_slot, src_part, src_b, src_conj = (x[live] for x in (moved, src_slot, src_part, src_b, src_conj))
-        zs = old[bZ > 0]
+        zs = old[(bZ > 0) | (old == 0)]  # the origin's Z always (the recovery joins it)
         zs = zs[np.all(np.abs(K[zs]) <= reach, axis=1) | (zs == 0)]
         if readable[m] is not None:
             zs = zs[_near(K[zs], readable[m][1], drift[m]) | (zs == 0)]
@@ -345,18 +344,12 @@ def build(stream, b1=(1.0, 1.0), t1_max=math.inf, t2_max=math.inf, prune=PRUNE):
         rank = np.arange(dst.size) - np.maximum.accumulate(np.where(lead, np.arange(dst.size), 0))
         later = np.flatnonzero(~lead)
         later = later[np.lexsort((dst[later], rank[later]))]
-        reached = np.zeros(3 * S, bool)
-        reached[dst // 2] = True
-        # the unreached, one entry a run of consecutive slots' same component
-        c, s = np.divmod(np.flatnonzero(~reached.reshape(S, 3).T), S)
-        start = np.ones(s.size, bool)
-        start[1:] = (np.diff(s) != 1) | (np.diff(c) != 0)
-        begin = np.flatnonzero(start)
-        length = np.diff(np.append(begin, s.size))
-        zero_dst = 6 * s[begin] + 2 * c[begin] + 1
-        zero_src = KEYED_ZERO + (length - 1)
-        dst, src = (np.concatenate([zero_dst, dst[lead] + 1, dst[later]]),
-                    np.concatenate([zero_src, src[lead], src[later]]))
+        # which components of each slot the map reaches (F+ 1, F- 2, Z 4):
+        # the others are zero, and are not stored
+        reached = np.zeros(3 * S, np.uint8)
+        reached[dst // 2] = 1
+        reaches.append((reached.reshape(S, 3) @ np.array([1, 2, 4], np.uint8)).astype(np.uint8))
+        dst, src = np.concatenate([dst[lead] + 1, dst[later]]), np.concatenate([src[lead], src[later]])
         dsts.append(dst.astype(np.int32))
         srcs.append(src.astype(np.int32))
         entries += dst.size
@@ -403,8 +396,9 @@ def build(stream, b1=(1.0, 1.0), t1_max=math.inf, t2_max=math.inf, prune=PRUNE):
     dst = np.concatenate(dsts) if dsts else np.zeros(0, np.int32)
     src = np.concatenate(srcs) if srcs else np.zeros(0, np.int32)
     k2 = np.concatenate(k2s) if k2s else np.zeros(0)
+    reach = np.concatenate(reaches) if reaches else np.zeros(0, np.uint8)
     return KeyedProgram(slots, first, np.ascontiguousarray(dst), np.ascontiguousarray(src), max_slots, error, cost,
-                        np.ascontiguousarray(k2, dtype=np.float64), k2_first)
+                        np.ascontiguousarray(k2, dtype=np.float64), k2_first, np.ascontiguousarray(reach))
 
 
 #: a host call on one EPG order plays the moment-keyed program instead when

@@ -34,6 +34,7 @@ inline int upload_program(const KeyedProgram& k, KeyedProgram& dk, void** buf, c
   const size_t o_slots = put(h, k.slots, maps), o_first = put(h, k.first, maps + 1);
   const size_t o_dst = put(h, k.dst, entries), o_src = put(h, k.src, entries);
   const size_t o_k2 = k.k2 ? put(h, k.k2, k.n_k2) : 0, o_k2f = k.k2 ? put(h, k.k2_first, maps) : 0;
+  const size_t o_reach = k.reach ? put(h, k.reach, k.n_reach) : 0;
   h.resize(std::max<size_t>(h.size(), 16));
   BLOCHSIM_CUDA(pool_malloc(buf, h.size(), st), "cudaMallocFromPoolAsync (keyed program)");
   BLOCHSIM_CUDA(cudaMemcpyAsync(*buf, h.data(), h.size(), cudaMemcpyHostToDevice, st), "copy of the keyed program");
@@ -45,6 +46,7 @@ inline int upload_program(const KeyedProgram& k, KeyedProgram& dk, void** buf, c
   dk.src = reinterpret_cast<const int32_t*>(b + o_src);
   dk.k2 = k.k2 ? reinterpret_cast<const double*>(b + o_k2) : nullptr;
   dk.k2_first = k.k2 ? reinterpret_cast<const int64_t*>(b + o_k2f) : nullptr;
+  dk.reach = k.reach ? reinterpret_cast<const uint8_t*>(b + o_reach) : nullptr;
   return ok;
 }
 

@@ -19,7 +19,6 @@
 // the host (blochsim/sequence/keyed.py); the same maps serve every problem.
 #pragma once
 
-#include <climits>
 #include <cstdint>
 
 #include <type_traits>
@@ -41,14 +40,12 @@ namespace blochsim {
 // names the real part (c even), and moves the imaginary part with it.  A
 // negative source -1 - i takes component i conjugated.  A destination with
 // its lowest bit set (c + 1) is written, not added to: a component's first
-// entry, so that the state after a map needs no zeroing; a source
-// keyed_zero + r (r < 2^24) writes zero into the component dst names and
-// the same component of the r slots after it (components no entry
-// reaches).  Every component of a map's slots is written before anything
-// is added to it.  slots[m] = -1: the map is the identity (no entries).
-constexpr int32_t keyed_zero = INT32_MIN;
-constexpr int32_t keyed_zero_last = INT32_MIN + (1 << 24) - 1;
-
+// entry; every component a map reaches is written before anything is
+// added to it, and reach[] says which: per map with slots, one byte a slot
+// (bit 0 F+, bit 1 F-, bit 2 Z), the maps' bytes in order.  A component a
+// map does not reach is zero and is not stored (nothing reads it but a
+// pulse, which takes it as zero); the origin's Z is always reached.
+// slots[m] = -1: the map is the identity (no entries).
 struct KeyedProgram {
   int64_t n_events = 0;
   int32_t max_slots = 1;               // the most slots any map writes (and 1)
@@ -56,6 +53,8 @@ struct KeyedProgram {
   const int64_t* first = nullptr;      // (2 n_events + 1,) map m's entries: [first[m], first[m + 1])
   const int32_t* dst = nullptr;        // (entries,)
   const int32_t* src = nullptr;        // (entries,)
+  int64_t n_reach = 0;                 // the slots of every map with slots, summed
+  const uint8_t* reach = nullptr;      // (n_reach,)
   // Optional, for diffusion: the squared wavenumber |2 pi k|^2 ((rad/m)^2)
   // of each slot after map m at k2[k2_first[m] + slot] (n_k2 values in
   // all); null: no problem diffuses (a tissue with D is refused).
@@ -70,7 +69,7 @@ inline int validate_keyed(const EventStream& s, const KeyedProgram& k) {
   if (k.n_events != s.n_events || k.max_slots < 1) return bad_shape;
   if (k.n_events == 0) return ok;
   if (!k.slots || !k.first || k.first[0] != 0) return bad_shape;
-  int64_t before = 1;
+  int64_t before = 1, reached = 0;
   for (int64_t m = 0; m < 2 * k.n_events; ++m) {
     const int64_t a = k.first[m], b = k.first[m + 1];
     if (b < a) return bad_shape;
@@ -78,23 +77,20 @@ inline int validate_keyed(const EventStream& s, const KeyedProgram& k) {
       if (b != a) return bad_shape;
       continue;
     }
+    if (!k.reach || reached + k.slots[m] > k.n_reach || !(k.reach[reached] & 4)) return bad_shape;
+    reached += k.slots[m];
     if (k.slots[m] < 1 || k.slots[m] > k.max_slots) return bad_shape;
     if (k.k2 && (!k.k2_first || k.k2_first[m] < 0 || k.k2_first[m] + k.slots[m] > k.n_k2)) return bad_shape;
     if (b > a && (!k.dst || !k.src)) return bad_shape;
     for (int64_t j = a; j < b; ++j) {
       const int64_t d = k.dst[j] & ~int64_t{1};
       if (d < 0 || d >= 6 * static_cast<int64_t>(k.slots[m])) return bad_shape;
-      if (k.src[j] <= keyed_zero_last) {
-        if (d + 6 * static_cast<int64_t>(k.src[j] - keyed_zero) >= 6 * static_cast<int64_t>(k.slots[m]))
-          return bad_shape;
-        continue;
-      }
       const int64_t r = k.src[j] < 0 ? -1 - static_cast<int64_t>(k.src[j]) : k.src[j];
       if (r % 2 != 0 || r >= 6 * before) return bad_shape;
     }
     before = k.slots[m];
   }
-  return ok;
+  return reached == k.n_reach ? ok : bad_shape;
 }
 
 // Whether the program can play tissue t (diffusion needs the slots'
@@ -146,6 +142,10 @@ BLOCHSIM_HD void keyed_play(const EventStream& s, const KeyedProgram& k, const T
   const bool diffuses = t.D_m2_s.present();
   IvCoef<V> cached{};
   int64_t cached_iv = -1;
+  // the components the state holds: every one (null), or the last map's
+  // reach (bit 0 F+, 1 F-, 2 Z a slot); reach: the next map's
+  const uint8_t* mask = nullptr;
+  const uint8_t* reach = k.reach;
   const double* k2 = nullptr;  // the slots' |2 pi k|^2 (slot 0 alone: k = 0 needs none)
   // Map m from a into b, which becomes the state; with c, the interval's
   // relaxation applied to each component as the map reads it (q F+,
@@ -173,13 +173,6 @@ BLOCHSIM_HD void keyed_play(const EventStream& s, const KeyedProgram& k, const T
       for (int64_t j = j0; j < j1; ++j) {
         const int32_t d = k.dst[j], r = k.src[j];
         const int32_t w = d & ~1;
-        if (r <= keyed_zero_last) {
-          for (int32_t i = 0; i <= r - keyed_zero; ++i) {
-            b[w + 6 * i] = V{};
-            b[w + 6 * i + 1] = V{};
-          }
-          continue;
-        }
         const int32_t from = r >= 0 ? r : -1 - r;
         const int q = from % 6 + (r < 0);
         const V re = a[from], im = a[from + 1];
@@ -197,13 +190,6 @@ BLOCHSIM_HD void keyed_play(const EventStream& s, const KeyedProgram& k, const T
       for (int64_t j = j0; j < j1; ++j) {
         const int32_t d = k.dst[j], r = k.src[j];
         const int32_t w = d & ~1;
-        if (r <= keyed_zero_last) {
-          for (int32_t i = 0; i <= r - keyed_zero; ++i) {
-            b[w + 6 * i] = V{};
-            b[w + 6 * i + 1] = V{};
-          }
-          continue;
-        }
         const int32_t from = r >= 0 ? r : -1 - r;
         const V x = a[from], y = r >= 0 ? a[from + 1] : V{} - a[from + 1];
         if (d & 1) {
@@ -219,6 +205,8 @@ BLOCHSIM_HD void keyed_play(const EventStream& s, const KeyedProgram& k, const T
     a = b;
     b = spare;
     n = nn;
+    mask = reach;
+    reach += nn;
   };
   // An interval's relaxation is pending until the next pass over the slots
   // (a map, or a pulse's loop) applies it as it reads them (intervals
@@ -291,6 +279,12 @@ BLOCHSIM_HD void keyed_play(const EventStream& s, const KeyedProgram& k, const T
       for (int64_t j = 0; j < n; ++j) {
         const Buf x = a + 6 * j;
         V fpr = x[0], fpi = x[1], fmr = x[2], fmi = x[3], zr = x[4], zi = x[5];
+        if (mask) {
+          const uint8_t r = mask[j];
+          if (!(r & 1)) fpr = fpi = V{};
+          if (!(r & 2)) fmr = fmi = V{};
+          if (!(r & 4)) zr = zi = V{};
+        }
         if (pending) {
           const V pr = fpr, mr = fmr;
           fpr = c.qr * pr - c.qi * fpi;
@@ -310,9 +304,11 @@ BLOCHSIM_HD void keyed_play(const EventStream& s, const KeyedProgram& k, const T
         x[5] = zi;
       }
       pending = false;
+      mask = nullptr;
     }
     if (ev.flags & event_readout) {
       V f0r = a[0], f0i = a[1];
+      if (mask && !(mask[0] & 1)) f0r = f0i = V{};
       if (pending) {
         const V r = f0r;
         f0r = pend.qr * r - pend.qi * f0i;

@@ -65,7 +65,6 @@ struct KeyedPoolPlayer : PoolPlayer<S> {
     for (int64_t e = k.first[map]; e < k.first[map + 1]; ++e) {
       // the state is zeroed above: every entry adds (a written one too)
       const int32_t d = k.dst[e] & ~1, r = k.src[e];
-      if (r <= keyed_zero_last) continue;
       const bool conj_ = r < 0;
       const int32_t from = conj_ ? -1 - r : r;
       const Cx<S>* a = this->x + (from % 6 / 2) * n * K + from / 6;
