@@ -334,9 +334,9 @@ def build(stream, b1=(1.0, 1.0), t1_max=math.inf, t2_max=math.inf, prune=PRUNE):
             newK, nP, nM, nZ = newK[keep], nP[keep], nM[keep], nZ[keep]
             S = int(keep.sum())
         # each component's first entry writes it (the destination's lowest
-        # bit), components no entry reaches are written zero, the rest add:
-        # every component's second entry, then every third, ..., so that
-        # consecutive additions rarely wait on each other's stores
+        # bit), the rest add: every component's second entry, then every
+        # third, ..., so that consecutive additions rarely wait on each
+        # other's stores; components no entry reaches are not written
         order = np.argsort(dst, kind="stable")
         dst, src = dst[order], np.where(cj, -1 - src, src)[order]
         lead = np.ones(dst.size, bool)

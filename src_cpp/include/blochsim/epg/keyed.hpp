@@ -43,8 +43,8 @@ namespace blochsim {
 // entry; every component a map reaches is written before anything is
 // added to it, and reach[] says which: per map with slots, one byte a slot
 // (bit 0 F+, bit 1 F-, bit 2 Z), the maps' bytes in order.  A component a
-// map does not reach is zero and is not stored (nothing reads it but a
-// pulse, which takes it as zero); the origin's Z is always reached.
+// map does not reach is zero and is not stored (a pulse and a readout
+// take it as zero; no map reads it); the origin's Z is always reached.
 // slots[m] = -1: the map is the identity (no entries).
 struct KeyedProgram {
   int64_t n_events = 0;
