@@ -124,8 +124,8 @@ struct DeviceProblem {
     CHECK(cudaMemcpy(dT1, T1.data(), n * sizeof(float), cudaMemcpyHostToDevice));
     CHECK(cudaMemcpy(dT2, T2.data(), n * sizeof(float), cudaMemcpyHostToDevice));
     t.n = n;
-    t.T1_s = {dT1, 1, 0.0f};
-    t.T2_s = {dT2, 1, 0.0f};
+    t[blochsim::field_T1] = {dT1, 1, 0.0f};
+    t[blochsim::field_T2] = {dT2, 1, 0.0f};
   }
   ~DeviceProblem() {
     cudaFree(dT1);
@@ -194,8 +194,8 @@ double jacobian_ms(const blochsim::EventStream& s, const DeviceProblem& p, const
   CHECK(cudaFree(djac));
   blochsim::Tissue th = p.t;
   th.n = nc;
-  th.T1_s = {p.T1.data(), 1, 0.0f};
-  th.T2_s = {p.T2.data(), 1, 0.0f};
+  th[blochsim::field_T1] = {p.T1.data(), 1, 0.0f};
+  th[blochsim::field_T2] = {p.T2.data(), 1, 0.0f};
   host_jacobian(s, th, fields, n_dirs, hout.data(), host.data());
   *rel = 0;
   for (int j = 0; j < n_dirs; ++j) {
@@ -286,8 +286,8 @@ int main(int argc, char** argv) {
       CHECK(cudaMemcpy(dev.data(), p.dout, dev.size() * sizeof(float), cudaMemcpyDeviceToHost));
       blochsim::Tissue th = p.t;
       th.n = nc;
-      th.T1_s = {p.T1.data(), 1, 0.0f};
-      th.T2_s = {p.T2.data(), 1, 0.0f};
+      th[blochsim::field_T1] = {p.T1.data(), 1, 0.0f};
+      th[blochsim::field_T2] = {p.T2.data(), 1, 0.0f};
       host_forward(s, th, host.data());
       double num = 0, den = 0;
       for (size_t i = 0; i < host.size(); ++i) {

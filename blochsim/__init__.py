@@ -16,6 +16,32 @@ from __future__ import annotations
 import os as _os
 from importlib import metadata as _metadata
 
+
+def _compiled_package():
+    """The installed blochsim folder where this one is a source folder that
+    shadows it (``python -m blochsim`` run from a checkout puts the
+    checkout first on sys.path, and its blochsim/ has no compiled
+    extension); None where this folder has the extension (an installed or
+    an editable package)."""
+    import importlib.machinery
+    import importlib.util
+    import sys
+
+    if importlib.util.find_spec("blochsim._core") is not None:
+        return None
+    here = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
+    others = [p for p in sys.path if _os.path.abspath(p or _os.curdir) != here]
+    spec = importlib.machinery.PathFinder.find_spec("blochsim", others)
+    return None if spec is None or not spec.submodule_search_locations else list(spec.submodule_search_locations)
+
+
+_installed = _compiled_package()
+if _installed:
+    # every submodule, the headers and the pkg-config file from the
+    # installed package (this file is its copy)
+    __path__[:] = _installed
+    __file__ = _os.path.join(_installed[0], "__init__.py")
+
 from blochsim._core import CudaError
 from blochsim._device import DeviceArray
 from blochsim._dispatch import backends

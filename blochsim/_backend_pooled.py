@@ -75,11 +75,10 @@ def _host_arrays(owner, ps, lineshape, tissue, pools, route, names, out, variant
             signal = out
     fields = [_pools.field_index(k) for k in names]
     call = f"{owner}.{'jacobian' if names else 'simulate'}"
-    si, planes = si_planes(arrays, shape), V.si_planes(arrays, shape, _core.POOL_FIELDS)
     program = None
     if keyed is not None:
         from blochsim.sequence import keyed as K
-        program = K.program_for(call, keyed, si, list(_core.TISSUE_FIELDS))
+        program = K.program_for(call, keyed, _backend_host.ranges(arrays, shape), list(_core.TISSUE_FIELDS))
         threads = max(1, min(route.threads, n))
         # two states of 3 n + bound complex planes over the slots, on duals of up to 4 directions
         state = (3 * n_exchanging + 3 + bound) * 2 * program.max_slots
@@ -90,6 +89,7 @@ def _host_arrays(owner, ps, lineshape, tissue, pools, route, names, out, variant
     else:
         _memory.check_call(call, ps, shape, arrays, "pooled", route.threads, fields,
                            outputs=0 if out is not None else 1 + len(names), pools=pools, host_kernels=not gpu)
+    si, planes = si_planes(arrays, shape), V.si_planes(arrays, shape, _core.POOL_FIELDS)
     if signal is None:
         signal = np.empty(want, dtype=np.complex64)
     if names and jac is None:

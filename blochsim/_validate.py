@@ -120,11 +120,23 @@ def check_bound(name: str, arr: np.ndarray, low: float, strict: bool, unit: str 
         raise ValueError(f"{name} must be {op} {low:g}{u}, got {_first_bad(arr, bad)}")
 
 
+def distinct(arr: np.ndarray) -> np.ndarray:
+    """A view of ``arr`` holding each of its values once along every axis it
+    repeats with stride 0 (a broadcast view): what a check of its values
+    needs, never more memory than the array owns."""
+    if arr.ndim == 0 or 0 not in arr.strides:
+        return arr
+    return arr[tuple(slice(0, 1) if st == 0 else slice(None) for st in arr.strides)]
+
+
 def tissue_array(name: str, value) -> np.ndarray:
-    """Validate one tissue property in public units; returns float array."""
+    """Validate one tissue property in public units; returns float array.
+    The checks read each stored value once: a broadcast view (zero
+    strides) is checked without being expanded."""
     if is_device_array(value):
         raise device_unavailable_error(name)
-    arr = as_float_array(name, value)
+    given = as_float_array(name, value)
+    arr = distinct(given)
     check_finite(name, arr)
     _, _, low, strict = TISSUE_UNITS[name]
     if low is not None:
@@ -141,7 +153,7 @@ def tissue_array(name: str, value) -> np.ndarray:
     if peak * TISSUE_UNITS[name][0] > _FLOAT32_MAX:
         raise ValueError(f"{name} is beyond single precision in SI units, got "
                          f"{_first_bad(arr, np.abs(arr) * TISSUE_UNITS[name][0] > _FLOAT32_MAX)}")
-    return arr
+    return given
 
 
 def device_unavailable_error(name: str) -> Exception:
@@ -197,8 +209,7 @@ def si_planes(arrays: dict, shape, si_names, ranges_only=False) -> tuple:
         if pub in arrays:
             a = arrays[pub]
             if ranges_only:
-                a = np.asarray(a)
-                a = a[tuple(slice(0, 1) if st == 0 else slice(None) for st in a.strides)]
+                a = distinct(np.asarray(a))
             flat = np.asarray(a, dtype=np.float64).reshape(1) if a.size == 1 else \
                 np.asarray(a, dtype=np.float64).reshape(-1) if ranges_only else np.broadcast_to(a, shape).reshape(-1)
             out.append(np.ascontiguousarray(flat * TISSUE_UNITS[pub][0], dtype=np.float32))

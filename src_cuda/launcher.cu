@@ -182,7 +182,7 @@ int first_bad_value(const float* x, int64_t count, int check_lower, float lower,
 }
 
 std::size_t bytes_per_problem(const EventStream& s, const Tissue&) {
-  std::size_t b = static_cast<std::size_t>(s.n_samples) * 8 + 9 * sizeof(float);
+  std::size_t b = static_cast<std::size_t>(s.n_samples) * 8 + tissue_fields * sizeof(float);
   const Shape sh = shape_of(s);
   if (sh.kind == tail_kind) b += 4 * static_cast<std::size_t>(tail_workspace(s, sh.T));
   return b;
@@ -218,10 +218,6 @@ int forward_streamed_unguarded(const EventStream& s, const Tissue& t, float* out
   const int64_t chunk = std::max<int64_t>(
       1, std::min<int64_t>({t.n, static_cast<int64_t>(budget / (2 * per)), rows_cap}));
   const size_t out_bytes = static_cast<size_t>(chunk) * static_cast<size_t>(s.n_samples) * 8;
-  using Field = Property Tissue::*;
-  const Field props[9] = {&Tissue::T1_s,   &Tissue::T2_s,  &Tissue::M0,
-                                &Tissue::B1,     &Tissue::B1phase_rad, &Tissue::B0_hz,
-                                &Tissue::D_m2_s, &Tissue::v_m_s, &Tissue::inv_efficiency};
 
   cudaStream_t streams[2] = {nullptr, nullptr};
   float* d_out[2] = {nullptr, nullptr};
@@ -261,7 +257,7 @@ int forward_streamed_unguarded(const EventStream& s, const Tissue& t, float* out
   for (int k = 0; k < 2; ++k) {
     BLOCHSIM_TRY(cudaStreamCreateWithFlags(&streams[k], cudaStreamNonBlocking), "cudaStreamCreate");
     BLOCHSIM_TRY(cudaMalloc(reinterpret_cast<void**>(&d_out[k]), out_bytes), "cudaMalloc (output chunk)");
-    BLOCHSIM_TRY(cudaMalloc(reinterpret_cast<void**>(&d_tis[k]), 9 * sizeof(float) * static_cast<size_t>(chunk)),
+    BLOCHSIM_TRY(cudaMalloc(reinterpret_cast<void**>(&d_tis[k]), tissue_fields * sizeof(float) * static_cast<size_t>(chunk)),
                  "cudaMalloc (tissue chunk)");
     BLOCHSIM_TRY(cudaMallocHost(reinterpret_cast<void**>(&staging[k]), out_bytes), "cudaMallocHost (staging)");
   }
@@ -287,9 +283,9 @@ int forward_streamed_unguarded(const EventStream& s, const Tissue& t, float* out
     const int64_t count = std::min<int64_t>(chunk, t.n - first);
     Tissue tc = t;
     tc.n = count;
-    for (int f = 0; f < 9; ++f) {
-      const Property& hp = t.*props[f];
-      Property& dp = tc.*props[f];
+    for (int f = 0; f < tissue_fields; ++f) {
+      const Property& hp = t[f];
+      Property& dp = tc[f];
       if (!hp.present()) continue;
       float* dst = d_tis[k] + static_cast<int64_t>(f) * chunk;
       const int64_t m = hp.stride == 0 ? 1 : count;

@@ -66,7 +66,7 @@ int keyed_forward(const EventStream& s, const KeyedProgram& k, const Tissue& t, 
                   int n);
 
 // Signal and tissue Jacobian on the device in one pass (cuda.cuh
-// jacobian_device): fields are TissueField values (1 to 9, distinct),
+// jacobian_device): fields are 1 to tissue_fields distinct TissueField values,
 // seeds[j] the seed of direction j; jac is a device (t.n, n_dirs,
 // s.n_samples) complex64 array.  Ordered on `stream`.
 int jacobian(const EventStream& s, const Tissue& t, const int* fields, const float* seeds, int n_dirs, float* out,

@@ -137,15 +137,15 @@ struct Planes {
 void make_tissue(Rng& r, blochsim::Tissue& t, Planes& planes, int64_t n) {
   t = blochsim::Tissue{};
   t.n = n;
-  planes.set(r, t.T1_s, n, 0.05, 3.0);
-  planes.set(r, t.T2_s, n, 0.005, 0.3);
-  planes.set(r, t.M0, n, 0.0, 2.0);
-  planes.set(r, t.B1, n, 0.0, 1.5);
-  planes.set(r, t.B1phase_rad, n, -1.0, 1.0);
-  planes.set(r, t.B0_hz, n, -200.0, 200.0);
-  planes.set(r, t.D_m2_s, n, 0.0, 3e-9);
-  planes.set(r, t.v_m_s, n, -0.1, 0.1);
-  planes.set(r, t.inv_efficiency, n, 0.5, 1.0);
+  planes.set(r, t[blochsim::field_T1], n, 0.05, 3.0);
+  planes.set(r, t[blochsim::field_T2], n, 0.005, 0.3);
+  planes.set(r, t[blochsim::field_M0], n, 0.0, 2.0);
+  planes.set(r, t[blochsim::field_B1], n, 0.0, 1.5);
+  planes.set(r, t[blochsim::field_B1phase], n, -1.0, 1.0);
+  planes.set(r, t[blochsim::field_B0], n, -200.0, 200.0);
+  planes.set(r, t[blochsim::field_D], n, 0.0, 3e-9);
+  planes.set(r, t[blochsim::field_v], n, -0.1, 0.1);
+  planes.set(r, t[blochsim::field_eta], n, 0.5, 1.0);
 }
 
 void make_pools(Rng& r, blochsim::Pools& p, Planes& planes, int64_t n) {
@@ -153,11 +153,12 @@ void make_pools(Rng& r, blochsim::Pools& p, Planes& planes, int64_t n) {
   p.n_exchanging = r.between(-1, 5);
   p.bound = r.between(0, 1);
   p.lineshape = r.between(-1, 4);
-  planes.set(r, p.bound_fraction, n, 0.0, 0.2);
-  planes.set(r, p.bound_exchange_hz, n, 0.0, 50.0);
-  planes.set(r, p.bound_T1_s, n, 0.5, 1.5);
-  planes.set(r, p.bound_T2_s, n, 5e-6, 2e-5);
-  for (auto& pool : p.pool) {
+  planes.set(r, p[blochsim::field_bound_fraction], n, 0.0, 0.2);
+  planes.set(r, p[blochsim::field_bound_exchange_hz], n, 0.0, 50.0);
+  planes.set(r, p[blochsim::field_bound_T1_s], n, 0.5, 1.5);
+  planes.set(r, p[blochsim::field_bound_T2_s], n, 5e-6, 2e-5);
+  for (int j = 0; j < blochsim::max_exchanging_pools; ++j) {
+    blochsim::Property* pool = p.exchanging(j);
     planes.set(r, pool[blochsim::pool_fraction], n, 0.0, 0.1);
     planes.set(r, pool[blochsim::pool_exchange_hz], n, 0.0, 500.0);
     planes.set(r, pool[blochsim::pool_T1_s], n, 0.5, 1.5);

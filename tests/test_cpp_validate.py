@@ -77,27 +77,27 @@ int main() {
   float T1 = 1.0f, T2 = 0.05f, fb = 0.3f, kb = 20.0f, too_much = 0.8f, negative = -1.0f, D = 1e-9f;
   blochsim::Tissue t;
   t.n = 1;
-  t.T1_s.data = &T1;
-  t.T2_s.data = &T2;
+  t[blochsim::field_T1].data = &T1;
+  t[blochsim::field_T2].data = &T2;
   blochsim::Pools p;
   p.n_exchanging = 1;
-  p.pool[0][blochsim::pool_fraction].data = &fb;
-  p.pool[0][blochsim::pool_exchange_hz].data = &kb;
+  p.exchanging(0)[blochsim::pool_fraction].data = &fb;
+  p.exchanging(0)[blochsim::pool_exchange_hz].data = &kb;
   float out[2] = {0.0f, 0.0f};
   int st = blochsim::host::pooled_status(s, t, p, nullptr, 0, nullptr, out, nullptr, 1);
   std::printf("%d %.6f %.6f\n", st, out[0], out[1]);
   p.bound = 1;
-  p.bound_fraction.data = &too_much;  // 0.3 + 0.8 > 1
+  p[blochsim::field_bound_fraction].data = &too_much;  // 0.3 + 0.8 > 1
   st = blochsim::host::pooled_status(s, t, p, nullptr, 0, nullptr, out, nullptr, 1);
   std::printf("%d %s\n", st, blochsim::status_message(st));
-  p.bound_fraction.data = &fb;
-  p.bound_exchange_hz.data = &negative;
+  p[blochsim::field_bound_fraction].data = &fb;
+  p[blochsim::field_bound_exchange_hz].data = &negative;
   std::printf("%d\n", blochsim::host::pooled_status(s, t, p, nullptr, 0, nullptr, out, nullptr, 1));
-  p.bound_exchange_hz.data = &kb;
-  t.D_m2_s.data = &D;
+  p[blochsim::field_bound_exchange_hz].data = &kb;
+  t[blochsim::field_D].data = &D;
   st = blochsim::host::pooled_status(s, t, p, nullptr, 0, nullptr, out, nullptr, 1);
   std::printf("%d %s\n", st, blochsim::status_message(st));
-  t.D_m2_s.data = nullptr;
+  t[blochsim::field_D].data = nullptr;
   // an exact rectangular pulse is refused by the single-pool kernels
   uint32_t driven_flag = blochsim::event_driven;
   int32_t row = 0;
@@ -145,15 +145,15 @@ int main() {
   float T1 = 1.0f, T2 = 0.05f, fB = 0.3f, kB = 20.0f, fb = 0.2f, kb = 10.0f;
   blochsim::Tissue t;
   t.n = 1;
-  t.T1_s.data = &T1;
-  t.T2_s.data = &T2;
+  t[blochsim::field_T1].data = &T1;
+  t[blochsim::field_T2].data = &T2;
   blochsim::Pools p;
   p.n_exchanging = 1;
-  p.pool[0][blochsim::pool_fraction].data = &fB;
-  p.pool[0][blochsim::pool_exchange_hz].data = &kB;
+  p.exchanging(0)[blochsim::pool_fraction].data = &fB;
+  p.exchanging(0)[blochsim::pool_exchange_hz].data = &kB;
   p.bound = 1;
-  p.bound_fraction.data = &fb;
-  p.bound_exchange_hz.data = &kb;
+  p[blochsim::field_bound_fraction].data = &fb;
+  p[blochsim::field_bound_exchange_hz].data = &kb;
   const int fields[2] = {blochsim::field_bound_fraction, blochsim::field_pool_first + blochsim::pool_fraction};
   float cot[2] = {0.0f, 1.0f};  // g = i
   double ev[blochsim::pooled_event_gradients];
@@ -221,8 +221,8 @@ int main() {
   float T1 = 1.0f, T2 = 0.1f;
   float out[2];
   t.n = 1;
-  t.T1_s.data = &T1;
-  t.T2_s.data = &T2;
+  t[blochsim::field_T1].data = &T1;
+  t[blochsim::field_T2].data = &T2;
   s.states = 1000000000;
   const int big = blochsim::host::forward_status(s, t, out, 2);
   std::printf("%d %.3g\n", big, blochsim::host::workspace_bytes(blochsim::host::Entry::forward, s, 1, 2));
@@ -253,10 +253,10 @@ int main() {
   static float outs[400000];
   for (int i = 0; i < 200000; ++i) T1s[i] = 1.0f, T2s[i] = 0.1f;
   t.n = 200000;
-  t.T1_s.data = T1s;
-  t.T1_s.stride = 1;
-  t.T2_s.data = T2s;
-  t.T2_s.stride = 1;
+  t[blochsim::field_T1].data = T1s;
+  t[blochsim::field_T1].stride = 1;
+  t[blochsim::field_T2].data = T2s;
+  t[blochsim::field_T2].stride = 1;
   int st;
   {
     blochsim::InterruptScope scope(&stop_now, nullptr);

@@ -56,3 +56,23 @@ def test_maps_job_errors_table_and_picture(tmp_path, capsys):
 def test_main_job_refusals(argv, message, capsys):
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_readme_command_runs_from_the_source_folder():
+    """``python -m blochsim`` from the folder the README's set-up commands
+    run in: that folder's blochsim/ (no compiled extension where the package
+    was installed with ``pip install .``) hands over to the installed one."""
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    if not (root / "blochsim" / "__init__.py").is_file():
+        pytest.skip("not run from a source folder")
+    r = subprocess.run([sys.executable, "-m", "blochsim", "--help"], cwd=root, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "usage: blochsim" in r.stdout
+    r = subprocess.run([sys.executable, "-c", "import blochsim; print(blochsim._core.TISSUE_FIELDS[0])"], cwd=root,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "T1_s", r.stderr

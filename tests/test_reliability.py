@@ -391,3 +391,27 @@ def test_device_memory_refusal_names_a_chunk(monkeypatch):
                                           r"call .*, or pass NumPy arrays with device='cuda'"):
         _memory.check_device("FSESimulator.simulate", 2**20, 20 * 2**20)
     _memory.check_device("FSESimulator.simulate", 2**20, 5 * 2**20)
+
+
+def test_a_zero_stride_broadcast_past_memory_is_refused_before_any_voxel_is_allocated():
+    """Tissue given as broadcast views of 1e11 voxels (a few bytes each in
+    memory): every method is refused by blochsim's memory check, which runs
+    before any per-voxel array is made (not by NumPy failing to allocate)."""
+    big = (100000, 1000000)
+    T1 = np.broadcast_to(np.float64(1000.0), big)
+    T2 = np.broadcast_to(np.linspace(50.0, 90.0, 1000000), big)
+    sim = S.MRFSimulator(flip=np.full(10, 20.0), TR=10.0)
+    calls = {"simulate": lambda: sim.simulate(T1=T1, T2=T2),
+             "jacobian": lambda: sim.jacobian(("T1", "T2"), T1=T1, T2=T2),
+             "vjp": lambda: sim.vjp("T2", T1=T1, T2=T2),
+             "pooled simulate": lambda: sim.simulate(T1=T1, T2=T2, bound_fraction=0.1, bound_exchange=5.0),
+             "pooled vjp": lambda: sim.vjp("T2", T1=T1, T2=T2, bound_fraction=0.1, bound_exchange=5.0)}
+    for what, call in calls.items():
+        with pytest.raises(MemoryError, match=r"needs .* of host memory \(100,000,000,000 voxels") as e:
+            call()
+        assert "MRFSimulator." in str(e.value), what
+    # a bad value inside the view is still found and named
+    with pytest.raises(ValueError, match=r"T2 must be > 0 ms, got -1\.0 at index \(0, 3\)"):
+        bad = np.linspace(50.0, 90.0, 1000000)
+        bad[3] = -1.0
+        sim.simulate(T1=T1, T2=np.broadcast_to(bad, big))

@@ -32,8 +32,8 @@ int main(int argc, char** argv) {
   const float T1_s = T1_ms * 1e-3f;
   blochsim::Tissue tissue;
   tissue.n = static_cast<int64_t>(T2_s.size());
-  tissue.T2_s = {T2_s.data(), 1, 0.0f};
-  tissue.T1_s = {&T1_s, 0, 0.0f};
+  tissue[blochsim::field_T2] = {T2_s.data(), 1, 0.0f};
+  tissue[blochsim::field_T1] = {&T1_s, 0, 0.0f};
 
   const int ne = static_cast<int>(a.n_echoes);
   const CpmgStream c = build_cpmg(ne, a.esp_ms * 1e-3, a.flip_deg * blochsim::pi / 180.0);

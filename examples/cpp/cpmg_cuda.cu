@@ -48,8 +48,8 @@ int main(int argc, char** argv) {
 
   blochsim::Tissue tissue;  // device pointers
   tissue.n = static_cast<int64_t>(n);
-  tissue.T2_s = {d_T2, 1, 0.0f};
-  tissue.T1_s = {d_T1, 0, 0.0f};
+  tissue[blochsim::field_T2] = {d_T2, 1, 0.0f};
+  tissue[blochsim::field_T1] = {d_T1, 0, 0.0f};
 
   char err[256] = "";
   const int st = blochsim::cuda::forward_device(stream, tissue, d_out, cs, err, sizeof err);

@@ -163,42 +163,75 @@ inline void pack_events(const EventStream& s, EventRecord* out) {
 
 enum DrivenField : int { drv_duration_s, drv_flip_rad, drv_phase_rad, drv_offset_hz, driven_fields };
 
-// The tissue and pool fields, declared once: their order (the index a
-// Jacobian or adjoint direction names, and the order of the planes the
-// Python layer hands over), their SI names and units, the value an absent
-// field takes, and which derivatives the kernels take along them.  The
-// extension exports this table to Python (_core.FIELD_TABLE); nothing else
-// numbers the fields.
+// The tissue and pool fields, declared once, in the two tables below:
+// their order (the index a Jacobian or adjoint direction names, and the
+// order of the planes the Python layer hands over), their SI names and
+// units, the value an absent field takes, and which derivatives the kernels
+// take along them.  The enums, field_table, Tissue and Pools are generated
+// from these tables; the extension exports field_table to Python
+// (_core.FIELD_TABLE).  Nothing else lists or numbers the fields: code
+// names one (field_T1) or loops over all of them (tissue_fields).
+//
+// X(id, SI name, SI unit, fallback, flags); flags: S a direction of the
+// single-pool Jacobian and adjoint, P of the pooled ones, SP both.
+#define BLOCHSIM_STANDARD_TISSUE_FIELDS(X)       \
+  X(T1, "T1_s", "s", 1.0e30f, SP)                \
+  X(T2, "T2_s", "s", 1.0e30f, SP)                \
+  X(M0, "M0", "", 1.0f, SP)                      \
+  X(B1, "B1", "", 1.0f, SP)                      \
+  X(B1phase, "B1phase_rad", "rad", 0.0f, SP)     \
+  X(B0, "B0_hz", "Hz", 0.0f, SP)                 \
+  X(D, "D_m2_s", "m^2/s", 0.0f, S)               \
+  X(v, "v_m_s", "m/s", 0.0f, S)                  \
+  X(eta, "inv_efficiency", "", 1.0f, SP)
+// The table the core is built with.  A program may define its own
+// BLOCHSIM_TISSUE_FIELDS before the first include (tests/test_cpp_fields.py
+// puts a field before the standard ones, to hold every consumer to the
+// table).
+#ifndef BLOCHSIM_TISSUE_FIELDS
+#define BLOCHSIM_TISSUE_FIELDS(X) BLOCHSIM_STANDARD_TISSUE_FIELDS(X)
+#endif
+
+// The semisolid pool's fields, then one block of BLOCHSIM_POOL_COLUMNS per
+// exchanging pool B, C, D, E (the pool's letter L in its names).  An
+// exchanging pool's T1_s or T2_s left absent takes free water's value
+// (pools/pools.hpp), whatever its fallback here.
+#define BLOCHSIM_BOUND_FIELDS(X)                          \
+  X(bound_fraction, "bound_fraction", "", 0.0f, P)        \
+  X(bound_exchange_hz, "bound_exchange_hz", "Hz", 0.0f, P) \
+  X(bound_T1_s, "bound_T1_s", "s", 1.0f, P)               \
+  X(bound_T2_s, "bound_T2_s", "s", 12.0e-6f, P)
+#define BLOCHSIM_POOL_COLUMNS(X, L)                 \
+  X(fraction, "pool" L "_fraction", "", 0.0f, P)    \
+  X(exchange_hz, "pool" L "_exchange_hz", "Hz", 0.0f, P) \
+  X(T1_s, "pool" L "_T1_s", "s", 0.0f, P)           \
+  X(T2_s, "pool" L "_T2_s", "s", 0.0f, P)           \
+  X(shift_hz, "pool" L "_shift_hz", "Hz", 0.0f, P)
+#define BLOCHSIM_EXCHANGING_POOLS(X) X("B") X("C") X("D") X("E")
+
+#define BLOCHSIM_FIELD_ENUM(id, name, unit, fallback, flags) field_##id,
+#define BLOCHSIM_COLUMN_ENUM(id, name, unit, fallback, flags) pool_##id,
+#define BLOCHSIM_COUNT_POOL(L) +1
 
 // Fields of Tissue, in its order.
-enum TissueField : int {
-  field_T1,
-  field_T2,
-  field_M0,
-  field_B1,
-  field_B1phase,
-  field_B0,
-  field_D,
-  field_v,
-  field_eta,
-  tissue_fields
-};
+enum TissueField : int { BLOCHSIM_TISSUE_FIELDS(BLOCHSIM_FIELD_ENUM) tissue_fields };
 
-constexpr int max_exchanging_pools = 4;
+constexpr int max_exchanging_pools = 0 BLOCHSIM_EXCHANGING_POOLS(BLOCHSIM_COUNT_POOL);
 
-// Columns of one exchanging pool (Pools::pool).
-enum PoolColumn : int { pool_fraction, pool_exchange_hz, pool_T1_s, pool_T2_s, pool_shift_hz, pool_columns };
+// Columns of one exchanging pool (Pools::exchanging).
+enum PoolColumn : int { BLOCHSIM_POOL_COLUMNS(BLOCHSIM_COLUMN_ENUM, "") pool_columns };
 
 // Fields of Pools after the tissue's: the semisolid pool's, then
 // pool_columns per exchanging pool B, C, D, E.
 enum PoolField : int {
-  field_bound_fraction = tissue_fields,
-  field_bound_exchange_hz,
-  field_bound_T1_s,
-  field_bound_T2_s,
+  field_before_pools = tissue_fields - 1,
+  BLOCHSIM_BOUND_FIELDS(BLOCHSIM_FIELD_ENUM)
   field_pool_first,  // pool j (0 = B): field_pool_first + pool_columns * j + PoolColumn
   pool_field_count = field_pool_first + pool_columns * max_exchanging_pools
 };
+#undef BLOCHSIM_FIELD_ENUM
+#undef BLOCHSIM_COLUMN_ENUM
+#undef BLOCHSIM_COUNT_POOL
 
 // Field flags.
 enum FieldFlag : uint32_t {
@@ -214,37 +247,18 @@ struct FieldInfo {
 };
 
 namespace fields_detail {
-constexpr uint32_t both = field_single_pool_direction | field_pooled_direction;
+constexpr uint32_t S = field_single_pool_direction, P = field_pooled_direction, SP = S | P;
 }  // namespace fields_detail
 
-// An exchanging pool's T1_s or T2_s left absent takes free water's value
-// (pools/pools.hpp), whatever its fallback here.
+#define BLOCHSIM_FIELD_INFO(id, name, unit, fallback, flags) {name, unit, fallback, fields_detail::flags},
+#define BLOCHSIM_POOL_INFO(L) BLOCHSIM_POOL_COLUMNS(BLOCHSIM_FIELD_INFO, L)
 inline constexpr FieldInfo field_table[pool_field_count] = {
-    {"T1_s", "s", 1.0e30f, fields_detail::both},
-    {"T2_s", "s", 1.0e30f, fields_detail::both},
-    {"M0", "", 1.0f, fields_detail::both},
-    {"B1", "", 1.0f, fields_detail::both},
-    {"B1phase_rad", "rad", 0.0f, fields_detail::both},
-    {"B0_hz", "Hz", 0.0f, fields_detail::both},
-    {"D_m2_s", "m^2/s", 0.0f, field_single_pool_direction},
-    {"v_m_s", "m/s", 0.0f, field_single_pool_direction},
-    {"inv_efficiency", "", 1.0f, fields_detail::both},
-    {"bound_fraction", "", 0.0f, field_pooled_direction},
-    {"bound_exchange_hz", "Hz", 0.0f, field_pooled_direction},
-    {"bound_T1_s", "s", 1.0f, field_pooled_direction},
-    {"bound_T2_s", "s", 12.0e-6f, field_pooled_direction},
-#define BLOCHSIM_POOL_FIELDS(X)                                           \
-  {"pool" X "_fraction", "", 0.0f, field_pooled_direction},               \
-      {"pool" X "_exchange_hz", "Hz", 0.0f, field_pooled_direction},      \
-      {"pool" X "_T1_s", "s", 0.0f, field_pooled_direction},              \
-      {"pool" X "_T2_s", "s", 0.0f, field_pooled_direction},              \
-      {"pool" X "_shift_hz", "Hz", 0.0f, field_pooled_direction}
-    BLOCHSIM_POOL_FIELDS("B"),
-    BLOCHSIM_POOL_FIELDS("C"),
-    BLOCHSIM_POOL_FIELDS("D"),
-    BLOCHSIM_POOL_FIELDS("E"),
-#undef BLOCHSIM_POOL_FIELDS
+    BLOCHSIM_TISSUE_FIELDS(BLOCHSIM_FIELD_INFO)
+    BLOCHSIM_BOUND_FIELDS(BLOCHSIM_FIELD_INFO)
+    BLOCHSIM_EXCHANGING_POOLS(BLOCHSIM_POOL_INFO)
 };
+#undef BLOCHSIM_POOL_INFO
+#undef BLOCHSIM_FIELD_INFO
 
 // Whether field f is a direction the pooled kernels differentiate along.
 constexpr bool pooled_direction(int f) {
@@ -263,26 +277,19 @@ struct Property {
   BLOCHSIM_HD bool present() const { return data != nullptr; }
 };
 
-// The tissue, one Property per TissueField in its order (fields.hpp).
+// The tissue: one Property per TissueField, indexed by field
+// (t[field_T1]), each absent with its fallback until set.
+#define BLOCHSIM_ABSENT(id, name, unit, fallback, flags) {nullptr, 0, fallback},
 struct Tissue {
-  int64_t n = 0;                                                        // problems (voxels or atoms)
-  Property T1_s{nullptr, 0, field_table[field_T1].fallback};            // longitudinal relaxation
-  Property T2_s{nullptr, 0, field_table[field_T2].fallback};            // transverse relaxation
-  Property M0{nullptr, 0, field_table[field_M0].fallback};              // scales readouts only
-  Property B1{nullptr, 0, field_table[field_B1].fallback};              // relative transmit field
-  Property B1phase_rad{nullptr, 0, field_table[field_B1phase].fallback};  // transmit phase
-  Property B0_hz{nullptr, 0, field_table[field_B0].fallback};           // off-resonance
-  Property D_m2_s{nullptr, 0, field_table[field_D].fallback};           // diffusion coefficient
-  Property v_m_s{nullptr, 0, field_table[field_v].fallback};            // flow velocity along the crusher
-  Property inv_efficiency{nullptr, 0, field_table[field_eta].fallback};  // eta of inversions
+  int64_t n = 0;  // problems (voxels or atoms)
+  Property field[tissue_fields] = {BLOCHSIM_TISSUE_FIELDS(BLOCHSIM_ABSENT)};
+
+  BLOCHSIM_HD Property& operator[](int f) { return field[f]; }
+  BLOCHSIM_HD const Property& operator[](int f) const { return field[f]; }
 };
 
 // The Property of tissue field f (0 <= f < tissue_fields).
-inline Property& tissue_property(Tissue& t, int f) {
-  Property* all[tissue_fields] = {&t.T1_s, &t.T2_s,  &t.M0,    &t.B1,           &t.B1phase_rad,
-                                  &t.B0_hz, &t.D_m2_s, &t.v_m_s, &t.inv_efficiency};
-  return *all[f];
-}
+inline Property& tissue_property(Tissue& t, int f) { return t[f]; }
 
 // Output layout: out[(i * n_samples + slot) * 2 + {0, 1}] = (Re, Im) of
 // sample `slot` of problem i, complex64 interleaved.  Slots that no readout

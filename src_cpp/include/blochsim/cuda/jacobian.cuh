@@ -130,8 +130,8 @@ __global__ void __launch_bounds__(warp_block, jacobian_min_blocks) jacobian_kern
   const int first = static_cast<int>(blockIdx.y) * ND;
   const int count = dirs.n - first < ND ? dirs.n - first : ND;
   epg::LaneTissue<D> lt = epg::seeded_tissue<ND>(t, at.problem, dirs.field + first, count, dirs.seed + first);
-  const float m0 = lt.M0.v;
-  lt.M0 = D(1.0f);
+  const float m0 = lt[field_M0].v;
+  lt[field_M0] = D(1.0f);
   epg::SplitStore<epg::RegisterStore<D, R, Complex, WarpTeam<false>>, float, ND, Complex> st;
   st.directions(dirs.field + first, count);
   st.init(s, lt, WarpTeam<false>{at.rank, T, at.rank * R, at.last, sm.records()});

@@ -166,17 +166,8 @@ inline void place_properties(const Tissue& t, const Pools& p, Tissue& dt, Pools&
   };
   dt = t;
   dp = p;
-  Property* tf[] = {&dt.T1_s, &dt.T2_s, &dt.M0, &dt.B1, &dt.B1phase_rad, &dt.B0_hz, &dt.D_m2_s, &dt.v_m_s,
-                    &dt.inv_efficiency};
-  const Property* ts[] = {&t.T1_s, &t.T2_s, &t.M0, &t.B1, &t.B1phase_rad, &t.B0_hz, &t.D_m2_s, &t.v_m_s,
-                          &t.inv_efficiency};
-  for (int k = 0; k < 9; ++k) one(*ts[k], *tf[k]);
-  one(p.bound_fraction, dp.bound_fraction);
-  one(p.bound_exchange_hz, dp.bound_exchange_hz);
-  one(p.bound_T1_s, dp.bound_T1_s);
-  one(p.bound_T2_s, dp.bound_T2_s);
-  for (int j = 0; j < max_exchanging_pools; ++j)
-    for (int c = 0; c < pool_columns; ++c) one(p.pool[j][c], dp.pool[j][c]);
+  for (int f = 0; f < tissue_fields; ++f) one(t[f], dt[f]);
+  for (int f = tissue_fields; f < pool_field_count; ++f) one(p[f], dp[f]);
 }
 
 // Moves the tissue and pool properties of t and p (host arrays) and the

@@ -192,10 +192,9 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void rx_phase(const EventStream& s, int64_t e, 
 // duals of duals with the field f (the outer direction of second order).
 template <class V, int N>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE void seed_outer(LaneTissue<Dual<V, N>>& lt, int f) {
-  Dual<V, N>* fields[tissue_fields] = {&lt.T1, &lt.T2, &lt.M0, &lt.B1, &lt.B1phase,
-                                       &lt.B0, &lt.D,  &lt.v,  &lt.eta};
-  using E = std::remove_reference_t<decltype(fields[f]->v.d[0])>;
-  fields[f]->v.d[0] = splat<E>(1.0f);
+  using E = std::remove_reference_t<decltype(lt[0].v.d[0])>;
+  for (int g = 0; g < tissue_fields; ++g)
+    if (g == f) lt[g].v.d[0] = splat<E>(1.0f);
 }
 
 // Adjoint sweep of problems [first, first + width) of t.
@@ -250,11 +249,11 @@ BLOCHSIM_HD inline int adjoint_block(const EventStream& s, const Tissue& t, cons
     }
   }
   PlayContext<V> cx;
-  cx.rf_uniform = !t.B1.present() && !t.B1phase_rad.present();
-  cx.per_order = t.D_m2_s.present() || t.v_m_s.present();
+  cx.rf_uniform = !t[field_B1].present() && !t[field_B1phase].present();
+  cx.per_order = t[field_D].present() || t[field_v].present();
   cx.c0 = 1.0f;
   cx.s0 = 0.0f;
-  cx.m0 = lt.M0;
+  cx.m0 = lt[field_M0];
 
   V* const x = hot;
   V* const lam = hot + plane;
@@ -340,9 +339,9 @@ BLOCHSIM_HD inline int adjoint_block(const EventStream& s, const Tissue& t, cons
         // alpha = flip B1 and phi = phase + B1phase through the per-lane
         // pulse, with the flip and the phase seeded
         LaneTissue<T> lp = ltd;
-        lp.B1 = ltd.B1 * ev.flip_rad;
-        lp.B1.d[grad_flip] = ltd.B1.v;
-        lp.B1phase.d[grad_phase] = splat<V>(1.0f);
+        lp[field_B1] = ltd[field_B1] * ev.flip_rad;
+        lp[field_B1].d[grad_flip] = ltd[field_B1].v;
+        lp[field_B1phase].d[grad_phase] = splat<V>(1.0f);
         EventRecord evp = ev;
         evp.flip_rad = 1.0f;
         od = pulse_op<T, true, pulse_lanes>(s, evp, false, lp, 1.0f, 0.0f);
@@ -387,18 +386,18 @@ BLOCHSIM_HD inline int adjoint_block(const EventStream& s, const Tissue& t, cons
         const V ur = fr.v * cr + fi.v * sr, ui = fi.v * cr - fr.v * sr;
         for (int q = 0; q < adjoint_event_dirs; ++q) {
           const V dr = fr.d[q] * cr + fi.d[q] * sr, di = fi.d[q] * cr - fr.d[q] * sr;
-          g[q] += lt.M0 * (gr * dr + gi * di);
+          g[q] += lt[field_M0] * (gr * dr + gi * di);
         }
         for (int j = 0; j < nd; ++j) {
           const int q = adjoint_event_dirs + j;
           const V dr = fr.d[q] * cr + fi.d[q] * sr, di = fi.d[q] * cr - fr.d[q] * sr;
-          gt[j] += lt.M0 * (gr * dr + gi * di);
+          gt[j] += lt[field_M0] * (gr * dr + gi * di);
         }
-        g[grad_rx] = lt.M0 * (gr * ui - gi * ur);
+        g[grad_rx] = lt[field_M0] * (gr * ui - gi * ur);
         if (m0_dir >= 0) tacc[m0_dir] += gr * ur + gi * ui;
         // lambda at F+_0 += g M0 e^{i rx}
-        a.fpr[0] += lt.M0 * (gr * cr - gi * sr);
-        a.fpi[0] += lt.M0 * (gr * sr + gi * cr);
+        a.fpr[0] += lt[field_M0] * (gr * cr - gi * sr);
+        a.fpi[0] += lt[field_M0] * (gr * sr + gi * cr);
       }
       for (int j = 0; j < n_tdirs; ++j)
         if (dual_of[j] >= 0) tacc[j] += gt[dual_of[j] - adjoint_event_dirs];

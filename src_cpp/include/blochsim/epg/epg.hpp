@@ -33,28 +33,30 @@ namespace blochsim {
 inline namespace BLOCHSIM_ISA {
 namespace epg {
 
-// Tissue values of the problems of one lane vector.
+// Tissue values of the problems of one lane vector, indexed by field
+// (lt[field_T1]).
 template <class V>
 struct LaneTissue {
-  V T1, T2, M0, B1, B1phase, B0, D, v, eta;
+  V field[tissue_fields];
+
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE V& operator[](int f) { return field[f]; }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE const V& operator[](int f) const { return field[f]; }
 };
 
 template <class V>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE LaneTissue<V> gather(const Tissue& t, const int64_t* idx) {
   using LT = Lanes<V>;
   LaneTissue<V> lt;
-  for (int l = 0; l < LT::width; ++l) {
-    const int64_t p = idx[l];
-    LT::set(lt.T1, l, t.T1_s.at(p));
-    LT::set(lt.T2, l, t.T2_s.at(p));
-    LT::set(lt.M0, l, t.M0.at(p));
-    LT::set(lt.B1, l, t.B1.at(p));
-    LT::set(lt.B1phase, l, t.B1phase_rad.at(p));
-    LT::set(lt.B0, l, t.B0_hz.at(p));
-    LT::set(lt.D, l, t.D_m2_s.at(p));
-    LT::set(lt.v, l, t.v_m_s.at(p));
-    LT::set(lt.eta, l, t.inv_efficiency.at(p));
-  }
+  for (int l = 0; l < LT::width; ++l)
+    for (int f = 0; f < tissue_fields; ++f) LT::set(lt[f], l, t[f].at(idx[l]));
+  return lt;
+}
+
+// The lane tissue of one problem's values, every lane alike.
+template <class V, class One, class Splat>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE LaneTissue<V> splat_tissue(const LaneTissue<One>& one, Splat splat) {
+  LaneTissue<V> lt;
+  for (int f = 0; f < tissue_fields; ++f) lt[f] = splat(one[f]);
   return lt;
 }
 
@@ -110,9 +112,9 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE IvCoef<V> interval_coef_at(const EventStream& s
   const M voxel = static_cast<M>(s.voxel_size_m);
   IvCoef<V> c;
   for (int l = 0; l < LT::width; ++l) {
-    const W T1 = static_cast<W>(LT::get(lt.T1, l)), T2 = static_cast<W>(LT::get(lt.T2, l));
-    const W v = static_cast<W>(LT::get(lt.v, l)), D = static_cast<W>(LT::get(lt.D, l));
-    const W theta = static_cast<M>(2.0 * pi) * static_cast<W>(LT::get(lt.B0, l)) * tau;
+    const W T1 = static_cast<W>(LT::get(lt[field_T1], l)), T2 = static_cast<W>(LT::get(lt[field_T2], l));
+    const W v = static_cast<W>(LT::get(lt[field_v], l)), D = static_cast<W>(LT::get(lt[field_D], l));
+    const W theta = static_cast<M>(2.0 * pi) * static_cast<W>(LT::get(lt[field_B0], l)) * tau;
     W w = voxel > M(0) ? fabs(v) * tau / voxel : W(M(0));
     w = value_of(w) < M(1) ? w : W(M(1));
     const W keep = M(1) - w;
@@ -224,8 +226,8 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE Op<V> pulse_op(const EventStream& s, const Even
       cp = r[rft_cos_phase];
       sp = r[rft_sin_phase];
     } else {
-      const S alpha = ev.flip_rad * LT::get(lt.B1, l);
-      const S phi = ev.phase_rad + LT::get(lt.B1phase, l);
+      const S alpha = ev.flip_rad * LT::get(lt[field_B1], l);
+      const S phi = ev.phase_rad + LT::get(lt[field_B1phase], l);
       const S ch = cos(0.5f * alpha), sh = sin(0.5f * alpha);
       c2 = ch * ch;
       s2 = sh * sh;
@@ -270,7 +272,7 @@ template <class V>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE Op<V> inversion_op(const LaneTissue<V>& lt) {
   Op<V> o{};
   o.pr = splat<V>(1.0f);
-  o.ca = -lt.eta;
+  o.ca = -lt[field_eta];
   return o;
 }
 
@@ -735,11 +737,11 @@ template <class V, bool Complex, class Store, class Sink>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE void play(const EventStream& s, const Tissue& t, const LaneTissue<V>& lt,
                                            Store& st, Sink& sink) {
   PlayContext<V> cx;
-  cx.rf_uniform = !t.B1.present() && !t.B1phase_rad.present();
-  cx.per_order = t.D_m2_s.present() || t.v_m_s.present();
+  cx.rf_uniform = !t[field_B1].present() && !t[field_B1phase].present();
+  cx.per_order = t[field_D].present() || t[field_v].present();
   cx.c0 = std::cos(s.common_phase_rad);
   cx.s0 = std::sin(s.common_phase_rad);
-  cx.m0 = lt.M0;
+  cx.m0 = lt[field_M0];
   constexpr int U = Store::unroll;
   const int K = s.states;
   // event indices fit in 32 bits (validate()), which saves registers

@@ -309,9 +309,9 @@ struct SplitStore : Store {
 // unit: derivatives per public unit).
 template <class V, int N>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE void seed(LaneTissue<Dual<V, N>>& lt, int f, int j, float value = 1.0f) {
-  Dual<V, N>* fields[tissue_fields] = {&lt.T1, &lt.T2, &lt.M0, &lt.B1, &lt.B1phase,
-                                       &lt.B0, &lt.D,  &lt.v,  &lt.eta};
-  fields[f]->d[j] = splat<V>(value);
+  // predicated over the fields, so that lt stays in registers on the device
+  for (int g = 0; g < tissue_fields; ++g)
+    if (g == f) lt[g].d[j] = splat<V>(value);
 }
 
 // The requested directions fields[0 .. n_dirs) as the kernels carry them:
@@ -353,8 +353,8 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE LaneTissue<Dual<V, N>> seeded_lanes(const Tissu
   lane_indices<W>(first, t.n, idx);
   LaneTissue<T> lt = gather<T>(t, idx);
   for (int k = 0; k < ds.n_duals; ++k) seed(lt, ds.duals[k], k, ds.dseeds[k]);
-  m0 = lt.M0.v;
-  lt.M0 = T(1.0f);
+  m0 = lt[field_M0].v;
+  lt[field_M0] = T(1.0f);
   return lt;
 }
 
@@ -503,11 +503,9 @@ inline int jacobian_registers_host(const EventStream& s, const Tissue& t, const 
   using LT = Lanes<T>;
   for (int64_t p = 0; p < t.n; ++p) {
     LaneTissue<Dual<float, N>> one = seeded_tissue<N>(t, p, ds.duals, ds.n_duals, ds.dseeds);
-    const float m0 = one.M0.v;
-    one.M0 = Dual<float, N>(1.0f);
-    const LaneTissue<T> lt = {LT::splat(one.T1), LT::splat(one.T2),      LT::splat(one.M0),
-                              LT::splat(one.B1), LT::splat(one.B1phase), LT::splat(one.B0),
-                              LT::splat(one.D),  LT::splat(one.v),       LT::splat(one.eta)};
+    const float m0 = one[field_M0].v;
+    one[field_M0] = Dual<float, N>(1.0f);
+    const LaneTissue<T> lt = splat_tissue<T>(one, [](const Dual<float, N>& x) { return LT::splat(x); });
     SplitStore<RegisterStore<T, R, Complex, Team>, V, N, Complex> st;
     st.directions(ds.duals, ds.n_duals);
     st.init(sr, lt, Team{});

@@ -96,7 +96,7 @@ inline int validate_keyed(const EventStream& s, const KeyedProgram& k) {
 // Whether the program can play tissue t (diffusion needs the slots'
 // wavenumbers).
 inline int keyed_plays(const KeyedProgram& k, const Tissue& t) {
-  return t.D_m2_s.present() && !k.k2 ? bad_shape : ok;
+  return t[field_D].present() && !k.k2 ? bad_shape : ok;
 }
 
 // Lane vectors a block's workspace holds: two states of max_slots slots,
@@ -131,15 +131,15 @@ template <class V, class M, class Buf, class Sink>
 BLOCHSIM_HD void keyed_play(const EventStream& s, const KeyedProgram& k, const Tissue& t, const LaneTissue<V>& lt,
                             Buf a, Buf b, Sink& sink, const V* ivt = nullptr) {
   PlayContext<V> cx;
-  cx.rf_uniform = !t.B1.present() && !t.B1phase_rad.present();
+  cx.rf_uniform = !t[field_B1].present() && !t[field_B1phase].present();
   cx.per_order = false;
   cx.c0 = 1.0f;
   cx.s0 = 0.0f;
-  cx.m0 = lt.M0;
+  cx.m0 = lt[field_M0];
   int64_t n = 1;
   for (int i = 0; i < 6; ++i) a[i] = V{};
   a[4] = splat<V>(1.0f);  // Z(0) = 1: equilibrium
-  const bool diffuses = t.D_m2_s.present();
+  const bool diffuses = t[field_D].present();
   IvCoef<V> cached{};
   int64_t cached_iv = -1;
   // the components the state holds: every one (null), or the last map's
@@ -234,7 +234,7 @@ BLOCHSIM_HD void keyed_play(const EventStream& s, const KeyedProgram& k, const T
         V g;
         for (int l = 0; l < LT::width; ++l) {
           using std::exp;
-          const Wd Dl = static_cast<Wd>(LT::get(lt.D, l));
+          const Wd Dl = static_cast<Wd>(LT::get(lt[field_D], l));
           LT::set(g, l, static_cast<S>(exp(-Dl * (tau * static_cast<M>(k2[j])))));
         }
         const Buf x = a + 6 * j;

@@ -550,9 +550,7 @@ inline int forward_registers_host(const EventStream& s, const Tissue& t, float* 
   for (int64_t p = 0; p < t.n; ++p) {
     // every member sees the problem's tissue
     const LaneTissue<float> one = gather<float>(t, &p);
-    const LaneTissue<V> lt = {splat<V>(one.T1), splat<V>(one.T2),      splat<V>(one.M0),
-                              splat<V>(one.B1), splat<V>(one.B1phase), splat<V>(one.B0),
-                              splat<V>(one.D),  splat<V>(one.v),       splat<V>(one.eta)};
+    const LaneTissue<V> lt = splat_tissue<V>(one, [](float x) { return splat<V>(x); });
     Store st;
     if constexpr (Tail) {
       std::fill(work.begin(), work.end(), 0.0f);

@@ -426,12 +426,12 @@ BLOCHSIM_HD inline int pooled_block(const EventStream& s, const Tissue& t, const
 // one exchanging pool).
 BLOCHSIM_HD inline bool pooled_real_path(const EventStream& s, const Tissue& t, const Pools& p) {
   if (!s.real_path || s.driven) return false;
-  if (t.B0_hz.present() || t.B0_hz.fallback != 0.0f || t.B1phase_rad.present() || t.B1phase_rad.fallback != 0.0f)
+  if (t[field_B0].present() || t[field_B0].fallback != 0.0f || t[field_B1phase].present() || t[field_B1phase].fallback != 0.0f)
     return false;
   const double ph = s.common_phase_rad;
   if (std::sin(ph) > 1e-6 || std::sin(ph) < -1e-6) return false;
   for (int j = 0; j < p.n_exchanging; ++j)
-    if (p.pool[j][pool_shift_hz].present()) return false;
+    if (p.exchanging(j)[pool_shift_hz].present()) return false;
   return (p.n_exchanging == 0 && p.bound) || (p.n_exchanging == 1 && !p.bound);
 }
 

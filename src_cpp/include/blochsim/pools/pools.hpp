@@ -73,23 +73,24 @@ struct Pools {
   int32_t n_exchanging = 0;  // pools B, C, ... with transverse states (0 .. 4)
   int32_t bound = 0;         // 1: the semisolid pool is on
   int32_t lineshape = lineshape_super_lorentzian;
-  Property bound_fraction{nullptr, 0, field_table[field_bound_fraction].fallback};
-  Property bound_exchange_hz{nullptr, 0, field_table[field_bound_exchange_hz].fallback};
-  Property bound_T1_s{nullptr, 0, field_table[field_bound_T1_s].fallback};
-  Property bound_T2_s{nullptr, 0, field_table[field_bound_T2_s].fallback};
-  Property pool[max_exchanging_pools][pool_columns] = {};
+#define BLOCHSIM_POOL_ABSENT(L) BLOCHSIM_POOL_COLUMNS(BLOCHSIM_ABSENT, L)
+  // the pool fields in their order, tissue_fields <= f < pool_field_count
+  Property field[pool_field_count - tissue_fields] = {
+      BLOCHSIM_BOUND_FIELDS(BLOCHSIM_ABSENT) BLOCHSIM_EXCHANGING_POOLS(BLOCHSIM_POOL_ABSENT)};
+#undef BLOCHSIM_POOL_ABSENT
+
+  // pool field f (tissue_fields <= f < pool_field_count)
+  BLOCHSIM_HD Property& operator[](int f) { return field[f - tissue_fields]; }
+  BLOCHSIM_HD const Property& operator[](int f) const { return field[f - tissue_fields]; }
+  // the pool_columns fields of exchanging pool j (0 = B), by PoolColumn
+  BLOCHSIM_HD Property* exchanging(int j) { return field + (field_pool_first - tissue_fields) + pool_columns * j; }
+  BLOCHSIM_HD const Property* exchanging(int j) const {
+    return field + (field_pool_first - tissue_fields) + pool_columns * j;
+  }
 };
 
 // The Property of pool field f (tissue_fields <= f < pool_field_count).
-inline Property& pool_property(Pools& p, int f) {
-  switch (f) {
-    case field_bound_fraction: return p.bound_fraction;
-    case field_bound_exchange_hz: return p.bound_exchange_hz;
-    case field_bound_T1_s: return p.bound_T1_s;
-    case field_bound_T2_s: return p.bound_T2_s;
-    default: return p.pool[(f - field_pool_first) / pool_columns][(f - field_pool_first) % pool_columns];
-  }
-}
+inline Property& pool_property(Pools& p, int f) { return p[f]; }
 
 inline namespace BLOCHSIM_ISA {
 
@@ -244,19 +245,19 @@ BLOCHSIM_HD inline PoolTissue<S> pool_tissue(const Tissue& t, const Pools& p, in
   q.n = 1 + p.n_exchanging;
   q.bound = p.bound != 0;
   q.m = q.n + (q.bound ? 1 : 0);
-  const S T1 = get(t.T1_s, field_T1, t.T1_s.fallback), T2 = get(t.T2_s, field_T2, t.T2_s.fallback);
-  q.M0 = get(t.M0, field_M0, t.M0.fallback);
-  q.B1 = get(t.B1, field_B1, t.B1.fallback);
-  q.B1phase = get(t.B1phase_rad, field_B1phase, t.B1phase_rad.fallback);
-  q.B0 = get(t.B0_hz, field_B0, t.B0_hz.fallback);
-  q.eta = get(t.inv_efficiency, field_eta, t.inv_efficiency.fallback);
+  const S T1 = get(t[field_T1], field_T1, t[field_T1].fallback), T2 = get(t[field_T2], field_T2, t[field_T2].fallback);
+  q.M0 = get(t[field_M0], field_M0, t[field_M0].fallback);
+  q.B1 = get(t[field_B1], field_B1, t[field_B1].fallback);
+  q.B1phase = get(t[field_B1phase], field_B1phase, t[field_B1phase].fallback);
+  q.B0 = get(t[field_B0], field_B0, t[field_B0].fallback);
+  q.eta = get(t[field_eta], field_eta, t[field_eta].fallback);
   q.R1[0] = S(1.0) / T1;
   q.R2[0] = S(1.0) / T2;
   q.shift[0] = S(0.0);
   S rest = S(1.0);
   for (int j = 0; j < p.n_exchanging; ++j) {
     const int base = field_pool_first + pool_columns * j;
-    const Property* c = p.pool[j];
+    const Property* c = p.exchanging(j);
     q.f[1 + j] = get(c[pool_fraction], base + pool_fraction, 0.0);
     q.k[1 + j] = get(c[pool_exchange_hz], base + pool_exchange_hz, 0.0);
     q.R1[1 + j] = c[pool_T1_s].present() ? S(1.0) / get(c[pool_T1_s], base + pool_T1_s, 1.0) : q.R1[0];
@@ -265,10 +266,10 @@ BLOCHSIM_HD inline PoolTissue<S> pool_tissue(const Tissue& t, const Pools& p, in
     rest = rest - q.f[1 + j];
   }
   if (q.bound) {
-    q.f[q.n] = get(p.bound_fraction, field_bound_fraction, p.bound_fraction.fallback);
-    q.k[q.n] = get(p.bound_exchange_hz, field_bound_exchange_hz, p.bound_exchange_hz.fallback);
-    q.R1[q.n] = S(1.0) / get(p.bound_T1_s, field_bound_T1_s, p.bound_T1_s.fallback);
-    q.T2b = get(p.bound_T2_s, field_bound_T2_s, p.bound_T2_s.fallback);
+    q.f[q.n] = get(p[field_bound_fraction], field_bound_fraction, p[field_bound_fraction].fallback);
+    q.k[q.n] = get(p[field_bound_exchange_hz], field_bound_exchange_hz, p[field_bound_exchange_hz].fallback);
+    q.R1[q.n] = S(1.0) / get(p[field_bound_T1_s], field_bound_T1_s, p[field_bound_T1_s].fallback);
+    q.T2b = get(p[field_bound_T2_s], field_bound_T2_s, p[field_bound_T2_s].fallback);
     rest = rest - q.f[q.n];
   }
   q.f[0] = rest;
@@ -665,7 +666,7 @@ inline int validate_pool_config(const EventStream& s, const Tissue& t, const Poo
   if (p.n_exchanging < 0 || p.n_exchanging > max_exchanging_pools || p.lineshape < 0 ||
       p.lineshape >= lineshape_count)
     return bad_pools;
-  if (t.D_m2_s.present() || t.v_m_s.present()) return pools_without_motion;
+  if (t[field_D].present() || t[field_v].present()) return pools_without_motion;
   if (s.n_events > 0 && s.rf_duration_s) {
     for (int64_t e = 0; e < s.n_events; ++e)
       if (!(s.rf_duration_s[e] >= 0.0f)) return bad_pools;
@@ -681,13 +682,13 @@ inline int validate_pools(const EventStream& s, const Tissue& t, const Pools& p)
   for (int64_t i = 0; i < t.n; ++i) {
     double sum = 0.0;
     for (int j = 0; j < p.n_exchanging; ++j) {
-      const double fj = p.pool[j][pool_fraction].at(i), kj = p.pool[j][pool_exchange_hz].at(i);
+      const double fj = p.exchanging(j)[pool_fraction].at(i), kj = p.exchanging(j)[pool_exchange_hz].at(i);
       if (!(fj >= 0.0) || !(kj >= 0.0)) return bad_pool_fraction;
       sum += fj;
     }
     if (p.bound) {
-      const double fb = p.bound_fraction.at(i), kb = p.bound_exchange_hz.at(i);
-      if (!(fb >= 0.0) || !(kb >= 0.0) || !(p.bound_T1_s.at(i) > 0.0) || !(p.bound_T2_s.at(i) > 0.0))
+      const double fb = p[field_bound_fraction].at(i), kb = p[field_bound_exchange_hz].at(i);
+      if (!(fb >= 0.0) || !(kb >= 0.0) || !(p[field_bound_T1_s].at(i) > 0.0) || !(p[field_bound_T2_s].at(i) > 0.0))
         return bad_pool_fraction;
       sum += fb;
     }
