@@ -9,7 +9,7 @@ CPUs (BLOCHSIM_NUM_THREADS = CPUs / workers, one task a worker).
 import numpy as np
 import pytest
 
-from blochsim import _dispatch
+from blochsim._engine import dispatch as _dispatch
 from blochsim.cli import reference_flips
 from blochsim.estimators import DictionaryMatcher
 from blochsim.simulators import MRFSimulator

@@ -16,14 +16,14 @@ Run: ``pytest bench/test_bench_device_estimators.py --benchmark-only``.
 import numpy as np
 import pytest
 
-from blochsim import _dispatch
+from blochsim._engine import dispatch as _dispatch
 
 cupy = pytest.importorskip("cupy")
 if not _dispatch.cuda_status()[0]:
     pytest.skip("no usable CUDA device", allow_module_level=True)
 
 from blochsim import _core  # noqa: E402
-from blochsim._device import DeviceArray  # noqa: E402
+from blochsim._arrays.device import DeviceArray  # noqa: E402
 from blochsim.cli import reference_flips  # noqa: E402
 from blochsim.estimators import PERK, DictionaryMatcher  # noqa: E402
 from blochsim.simulators import MRFSimulator  # noqa: E402

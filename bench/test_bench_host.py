@@ -155,7 +155,8 @@ def _perk_model(d, F, p, seed=0):
 def test_perk_map_100k(benchmark, pullback):
     """Fused features + regression (and its pullback) of 1e5 voxels, d =
     1000 inputs (500 complex contrasts), F = 1000 features, 2 estimates."""
-    from blochsim import _core, _dispatch
+    from blochsim import _core
+    from blochsim._engine import dispatch as _dispatch
     n, d, F, p = 100_000, 1000, 1000, 2
     om, ph, W, off = _perk_model(d, F, p)
     x = np.random.default_rng(1).standard_normal((n, d)).astype(np.float32)

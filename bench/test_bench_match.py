@@ -16,9 +16,9 @@ complex multiply-add, the arithmetic of the phase-insensitive score) in
 import numpy as np
 import pytest
 
-from blochsim import _dispatch
+from blochsim._engine import dispatch as _dispatch
 from blochsim.cli import reference_flips
-from blochsim.estimators.dictionary import _basis, _best, _gram, _unit_rows
+from blochsim.estimators.dictionary._atoms import _basis, _best, _gram, _unit_rows
 from blochsim.simulators import MRFSimulator
 
 N = 100_000

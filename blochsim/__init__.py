@@ -43,9 +43,9 @@ if _installed:
     __file__ = _os.path.join(_installed[0], "__init__.py")
 
 from blochsim._core import CudaError
-from blochsim._device import DeviceArray
-from blochsim._dispatch import backends
-from blochsim._pools import POOL_PROPERTIES, lineshape
+from blochsim._arrays.device import DeviceArray
+from blochsim._engine.dispatch import backends
+from blochsim._engine.pools import POOL_PROPERTIES, lineshape
 from blochsim.sequence import (Delay, Dephase, Excitation, Inversion, Operator, Pulse, Readout,
                                RectPulse, Refocusing, SampledPulse, Saturation, Sequence, Spoil, hyperbolic_secant,
                                power_factor, slice_profile)

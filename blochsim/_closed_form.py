@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from blochsim import _reverse
-from blochsim import _validate as V
+from blochsim._engine import reverse as _reverse
+from blochsim._arrays import validate as V
 from blochsim._protocol import Base, check_diff_values
 
 

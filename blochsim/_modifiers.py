@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from blochsim import _pools, _reverse, steady
-from blochsim import _validate as V
+from blochsim import steady
+from blochsim._engine import pools as _pools, reverse as _reverse
+from blochsim._arrays import validate as V
 from blochsim._protocol import SliceProfile, check_diff_values, check_order, protocol_key
 from blochsim.sequence import Readout, Traced, trace
 
@@ -38,7 +39,7 @@ def _conj(a):
     PyTorch or blochsim (a new array of the same library)."""
     if not V.is_device_array(a):
         return np.conj(a)
-    from blochsim._device import DeviceArray
+    from blochsim._arrays.device import DeviceArray
     if isinstance(a, DeviceArray):
         return DeviceArray.from_numpy(np.conj(a.get()))
     c = a.conj()

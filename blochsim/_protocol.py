@@ -11,8 +11,9 @@ import threading
 
 import numpy as np
 
-from blochsim import _core, _dispatch, _pools
-from blochsim import _validate as V
+from blochsim import _core
+from blochsim._engine import dispatch as _dispatch, pools as _pools
+from blochsim._arrays import validate as V
 from blochsim.sequence import Operator, pack, pack_with_provenance, trace
 from blochsim.sequence.packing import EV_INVERSION
 
@@ -263,7 +264,7 @@ class Played(Base):
         alt = self._keyed_alternative(p)
         if alt is None or alt.moments is None:
             return s, ps
-        from blochsim import _backend_host
+        from blochsim._engine import host as _backend_host
 
         program = keyed.program_for(type(self).__name__, alt, _backend_host.ranges(arrays, shape),
                                     list(_core.TISSUE_FIELDS))
@@ -301,6 +302,25 @@ class Played(Base):
             dk = p["crusher_dephasing_rad"] / p["voxel_size_m"]
             voxel = p["voxel_size_m"]
         return s, _core.PackedStream(s, states, dk, voxel, real, phi0), states, bool(real)
+
+    def _pooled_call(self, p, tissue, names, stream=None, keyed=False):
+        """The tissue of a call with its idle pools dropped and, for a call
+        the pooled kernels play (pools, or exact rectangular pulses),
+        ((exchanging pools, bound pool), the event stream, its packed form);
+        else None.  A stream of 3-D moments is refused unless ``keyed``
+        (the caller plays it on the moment-keyed EPG)."""
+        owner = type(self).__name__
+        if _pools.any_pool(tissue):
+            tissue = _pools.drop_idle(tissue, names, owner)
+        if not _pools.any_pool(tissue) and (self._packed(p) if stream is None else stream).driven is None:
+            return tissue, None
+        pools = _pools.configuration(tissue, owner)
+        s, ps, _, _ = self._stream_for(p, set(tissue), stream, keyed=keyed)
+        return tissue, (pools, s, ps)
+
+    def _streams(self, p):
+        """What the engine may ask of this simulator for protocol p."""
+        return Streams(self, p)
 
     def _refuse_idle_inversion(self):
         raise TypeError(f"{type(self).__name__} plays no ideal inversion with this protocol, so "
@@ -431,3 +451,43 @@ class SliceProfile:
 
     def __hash__(self):
         return hash((self.scales.tobytes(), self.weights.tobytes()))
+
+
+class Streams:
+    """The event streams of one call's protocol, as the engine
+    (:mod:`blochsim._engine`) asks for them: all it sees of a simulator."""
+
+    def __init__(self, sim, p):
+        self._sim = sim
+        #: the checked protocol values
+        self.p = p
+        #: the simulator's class name, naming the call in refusals
+        self.name = type(sim).__name__
+        #: 0: the host backend; else the device's register teams emulated on the host (tests)
+        self.variant = sim._host_variant
+        #: the semisolid pool's lineshape, as an index of blochsim._engine.pools.LINESHAPES
+        self.lineshape = _pools.LINESHAPES.index(p["lineshape"])
+        #: device memory a call of NumPy inputs may use on the card (None: most of the free memory)
+        self.budget = p["budget_bytes"]
+
+    def packed(self):
+        """The protocol's event stream (blochsim.sequence.EventStream)."""
+        return self._sim._packed(self.p)
+
+    def stream(self, present, stream=None, keyed=False):
+        """(stream, packed stream, states, real path) for the tissue
+        properties ``present``: the protocol's stream or ``stream``."""
+        return self._sim._stream_for(self.p, present, stream, keyed)
+
+    def host_stream(self, present, s, ps, states, arrays, shape):
+        """The stream a host simulate or jacobian plays: ``s`` or the
+        moment-keyed stream of the same protocol where it is cheaper."""
+        return self._sim._host_stream(self.p, present, s, ps, states, arrays, shape)
+
+    def pooled(self, tissue, names, stream=None, keyed=False):
+        """(tissue without idle pools, (pools, stream, packed) or None)."""
+        return self._sim._pooled_call(self.p, tissue, names, stream, keyed)
+
+    def tissue(self, tissue):
+        """The host tissue arrays, checked, and their voxel shape."""
+        return self._sim._tissue(tissue)

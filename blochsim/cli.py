@@ -19,7 +19,8 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-from blochsim import _dispatch, _noise
+from blochsim._engine import dispatch as _dispatch
+from blochsim._arrays import noise as _noise
 from blochsim.simulators import MRFSimulator
 
 
@@ -289,7 +290,7 @@ def maps_job(args, device, info, client=None):
 def _acquire(args, sim, tissue, device, client):
     """The phantom's noisy signals (voxels, TRs): simulated, then complex
     Gaussian noise of standard deviation ``args.noise`` a part from the
-    core's counter-based generator (:mod:`blochsim._noise`), the same numbers
+    core's counter-based generator (:mod:`blochsim._arrays.noise`), the same numbers
     on any device.  On the GPU they stay there (a DeviceArray); on a cluster
     they are a Dask array."""
     key = _noise.key(args.seed)
@@ -303,7 +304,7 @@ def _acquire(args, sim, tissue, device, client):
         _noise.add(noise, args.noise, key, 0, _noise.ACQUISITION, threads=_dispatch.call_threads(args.threads))
         return _progress(args, clean + noise, "acquisition")
     if device == "cuda":
-        from blochsim._device import DeviceArray
+        from blochsim._arrays.device import DeviceArray
         signals = DeviceArray((n, args.trs), np.complex64)
         sim.simulate(**{k: DeviceArray.from_numpy(np.ascontiguousarray(v, np.float32)) for k, v in tissue.items()},
                      out=signals)

@@ -23,15 +23,11 @@ shape and plays it through the EPG kernels.  Writing a custom sequence::
 """
 from __future__ import annotations
 
-import numpy as np
-
-from blochsim import _backend_device, _backend_host, _backend_pooled, _dispatch, _modifiers, _pools, _reverse
+from blochsim import _modifiers
 from blochsim._closed_form import ClosedFormSimulator
-from blochsim import _validate
-from blochsim._device import device_inputs
-from blochsim._device import device_results as _device_results
-from blochsim._device import from_host as _from_host
-from blochsim._device import to_host as _to_host
+from blochsim._engine import dispatch, pools
+from blochsim._engine.request import Request
+from blochsim._engine.table import run
 from blochsim._protocol import PLAYED_COMMON, Played, check_diff_values
 
 __all__ = ["ClosedFormSimulator", "PLAYED_COMMON", "Simulator"]
@@ -224,28 +220,8 @@ class Simulator(Played):
             return done
         proto, tissue = self._split(values)
         p = self._protocol_values(proto)
-        route = _dispatch.route(self.device, self.threads, tissue, out)
-        tissue, pooled = self._pooled_call(p, tissue, (), keyed=True)
-        if pooled is not None:
-            pools, s, ps = pooled
-            return _backend_pooled.play(type(self).__name__, ps, _pools.LINESHAPES.index(p["lineshape"]), tissue,
-                                        pools, route, (), out, self._host_variant, keyed=s)[0]
-        owner = f"{type(self).__name__}.simulate"
-        if route.device == "cuda" and route.on_device:
-            _, ifaces, arrays, shape = device_inputs(tissue, route.on_device)
-            s, ps, _, _ = self._stream_for(p, set(tissue), keyed=True)
-            return _backend_device.resident(owner, ps, arrays, ifaces, shape, shape + (ps.n_samples,), out,
-                                            keyed=s if s.moments is not None else None)
-        arrays, shape = self._tissue(tissue)
-        s, ps, states, _ = self._stream_for(p, set(arrays), keyed=True)
-        if s.moments is not None and route.device == "cuda":
-            return _backend_device.keyed_from_host(owner, s, ps, arrays, shape, out)
-        if route.device != "cuda":
-            s, ps = self._host_stream(p, set(arrays), s, ps, states, arrays, shape)
-        if s.moments is not None:
-            return _backend_host.keyed_forward(owner, s, ps, arrays, shape, out, route.threads)
-        streamed = (p["budget_bytes"] or 0) if route.device == "cuda" else None
-        return _backend_host.forward(owner, ps, arrays, shape, out, route.threads, self._host_variant, streamed)
+        route = dispatch.route(self.device, self.threads, tissue, out)
+        return run(Request("simulate", self._streams(p), tissue, route, out=out))
 
     def jacobian(self, diff, order=1, out=None, **values):
         """Signal and its derivatives with respect to tissue properties, in one
@@ -280,43 +256,11 @@ class Simulator(Played):
             return done
         names, proto, tissue = self._jacobian_request(diff, order, values)
         p = self._protocol_values(proto)
-        one = isinstance(diff, str)
         if out is not None and (not isinstance(out, tuple) or len(out) != 2):
             raise TypeError(f"out must be a tuple (signal, J) of two arrays, got {type(out).__name__}")
-        route = _dispatch.route(self.device, self.threads, tissue, out)
-        tissue, pooled = self._pooled_call(p, tissue, names, keyed=True)
-        if pooled is not None:
-            pools, s, ps = pooled
-            signal, J = _backend_pooled.play(type(self).__name__, ps, _pools.LINESHAPES.index(p["lineshape"]),
-                                             tissue, pools, route, names, out, self._host_variant, keyed=s)
-            # (device results come back shaped)
-            return out if out is not None else (signal, J[..., 0, :] if one and isinstance(J, np.ndarray) else J)
-        owner = f"{type(self).__name__}.jacobian"
-        fields, scale = _reverse.fields_and_scale(names)
-        if route.device == "cuda" and self._packed(p).moments is not None:
-            signal, J, library = self._keyed_jacobian_on_host(p, tissue, route, names)
-            if library is None and "out" not in route.on_device:
-                if out is None:
-                    return signal, J[..., 0, :] if one else J
-                for name, a, want in zip(("out[0]", "out[1]"), out, (signal.shape, (J[..., 0, :] if one else J).shape)):
-                    _validate.check_host_out(name, a, want)
-                out[0][...] = signal
-                out[1][...] = J[..., 0, :] if one else J
-                return out
-            return _device_results(signal, J, out, library or "numpy", names)
-        if route.device == "cuda":
-            intake = device_inputs(tissue, route.on_device)
-            _, ps, states, real = self._stream_for(p, set(tissue))
-            _backend_device.check_states(states, real, "this Jacobian")
-            return _backend_device.jacobian(owner, ps, intake, names, fields, scale, one, out)
-        arrays, shape = self._tissue(tissue)
-        s, ps, states, _ = self._stream_for(p, set(arrays), keyed=True)
-        s, ps = self._host_stream(p, set(arrays), s, ps, states, arrays, shape)
-        if s.moments is not None:
-            return _backend_host.keyed_jacobian(owner, s, ps, arrays, shape, fields, scale, one, route.threads, out)
-        result, _ = _backend_host.jacobian(owner, ps, arrays, shape, fields, scale, one, route.threads,
-                                           self._host_variant, out)
-        return result
+        route = dispatch.route(self.device, self.threads, tissue, out)
+        return run(Request("jacobian", self._streams(p), tissue, route, names=tuple(names),
+                           one=isinstance(diff, str), out=out))
 
     def vjp(self, wrt, **values):
         """Signal and its pullback: reverse-mode gradients of a real loss of
@@ -374,25 +318,10 @@ class Simulator(Played):
         p = self._protocol_values(proto)
         protocol_names, tissue_names = self._vjp_names(names, p)
         check_diff_values(tissue_names, tissue, "vjp")
-        route = _dispatch.route(self.device, self.threads, tissue)
-        stream, prov, pshapes = self._traced_stream(p, proto, protocol_names)
-        if stream.moments is not None:
-            return self._keyed_vjp(p, tissue, route, protocol_names, tissue_names)
-        tissue, pooled = self._pooled_call(p, tissue, tissue_names, stream)
-        if pooled is not None:
-            pools, s, ps = pooled
-            return _backend_pooled.vjp(type(self).__name__, s, ps, _pools.LINESHAPES.index(p["lineshape"]), tissue,
-                                       pools, route, names, tissue_names, p, prov, pshapes, self._host_variant)
-        owner = f"{type(self).__name__}.vjp"
-        if route.device == "cuda":
-            intake = device_inputs(tissue, route.on_device)
-            s, ps, _, _ = self._stream_for(p, set(tissue), stream)
-            fields, scale = _reverse.fields_and_scale(tissue_names)
-            return _backend_device.vjp(owner, s, ps, intake, names, tissue_names, fields, scale, p, prov, pshapes)
-        arrays, shape = self._tissue(tissue)
-        s, ps, _, _ = self._stream_for(p, set(arrays), stream)
-        return _backend_host.vjp(owner, s, ps, arrays, shape, names, tissue_names, p, prov, pshapes, route.threads,
-                                 self._host_variant)
+        route = dispatch.route(self.device, self.threads, tissue)
+        traced = self._traced_stream(p, proto, protocol_names)
+        return run(Request("vjp", self._streams(p), tissue, route, names=tuple(tissue_names), wrt=names,
+                           protocol_names=tuple(protocol_names), traced=traced))
 
     def jacobian_vjp(self, diff, wrt, **values):
         """Signal, tissue Jacobian, and the pullback of a cost of the Jacobian
@@ -440,7 +369,7 @@ class Simulator(Played):
         names, proto, tissue = self._jacobian_request(diff, 1, values)
         wrt_names = (wrt,) if isinstance(wrt, str) else tuple(wrt)
         p = self._protocol_values(proto)
-        if _pools.any_pool(tissue) or self._packed(p).driven is not None:
+        if pools.any_pool(tissue) or self._packed(p).driven is not None:
             raise ValueError(f"{type(self).__name__}.jacobian_vjp: second order is not available with pools or "
                              f"exact rectangular pulses (RectPulse); the tissue Jacobian (jacobian) and reverse "
                              f"mode (vjp) are")
@@ -448,77 +377,8 @@ class Simulator(Played):
         if tissue_wrt:
             raise TypeError(f"jacobian_vjp differentiates with respect to protocol parameters; "
                             f"{tissue_wrt[0]!r} is a tissue property")
-        route = _dispatch.route(self.device, self.threads, tissue)
-        stream, prov, pshapes = self._traced_stream(p, proto, protocol_names)
-        one = isinstance(diff, str)
-        owner = f"{type(self).__name__}.jacobian_vjp"
-        if route.device == "cuda":
-            intake = device_inputs(tissue, route.on_device)
-            s, ps, states, real = self._stream_for(p, set(tissue), stream)
-            _backend_device.check_states(states, real, "jacobian_vjp")
-            return _backend_device.jacobian_vjp(owner, s, ps, intake, names, one, wrt_names, p, prov, pshapes)
-        arrays, shape = self._tissue(tissue)
-        s, ps, _, _ = self._stream_for(p, set(arrays), stream)
-        return _backend_host.jacobian_vjp(owner, s, ps, arrays, shape, names, one, wrt_names, p, prov, pshapes,
-                                          route.threads, self._host_variant)
-
-    def _keyed_jacobian_on_host(self, p, tissue, route, names):
-        """The signal and Jacobian (*voxels, len(names), samples) of a
-        stream of 3-D moments on the host's moment-keyed EPG (its Jacobian
-        is not played on the card), pools included, device arrays copied
-        through the host; with the library of the device inputs (None
-        without one)."""
-        owner = f"{type(self).__name__}.jacobian"
-        tissue, library = _backend_pooled.stage(route, tissue)
-        host = route._replace(device="cpu", on_device=[])
-        tissue, pooled = self._pooled_call(p, tissue, names, keyed=True)
-        if pooled is not None:
-            pools, s, ps = pooled
-            signal, J = _backend_pooled.play(type(self).__name__, ps, _pools.LINESHAPES.index(p["lineshape"]), tissue,
-                                             pools, host, names, None, self._host_variant, keyed=s)
-            return signal, J, library
-        fields, scale = _reverse.fields_and_scale(names)
-        arrays, shape = self._tissue(tissue)
-        s, ps, _, _ = self._stream_for(p, set(arrays), keyed=True)
-        signal, J = _backend_host.keyed_jacobian(owner, s, ps, arrays, shape, fields, scale, False, route.threads)
-        return signal, J, library
-
-    def _keyed_vjp(self, p, tissue, route, protocol_names, tissue_names):
-        """vjp of a stream of 3-D moments: the pullback of the moment-keyed
-        Jacobian (forward mode along the tissue names, exact), on the host;
-        the keyed maps are not differentiated with respect to protocol
-        parameters."""
-        owner = f"{type(self).__name__}.vjp"
-        if protocol_names:
-            raise TypeError(f"{owner}: this sequence's gradient moments need the moment-keyed EPG, whose vjp "
-                            f"reaches tissue properties only, not the protocol parameters "
-                            f"{list(protocol_names)} (read the file with axis= and unit= to put its moments on "
-                            "one EPG order)")
-        staged, library = _backend_pooled.stage(route, tissue)
-        tshapes = {k: np.shape(staged[k]) for k in tissue_names}
-        signal, J, _ = self._keyed_jacobian_on_host(p, tissue, route, tissue_names)
-
-        def pullback(cotangent):
-            if library is not None and not isinstance(cotangent, np.ndarray):
-                cotangent = _to_host("cotangent", cotangent, allow_complex64=True)
-            cot = _reverse.cotangent(cotangent, signal.shape, dtype=np.complex128)
-            # dL/dθ = Σ_samples Re(conj(cot) ∂s/∂θ) (cot = dL/dRe s + i dL/dIm s)
-            return {k: _reverse.reduce_to(np.sum((np.conj(cot) * J[..., j, :]).real, axis=-1), tshapes[k])
-                    for j, k in enumerate(tissue_names)}
-
-        return (signal if library is None else _from_host(signal, library)), pullback
-
-    def _pooled_call(self, p, tissue, names, stream=None, keyed=False):
-        """The tissue of a call with its idle pools dropped and, for a call
-        the pooled kernels play (pools, or exact rectangular pulses),
-        ((exchanging pools, bound pool), the event stream, its packed form);
-        else None.  A stream of 3-D moments is refused unless ``keyed``
-        (the caller plays it on the moment-keyed EPG)."""
-        owner = type(self).__name__
-        if _pools.any_pool(tissue):
-            tissue = _pools.drop_idle(tissue, names, owner)
-        if not _pools.any_pool(tissue) and (self._packed(p) if stream is None else stream).driven is None:
-            return tissue, None
-        pools = _pools.configuration(tissue, owner)
-        s, ps, _, _ = self._stream_for(p, set(tissue), stream, keyed=keyed)
-        return tissue, (pools, s, ps)
+        route = dispatch.route(self.device, self.threads, tissue)
+        traced = self._traced_stream(p, proto, protocol_names)
+        return run(Request("jacobian_vjp", self._streams(p), tissue, route, names=tuple(names),
+                           one=isinstance(diff, str), wrt=wrt_names, protocol_names=tuple(protocol_names),
+                           traced=traced))

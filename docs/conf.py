@@ -105,7 +105,7 @@ def _entries(module_name, names, doc_module=None):
     return out
 
 
-_DATA_HOMES = ("blochsim._pools", "blochsim.sequence.operators", "blochsim.pulseq.dephasing", "blochsim.phantom")
+_DATA_HOMES = ("blochsim._engine.pools", "blochsim.sequence.operators", "blochsim.pulseq.dephasing", "blochsim.phantom")
 
 
 def _defined_in(name, module):

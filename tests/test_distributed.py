@@ -118,7 +118,7 @@ def test_a_task_takes_its_workers_share_of_the_cpus():
                                   dashboard_address=":0", env={"BLOCHSIM_NUM_THREADS": "2"}) as cluster:
         with distributed.Client(cluster) as c:
             def threads(s):
-                from blochsim import _dispatch
+                from blochsim._engine import dispatch as _dispatch
                 return s.threads, _dispatch.route(s.device, s.threads, {}).threads
 
             assert c.submit(threads, _mrf()).result() == (None, 1)
@@ -464,7 +464,7 @@ def test_a_worker_runs_its_chunks_on_its_gpu():
                                   dashboard_address=":0") as cluster:
         with distributed.Client(cluster) as c:
             def route():
-                from blochsim import _dispatch
+                from blochsim._engine import dispatch as _dispatch
                 return _dispatch.route("auto", None, {}).device
 
             assert list(c.run(route).values()) == ["cuda"]

@@ -161,6 +161,42 @@ def test_streaming_under_a_small_budget_equals_one_run():
     assert rel(whole, host) <= RTOL
 
 
+def test_every_operation_streams_numpy_under_a_small_budget():
+    """NumPy inputs with device="cuda": jacobian, vjp and jacobian_vjp run
+    in chunks under budget_bytes (here about 40 chunks), each equal to one
+    run of the whole and to the host."""
+    from blochsim.optim import CRLBCost
+
+    rng = np.random.default_rng(5)
+    tissue = {"T1": rng.uniform(300, 2500, (40, 50)), "T2": rng.uniform(20, 200, (40, 50)), "M0": 1.0}
+    flips = FLIPS[:100]
+    host = MRFSimulator(flip=flips, TR=10.0, states=24)
+    card = MRFSimulator(flip=flips, TR=10.0, states=24, device="cuda")
+    small = MRFSimulator(flip=flips, TR=10.0, states=24, device="cuda", budget_bytes=50 * 100 * 8 * 3)
+    s_h, J_h = host.jacobian(("T1", "T2"), **tissue)
+    s_w, J_w = card.jacobian(("T1", "T2"), **tissue)
+    s_c, J_c = small.jacobian(("T1", "T2"), **tissue)
+    np.testing.assert_array_equal(s_c, s_w)
+    np.testing.assert_array_equal(J_c, J_w)
+    assert rel(J_c, J_h) <= RTOL and J_c.shape == (40, 50, 2, 100)
+    w = np.exp(1j * np.arange(s_h.size) / 9.0).reshape(s_h.shape).astype(np.complex64)
+    g_h = host.vjp(("flip", "T2"), **tissue)[1](w)
+    for sim in (card, small):
+        s, pb = sim.vjp(("flip", "T2"), **tissue)
+        assert isinstance(s, np.ndarray) and rel(s, s_h) <= RTOL
+        g = pb(w)
+        for k in ("flip", "T2"):
+            assert g[k].shape == g_h[k].shape and rel(g[k], g_h[k]) <= RTOL, k
+    cost = CRLBCost(("M0", "T2"), noise_variance=1e-4, weights={"T2": 1.0})
+    s2, J2, pb2 = host.jacobian_vjp(("M0", "T2"), "flip", **tissue)
+    _, W = cost(J2)
+    g2 = pb2(W, 2 * s2)
+    for sim in (card, small):
+        s, J, pb = sim.jacobian_vjp(("M0", "T2"), "flip", **tissue)
+        assert isinstance(J, np.ndarray) and rel(J, J2) <= RTOL
+        assert rel(pb(W, 2 * s2)["flip"], g2["flip"]) <= RTOL
+
+
 def test_cupy_inputs_and_outputs():
     cp = pytest.importorskip("cupy")
     T1 = np.linspace(300, 2500, 1000)

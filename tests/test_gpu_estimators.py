@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from blochsim import _core
-from blochsim._device import DeviceArray
+from blochsim._arrays.device import DeviceArray
 from blochsim.estimators import PERK, DictionaryMatcher
-from blochsim.estimators.dictionary import _best
+from blochsim.estimators.dictionary._atoms import _best
 from blochsim.simulators import MRFSimulator, SpinEchoSimulator
 from test_matching import _random
 
@@ -230,7 +230,7 @@ def test_perk_training_on_the_card_with_known_log_and_cartesian_inputs():
 
 
 def test_device_noise_is_the_hosts():
-    from blochsim import _noise
+    from blochsim._arrays import noise as _noise
     rng = np.random.default_rng(9)
     base = (rng.standard_normal(200_001) + 1j * rng.standard_normal(200_001)).astype(np.complex64)
     key = _noise.key(11)
@@ -262,7 +262,7 @@ def test_main_job_on_the_card_matches_the_cpu(capsys):
     """The main job on the card (signals, their noise, matching and PERK
     there) against the same job on the CPU: the same noise, so the same
     error table but for near-ties and single-precision training sums."""
-    from blochsim import _dispatch
+    from blochsim._engine import dispatch as _dispatch
     from blochsim.cli import build_parser, maps_job
     args = build_parser().parse_args(["--size", "40", "--trs", "200", "--quiet", "--maps", ""])
     status, cpu = maps_job(args, "cpu", _dispatch.backends())

@@ -4,7 +4,7 @@ and the picture; the phantom itself; the command's refusals."""
 import numpy as np
 import pytest
 
-from blochsim import _dispatch
+from blochsim._engine import dispatch as _dispatch
 from blochsim.cli import build_parser, main, maps_job
 from blochsim.phantom import TISSUES, brain_phantom
 

@@ -7,7 +7,7 @@ import pytest
 
 from blochsim import _core
 from blochsim.estimators import DictionaryMatcher
-from blochsim.estimators.dictionary import _best
+from blochsim.estimators.dictionary._atoms import _best
 from blochsim.simulators import MRFSimulator, SpinEchoSimulator
 
 
@@ -164,7 +164,7 @@ def test_subspace_match_without_refinement_is_the_projected_brute_force():
 def test_device_options_refused_without_a_usable_gpu():
     """device="cuda" on a machine whose CUDA backend cannot run (CI's) is
     refused by name before anything runs; a bad device name too."""
-    from blochsim import _dispatch
+    from blochsim._engine import dispatch as _dispatch
     from blochsim.estimators import PERK
     if _dispatch.cuda_status()[0]:
         pytest.skip("a GPU is usable here: tests/test_gpu_estimators.py covers the device")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from blochsim import _noise
+from blochsim._arrays import noise as _noise
 
 M = 0xFFFFFFFF
 

@@ -541,7 +541,7 @@ def test_the_default_plays_keyed_by_moment_where_that_is_less_work(tmp_path, mon
     simulate and jacobian on the moment-keyed EPG, and vjp on one order;
     both against the oracle, and the Jacobians against each other.  An EPI
     (one order, a band of one) stays on one order."""
-    from blochsim import _backend_host
+    from blochsim._engine import host as _backend_host
     from blochsim.sequence import keyed
 
     played = []
@@ -1208,7 +1208,8 @@ def test_the_core_refuses_a_keyed_program_past_its_slots(tmp_path):
     """A program's entries and its reach are checked before any block
     plays: a source past the map's slots, a reach that misses slots or the
     origin's Z, are refused, not read."""
-    from blochsim import _backend_host, _core
+    from blochsim import _core
+    from blochsim._engine import host as _backend_host
     from blochsim.sequence import keyed
 
     sim = Simulator.from_pulseq(tse_unequal(tmp_path / "unequal.seq", echoes=6))

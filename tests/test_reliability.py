@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 import blochsim
-from blochsim import _core, _memory, simulators as S
+from blochsim import _core, simulators as S
+from blochsim._engine import memory as _memory
 from blochsim.estimators import PERK, DictionaryMatcher, LookupTable, NonlinearLeastSquares
 from interrupts import assert_ctrl_c_stops
 

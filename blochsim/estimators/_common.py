@@ -7,8 +7,8 @@ import operator
 
 import numpy as np
 
-from blochsim import _dispatch
-from blochsim import _validate as V
+from blochsim._engine import dispatch as _dispatch
+from blochsim._arrays import validate as V
 
 
 def _auto_count(name, value):

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from blochsim import _core, _dispatch, _noise
-from blochsim import _validate as V
+from blochsim import _core
+from blochsim._engine import dispatch as _dispatch
+from blochsim._arrays import noise as _noise
+from blochsim._arrays import validate as V
 
 
 def wanted(dm, signals=None) -> bool:
@@ -24,14 +26,14 @@ def wanted(dm, signals=None) -> bool:
 
 def _columns(params, a, b):
     """Device float32 columns of rows [a, b) of the parameter table."""
-    from blochsim._device import DeviceArray
+    from blochsim._arrays.device import DeviceArray
     return {k: DeviceArray.from_numpy(np.ascontiguousarray(v[a:b], np.float32)) for k, v in params.items()}
 
 
 def _simulate(sim, params, fixed, a, b, contrasts):
     """Atoms of rows [a, b) of ``params`` simulated on the device: a
     DeviceArray (b - a, contrasts), complex64."""
-    from blochsim._device import DeviceArray
+    from blochsim._arrays.device import DeviceArray
     out = DeviceArray((b - a, contrasts), np.complex64)
     sim.simulate(**_columns(params, a, b), **fixed, out=out)
     return out
@@ -49,7 +51,7 @@ def fit(dm, params, fixed, contrasts):
     """Simulate the dictionary of the parameter table ``params`` on the
     device, chunk by chunk, each chunk's atoms normalised and (with a
     subspace) projected there; ``dm`` then holds them as a DeviceArray."""
-    from blochsim._device import DeviceArray
+    from blochsim._arrays.device import DeviceArray
     if dm.groups is not None:
         raise ValueError("DictionaryMatcher: groups is not available on the device (device='cuda'); the fused "
                          "kernel matches every atom at the card's rate")
@@ -93,7 +95,7 @@ def fit(dm, params, fixed, contrasts):
 def resident(dm):
     """The matcher's atoms and basis on the device, (DeviceArray, DeviceArray
     or None): as fitted there, or copied once from the host and kept."""
-    from blochsim._device import DeviceArray
+    from blochsim._arrays.device import DeviceArray
     if isinstance(dm._atoms, DeviceArray):
         return dm._atoms, dm._basis_dev
     if dm._device_copy is None:
@@ -106,7 +108,7 @@ def _device_signals(signals, contrasts, what):
     """Signals as (pointer, voxel shape, library, holder): a complex64
     device array as it is (checked finite on the device), NumPy ones
     copied to the device once."""
-    from blochsim._device import DeviceArray, Interface
+    from blochsim._arrays.device import DeviceArray, Interface
     from blochsim.estimators._common import _signals
     if V.is_device_array(signals):
         it = Interface("signals", signals, allow_complex64=True)
@@ -131,8 +133,8 @@ def _device_signals(signals, contrasts, what):
 def match(dm, signals, k, m, refine):
     """DictionaryMatcher.match on the device: maps as NumPy arrays for NumPy
     signals, as device arrays of the signals' library for device ones."""
-    from blochsim._device import DeviceArray, to_library
-    from blochsim.estimators.dictionary import EXACT_MARGIN, _exact_order
+    from blochsim._arrays.device import DeviceArray, to_library
+    from blochsim.estimators.dictionary._atoms import EXACT_MARGIN, _exact_order
     c = dm.contrasts
     sig_ptr, shape, library, holder = _device_signals(signals, c, "DictionaryMatcher.match")
     n = int(np.prod(shape, dtype=np.int64))
@@ -211,7 +213,7 @@ def perk_map(perk, signals, known, uncertainty):
     (perk_inputs_kernel) and the fused map (cuda/perk.cuh); maps as NumPy
     arrays for NumPy signals, device arrays of the signals' library for
     device ones."""
-    from blochsim._device import DeviceArray, to_library
+    from blochsim._arrays.device import DeviceArray, to_library
     if perk._model is None:
         raise RuntimeError("PERK.map needs a fitted PERK: call fit() first")
     c = perk.contrasts
@@ -243,7 +245,7 @@ def perk_map(perk, signals, known, uncertainty):
 
 def is_device(v) -> bool:
     """Whether v is a blochsim DeviceArray."""
-    from blochsim._device import DeviceArray
+    from blochsim._arrays.device import DeviceArray
     return isinstance(v, DeviceArray)
 
 
@@ -261,7 +263,7 @@ def to_host(sums):
 def _training_arrays(perk, spec):
     """The features' frequencies and phases and the input basis on the
     device, copied there once per fit."""
-    from blochsim._device import DeviceArray
+    from blochsim._arrays.device import DeviceArray
     held = getattr(perk, "_training_device", None)
     if held is None or held[0] is not spec["omega"]:
         arrays = {k: DeviceArray.from_numpy(np.ascontiguousarray(spec[k], np.float32)) for k in ("omega", "phase")}
@@ -274,10 +276,10 @@ def _training_arrays(perk, spec):
 def perk_block(perk, spec, b, theta):
     """One PERK training block on the device: the signals of draws theta (m,
     p) simulated there, the block's noise added there (the host's numbers:
-    :mod:`blochsim._noise`), their inputs and features formed and summed
+    :mod:`blochsim._arrays.noise`), their inputs and features formed and summed
     there.  Returns (Σ z, Σ z zᵀ, Σ t, Σ t zᵀ, m): the sums of z as float64
     DeviceArrays, those of t (the few targets) in NumPy."""
-    from blochsim._device import DeviceArray
+    from blochsim._arrays.device import DeviceArray
     names = list(spec["spans"])
     m, c, d = len(theta), spec["contrasts"], spec["inputs"]
     F = spec["omega"].shape[0]
@@ -309,7 +311,7 @@ def perk_block(perk, spec, b, theta):
 def _perk_model(perk):
     """The fitted model's arrays (and input basis) on the device, copied
     there once per fit."""
-    from blochsim._device import DeviceArray
+    from blochsim._arrays.device import DeviceArray
     if perk._device_model is None:
         arrays = {k: DeviceArray.from_numpy(np.ascontiguousarray(v, np.float32)) for k, v in perk._model.items()}
         if perk._basis is not None:
@@ -322,7 +324,7 @@ def perk_run(perk, x, g, p):
     """PERK's first p estimates of the inputs x (n, d) on the device and,
     with a cotangent g (n, p), its pullback to x: (out (n, p), xbar (n, d)
     or None), NumPy."""
-    from blochsim._device import DeviceArray
+    from blochsim._arrays.device import DeviceArray
     model = _perk_model(perk)
     n, d = x.shape
     F = perk._model["omega"].shape[0]
@@ -348,7 +350,7 @@ def projected_chunk(sim, params, fixed, basis):
     """Atoms of the parameter table ``params`` simulated on the device,
     normalised and projected on ``basis`` (contrasts, r) there: (unit
     projections (m, r) complex64, norms (m,) float64), NumPy."""
-    from blochsim._device import DeviceArray
+    from blochsim._arrays.device import DeviceArray
     m = len(next(iter(params.values())))
     c, r = basis.shape
     block = _simulate(sim, params, fixed, 0, m, c)

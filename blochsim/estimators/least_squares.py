@@ -6,7 +6,7 @@ import numbers
 
 import numpy as np
 
-from blochsim import _validate as V
+from blochsim._arrays import validate as V
 from blochsim.estimators._common import _contrasts, _ranges, _signals, _some_contrasts
 
 

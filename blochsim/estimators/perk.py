@@ -6,8 +6,10 @@ import numbers
 
 import numpy as np
 
-from blochsim import _core, _dispatch, _noise
-from blochsim import _validate as V
+from blochsim import _core
+from blochsim._engine import dispatch as _dispatch
+from blochsim._arrays import noise as _noise
+from blochsim._arrays import validate as V
 from blochsim.estimators import _on_device
 from blochsim.estimators._common import _auto_count, _levelwise, _ranges, _signals, _some_contrasts, _threads
 
@@ -183,7 +185,7 @@ class PERK:
         """(theta (m, p), known columns, signals (m, contrasts) complex64)
         of training blocks b0 to b1 - 1 on the host: the parameters of
         :meth:`_thetas`, their signals, and the block's noise from the
-        core's counter-based generator (:mod:`blochsim._noise`, the same
+        core's counter-based generator (:mod:`blochsim._arrays.noise`, the same
         numbers as on the device)."""
         names = list(spec["spans"])
         parts = []
@@ -432,7 +434,7 @@ class PERK:
         """The ``known`` maps of :meth:`map` (NumPy or device arrays), each
         broadcast to the voxel ``shape`` and flattened, float64, in
         ``self.known``'s order."""
-        from blochsim._device import to_host
+        from blochsim._arrays.device import to_host
         known = {} if known is None else dict(known)
         missing = [k for k in self.known if k not in known]
         extra = [k for k in known if k not in self.known]

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from blochsim import _validate as V
+from blochsim._arrays import validate as V
 from blochsim.pulseq.dephasing import DEFAULT_VOXEL_M, _Dephasing
 from blochsim.pulseq.file import PulseqBlock, PulseqError, _File
 from blochsim.sequence import GAMMA_RAD_PER_S_PER_T, Delay, Dephase, Pulse, Readout, RectPulse, Sequence, Spoil

@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 
-from blochsim import _validate as V
+from blochsim._arrays import validate as V
 from blochsim._protocol import _lazy_entry, protocol_key
 from blochsim.pulseq.file import PulseqError, _File
 from blochsim.pulseq.reader import _field_strength, _read, _Reader

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from blochsim import _validate as V
+from blochsim._arrays import validate as V
 from blochsim.sequence.operators import SampledPulse, _dwell_us, _waveform_values
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from blochsim import _validate as V
+from blochsim._arrays import validate as V
 from blochsim.sequence.traced import TracedComplex, _modulus_and_angle, _value
 
 

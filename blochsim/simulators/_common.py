@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from blochsim import _validate as V
+from blochsim._arrays import validate as V
 
 
 def _train(name, value, n=None, *, low=None, strict=False, unit=""):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from blochsim import _validate as V
+from blochsim._arrays import validate as V
 from blochsim.simulator import ClosedFormSimulator
 from blochsim.simulators._common import _complex_step, _echo_within, _function_form, _need, _scalar
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from blochsim import _validate as V
+from blochsim._arrays import validate as V
 from blochsim.sequence import GAMMA_RAD_PER_S_PER_T, Delay, Pulse, Readout, RectPulse, Sequence, Spoil
-from blochsim import _reverse
+from blochsim._engine import reverse as _reverse
 from blochsim.simulator import Simulator
 from blochsim.simulators._common import _function_form, _need, _scalar
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from blochsim import _validate as V
+from blochsim._arrays import validate as V
 from blochsim.sequence import (GAMMA_RAD_PER_S_PER_T, Delay, Dephase, Inversion, Pulse, Readout, SampledPulse,
                                Sequence, Spoil, hyperbolic_secant)
 from blochsim.simulator import ClosedFormSimulator, Simulator

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from blochsim import _validate as V
+from blochsim._arrays import validate as V
 from blochsim.sequence import Delay, Inversion, Pulse, Readout, Sequence, Spoil
 from blochsim.simulator import ClosedFormSimulator, Simulator
 from blochsim.simulators._common import _complex_step, _function_form, _need, _scalar, _train

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from blochsim import _validate as V
+from blochsim._arrays import validate as V
 from blochsim.sequence import Delay, Dephase, Excitation, Pulse, Readout, Refocusing, Sequence, Spoil
 from blochsim.simulator import ClosedFormSimulator, Simulator
 from blochsim.simulators._common import _function_form, _need, _scalar, _train

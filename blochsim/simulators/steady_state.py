@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from blochsim import _validate as V
+from blochsim._arrays import validate as V
 from blochsim.sequence import Delay, Dephase, Inversion, Pulse, Readout, Sequence
 from blochsim.simulator import ClosedFormSimulator, Simulator
 from blochsim.simulators._common import (_contrasts, _echo_within, _function_form, _need, _relaxes, _scalar,

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from blochsim import _core, _reverse
-from blochsim import _validate as V
+from blochsim import _core
+from blochsim._engine import reverse as _reverse
+from blochsim._arrays import validate as V
 
 #: the tissue properties by their SI field names
 _SI_TO_PUBLIC = {v[1]: k for k, v in V.TISSUE_UNITS.items()}

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from blochsim import _core, _memory, _reverse
-from blochsim import _validate as V
+from blochsim import _core
+from blochsim._engine import memory, reverse
+from blochsim._arrays import validate as V
 
 
 def si_planes(arrays, shape):
@@ -27,7 +28,7 @@ def forward(owner, ps, arrays, shape, out, threads, variant, streamed=None):
     want = shape + (ps.n_samples,)
     if out is not None:
         V.check_host_out("out", out, want)
-    _memory.check_call(owner, ps, shape, arrays, "forward", threads, outputs=0 if out is not None else 1,
+    memory.check_call(owner, ps, shape, arrays, "forward", threads, outputs=0 if out is not None else 1,
                        host_kernels=streamed is None)
     si = si_planes(arrays, shape)
     if out is None:
@@ -52,7 +53,7 @@ def keyed_forward(owner, stream, ps, arrays, shape, out, threads):
         V.check_host_out("out", out, want)
     program = keyed.program_for(owner, stream, ranges(arrays, shape), list(_core.TISSUE_FIELDS))
     n = int(np.prod(shape, dtype=np.int64))
-    _memory.check_host(owner, n, 8.0 * ps.n_samples * (out is None) + 4.0 * len(arrays),
+    memory.check_host(owner, n, 8.0 * ps.n_samples * (out is None) + 4.0 * len(arrays),
                        4.0 * (12 * program.max_slots + 6 * ps.n_intervals) * 16 * max(1, min(threads, n)),
                        f"the moment-keyed EPG's workspaces ({program.max_slots:,} states)",
                        "fewer threads, or a file whose moments hold fewer states")
@@ -106,7 +107,7 @@ def jacobian(owner, ps, arrays, shape, fields, scale, one, threads, variant, out
     if out is not None:
         for name, a, want in V.jacobian_out_shapes(out, shape, len(fields), ps.n_samples, one):
             V.check_host_out(name, a, want)
-    _memory.check_call(owner, ps, shape, arrays, entry, threads, fields,
+    memory.check_call(owner, ps, shape, arrays, entry, threads, fields,
                        outputs=outputs if outputs is not None else (0 if out is not None else 1 + len(fields)))
     si = si_planes(arrays, shape)
     if out is None:
@@ -134,7 +135,7 @@ def keyed_jacobian(owner, stream, ps, arrays, shape, fields, scale, one, threads
             V.check_host_out(name, a, want)
     program = keyed.program_for(owner, stream, ranges(arrays, shape), list(_core.TISSUE_FIELDS))
     duals = len(fields) + 1
-    _memory.check_host(owner, n, 8.0 * ps.n_samples * (1 + len(fields)) * (out is None) + 4.0 * len(arrays),
+    memory.check_host(owner, n, 8.0 * ps.n_samples * (1 + len(fields)) * (out is None) + 4.0 * len(arrays),
                        4.0 * (12 * program.max_slots + 6 * ps.n_intervals) * 16 * duals * max(1, min(threads, n)),
                        f"the moment-keyed EPG's dual workspaces ({program.max_slots:,} states)",
                        "fewer threads or fewer directions")
@@ -154,20 +155,20 @@ def keyed_jacobian(owner, stream, ps, arrays, shape, fields, scale, one, threads
 
 def vjp(owner, s, ps, arrays, shape, names, tissue_names, p, prov, pshapes, threads, variant):
     """The signal and the pullback of the host adjoint."""
-    fields, scale = _reverse.fields_and_scale(tissue_names)
+    fields, scale = reverse.fields_and_scale(tissue_names)
     n = int(np.prod(shape, dtype=np.int64))
-    _memory.check_call(owner, ps, shape, arrays, "adjoint", threads, fields, outputs=2)
+    memory.check_call(owner, ps, shape, arrays, "adjoint", threads, fields, outputs=2)
     si = si_planes(arrays, shape)
     signal = np.empty(shape + (s.n_samples,), dtype=np.complex64)
     _core.forward_host(ps, si, n, signal.reshape(n, s.n_samples), threads, variant)
     tshapes = {k: np.shape(arrays[k]) for k in tissue_names}
 
     def pullback(cotangent):
-        cot = _reverse.cotangent(cotangent, signal.shape)
+        cot = reverse.cotangent(cotangent, signal.shape)
         ev = np.zeros((s.n_events, 4), dtype=np.float64)
         tg = np.zeros((n, len(fields)), dtype=np.float32)
         _core.adjoint_host(ps, si, n, fields, cot.reshape(n, s.n_samples), ev, tg, threads)
-        return _reverse.assemble(names, p, prov, pshapes, ev, tg, scale, tissue_names, shape, tshapes)
+        return reverse.assemble(names, p, prov, pshapes, ev, tg, scale, tissue_names, shape, tshapes)
 
     return signal, pullback
 
@@ -176,22 +177,22 @@ def jacobian_vjp(owner, s, ps, arrays, shape, names, one, wrt_names, p, prov, ps
     """The signal, the tissue Jacobian and the pullback of a cost of the
     Jacobian (the host's second-order adjoint, one sweep per direction)."""
     n = int(np.prod(shape, dtype=np.int64))
-    fields, scale = _reverse.fields_and_scale(names)
+    fields, scale = reverse.fields_and_scale(names)
     (signal, J_out), si = jacobian(owner, ps, arrays, shape, fields, scale, one, threads, variant,
                                    entry="adjoint2", outputs=2 + 2 * len(fields))
 
     def pullback(J_cotangent, signal_cotangent=None):
-        W = _reverse.cotangent(J_cotangent, J_out.shape, "the Jacobian's").reshape(n, len(names), s.n_samples)
+        W = reverse.cotangent(J_cotangent, J_out.shape, "the Jacobian's").reshape(n, len(names), s.n_samples)
         ev = np.zeros((s.n_events, 4), dtype=np.float64)
         for j, field in enumerate(fields):
             part = np.zeros_like(ev)
             _core.adjoint2_host(ps, si, n, field, W, j, part, threads)
             ev += scale[j] * part  # J is per public unit of property j
         if signal_cotangent is not None:
-            cot = _reverse.cotangent(signal_cotangent, signal.shape).reshape(n, s.n_samples)
+            cot = reverse.cotangent(signal_cotangent, signal.shape).reshape(n, s.n_samples)
             part = np.zeros_like(ev)
             _core.adjoint_host(ps, si, n, [], cot, part, np.zeros((n, 0), np.float32), threads)
             ev += part
-        return _reverse.assemble(wrt_names, p, prov, pshapes, ev, None, None, (), shape, {})
+        return reverse.assemble(wrt_names, p, prov, pshapes, ev, None, None, (), shape, {})
 
     return signal, J_out, pullback

@@ -23,7 +23,7 @@ def add(z, sigma: float, seed_key: int, block: int, stream: int, threads: int = 
     ``first + j`` of (seed_key, block, stream).  ``z`` is a C-contiguous
     NumPy complex64 array or a complex64 DeviceArray (added on the device).
     Returns z."""
-    from blochsim._device import DeviceArray
+    from blochsim._arrays.device import DeviceArray
     if isinstance(z, DeviceArray):
         if z.dtype != np.complex64:
             raise TypeError("blochsim internal error: device noise needs complex64")

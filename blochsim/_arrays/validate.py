@@ -9,7 +9,7 @@ import numbers
 
 import numpy as np
 
-from blochsim._dispatch import cuda_status, is_device_array
+from blochsim._engine.dispatch import cuda_status, is_device_array
 
 # Public name -> (factor to SI, SI name, lower bound or None, strict bound?)
 TISSUE_UNITS = {

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from blochsim import _core
-from blochsim import _validate as V
+from blochsim._arrays import validate as V
 
 
 def fields_and_scale(names):

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from blochsim import _core, _memory, _reverse
-from blochsim import _validate as V
-from blochsim._device import (Interface, device_cotangent, new_output, resident_tissue, work_stream)
+from blochsim import _core
+from blochsim._engine import memory, reverse
+from blochsim._arrays import validate as V
+from blochsim._arrays.device import (Interface, device_cotangent, new_output, resident_tissue, work_stream)
 
 
 def check_states(states, real, what):
@@ -51,7 +52,7 @@ def resident(owner, ps, arrays, ifaces, shape, want, out, jacobian=None, jac_out
     need = (0 if out is not None else n * ps.n_samples * 8) + 4 * n * (len(arrays) + len(ifaces))
     if jacobian is not None and jac_out is None:
         need += n * ps.n_samples * 8 * jacobian[2]
-    _memory.check_device(owner, n, need)
+    memory.check_device(owner, n, need)
     own, stream = work_stream(streams)
     dev, keep = resident_tissue(arrays, ifaces, shape, n, own, stream)
     library = next(iter(ifaces.values())).library if ifaces else "blochsim"
@@ -106,7 +107,7 @@ def _keyed(owner, stream_of_moments, ps, dev, n, out_ptr, stream):
 def jacobian(owner, ps, intake, names, fields, scale, one, out=None):
     """jacobian() on the GPU: device arrays in and out, or NumPy in and out
     (moved through the device whole) with device='cuda'.  ``intake`` is
-    :func:`blochsim._device.device_inputs`' (host_only, interfaces, host
+    :func:`blochsim._arrays.device.device_inputs`' (host_only, interfaces, host
     arrays, voxel shape)."""
     host_only, ifaces, arrays, shape = intake
     want = shape + (ps.n_samples,)
@@ -139,18 +140,36 @@ def vjp(owner, s, ps, intake, names, tissue_names, fields, scale, p, prov, pshap
     or NumPy cotangent and returns NumPy gradients."""
     host_only, ifaces, arrays, shape = intake
     tshapes = {k: (ifaces[k].shape if k in ifaces else np.shape(arrays[k])) for k in tissue_names}
+    signal, raw = adjoint(owner, s, ps, intake, fields)
+
+    def pullback(cotangent):
+        ev, tg = raw(cotangent)
+        return reverse.assemble(names, p, prov, pshapes, ev, tg, scale, tissue_names, shape, tshapes)
+
+    pullback._keep = raw._keep
+    return (signal.get() if host_only else signal), pullback
+
+
+def adjoint(owner, s, ps, intake, fields, forward=True):
+    """The tissue planes of ``intake`` on the device, the signal (in the
+    inputs' library; None without ``forward``) and ``raw(cotangent)``:
+    the adjoint's (event gradients (n_events, 4), tissue gradients (n,
+    len(fields)) per SI unit), NumPy."""
+    host_only, ifaces, arrays, shape = intake
     n = int(np.prod(shape, dtype=np.int64))
     want = shape + (s.n_samples,)
     # the signal and its cotangent, the tissue planes and the tissue gradient
-    _memory.check_device(owner, n, n * (16 * s.n_samples + 4 * (len(arrays) + len(ifaces)) + 4 * len(fields)))
+    memory.check_device(owner, n, n * (16 * s.n_samples + 4 * (len(arrays) + len(ifaces)) + 4 * len(fields)))
     own, cuda_stream = work_stream([i.stream for i in ifaces.values() if i.stream is not None])
     dev, keep = resident_tissue(arrays, ifaces, shape, n, own, cuda_stream)
     library = next(iter(ifaces.values())).library if ifaces else "blochsim"
-    signal, out_ptr = new_output(want, library)
-    _core.forward_cuda(ps, dev, n, out_ptr, cuda_stream)
-    _core.stream_synchronize(cuda_stream)
+    signal = None
+    if forward:
+        signal, out_ptr = new_output(want, library)
+        _core.forward_cuda(ps, dev, n, out_ptr, cuda_stream)
+        _core.stream_synchronize(cuda_stream)
 
-    def pullback(cotangent):
+    def raw(cotangent):
         order = own if own is not None else cuda_stream
         cot_ptr, cot_keep = device_cotangent(cotangent, want, "the signal's", order, cuda_stream)
         ev = np.zeros((s.n_events, 4), dtype=np.float64)
@@ -161,10 +180,10 @@ def vjp(owner, s, ps, intake, names, tissue_names, fields, scale, p, prov, pshap
             _core.copy_to_host(tg.reshape(-1).view(np.uint8), tbuf.ptr, cuda_stream)
         _core.stream_synchronize(cuda_stream)
         del cot_keep, tbuf
-        return _reverse.assemble(names, p, prov, pshapes, ev, tg, scale, tissue_names, shape, tshapes)
+        return ev, tg
 
-    pullback._keep = (keep, own, dev)
-    return (signal.get() if host_only else signal), pullback
+    raw._keep = (keep, own, dev)
+    return signal, raw
 
 
 def jacobian_vjp(owner, s, ps, intake, names, one, wrt_names, p, prov, pshapes):
@@ -172,24 +191,46 @@ def jacobian_vjp(owner, s, ps, intake, names, one, wrt_names, p, prov, pshapes):
     (NumPy for NumPy inputs), the pullback taking a device or NumPy
     Jacobian cotangent and returning NumPy gradients."""
     host_only, ifaces, arrays, shape = intake
+    signal, J, raw = second_order(owner, s, ps, intake, names, one)
+
+    def pullback(J_cotangent, signal_cotangent=None):
+        ev = raw(J_cotangent, signal_cotangent)
+        return reverse.assemble(wrt_names, p, prov, pshapes, ev, None, None, (), shape, {})
+
+    pullback._keep = raw._keep
+    J_out = J[..., 0, :] if one else J
+    if host_only:
+        return signal.get(), (J.get()[..., 0, :] if one else J.get()), pullback
+    return signal, J_out, pullback
+
+
+def second_order(owner, s, ps, intake, names, one, forward=True):
+    """The tissue planes of ``intake`` on the device, the signal and
+    Jacobian (*shape, len(names), samples) in the inputs' library (None
+    without ``forward``) and ``raw(J_cotangent, signal_cotangent=None)``:
+    the event gradients (n_events, 4) of the cost, per public unit of each
+    direction, NumPy."""
+    host_only, ifaces, arrays, shape = intake
     n = int(np.prod(shape, dtype=np.int64))
     nd = len(names)
-    fields, scale = _reverse.fields_and_scale(names)
+    fields, scale = reverse.fields_and_scale(names)
     # the signal and its Jacobian, their cotangents, the tissue planes
-    _memory.check_device(owner, n, n * (16 * s.n_samples * (1 + nd) + 4 * (len(arrays) + len(ifaces))))
+    memory.check_device(owner, n, n * (16 * s.n_samples * (1 + nd) + 4 * (len(arrays) + len(ifaces))))
     own, cuda_stream = work_stream([i.stream for i in ifaces.values() if i.stream is not None])
     dev, keep = resident_tissue(arrays, ifaces, shape, n, own, cuda_stream)
     library = next(iter(ifaces.values())).library if ifaces else "blochsim"
-    signal, out_ptr = new_output(shape + (s.n_samples,), library)
-    J, jac_ptr = new_output(shape + (nd, s.n_samples), library)
-    _core.jacobian_cuda(ps, dev, n, fields, scale, out_ptr, jac_ptr, cuda_stream)
-    _core.stream_synchronize(cuda_stream)
+    signal = J = None
+    if forward:
+        signal, out_ptr = new_output(shape + (s.n_samples,), library)
+        J, jac_ptr = new_output(shape + (nd, s.n_samples), library)
+        _core.jacobian_cuda(ps, dev, n, fields, scale, out_ptr, jac_ptr, cuda_stream)
+        _core.stream_synchronize(cuda_stream)
     J_shape = shape + ((s.n_samples,) if one else (nd, s.n_samples))
 
     def upload(c, want, what):
         return device_cotangent(c, want, what, own if own is not None else cuda_stream, cuda_stream)
 
-    def pullback(J_cotangent, signal_cotangent=None):
+    def raw(J_cotangent, signal_cotangent=None):
         ptr, held = upload(J_cotangent, J_shape, "the Jacobian's")
         ev = np.zeros((s.n_events, 4), dtype=np.float64)
         for j, field in enumerate(fields):
@@ -206,13 +247,10 @@ def jacobian_vjp(owner, s, ps, intake, names, one, wrt_names, p, prov, pshapes):
             ev += part
             del sheld, tbuf
         del held
-        return _reverse.assemble(wrt_names, p, prov, pshapes, ev, None, None, (), shape, {})
+        return ev
 
-    pullback._keep = (keep, own, dev)
-    J_out = J[..., 0, :] if one else J
-    if host_only:
-        return signal.get(), (J.get()[..., 0, :] if one else J.get()), pullback
-    return signal, J_out, pullback
+    raw._keep = (keep, own, dev)
+    return signal, J, raw
 
 
 def keyed_from_host(owner, stream_of_moments, ps, arrays, shape, out):
@@ -223,7 +261,7 @@ def keyed_from_host(owner, stream_of_moments, ps, arrays, shape, out):
     if out is not None:
         V.check_host_out("out", out, want)
     n = int(np.prod(shape, dtype=np.int64))
-    _memory.check_device(owner, n, n * ps.n_samples * 8 + 4 * n * len(arrays))
+    memory.check_device(owner, n, n * ps.n_samples * 8 + 4 * n * len(arrays))
     own, stream = work_stream([])
     dev, keep = resident_tissue(arrays, {}, shape, n, own, stream)
     buf = _core.DeviceBuffer(max(8 * n * ps.n_samples, 8), own if own is not None else stream)

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from blochsim import _backend_device, _backend_host, _core, _memory, _pools, _reverse
-from blochsim import _validate as V
-from blochsim._device import Interface, Shaped, device_results, from_host, to_host
-from blochsim._backend_host import si_planes
+from blochsim import _core
+from blochsim._engine import device, host, memory, reverse
+from blochsim._engine import pools as _pools
+from blochsim._arrays import validate as V
+from blochsim._arrays.device import Interface, Shaped, device_results, from_host, to_host
+from blochsim._engine.host import si_planes
 from blochsim.sequence.packing import _GRAD_DURATION, _GRAD_FLIP, _GRAD_PHASE, _GRAD_RF_DURATION, _GRAD_RF_OFFSET
 
 
@@ -78,16 +80,16 @@ def _host_arrays(owner, ps, lineshape, tissue, pools, route, names, out, variant
     program = None
     if keyed is not None:
         from blochsim.sequence import keyed as K
-        program = K.program_for(call, keyed, _backend_host.ranges(arrays, shape), list(_core.TISSUE_FIELDS))
+        program = K.program_for(call, keyed, host.ranges(arrays, shape), list(_core.TISSUE_FIELDS))
         threads = max(1, min(route.threads, n))
         # two states of 3 n + bound complex planes over the slots, on duals of up to 4 directions
         state = (3 * n_exchanging + 3 + bound) * 2 * program.max_slots
-        _memory.check_host(call, n, 8.0 * ns * (out is None) * (1 + len(names)),
+        memory.check_host(call, n, 8.0 * ns * (out is None) * (1 + len(names)),
                            8.0 * 2 * state * (1 + min(4, len(names))) * threads,
                            f"the moment-keyed EPG's pooled workspaces ({program.max_slots:,} states)",
                            "fewer threads, or a file whose moments hold fewer states")
     else:
-        _memory.check_call(call, ps, shape, arrays, "pooled", route.threads, fields,
+        memory.check_call(call, ps, shape, arrays, "pooled", route.threads, fields,
                            outputs=0 if out is not None else 1 + len(names), pools=pools, host_kernels=not gpu)
     si, planes = si_planes(arrays, shape), V.si_planes(arrays, shape, _core.POOL_FIELDS)
     if signal is None:
@@ -107,7 +109,7 @@ def _host_arrays(owner, ps, lineshape, tissue, pools, route, names, out, variant
                          None if jac is None else jac[i:j], route.threads, program=program)
 
         seconds = program.seconds(n, route.threads) * K.POOLED_SLOWDOWN * (3 * n_exchanging + 3 + bound) / 3
-        _backend_host.keyed_run(call, program, n, seconds * (1 + len(names)), route.threads, run, stacklevel=5)
+        host.keyed_run(call, program, n, seconds * (1 + len(names)), route.threads, run, stacklevel=5)
     return signal, (jac.reshape(shape + (len(names), ns)) if names else None)
 
 
@@ -122,7 +124,7 @@ def resident(owner, ps, lineshape, tissue, pools, route, out):
     ifaces = {k: Interface(k, tissue[k]) for k in on_device}
     shapes = {**arrays, **{k: Shaped(i.shape) for k, i in ifaces.items()}}
     shape = V.broadcast_voxels(shapes) if shapes else ()
-    return _backend_device.resident(f"{owner}.simulate", ps, arrays, ifaces, shape, shape + (ps.n_samples,), out,
+    return device.resident(f"{owner}.simulate", ps, arrays, ifaces, shape, shape + (ps.n_samples,), out,
                                     pools=(*pools, lineshape))
 
 
@@ -139,7 +141,7 @@ def vjp(owner, s, ps, lineshape, tissue, pools, route, names, tissue_names, p, p
     n = int(np.prod(shape, dtype=np.int64))
     fields = [_pools.field_index(k) for k in tissue_names]
     # the adjoint's workspace here; the forward pass checks its own
-    _memory.check_call(f"{owner}.vjp", ps, shape, arrays, "pooled_adjoint", route.threads, fields, outputs=2,
+    memory.check_call(f"{owner}.vjp", ps, shape, arrays, "pooled_adjoint", route.threads, fields, outputs=2,
                        pools=pools, host_kernels=not gpu)
     signal, _ = _host_arrays(owner, ps, lineshape, tissue, pools, route, (), None, variant)
     scale = np.array([V.TISSUE_UNITS[k][0] for k in tissue_names])
@@ -158,12 +160,12 @@ def vjp(owner, s, ps, lineshape, tissue, pools, route, names, tissue_names, p, p
     def pullback(cotangent):
         if V.is_device_array(cotangent):
             cotangent = to_host("cotangent", cotangent, allow_complex64=True)
-        cot = _reverse.cotangent(cotangent, signal.shape)
+        cot = reverse.cotangent(cotangent, signal.shape)
         ev = np.zeros((s.n_events, 6), dtype=np.float64)
         tg = np.zeros((n, len(fields)), dtype=np.float32)
         _core.pooled_adjoint(ps, si, planes, n_exchanging, bound, lineshape, n, fields,
                              cot.reshape(n, s.n_samples), ev, tg, route.threads, mask, gpu)
-        return _reverse.assemble(names, p, prov, pshapes, ev, tg, scale, tissue_names, shape, tshapes)
+        return reverse.assemble(names, p, prov, pshapes, ev, tg, scale, tissue_names, shape, tshapes)
 
     if library is not None:
         return from_host(signal, library), pullback

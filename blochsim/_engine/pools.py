@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from blochsim import _core
-from blochsim import _validate as V
+from blochsim._arrays import validate as V
 
 #: the exchanging pools with transverse states, in the order they are filled
 POOL_LETTERS = "BCDE"
@@ -131,7 +131,7 @@ def drop_idle(tissue: dict, names, owner: str) -> dict:
     configuration(tissue, owner)
     on_device = any(V.is_device_array(v) for v in tissue.values())
     if on_device:
-        from blochsim._device import to_host
+        from blochsim._arrays.device import to_host
 
     host = {k: V.tissue_array(k, to_host(k, v) if V.is_device_array(v) else v)
             for k, v in tissue.items() if k in POOL_PROPERTIES}
