@@ -372,16 +372,24 @@ cdef int _device_pools(Pools* p, tuple pools, int n_exchanging, bint bound, int 
 
 
 def pooled_cuda(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bint bound, int lineshape,
-                int64_t n, uintptr_t out_ptr, uintptr_t stream):
+                int64_t n, uintptr_t out_ptr, uintptr_t stream, fields=(), seeds=(), uintptr_t jac_ptr=0):
     """The pooled signal of device tissue and pool planes (one (pointer,
     stride) pair or None per TISSUE_FIELDS and POOL_FIELDS entry, float32 SI
-    values, checked by the caller) into a device complex64 output, ordered
-    on ``stream`` and synchronised with it."""
+    values, checked by the caller) into a device complex64 output, and with
+    ``fields`` (indices into TISSUE_FIELDS + POOL_FIELDS, with their
+    ``seeds``) its Jacobian into the device complex64 array at ``jac_ptr``
+    (n, len(fields), n_samples); ordered on ``stream`` and synchronised with
+    it."""
     cdef Tissue t
     cdef Pools p
     cdef int st
+    cdef int nd = len(fields)
+    cdef vector[int] cf = [int(f) for f in fields]
+    cdef vector[float] cs = [float(x) for x in seeds]
     cdef char err[ERRLEN]
     err[0] = 0
+    if len(seeds) != nd or (nd > 0 and jac_ptr == 0):
+        raise ValueError("blochsim internal error: pooled device Jacobian arguments")
     _device_tissue(&t, tissue, n)
     _device_pools(&p, pools, n_exchanging, bound, lineshape)
     if n == 0 or ps.s.n_samples == 0:
@@ -389,7 +397,39 @@ def pooled_cuda(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bi
     holder = []
     cdef Interrupt prev = _listen(holder)
     with nogil:
-        st = L.pooled_resident(ps.s, t, p, <float*> out_ptr, <void*> stream, err, ERRLEN)
+        st = L.pooled_resident(ps.s, t, p, cf.data(), nd, cs.data(), <float*> out_ptr, <float*> jac_ptr,
+                               <void*> stream, err, ERRLEN)
+    host_set_interrupt(prev)
+    _raise(st, err, holder)
+
+
+def pooled_adjoint_cuda(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bint bound, int lineshape,
+                        int64_t n, fields, uintptr_t cot_ptr, double[:, ::1] ev_grad, uintptr_t tgrad_ptr,
+                        unsigned mask, uintptr_t stream):
+    """Reverse mode with pools of device tissue and pool planes (as
+    :func:`pooled_cuda`): the device cotangent (n, n_samples) complex64 at
+    ``cot_ptr``; ``ev_grad`` (n_events, 6) float64, host, receives the
+    event gradients (as :func:`pooled_adjoint`); the device float32 array at
+    ``tgrad_ptr`` (n, len(fields)) the tissue gradients.  Ordered on
+    ``stream`` and synchronised with it."""
+    cdef Tissue t
+    cdef Pools p
+    cdef int st
+    cdef int nd = len(fields)
+    cdef vector[int] cf = [int(f) for f in fields]
+    cdef char err[ERRLEN]
+    err[0] = 0
+    if ev_grad.shape[0] != ps.s.n_events or ev_grad.shape[1] != 6:
+        raise ValueError("blochsim internal error: pooled adjoint shapes")
+    _device_tissue(&t, tissue, n)
+    _device_pools(&p, pools, n_exchanging, bound, lineshape)
+    if ps.s.n_events == 0 or n == 0:
+        return
+    holder = []
+    cdef Interrupt prev = _listen(holder)
+    with nogil:
+        st = L.pooled_adjoint_resident(ps.s, t, p, cf.data(), nd, <const float*> cot_ptr, &ev_grad[0, 0],
+                                       <float*> tgrad_ptr, mask, <void*> stream, err, ERRLEN)
     host_set_interrupt(prev)
     _raise(st, err, holder)
 

@@ -51,10 +51,13 @@ cdef extern from "launcher.hpp" namespace "blochsim::cuda" nogil:
                  double* ev_grad, void* stream, char* err, int n)
     int pooled(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_dirs,
                const float* seeds, float* out, float* jac, char* err, int n)
-    int pooled_resident(const EventStream& s, const Tissue& t, const Pools& p, float* out, void* stream,
-                        char* err, int n)
+    int pooled_resident(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_dirs,
+                        const float* seeds, float* out, float* jac, void* stream, char* err, int n)
     int pooled_adjoint(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_tdirs,
                        const float* cot, double* ev_grad, float* tgrad, unsigned mask, char* err, int n)
+    int pooled_adjoint_resident(const EventStream& s, const Tissue& t, const Pools& p, const int* fields,
+                                int n_tdirs, const float* cot, double* ev_grad, float* tgrad, unsigned mask,
+                                void* stream, char* err, int n)
     int forward_streamed(const EventStream& s, const Tissue& t, float* out, size_t budget_bytes,
                          char* err, int n)
     size_t bytes_per_problem(const EventStream& s, const Tissue& t)

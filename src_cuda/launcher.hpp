@@ -101,19 +101,26 @@ int forward_streamed(const EventStream& s, const Tissue& t, float* out, std::siz
 int pooled(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_dirs, const float* seeds,
            float* out, float* jac, char* err, int n);
 
-// The forward pooled EPG of device properties into a device output
-// (cuda.cuh pooled_device): the stream's arrays are host pointers; t's and
-// p's Property pointers and out are device pointers whose values the caller
-// has checked (fractions, rates, times).  Ordered on `stream` and
-// synchronised with it.
-int pooled_resident(const EventStream& s, const Tissue& t, const Pools& p, float* out, void* stream, char* err,
-                    int n);
+// The pooled EPG of device properties into a device output (cuda.cuh
+// pooled_device): the stream's arrays are host pointers; t's and p's
+// Property pointers, out and jac are device pointers whose values the caller
+// has checked (fractions, rates, times); with n_dirs > 0 the Jacobian along
+// fields too.  Ordered on `stream` and synchronised with it.
+int pooled_resident(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_dirs,
+                    const float* seeds, float* out, float* jac, void* stream, char* err, int n);
 
 // Reverse mode with pools on the device for host inputs and outputs
 // (cuda.cuh pooled_adjoint_from_host; arguments and results as
 // host_pooled_adjoint_dispatch).  Synchronous.
 int pooled_adjoint(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_tdirs,
                    const float* cot, double* ev_grad, float* tgrad, unsigned mask, char* err, int n);
+
+// Reverse mode with pools of device properties (cuda.cuh
+// pooled_adjoint_device): cot and tgrad are device arrays, ev_grad a host
+// array; the rest as pooled_adjoint().  Ordered on `stream`, synchronous.
+int pooled_adjoint_resident(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_tdirs,
+                            const float* cot, double* ev_grad, float* tgrad, unsigned mask, void* stream, char* err,
+                            int n);
 
 // The k best atoms of every signal of p into r (cuda/match.cuh
 // match_device): p's signals and atoms and r's arrays are device pointers.

@@ -17,9 +17,10 @@ int pooled(const EventStream& s, const Tissue& t, const Pools& p, const int* fie
   return guarded([&] { return pooled_from_host(s, t, p, out, err, n, fields, n_dirs, seeds, jac); });
 }
 
-int pooled_resident(const EventStream& s, const Tissue& t, const Pools& p, float* out, void* stream, char* err,
-                    int n) {
-  return guarded([&] { return pooled_device(s, t, p, out, as_stream(stream), err, n); });
+int pooled_resident(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_dirs,
+                    const float* seeds, float* out, float* jac, void* stream, char* err, int n) {
+  return guarded(
+      [&] { return pooled_device(s, t, p, out, as_stream(stream), err, n, fields, n_dirs, seeds, jac); });
 }
 
 }  // namespace cuda

@@ -57,11 +57,16 @@ int pooled(const EventStream&, const Tissue&, const Pools&, const int*, int, con
            int n) {
   return no(err, n);
 }
-int pooled_resident(const EventStream&, const Tissue&, const Pools&, float*, void*, char* err, int n) {
+int pooled_resident(const EventStream&, const Tissue&, const Pools&, const int*, int, const float*, float*, float*,
+                    void*, char* err, int n) {
   return no(err, n);
 }
 int pooled_adjoint(const EventStream&, const Tissue&, const Pools&, const int*, int, const float*, double*, float*,
                    unsigned, char* err, int n) {
+  return no(err, n);
+}
+int pooled_adjoint_resident(const EventStream&, const Tissue&, const Pools&, const int*, int, const float*, double*,
+                            float*, unsigned, void*, char* err, int n) {
   return no(err, n);
 }
 int forward_streamed(const EventStream&, const Tissue&, float*, std::size_t, char* err, int n) {

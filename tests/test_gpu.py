@@ -598,10 +598,15 @@ def test_pools_on_device_at_the_reference_size():
     assert rel(out, ref) <= RTOL
 
 
-def test_pools_take_device_arrays():
-    """CuPy in, CuPy out (simulate and out= on the device arrays; jacobian
-    and vjp moved through the host) against the NumPy host results."""
+def test_pools_take_device_arrays(monkeypatch):
+    """CuPy in, CuPy out (simulate, jacobian and vjp on the device, the
+    planes never leaving it; out= on the device arrays) against the NumPy
+    host results."""
     cp = pytest.importorskip("cupy")
+    from blochsim import _core
+
+    for entry in ("pooled", "pooled_adjoint"):  # the host-array entries
+        monkeypatch.setattr(_core, entry, lambda *a, _e=entry, **k: pytest.fail(f"{_e}: through the host"))
     mrf = MRFSimulator(flip=FLIPS[:60], TR=10.0, states=16)
     T1 = np.array([700.0, 1100.0, 1600.0])
     t = dict(T2=80.0, bound_fraction=np.array([0.05, 0.1, 0.15]), bound_exchange=20.0)
@@ -617,7 +622,11 @@ def test_pools_take_device_arrays():
     assert isinstance(J1, cp.ndarray) and J1.shape == J0.shape
     assert rel(cp.asnumpy(J1), J0) <= RTOL
     _, J1one = mrf.jacobian("T1", T1=cp.asarray(T1), **t)
-    assert J1one.shape == J0[..., 0, :].shape
+    assert J1one.shape == J0[..., 0, :].shape and rel(cp.asnumpy(J1one), J0[..., 0, :]) <= RTOL
+    sb, Jb = cp.empty(ref.shape, cp.complex64), cp.empty(J0.shape, cp.complex64)
+    r = mrf.jacobian(("T1", "bound_fraction"), T1=cp.asarray(T1), out=(sb, Jb), **t)
+    assert r[0] is sb and r[1] is Jb
+    assert rel(cp.asnumpy(Jb), J0) <= RTOL
     g0 = mrf.vjp(("flip", "T1"), T1=T1, **t)[1](np.ones(ref.shape, np.complex64))
     s1, pullback = mrf.vjp(("flip", "T1"), T1=cp.asarray(T1), **t)
     assert isinstance(s1, cp.ndarray)

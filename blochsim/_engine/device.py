@@ -20,13 +20,15 @@ def check_states(states, real, what):
             f"path ({limit}); run {what} on the host (NumPy inputs, device='cpu') or lower states")
 
 
-def resident(owner, ps, arrays, ifaces, shape, want, out, jacobian=None, jac_out=None, pools=None, keyed=None):
+def resident(owner, ps, arrays, ifaces, shape, want, out, jacobian=None, jac_out=None, pools=None, keyed=None,
+             jac_shape=None):
     """The device path for device-array inputs (results stay on the device).
     With ``jacobian`` = (fields, scale, count) it returns (signal, J), J
     into ``jac_out`` = (name, device array, shape) if given.  With
     ``pools`` = (n_exchanging, bound, lineshape index) the pooled kernels
-    play it; with ``keyed`` (a stream of 3-D moments) the moment-keyed
-    EPG."""
+    play it (and its Jacobian along pool and tissue fields); with
+    ``keyed`` (a stream of 3-D moments) the moment-keyed EPG.  J is made of
+    shape ``jac_shape`` (default (*shape, count, samples))."""
     n = int(np.prod(shape, dtype=np.int64))
     streams = [i.stream for i in ifaces.values() if i.stream is not None]
     out_iface = None
@@ -67,8 +69,12 @@ def resident(owner, ps, arrays, ifaces, shape, want, out, jacobian=None, jac_out
         if jac_iface is not None:
             jac, jac_ptr = jac_out[1], jac_iface.ptr
         else:
-            jac, jac_ptr = new_output(shape + (count, want[-1]), library)
-        _core.jacobian_cuda(ps, tuple(dev), n, fields, scale, out_ptr, jac_ptr, stream)
+            jac, jac_ptr = new_output(jac_shape or shape + (count, want[-1]), library)
+        if pools is not None:
+            planes, keep_pools = resident_tissue(arrays, ifaces, shape, n, own, stream, _core.POOL_FIELDS)
+            _core.pooled_cuda(ps, tuple(dev), tuple(planes), *pools, n, out_ptr, stream, fields, scale, jac_ptr)
+        else:
+            _core.jacobian_cuda(ps, tuple(dev), n, fields, scale, out_ptr, jac_ptr, stream)
         _core.stream_synchronize(stream)
         return result, jac
     if pools is not None:

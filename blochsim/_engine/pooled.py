@@ -2,9 +2,10 @@
 pulses, on the host's lanes or the device's pooled kernels; from a packed
 stream and tissue arrays.
 
-The pooled Jacobian and adjoint take host arrays: device-array inputs (and
-outputs) are moved through the host, run on the GPU and come back as device
-arrays; a pooled simulate of device arrays runs on the device throughout.
+Device arrays stay on the device: the signal, the Jacobian and the
+pullback's planes (a pooled call on the moment-keyed EPG, host-only, moves
+them through the host).  NumPy inputs with device="cuda" run on the GPU
+through the host-array entries.
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from blochsim import _core
 from blochsim._engine import device, host, memory, reverse
 from blochsim._engine import pools as _pools
 from blochsim._arrays import validate as V
-from blochsim._arrays.device import Interface, Shaped, device_results, from_host, to_host
+from blochsim._arrays.device import (Interface, Shaped, device_cotangent, device_results, from_host, new_output,
+                                     resident_tissue, to_host, work_stream)
 from blochsim._engine.host import si_planes
 from blochsim.sequence.packing import _GRAD_DURATION, _GRAD_FLIP, _GRAD_PHASE, _GRAD_RF_DURATION, _GRAD_RF_OFFSET
 
@@ -34,20 +36,19 @@ def _tissue(tissue):
     return arrays, (V.broadcast_voxels(arrays) if arrays else ())
 
 
-def play(owner, ps, lineshape, tissue, pools, route, names, out, variant, keyed=None):
+def play(owner, ps, lineshape, tissue, pools, route, names, out, variant, keyed=None, one=False):
     """simulate() or jacobian() with pools or exact rectangular pulses:
     (signal, J), J (*voxels, len(names), samples) or None without names.
-    NumPy in and out (on the GPU when ``route`` says cuda); the signal of
-    device arrays is computed on the device (:func:`resident`), their
-    Jacobian is moved through the host and comes back as device arrays.
-    ``pools`` is (exchanging pools, bound pool).  ``keyed``: the event
-    stream when it carries 3-D moments, played by the moment-keyed EPG on
-    the host (device arrays moved through it)."""
+    NumPy in and out (on the GPU when ``route`` says cuda); device arrays
+    (inputs or output) are computed on the device (:func:`resident`), J
+    shaped by ``one`` there.  ``pools`` is (exchanging pools, bound pool).
+    ``keyed``: the event stream when it carries 3-D moments, played by the
+    moment-keyed EPG on the host (device arrays moved through it)."""
     device_out = "out" in route.on_device
     if keyed is not None and keyed.moments is None:
         keyed = None
-    if not names and route.device == "cuda" and route.on_device and keyed is None:
-        return resident(owner, ps, lineshape, tissue, pools, route, out), None
+    if route.device == "cuda" and route.on_device and keyed is None:
+        return resident(owner, ps, lineshape, tissue, pools, route, out, names, one)
     tissue, library = stage(route, tissue)
     if library is not None and out is not None and not device_out:
         raise TypeError("out must be a device array when tissue properties are device arrays")
@@ -113,19 +114,87 @@ def _host_arrays(owner, ps, lineshape, tissue, pools, route, names, out, variant
     return signal, (jac.reshape(shape + (len(names), ns)) if names else None)
 
 
-def resident(owner, ps, lineshape, tissue, pools, route, out):
-    """simulate() with pools for device-array inputs or output: the pooled
-    kernels read the device arrays and write a device result.  The pool
-    properties were copied to the host and checked there
-    (``_pools.drop_idle``: fractions and their sum); the tissue properties
-    are checked on the device."""
+def _device_intake(tissue, route):
+    """(host arrays, device-array interfaces, voxel shape) of a pooled call
+    with device arrays.  The pool properties were copied to the host and
+    checked there (``pools.drop_idle``: fractions and their sum); the
+    tissue properties are checked on the device."""
     on_device = [k for k in route.on_device if k != "out"]
     arrays = {k: V.tissue_array(k, v) for k, v in tissue.items() if k not in on_device}
     ifaces = {k: Interface(k, tissue[k]) for k in on_device}
     shapes = {**arrays, **{k: Shaped(i.shape) for k, i in ifaces.items()}}
-    shape = V.broadcast_voxels(shapes) if shapes else ()
-    return device.resident(f"{owner}.simulate", ps, arrays, ifaces, shape, shape + (ps.n_samples,), out,
-                                    pools=(*pools, lineshape))
+    return arrays, ifaces, (V.broadcast_voxels(shapes) if shapes else ())
+
+
+def resident(owner, ps, lineshape, tissue, pools, route, out, names=(), one=False):
+    """simulate() or jacobian() with pools for device-array inputs or
+    output: the pooled kernels read the planes on the device and write
+    device results, (signal, J) (J None without names)."""
+    arrays, ifaces, shape = _device_intake(tissue, route)
+    want = shape + (ps.n_samples,)
+    if not names:
+        return device.resident(f"{owner}.simulate", ps, arrays, ifaces, shape, want, out,
+                               pools=(*pools, lineshape)), None
+    fields = [_pools.field_index(k) for k in names]
+    seeds = [float(V.TISSUE_UNITS[k][0]) for k in names]
+    jshape = shape + ((ps.n_samples,) if one else (len(names), ps.n_samples))
+    if out is not None and not all(V.is_device_array(o) for o in out):
+        raise TypeError("out must be a pair of device arrays when tissue properties or out[0] are device arrays")
+    return device.resident(f"{owner}.jacobian", ps, arrays, ifaces, shape, want, None if out is None else out[0],
+                           jacobian=(fields, seeds, len(names)),
+                           jac_out=None if out is None else ("out[1]", out[1], jshape), pools=(*pools, lineshape),
+                           jac_shape=jshape)
+
+
+def _event_mask(names, prov):
+    """The event parameters the protocol names reach, as bits of the
+    adjoint's directions (pools/adjoint.hpp EventSeeds order; the receiver
+    phase costs nothing)."""
+    columns = set()
+    for k in names:
+        if k in prov:
+            columns.update(int(c) for c in prov[k][1])
+    directions = (_GRAD_DURATION, _GRAD_FLIP, _GRAD_PHASE, _GRAD_RF_DURATION, _GRAD_RF_OFFSET)
+    return sum(1 << d for d, c in enumerate(directions) if c in columns)
+
+
+def _vjp_resident(owner, s, ps, lineshape, tissue, pools, route, names, tissue_names, p, prov, pshapes):
+    """vjp() with pools for device-array inputs: the planes stay on the
+    device for the signal and the pullback; the signal is a device array,
+    the pullback takes a device or NumPy cotangent and returns NumPy
+    gradients."""
+    arrays, ifaces, shape = _device_intake(tissue, route)
+    n = int(np.prod(shape, dtype=np.int64))
+    ns = s.n_samples
+    fields = [_pools.field_index(k) for k in tissue_names]
+    scale = np.array([V.TISSUE_UNITS[k][0] for k in tissue_names])
+    tshapes = {k: (ifaces[k].shape if k in ifaces else np.shape(arrays[k])) for k in tissue_names}
+    # the signal and its cotangent, the tissue planes and the tissue gradient
+    memory.check_device(f"{owner}.vjp", n, n * (16 * ns + 4 * (len(arrays) + len(ifaces)) + 4 * len(fields)))
+    own, st = work_stream([i.stream for i in ifaces.values() if i.stream is not None])
+    dev, keep = resident_tissue(arrays, ifaces, shape, n, own, st)
+    planes, keep_pools = resident_tissue(arrays, ifaces, shape, n, own, st, _core.POOL_FIELDS)
+    library = next(iter(ifaces.values())).library if ifaces else "blochsim"
+    signal, out_ptr = new_output(shape + (ns,), library)
+    _core.pooled_cuda(ps, tuple(dev), tuple(planes), *pools, lineshape, n, out_ptr, st)
+    mask = _event_mask(names, prov)
+
+    def pullback(cotangent):
+        order = own if own is not None else st
+        cot_ptr, cot_keep = device_cotangent(cotangent, shape + (ns,), "the signal's", order, st)
+        ev = np.zeros((s.n_events, 6), dtype=np.float64)
+        tg = np.zeros((n, len(fields)), dtype=np.float32)
+        tbuf = _core.DeviceBuffer(max(tg.nbytes, 8), order)
+        _core.pooled_adjoint_cuda(ps, tuple(dev), tuple(planes), *pools, lineshape, n, fields, cot_ptr, ev, tbuf.ptr,
+                                  mask, st)
+        if tg.size:
+            _core.copy_to_host(tg.reshape(-1).view(np.uint8), tbuf.ptr, st)
+        _core.stream_synchronize(st)
+        del cot_keep, tbuf
+        return reverse.assemble(names, p, prov, pshapes, ev, tg, scale, tissue_names, shape, tshapes)
+
+    pullback._keep = (keep, keep_pools, own, dev, planes)
+    return signal, pullback
 
 
 def vjp(owner, s, ps, lineshape, tissue, pools, route, names, tissue_names, p, prov, pshapes, variant):
@@ -134,6 +203,8 @@ def vjp(owner, s, ps, lineshape, tissue, pools, route, names, tissue_names, p, p
     (pools/adjoint.hpp), on the GPU when ``route`` says cuda (device-array
     inputs moved through the host; the cotangent may be a device array, the
     gradients are NumPy)."""
+    if route.device == "cuda" and [k for k in route.on_device if k != "out"]:
+        return _vjp_resident(owner, s, ps, lineshape, tissue, pools, route, names, tissue_names, p, prov, pshapes)
     tissue, library = stage(route, tissue)
     gpu = route.device == "cuda"
     n_exchanging, bound = pools
@@ -147,15 +218,7 @@ def vjp(owner, s, ps, lineshape, tissue, pools, route, names, tissue_names, p, p
     scale = np.array([V.TISSUE_UNITS[k][0] for k in tissue_names])
     tshapes = {k: np.shape(arrays[k]) for k in tissue_names}
     si, planes = si_planes(arrays, shape), V.si_planes(arrays, shape, _core.POOL_FIELDS)
-    # the event parameters the protocol names reach, as bits of the
-    # adjoint's directions (pools/adjoint.hpp EventSeeds order; the
-    # receiver phase costs nothing)
-    columns = set()
-    for k in names:
-        if k in prov:
-            columns.update(int(c) for c in prov[k][1])
-    directions = (_GRAD_DURATION, _GRAD_FLIP, _GRAD_PHASE, _GRAD_RF_DURATION, _GRAD_RF_OFFSET)
-    mask = sum(1 << d for d, c in enumerate(directions) if c in columns)
+    mask = _event_mask(names, prov)
 
     def pullback(cotangent):
         if V.is_device_array(cotangent):

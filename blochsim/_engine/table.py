@@ -85,7 +85,7 @@ def _pooled_play(req, pools):
     config, s, ps = pools
     names = req.names if req.op == "jacobian" else ()
     signal, J = pooled.play(req.streams.name, ps, req.streams.lineshape, req.tissue, config, req.route, names,
-                            req.out, req.streams.variant, keyed=s)
+                            req.out, req.streams.variant, keyed=s, one=req.one)
     if req.op == "simulate":
         return signal
     if req.out is not None:

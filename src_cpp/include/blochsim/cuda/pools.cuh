@@ -232,6 +232,64 @@ __global__ void sum_rows_kernel(const T* rows, int64_t count, int64_t m, T* acc)
 
 }  // namespace detail
 
+// The pooled Jacobian's launches on the device: device properties dt, dp
+// (n problems), the packed stream ds, outputs dout (n, s.n_samples) and
+// djac (n, n_dirs, s.n_samples) complex64 on the device; one thread a
+// problem in double precision (pooled_problem on duals), four directions a
+// pass (every pass on four-direction duals, one kernel for all counts), in
+// launches of as many problems as fit in a quarter of the free memory.
+// Ordered on st.
+template <int Unused = 0>
+inline int pooled_jacobian_launches(const EventStream& ds, int64_t n_problems, const Tissue& dt, const Pools& dp,
+                                    const LineshapeTable& dl, const int* fields, int n_dirs, const float* seeds,
+                                    float* dout, float* djac, cudaStream_t st, char* err, int n) {
+  using namespace detail;
+  size_t free_b = 0, total_b = 0;
+  BLOCHSIM_CUDA(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+  constexpr int threads = 128;
+  for (int d0 = 0; d0 < n_dirs; d0 += 4) {
+    PooledDirs dirs{};
+    dirs.n = std::min(4, n_dirs - d0);
+    dirs.first = d0;
+    dirs.total = n_dirs;
+    for (int j = 0; j < dirs.n; ++j) {
+      dirs.field[j] = fields[d0 + j];
+      dirs.seed[j] = seeds ? seeds[d0 + j] : 1.0f;
+    }
+    const int64_t per_vals = pool_workspace(ds, dp);
+    using S = Dual<double, 4>;
+    const int64_t per = per_vals * static_cast<int64_t>(sizeof(S));
+    // a quarter of the free memory: the kernel's local memory (the
+    // exponentials' scratch on duals) is reserved at launch
+    const int64_t chunk =
+        std::max<int64_t>(1, std::min<int64_t>(n_problems, static_cast<int64_t>(free_b / 4) / per));
+    S* jw = nullptr;
+    BLOCHSIM_CUDA(pool_malloc(reinterpret_cast<void**>(&jw), static_cast<size_t>(chunk * per), st),
+                  "cudaMallocFromPoolAsync (Jacobian workspace)");
+    for (int64_t first = 0; first < n_problems; first += chunk) {
+      const int64_t count = std::min<int64_t>(chunk, n_problems - first);
+      const unsigned blocks = static_cast<unsigned>((count + threads - 1) / threads);
+      pooled_jacobian_kernel<4><<<blocks, threads, 0, st>>>(ds, dt, dp, dl, dirs, first, count, jw, per_vals, dout,
+                                                            djac);
+      const cudaError_t e = cudaGetLastError();
+      if (e != cudaSuccess) {
+        cudaFreeAsync(jw, st);
+        return fail(e, "pooled_jacobian_kernel launch", err, n);
+      }
+    }
+    BLOCHSIM_CUDA(cudaFreeAsync(jw, st), "cudaFreeAsync");
+  }
+  return ok;
+}
+
+// The directions of a pooled Jacobian, checked: each a pooled direction.
+inline int check_pooled_directions(const int* fields, int n_dirs, const float* jac) {
+  if (n_dirs < 0 || (n_dirs > 0 && (!fields || !jac))) return bad_shape;
+  for (int j = 0; j < n_dirs; ++j)
+    if (!pooled_direction(fields[j])) return bad_shape;
+  return ok;
+}
+
 // In the pooled entries below: a CUDA call that fails ends the entry
 // through its finish(), with the error's message.
 #define BLOCHSIM_POOLED_TRY(call, what)                                   \
@@ -260,10 +318,8 @@ inline int pooled_from_host(const EventStream& s, const Tissue& t, const Pools& 
   if (v != ok) return say(v, err, n);
   const int vp = validate_pools(s, t, p);
   if (vp != ok) return say(vp, err, n);
-  if (n_dirs < 0 || (n_dirs > 0 && (!fields || !jac))) return say(bad_shape, err, n);
-  for (int j = 0; j < n_dirs; ++j)
-    if (!pooled_direction(fields[j]))
-      return say(bad_shape, err, n);
+  const int vd = check_pooled_directions(fields, n_dirs, jac);
+  if (vd != ok) return say(vd, err, n);
   if (t.n == 0 || s.n_samples == 0) return ok;
   no_stale_error();
   cudaStream_t st = nullptr;
@@ -298,45 +354,8 @@ inline int pooled_from_host(const EventStream& s, const Tissue& t, const Pools& 
   if (n_dirs > 0)
     BLOCHSIM_POOLED_TRY(pool_malloc(reinterpret_cast<void**>(&djac), jac_bytes, st),
                         "cudaMallocFromPoolAsync (Jacobian)");
-  // launches of `chunk` problems, their workspaces in half the free memory
-  size_t free_b = 0, total_b = 0;
-  BLOCHSIM_POOLED_TRY(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
-  constexpr int threads = 128;
-  for (int d0 = 0; d0 < n_dirs; d0 += 4) {
-    PooledDirs dirs{};
-    dirs.n = std::min(4, n_dirs - d0);
-    dirs.first = d0;
-    dirs.total = n_dirs;
-    for (int j = 0; j < dirs.n; ++j) {
-      dirs.field[j] = fields[d0 + j];
-      dirs.seed[j] = seeds ? seeds[d0 + j] : 1.0f;
-    }
-    const int64_t per_vals = pool_workspace(s, p);
-    auto run = [&](auto tag) -> int {
-      using S = decltype(tag);
-      constexpr int N = sizeof(S) / sizeof(double) - 1;
-      const int64_t per = per_vals * static_cast<int64_t>(sizeof(S));
-      // a quarter of the free memory: the kernel's local memory (the
-      // exponentials' scratch on duals) is reserved at launch
-      const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(t.n, static_cast<int64_t>(free_b / 4) / per));
-      S* jw = nullptr;
-      BLOCHSIM_CUDA(pool_malloc(reinterpret_cast<void**>(&jw), static_cast<size_t>(chunk * per), st),
-                    "cudaMallocFromPoolAsync (Jacobian workspace)");
-      for (int64_t first = 0; first < t.n; first += chunk) {
-        const int64_t count = std::min<int64_t>(chunk, t.n - first);
-        const unsigned blocks = static_cast<unsigned>((count + threads - 1) / threads);
-        pooled_jacobian_kernel<N><<<blocks, threads, 0, st>>>(d.ds, dt, dp, dl, dirs, first, count, jw, per_vals,
-                                                              dout, djac);
-        const cudaError_t e = cudaGetLastError();
-        if (e != cudaSuccess) {
-          cudaFreeAsync(jw, st);
-          return fail(e, "pooled_jacobian_kernel launch", err, n);
-        }
-      }
-      BLOCHSIM_CUDA(cudaFreeAsync(jw, st), "cudaFreeAsync");
-      return ok;
-    };
-    r = run(Dual<double, 4>{});
+  if (n_dirs > 0) {
+    r = pooled_jacobian_launches(d.ds, t.n, dt, dp, dl, fields, n_dirs, seeds, dout, djac, st, err, n);
     if (r != ok) return finish(r);
   }
   if (n_dirs == 0) {
@@ -362,14 +381,20 @@ inline int pooled_from_host(const EventStream& s, const Tissue& t, const Pools& 
 // Status, or cuda_error_base + cudaError_t with a message in err.
 // (A template, so that only a translation unit that calls it instantiates
 // its kernels.)
+//
+// With n_dirs > 0 it also writes the Jacobian jac ((t.n, n_dirs,
+// s.n_samples) complex64, device), fields and seeds as pooled_from_host.
 template <int Unused = 0>
 inline int pooled_device(const EventStream& s, const Tissue& t, const Pools& p, float* out, cudaStream_t stream,
-                         char* err = nullptr, int n = 0) {
+                         char* err = nullptr, int n = 0, const int* fields = nullptr, int n_dirs = 0,
+                         const float* seeds = nullptr, float* jac = nullptr) {
   using namespace detail;
   const int v = validate(s, t, true);
   if (v != ok) return say(v, err, n);
   const int vp = validate_pool_config(s, t, p);
   if (vp != ok) return say(vp, err, n);
+  const int vd = check_pooled_directions(fields, n_dirs, jac);
+  if (vd != ok) return say(vd, err, n);
   if (t.n == 0 || s.n_samples == 0) return ok;
   no_stale_error();
   cudaStream_t st = stream;
@@ -397,7 +422,8 @@ inline int pooled_device(const EventStream& s, const Tissue& t, const Pools& p, 
   dl.g = reinterpret_cast<const double*>(b + o_g);
   dl.dg_dt = reinterpret_cast<const double*>(b + o_dg);
   status = reinterpret_cast<int*>(b + o_status);
-  r = pooled_forward_launches<float>(s, d.ds, t, p, dl, out, status, st, err, n);
+  r = n_dirs > 0 ? pooled_jacobian_launches(d.ds, t.n, t, p, dl, fields, n_dirs, seeds, out, jac, st, err, n)
+                 : pooled_forward_launches<float>(s, d.ds, t, p, dl, out, status, st, err, n);
   if (r != ok) {
     cudaStreamSynchronize(st);
     return finish(r);
@@ -408,12 +434,75 @@ inline int pooled_device(const EventStream& s, const Tissue& t, const Pools& p, 
   return finish(hs != ok ? say(hs, err, n) : ok);
 }
 
+// Checks the tissue directions of a pooled adjoint into dirs.
+inline int pooled_adjoint_directions(const int* fields, int n_tdirs, unsigned mask, bool grads,
+                                     detail::PooledAdjointDirs& dirs) {
+  if (mask > pooled_all_event_dirs || n_tdirs < 0 || n_tdirs > pool_field_count || (n_tdirs > 0 && (!fields || !grads)))
+    return bad_shape;
+  dirs = detail::PooledAdjointDirs{};
+  dirs.mask = mask;
+  dirs.n = n_tdirs;
+  for (int j = 0; j < n_tdirs; ++j) {
+    if (!pooled_direction(fields[j])) return bad_shape;
+    for (int l = 0; l < j; ++l)
+      if (fields[l] == fields[j]) return bad_shape;
+    dirs.field[j] = fields[j];
+  }
+  return ok;
+}
+
+// The pooled adjoint's launches: device properties dt, dp (n problems),
+// the packed stream ds (s its host form), the cotangent dcot (n,
+// s.n_samples) complex64 and the tissue gradients dtg (n, dirs.n) float32
+// on the device; the event gradients summed in problem order into the host
+// array ev_grad (s.n_events, pooled_event_gradients).  One thread a
+// problem in double precision, the per-event play on duals of W
+// directions, launches of as many problems as fit in a quarter of the free
+// memory.  Synchronous with st.
+template <int W = pooled_adjoint_width>
+inline int pooled_adjoint_launches(const EventStream& s, const EventStream& ds, int64_t n_problems, const Tissue& dt,
+                                   const Pools& dp, const LineshapeTable& dl, const detail::PooledAdjointDirs& dirs,
+                                   const float* dcot, float* dtg, double* ev_grad, cudaStream_t st, char* err, int n) {
+  using namespace detail;
+  const int64_t m = s.n_events * pooled_event_gradients;
+  double *work = nullptr, *rows = nullptr, *acc = nullptr;
+  auto finish = [&](int result) {
+    for (void* q : {static_cast<void*>(work), static_cast<void*>(rows), static_cast<void*>(acc)})
+      if (q) cudaFreeAsync(q, st);
+    cudaStreamSynchronize(st);
+    return result;
+  };
+  BLOCHSIM_POOLED_TRY(pool_malloc(reinterpret_cast<void**>(&acc), static_cast<size_t>(m) * 8, st), "cudaMallocFromPoolAsync");
+  BLOCHSIM_POOLED_TRY(cudaMemsetAsync(acc, 0, static_cast<size_t>(m) * 8, st), "cudaMemsetAsync");
+  size_t free_b = 0, total_b = 0;
+  BLOCHSIM_POOLED_TRY(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+  const int64_t per = pooled_adjoint_workspace(s, dp, dirs.mask, dirs.n, W);
+  const int64_t per_bytes = (per + m) * 8;
+  const int64_t chunk =
+      std::max<int64_t>(1, std::min<int64_t>(n_problems, static_cast<int64_t>(free_b / 4) / per_bytes));
+  BLOCHSIM_POOLED_TRY(pool_malloc(reinterpret_cast<void**>(&work), static_cast<size_t>(chunk * per) * 8, st),
+                      "cudaMallocFromPoolAsync (adjoint workspace)");
+  BLOCHSIM_POOLED_TRY(pool_malloc(reinterpret_cast<void**>(&rows), static_cast<size_t>(chunk * m) * 8, st),
+                      "cudaMallocFromPoolAsync (event gradients)");
+  constexpr int threads = 64;
+  for (int64_t first = 0; first < n_problems; first += chunk) {
+    const int64_t count = std::min<int64_t>(chunk, n_problems - first);
+    pooled_adjoint_kernel<W><<<static_cast<unsigned>((count + threads - 1) / threads), threads, 0, st>>>(
+        ds, dt, dp, dl, dirs, first, count, work, per, dcot, rows, dtg);
+    BLOCHSIM_POOLED_TRY(cudaGetLastError(), "pooled_adjoint_kernel launch");
+    sum_rows_kernel<double><<<static_cast<unsigned>((m + 255) / 256), 256, 0, st>>>(rows, count, m, acc);
+    BLOCHSIM_POOLED_TRY(cudaGetLastError(), "sum_rows_kernel launch");
+  }
+  BLOCHSIM_POOLED_TRY(cudaMemcpyAsync(ev_grad, acc, static_cast<size_t>(m) * 8, cudaMemcpyDeviceToHost, st),
+                      "copy of the event gradients");
+  BLOCHSIM_POOLED_TRY(cudaStreamSynchronize(st), "pooled_adjoint_kernel");
+  return finish(ok);
+}
+
 // Reverse mode with pools on the device for host inputs and outputs
-// (host::pooled_adjoint_status's counterpart, same arguments and results):
-// one thread a problem in double precision, the per-event play on duals of
-// W directions, launches of as many problems as fit in a quarter of the
-// free memory; each launch's event gradients are summed in problem order,
-// so the result does not depend on the launch size.  Synchronous.
+// (host::pooled_adjoint_status's counterpart, same arguments and results);
+// pooled_adjoint_launches does the work, so the result does not depend on
+// the launch size.  Synchronous.
 template <int W = pooled_adjoint_width>
 inline int pooled_adjoint_from_host(const EventStream& s, const Tissue& t, const Pools& p, const int* fields,
                                     int n_tdirs, const float* cot, double* ev_grad, float* tgrad,
@@ -423,19 +512,9 @@ inline int pooled_adjoint_from_host(const EventStream& s, const Tissue& t, const
   if (v != ok) return say(v, err, n);
   const int vp = validate_pools(s, t, p);
   if (vp != ok) return say(vp, err, n);
-  if (mask > pooled_all_event_dirs || n_tdirs < 0 || n_tdirs > pool_field_count ||
-      (n_tdirs > 0 && (!fields || (t.n > 0 && !tgrad))))
-    return say(bad_shape, err, n);
-  PooledAdjointDirs dirs{};
-  dirs.mask = mask;
-  dirs.n = n_tdirs;
-  for (int j = 0; j < n_tdirs; ++j) {
-    if (!pooled_direction(fields[j]))
-      return say(bad_shape, err, n);
-    for (int l = 0; l < j; ++l)
-      if (fields[l] == fields[j]) return say(bad_shape, err, n);
-    dirs.field[j] = fields[j];
-  }
+  PooledAdjointDirs dirs;
+  const int vd = pooled_adjoint_directions(fields, n_tdirs, mask, t.n == 0 || tgrad, dirs);
+  if (vd != ok) return say(vd, err, n);
   const int64_t m = s.n_events * pooled_event_gradients;
   for (int64_t j = 0; j < m; ++j) ev_grad[j] = 0.0;
   if (s.n_events == 0 || t.n == 0) {
@@ -448,10 +527,8 @@ inline int pooled_adjoint_from_host(const EventStream& s, const Tissue& t, const
   DeviceStream d;
   void* props = nullptr;
   float *dcot = nullptr, *dtg = nullptr;
-  double *work = nullptr, *rows = nullptr, *acc = nullptr;
   auto finish = [&](int result) {
-    for (void* q : {static_cast<void*>(work), static_cast<void*>(rows), static_cast<void*>(acc),
-                    static_cast<void*>(dcot), static_cast<void*>(dtg), props, d.buf})
+    for (void* q : {static_cast<void*>(dcot), static_cast<void*>(dtg), props, d.buf})
       if (q) cudaFreeAsync(q, st);
     cudaStreamSynchronize(st);
     cudaStreamDestroy(st);
@@ -471,34 +548,62 @@ inline int pooled_adjoint_from_host(const EventStream& s, const Tissue& t, const
   }
   if (tg_bytes > 0)
     BLOCHSIM_POOLED_TRY(pool_malloc(reinterpret_cast<void**>(&dtg), tg_bytes, st), "cudaMallocFromPoolAsync (gradient)");
-  BLOCHSIM_POOLED_TRY(pool_malloc(reinterpret_cast<void**>(&acc), static_cast<size_t>(m) * 8, st), "cudaMallocFromPoolAsync");
-  BLOCHSIM_POOLED_TRY(cudaMemsetAsync(acc, 0, static_cast<size_t>(m) * 8, st), "cudaMemsetAsync");
-  size_t free_b = 0, total_b = 0;
-  BLOCHSIM_POOLED_TRY(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
-  const int64_t per = pooled_adjoint_workspace(s, p, mask, n_tdirs, W);
-  const int64_t per_bytes = (per + m) * 8;
-  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(t.n, static_cast<int64_t>(free_b / 4) / per_bytes));
-  BLOCHSIM_POOLED_TRY(pool_malloc(reinterpret_cast<void**>(&work), static_cast<size_t>(chunk * per) * 8, st),
-                      "cudaMallocFromPoolAsync (adjoint workspace)");
-  BLOCHSIM_POOLED_TRY(pool_malloc(reinterpret_cast<void**>(&rows), static_cast<size_t>(chunk * m) * 8, st),
-                      "cudaMallocFromPoolAsync (event gradients)");
-  constexpr int threads = 64;
-  for (int64_t first = 0; first < t.n; first += chunk) {
-    const int64_t count = std::min<int64_t>(chunk, t.n - first);
-    pooled_adjoint_kernel<W><<<static_cast<unsigned>((count + threads - 1) / threads), threads, 0, st>>>(
-        d.ds, dt, dp, dl, dirs, first, count, work, per, dcot, rows, dtg);
-    BLOCHSIM_POOLED_TRY(cudaGetLastError(), "pooled_adjoint_kernel launch");
-    sum_rows_kernel<double><<<static_cast<unsigned>((m + 255) / 256), 256, 0, st>>>(rows, count, m, acc);
-    BLOCHSIM_POOLED_TRY(cudaGetLastError(), "sum_rows_kernel launch");
-  }
-  BLOCHSIM_POOLED_TRY(cudaMemcpyAsync(ev_grad, acc, static_cast<size_t>(m) * 8, cudaMemcpyDeviceToHost, st),
-                      "copy of the event gradients");
+  r = pooled_adjoint_launches<W>(s, d.ds, t.n, dt, dp, dl, dirs, dcot, dtg, ev_grad, st, err, n);
+  if (r != ok) return finish(r);
   if (tg_bytes > 0)
     BLOCHSIM_POOLED_TRY(cudaMemcpyAsync(tgrad, dtg, tg_bytes, cudaMemcpyDeviceToHost, st), "copy of the gradient");
-  BLOCHSIM_POOLED_TRY(cudaStreamSynchronize(st), "pooled_adjoint_kernel");
-#undef BLOCHSIM_POOLED_TRY
+  BLOCHSIM_POOLED_TRY(cudaStreamSynchronize(st), "copy of the gradient");
   return finish(ok);
 }
+
+// Reverse mode with pools for device properties: t and p point at device
+// arrays (as pooled_device: values already checked), cot at the (t.n,
+// s.n_samples) complex64 cotangent and tgrad at the (t.n, n_tdirs)
+// float32 tissue gradients on the device; ev_grad (s.n_events,
+// pooled_event_gradients) is a host array.  Ordered on `stream` and
+// synchronous with it.
+template <int W = pooled_adjoint_width>
+inline int pooled_adjoint_device(const EventStream& s, const Tissue& t, const Pools& p, const int* fields,
+                                 int n_tdirs, const float* cot, double* ev_grad, float* tgrad, cudaStream_t stream,
+                                 char* err = nullptr, int n = 0, unsigned mask = pooled_all_event_dirs) {
+  using namespace detail;
+  const int v = validate(s, t, true);
+  if (v != ok) return say(v, err, n);
+  const int vp = validate_pool_config(s, t, p);
+  if (vp != ok) return say(vp, err, n);
+  PooledAdjointDirs dirs;
+  const int vd = pooled_adjoint_directions(fields, n_tdirs, mask, t.n == 0 || tgrad, dirs);
+  if (vd != ok) return say(vd, err, n);
+  const int64_t m = s.n_events * pooled_event_gradients;
+  for (int64_t j = 0; j < m; ++j) ev_grad[j] = 0.0;
+  if (s.n_events == 0 || t.n == 0) return ok;
+  no_stale_error();
+  cudaStream_t st = stream;
+  DeviceStream d;
+  void* table = nullptr;
+  auto finish = [&](int result) {
+    if (table) cudaFreeAsync(table, st);
+    if (d.buf) cudaFreeAsync(d.buf, st);
+    cudaStreamSynchronize(st);
+    return result;
+  };
+  int r = upload_stream(s, d, st, err, n);
+  if (r != ok) return finish(r);
+  const LineshapeTable hl = host_lineshape_table();
+  std::vector<unsigned char> h;
+  const size_t o_g = put(h, hl.g, lineshape_detail::table_points);
+  const size_t o_dg = put(h, hl.dg_dt, lineshape_detail::table_points);
+  BLOCHSIM_POOLED_TRY(pool_malloc(&table, h.size(), st), "cudaMallocFromPoolAsync");
+  BLOCHSIM_POOLED_TRY(cudaMemcpyAsync(table, h.data(), h.size(), cudaMemcpyHostToDevice, st), "cudaMemcpyAsync");
+  unsigned char* b = static_cast<unsigned char*>(table);
+  LineshapeTable dl = hl;
+  dl.g = reinterpret_cast<const double*>(b + o_g);
+  dl.dg_dt = reinterpret_cast<const double*>(b + o_dg);
+  r = pooled_adjoint_launches<W>(s, d.ds, t.n, t, p, dl, dirs, cot, tgrad, ev_grad, st, err, n);
+  return finish(r);
+}
+
+#undef BLOCHSIM_POOLED_TRY
 
 }  // namespace cuda
 }  // namespace blochsim
