@@ -78,16 +78,21 @@ def setup(app):
 
 # ---------------------------------------------------------------- API pages
 
-FAMILIES = [
-    ("spin_echo", "Spin echoes", "CPMG and fast spin echoes, hyperechoes, multi-echo spin echoes, stimulated echoes."),
-    ("gradient_echo", "Gradient echoes", "Spoiled gradient echoes, DESPOT1, double angle, FLASH, multi-echo GRE, "
-                                          "water-fat."),
-    ("steady_state", "Steady states", "Balanced SSFP (closed form and played), DESS, DESPOT2, HSFP, fmSSFP."),
-    ("fingerprinting", "Fingerprinting", "MR fingerprinting, FISP and bSSFP kinds."),
-    ("preparations", "Preparations", "Inversion recovery, Look-Locker, MOLLI, MPRAGE and MP2RAGE."),
-    ("diffusion", "Diffusion and perfusion", "Diffusion weighting, the diffusion tensor, arterial spin labelling."),
-    ("exchange", "Exchange", "CEST Z-spectra and magnetisation transfer."),
-]
+def _families():
+    """(module name, title, intro) of each simulator family, from its
+    module's docstring: "Title: what it holds." then the rest of the first
+    paragraph."""
+    import blochsim.simulators as sims
+
+    out = []
+    for module in sims.FAMILIES:
+        first = " ".join(module.__doc__.strip().split("\n\n")[0].split())
+        title, _, intro = first.partition(": ")
+        out.append((module.__name__.rsplit(".", 1)[1], title, intro[:1].upper() + intro[1:]))
+    return out
+
+
+FAMILIES = _families()
 
 
 def _entries(module_name, names, doc_module=None):

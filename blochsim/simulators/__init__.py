@@ -26,6 +26,9 @@ from blochsim.simulators.diffusion import *  # noqa: F401,F403 (the family's __a
 from blochsim.simulators.exchange import *  # noqa: F401,F403 (the family's __all__)
 from blochsim.simulators import diffusion, exchange, fingerprinting, gradient_echo, preparations, spin_echo, steady_state
 
+#: the family modules, in the order the documentation lists them (its API
+#: pages are made from each module's docstring and ``__all__``)
+FAMILIES = (spin_echo, gradient_echo, steady_state, fingerprinting, preparations, diffusion, exchange)
+
 #: every public name of the families
-__all__ = [name for family in (spin_echo, gradient_echo, steady_state, fingerprinting, preparations, diffusion, exchange)
-           for name in family.__all__]
+__all__ = [name for family in FAMILIES for name in family.__all__]
