@@ -17,13 +17,11 @@ from libcpp.vector cimport vector
 from blochsim._events cimport (EventStream, Pools, Property, Tissue, cuda_error_base, field_pooled_direction,
                               field_single_pool_direction, field_table, interrupted, lineshape_g, out_of_memory,
                               pool_field_count, pool_property, status_message, tissue_fields, tissue_property)
+from blochsim._calls cimport (Call, CallEntry, call_adjoint, call_adjoint2, call_forward, call_jacobian, call_pooled,
+                              call_pooled_adjoint, on_device, on_host, through_device)
 from blochsim._host cimport (Interrupt, KeyedProgram, MatchProblem, MatchResult, NoiseKey, PerkModel, host_available_memory,
-                             host_keyed_dispatch, host_keyed_jacobian_dispatch, host_keyed_pooled_dispatch,
-                             host_match_dispatch, host_noise_add, host_perk_dispatch, host_set_interrupt, host_workspace_bytes,
-                             match_max_k, perk_max_outputs, unchecked_workspace_bytes)
-from blochsim._host cimport (host_adjoint2_dispatch, host_adjoint_dispatch, host_forward_dispatch, host_forward_registers, host_isa,
-                             host_jacobian_dispatch, host_jacobian_registers, host_pooled_adjoint_dispatch,
-                             host_pooled_dispatch, host_pooled_registers)
+                             host_isa, host_match_dispatch, host_noise_add, host_perk_dispatch, host_set_interrupt,
+                             host_workspace_bytes, match_max_k, perk_max_outputs, unchecked_workspace_bytes)
 cimport blochsim._launcher as L
 
 cdef tuple _field_table():
@@ -83,6 +81,22 @@ cdef Interrupt _listen(list holder) noexcept:
     i.poll = _poll
     i.ctx = <void*> holder
     return host_set_interrupt(i)
+
+
+cdef int _run(CallEntry entry, Call& c) except -1:
+    """Runs one entry (calls.hpp) with the GIL released and the Ctrl-C
+    poll installed; a failed status becomes the exception it names."""
+    cdef char err[ERRLEN]
+    cdef int st
+    err[0] = 0
+    c.err = err
+    c.err_len = ERRLEN
+    holder = []
+    cdef Interrupt prev = _listen(holder)
+    with nogil:
+        st = entry(c)
+    host_set_interrupt(prev)
+    return _raise(st, err, holder)
 
 
 cdef class PackedStream:
@@ -206,10 +220,7 @@ def forward_host(PackedStream ps, tuple tissue, int64_t n, float complex[:, ::1]
     """
     cdef Tissue t
     cdef KeyedProgram k
-    cdef int st
     cdef bint keyed = program is not None
-    cdef char err[ERRLEN]
-    err[0] = 0
     if out.shape[0] != n or out.shape[1] != ps.s.n_samples:
         raise ValueError("blochsim internal error: output has shape (%d, %d), expected (%d, %d)"
                          % (out.shape[0], out.shape[1], n, ps.s.n_samples))
@@ -218,17 +229,11 @@ def forward_host(PackedStream ps, tuple tissue, int64_t n, float complex[:, ::1]
     if n == 0 or ps.s.n_samples == 0:
         return
     cdef float* outp = <float*> &out[0, 0]
-    holder = []
-    cdef Interrupt prev = _listen(holder)
-    with nogil:
-        if keyed:
-            st = host_keyed_dispatch(ps.s, k, t, outp, threads)
-        elif variant == 0:
-            st = host_forward_dispatch(ps.s, t, outp, threads)
-        else:
-            st = host_forward_registers(ps.s, t, outp, variant)
-    host_set_interrupt(prev)
-    _raise(st, err, holder)
+    cdef Call c
+    c.stream, c.tissue, c.out, c.threads, c.variant = &ps.s, &t, outp, threads, variant
+    if keyed:
+        c.program = &k
+    _run(call_forward, c)
 
 
 cdef object _keyed_program(KeyedProgram* k, PackedStream ps, program):
@@ -309,13 +314,10 @@ def pooled(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bint bo
     cdef KeyedProgram k
     cdef bint keyed = program is not None
     cdef float complex[:, :, ::1] jv
-    cdef int st
     cdef int nd = len(fields)
     cdef vector[int] cf
     cdef vector[float] cs
     cdef float* jacp = NULL
-    cdef char err[ERRLEN]
-    err[0] = 0
     if len(seeds) != nd or len(pools) != len(POOL_FIELDS):
         raise ValueError("blochsim internal error: pooled call arguments")
     cf = [int(f) for f in fields]
@@ -336,19 +338,13 @@ def pooled(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bint bo
     if n == 0 or ps.s.n_samples == 0:
         return
     cdef float* outp = <float*> &out[0, 0]
-    holder = []
-    cdef Interrupt prev = _listen(holder)
-    with nogil:
-        if keyed:
-            st = host_keyed_pooled_dispatch(ps.s, k, t, p, cf.data(), nd, cs.data(), outp, jacp, threads)
-        elif gpu:
-            st = L.pooled(ps.s, t, p, cf.data(), nd, cs.data(), outp, jacp, err, ERRLEN)
-        elif registers:
-            st = host_pooled_registers(ps.s, t, p, outp)
-        else:
-            st = host_pooled_dispatch(ps.s, t, p, cf.data(), nd, cs.data(), outp, jacp, threads)
-    host_set_interrupt(prev)
-    _raise(st, err, holder)
+    cdef Call c
+    c.place = through_device if gpu else on_host
+    c.stream, c.tissue, c.pools, c.out, c.jac, c.threads = &ps.s, &t, &p, outp, jacp, threads
+    c.fields, c.n_dirs, c.seeds, c.variant = cf.data(), nd, cs.data(), 1 if registers else 0
+    if keyed:
+        c.program = &k
+    _run(call_pooled, c)
 
 
 cdef int _device_pools(Pools* p, tuple pools, int n_exchanging, bint bound, int lineshape) except -1:
@@ -382,25 +378,20 @@ def pooled_cuda(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bi
     it."""
     cdef Tissue t
     cdef Pools p
-    cdef int st
     cdef int nd = len(fields)
     cdef vector[int] cf = [int(f) for f in fields]
     cdef vector[float] cs = [float(x) for x in seeds]
-    cdef char err[ERRLEN]
-    err[0] = 0
     if len(seeds) != nd or (nd > 0 and jac_ptr == 0):
         raise ValueError("blochsim internal error: pooled device Jacobian arguments")
     _device_tissue(&t, tissue, n)
     _device_pools(&p, pools, n_exchanging, bound, lineshape)
     if n == 0 or ps.s.n_samples == 0:
         return
-    holder = []
-    cdef Interrupt prev = _listen(holder)
-    with nogil:
-        st = L.pooled_resident(ps.s, t, p, cf.data(), nd, cs.data(), <float*> out_ptr, <float*> jac_ptr,
-                               <void*> stream, err, ERRLEN)
-    host_set_interrupt(prev)
-    _raise(st, err, holder)
+    cdef Call c
+    c.place, c.stream, c.tissue, c.pools = on_device, &ps.s, &t, &p
+    c.fields, c.n_dirs, c.seeds, c.out, c.jac = cf.data(), nd, cs.data(), <float*> out_ptr, <float*> jac_ptr
+    c.cuda_stream = <void*> stream
+    _run(call_pooled, c)
 
 
 def pooled_adjoint_cuda(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bint bound, int lineshape,
@@ -414,24 +405,19 @@ def pooled_adjoint_cuda(PackedStream ps, tuple tissue, tuple pools, int n_exchan
     ``stream`` and synchronised with it."""
     cdef Tissue t
     cdef Pools p
-    cdef int st
     cdef int nd = len(fields)
     cdef vector[int] cf = [int(f) for f in fields]
-    cdef char err[ERRLEN]
-    err[0] = 0
     if ev_grad.shape[0] != ps.s.n_events or ev_grad.shape[1] != 6:
         raise ValueError("blochsim internal error: pooled adjoint shapes")
     _device_tissue(&t, tissue, n)
     _device_pools(&p, pools, n_exchanging, bound, lineshape)
     if ps.s.n_events == 0 or n == 0:
         return
-    holder = []
-    cdef Interrupt prev = _listen(holder)
-    with nogil:
-        st = L.pooled_adjoint_resident(ps.s, t, p, cf.data(), nd, <const float*> cot_ptr, &ev_grad[0, 0],
-                                       <float*> tgrad_ptr, mask, <void*> stream, err, ERRLEN)
-    host_set_interrupt(prev)
-    _raise(st, err, holder)
+    cdef Call c
+    c.place, c.stream, c.tissue, c.pools, c.fields, c.n_dirs = on_device, &ps.s, &t, &p, cf.data(), nd
+    c.cot, c.ev_grad, c.tgrad, c.mask = <const float*> cot_ptr, &ev_grad[0, 0], <float*> tgrad_ptr, mask
+    c.cuda_stream = <void*> stream
+    _run(call_pooled_adjoint, c)
 
 
 def pooled_adjoint(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bint bound, int lineshape,
@@ -451,11 +437,8 @@ def pooled_adjoint(PackedStream ps, tuple tissue, tuple pools, int n_exchanging,
     """
     cdef Tissue t
     cdef Pools p
-    cdef int st
     cdef int nd = len(fields)
     cdef vector[int] cf
-    cdef char err[ERRLEN]
-    err[0] = 0
     if len(pools) != len(POOL_FIELDS):
         raise ValueError("blochsim internal error: pooled adjoint arguments")
     cf = [int(f) for f in fields]
@@ -469,15 +452,11 @@ def pooled_adjoint(PackedStream ps, tuple tissue, tuple pools, int n_exchanging,
     cdef float* tgp = &tgrad[0, 0] if n > 0 and nd > 0 else NULL
     if ps.s.n_events == 0 or n == 0:
         return
-    holder = []
-    cdef Interrupt prev = _listen(holder)
-    with nogil:
-        if gpu:
-            st = L.pooled_adjoint(ps.s, t, p, cf.data(), nd, cotp, evp, tgp, mask, err, ERRLEN)
-        else:
-            st = host_pooled_adjoint_dispatch(ps.s, t, p, cf.data(), nd, cotp, evp, tgp, threads, mask)
-    host_set_interrupt(prev)
-    _raise(st, err, holder)
+    cdef Call c
+    c.place = through_device if gpu else on_host
+    c.stream, c.tissue, c.pools, c.fields, c.n_dirs = &ps.s, &t, &p, cf.data(), nd
+    c.cot, c.ev_grad, c.tgrad, c.mask, c.threads = cotp, evp, tgp, mask, threads
+    _run(call_pooled_adjoint, c)
 
 
 def lineshape_values(int shape, const double[::1] x, double[::1] g, double[::1] dg):
@@ -507,12 +486,9 @@ def jacobian_host(PackedStream ps, tuple tissue, int64_t n, fields, seeds, float
     cdef Tissue t
     cdef KeyedProgram k
     cdef bint keyed = program is not None
-    cdef int st
     cdef int nd = len(fields)
     cdef vector[int] cf
     cdef vector[float] cs
-    cdef char err[ERRLEN]
-    err[0] = 0
     if nd < 1 or nd > tissue_fields or len(seeds) != nd:
         raise ValueError("blochsim internal error: 1 to tissue_fields Jacobian directions, one seed each")
     if out.shape[0] != n or out.shape[1] != ps.s.n_samples or jac.shape[0] != n or jac.shape[1] != nd \
@@ -526,17 +502,12 @@ def jacobian_host(PackedStream ps, tuple tissue, int64_t n, fields, seeds, float
         return
     cdef float* outp = <float*> &out[0, 0]
     cdef float* jacp = <float*> &jac[0, 0, 0]
-    holder = []
-    cdef Interrupt prev = _listen(holder)
-    with nogil:
-        if keyed:
-            st = host_keyed_jacobian_dispatch(ps.s, k, t, cf.data(), nd, outp, jacp, threads, cs.data())
-        elif variant == 0:
-            st = host_jacobian_dispatch(ps.s, t, cf.data(), nd, outp, jacp, threads, cs.data())
-        else:
-            st = host_jacobian_registers(ps.s, t, cf.data(), nd, outp, jacp, cs.data())
-    host_set_interrupt(prev)
-    _raise(st, err, holder)
+    cdef Call c
+    c.stream, c.tissue, c.fields, c.n_dirs, c.seeds = &ps.s, &t, cf.data(), nd, cs.data()
+    c.out, c.jac, c.threads, c.variant = outp, jacp, threads, variant
+    if keyed:
+        c.program = &k
+    _run(call_jacobian, c)
 
 
 def adjoint_host(PackedStream ps, tuple tissue, int64_t n, fields, const float complex[:, ::1] cot,
@@ -550,11 +521,8 @@ def adjoint_host(PackedStream ps, tuple tissue, int64_t n, fields, const float c
     (``fields`` indices into TISSUE_FIELDS, distinct, possibly none).
     """
     cdef Tissue t
-    cdef int st
     cdef int nd = len(fields)
     cdef vector[int] cf
-    cdef char err[ERRLEN]
-    err[0] = 0
     if nd > tissue_fields:
         raise ValueError("blochsim internal error: 0 to tissue_fields adjoint tissue directions")
     cf = [int(f) for f in fields]
@@ -567,12 +535,10 @@ def adjoint_host(PackedStream ps, tuple tissue, int64_t n, fields, const float c
     cdef const float* cotp = <const float*> &cot[0, 0] if n > 0 and ps.s.n_samples > 0 else NULL
     cdef double* evp = &ev_grad[0, 0]
     cdef float* tgp = &tgrad[0, 0] if n > 0 and nd > 0 else NULL
-    holder = []
-    cdef Interrupt prev = _listen(holder)
-    with nogil:
-        st = host_adjoint_dispatch(ps.s, t, cf.data(), nd, cotp, evp, tgp, threads)
-    host_set_interrupt(prev)
-    _raise(st, err, holder)
+    cdef Call c
+    c.stream, c.tissue, c.fields, c.n_dirs = &ps.s, &t, cf.data(), nd
+    c.cot, c.ev_grad, c.tgrad, c.threads = cotp, evp, tgp, threads
+    _run(call_adjoint, c)
 
 
 def adjoint2_host(PackedStream ps, tuple tissue, int64_t n, int outer_field, const float complex[:, :, ::1] cot,
@@ -582,9 +548,6 @@ def adjoint2_host(PackedStream ps, tuple tissue, int64_t n, int outer_field, con
     cotangent ``cot[:, j]``, ``cot`` a (n, n_dirs, n_samples) complex64
     Jacobian cotangent, summed over the problems."""
     cdef Tissue t
-    cdef int st
-    cdef char err[ERRLEN]
-    err[0] = 0
     if cot.shape[0] != n or cot.shape[2] != ps.s.n_samples or not 0 <= j < cot.shape[1] \
             or ev_grad.shape[0] != ps.s.n_events or ev_grad.shape[1] != 4:
         raise ValueError("blochsim internal error: adjoint shapes")
@@ -593,12 +556,10 @@ def adjoint2_host(PackedStream ps, tuple tissue, int64_t n, int outer_field, con
         return
     cdef const float* cotp = <const float*> &cot[0, j, 0] if n > 0 and ps.s.n_samples > 0 else NULL
     cdef int64_t stride = cot.shape[1] * cot.shape[2]
-    holder = []
-    cdef Interrupt prev = _listen(holder)
-    with nogil:
-        st = host_adjoint2_dispatch(ps.s, t, outer_field, cotp, stride, &ev_grad[0, 0], threads)
-    host_set_interrupt(prev)
-    _raise(st, err, holder)
+    cdef Call c
+    c.stream, c.tissue, c.outer_field, c.cot, c.cot_stride = &ps.s, &t, outer_field, cotp, stride
+    c.ev_grad, c.threads = &ev_grad[0, 0], threads
+    _run(call_adjoint2, c)
 
 
 def jacobian_cuda(PackedStream ps, tuple tissue, int64_t n, fields, seeds, uintptr_t out_ptr, uintptr_t jac_ptr,
@@ -608,12 +569,9 @@ def jacobian_cuda(PackedStream ps, tuple tissue, int64_t n, fields, seeds, uintp
     ``stream``; direction j seeded with ``seeds[j]`` (d SI value / d
     direction)."""
     cdef Tissue t
-    cdef int st
     cdef int nd = len(fields)
     cdef vector[int] cf
     cdef vector[float] cs
-    cdef char err[ERRLEN]
-    err[0] = 0
     if nd < 1 or nd > tissue_fields or len(seeds) != nd:
         raise ValueError("blochsim internal error: 1 to tissue_fields Jacobian directions")
     cf = [int(f) for f in fields]
@@ -621,12 +579,10 @@ def jacobian_cuda(PackedStream ps, tuple tissue, int64_t n, fields, seeds, uintp
     _device_tissue(&t, tissue, n)
     if n == 0 or ps.s.n_samples == 0:
         return
-    holder = []
-    cdef Interrupt prev = _listen(holder)
-    with nogil:
-        st = L.jacobian(ps.s, t, cf.data(), cs.data(), nd, <float*> out_ptr, <float*> jac_ptr, <void*> stream, err, ERRLEN)
-    host_set_interrupt(prev)
-    _raise(st, err, holder)
+    cdef Call c
+    c.place, c.stream, c.tissue, c.fields, c.n_dirs, c.seeds = on_device, &ps.s, &t, cf.data(), nd, cs.data()
+    c.out, c.jac, c.cuda_stream = <float*> out_ptr, <float*> jac_ptr, <void*> stream
+    _run(call_jacobian, c)
 
 
 def adjoint_cuda(PackedStream ps, tuple tissue, int64_t n, fields, uintptr_t cot_ptr, double[:, ::1] ev_grad,
@@ -636,24 +592,18 @@ def adjoint_cuda(PackedStream ps, tuple tissue, int64_t n, fields, uintptr_t cot
     len(fields)) float32 tissue gradient; ``ev_grad`` (n_events, 4) float64
     on the host, as :func:`adjoint_host`.  Synchronises ``stream``."""
     cdef Tissue t
-    cdef int st
     cdef int nd = len(fields)
     cdef vector[int] cf
-    cdef char err[ERRLEN]
-    err[0] = 0
     if nd > tissue_fields or ev_grad.shape[0] != ps.s.n_events or ev_grad.shape[1] != 4:
         raise ValueError("blochsim internal error: adjoint shapes")
     cf = [int(f) for f in fields]
     _device_tissue(&t, tissue, n)
     if ps.s.n_events == 0:
         return
-    holder = []
-    cdef Interrupt prev = _listen(holder)
-    with nogil:
-        st = L.adjoint(ps.s, t, cf.data(), nd, <const float*> cot_ptr, &ev_grad[0, 0], <float*> tgrad_ptr, <void*> stream,
-                       err, ERRLEN)
-    host_set_interrupt(prev)
-    _raise(st, err, holder)
+    cdef Call c
+    c.place, c.stream, c.tissue, c.fields, c.n_dirs = on_device, &ps.s, &t, cf.data(), nd
+    c.cot, c.ev_grad, c.tgrad, c.cuda_stream = <const float*> cot_ptr, &ev_grad[0, 0], <float*> tgrad_ptr, <void*> stream
+    _run(call_adjoint, c)
 
 
 def adjoint2_cuda(PackedStream ps, tuple tissue, int64_t n, int outer_field, uintptr_t cot_ptr, int64_t cot_stride,
@@ -662,21 +612,15 @@ def adjoint2_cuda(PackedStream ps, tuple tissue, int64_t n, int outer_field, uin
     device cotangent (row stride ``cot_stride`` complex values), ``ev_grad``
     as :func:`adjoint2_host`.  Synchronises ``stream``."""
     cdef Tissue t
-    cdef int st
-    cdef char err[ERRLEN]
-    err[0] = 0
     if ev_grad.shape[0] != ps.s.n_events or ev_grad.shape[1] != 4:
         raise ValueError("blochsim internal error: adjoint shapes")
     _device_tissue(&t, tissue, n)
     if ps.s.n_events == 0:
         return
-    holder = []
-    cdef Interrupt prev = _listen(holder)
-    with nogil:
-        st = L.adjoint2(ps.s, t, outer_field, <const float*> cot_ptr, cot_stride, &ev_grad[0, 0], <void*> stream,
-                        err, ERRLEN)
-    host_set_interrupt(prev)
-    _raise(st, err, holder)
+    cdef Call c
+    c.place, c.stream, c.tissue, c.outer_field = on_device, &ps.s, &t, outer_field
+    c.cot, c.cot_stride, c.ev_grad, c.cuda_stream = <const float*> cot_ptr, cot_stride, &ev_grad[0, 0], <void*> stream
+    _run(call_adjoint2, c)
 
 
 def cuda_jacobian_max_states(bint real_path):
@@ -689,21 +633,15 @@ def forward_cuda_streamed(PackedStream ps, tuple tissue, int64_t n, float comple
     """Host tissue and host output, streamed through the device in chunks of
     at most ``budget_bytes`` of device memory (0: most of what is free)."""
     cdef Tissue t
-    cdef int st
-    cdef char err[ERRLEN]
-    err[0] = 0
     if out.shape[0] != n or out.shape[1] != ps.s.n_samples:
         raise ValueError("blochsim internal error: output shape")
     keep = _host_tissue(&t, tissue, n)
     if n == 0 or ps.s.n_samples == 0:
         return
     cdef float* outp = <float*> &out[0, 0]
-    holder = []
-    cdef Interrupt prev = _listen(holder)
-    with nogil:
-        st = L.forward_streamed(ps.s, t, outp, budget_bytes, err, ERRLEN)
-    host_set_interrupt(prev)
-    _raise(st, err, holder)
+    cdef Call c
+    c.place, c.stream, c.tissue, c.out, c.budget_bytes = through_device, &ps.s, &t, outp, budget_bytes
+    _run(call_forward, c)
 
 
 cdef int _device_tissue(Tissue* t, tuple tissue, int64_t n) except -1:
@@ -730,22 +668,15 @@ def forward_cuda(PackedStream ps, tuple tissue, int64_t n, uintptr_t out_ptr, ui
     cdef Tissue t
     cdef KeyedProgram k
     cdef bint keyed = program is not None
-    cdef int st
-    cdef char err[ERRLEN]
-    err[0] = 0
     refs = _keyed_program(&k, ps, program) if keyed else None
     _device_tissue(&t, tissue, n)
     if n == 0 or ps.s.n_samples == 0:
         return
-    holder = []
-    cdef Interrupt prev = _listen(holder)
-    with nogil:
-        if keyed:
-            st = L.keyed_forward(ps.s, k, t, <float*> out_ptr, <void*> stream, err, ERRLEN)
-        else:
-            st = L.forward(ps.s, t, <float*> out_ptr, <void*> stream, err, ERRLEN)
-    host_set_interrupt(prev)
-    _raise(st, err, holder)
+    cdef Call c
+    c.place, c.stream, c.tissue, c.out, c.cuda_stream = on_device, &ps.s, &t, <float*> out_ptr, <void*> stream
+    if keyed:
+        c.program = &k
+    _run(call_forward, c)
 
 
 def cuda_bytes_per_problem(PackedStream ps):

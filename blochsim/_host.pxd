@@ -1,4 +1,6 @@
-# Declarations of src_cpp/host/dispatch.hpp (the host backend entry points).
+# Declarations of src_cpp/host/dispatch.hpp (the host backend): the
+# estimators' kernels, the host level, workspaces and the interrupt poll;
+# the EPG operations are reached through calls.hpp (_calls.pxd).
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
 
 from blochsim._events cimport EventStream, Pools, Tissue
@@ -65,31 +67,9 @@ cdef extern from "blochsim/noise.hpp" namespace "blochsim" nogil:
 
 
 cdef extern from "dispatch.hpp" namespace "blochsim" nogil:
-    int host_forward_dispatch(const EventStream& s, const Tissue& t, float* out, int threads)
-    int host_jacobian_dispatch(const EventStream& s, const Tissue& t, const int* fields, int n_dirs,
-                               float* out, float* jac, int threads, const float* seeds)
-    int host_adjoint_dispatch(const EventStream& s, const Tissue& t, const int* fields, int n_tdirs,
-                              const float* cot, double* ev_grad, float* tgrad, int threads)
-    int host_adjoint2_dispatch(const EventStream& s, const Tissue& t, int outer_field, const float* cot,
-                               int64_t cot_stride, double* ev_grad, int threads)
-    int host_jacobian_registers(const EventStream& s, const Tissue& t, const int* fields, int n_dirs,
-                                float* out, float* jac, const float* seeds)
-    int host_forward_registers(const EventStream& s, const Tissue& t, float* out, int team)
-    int host_pooled_registers(const EventStream& s, const Tissue& t, const Pools& p, float* out)
-    int host_pooled_dispatch(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_dirs,
-                             const float* seeds, float* out, float* jac, int threads)
-    int host_keyed_pooled_dispatch(const EventStream& s, const KeyedProgram& k, const Tissue& t, const Pools& p,
-                                   const int* fields, int n_dirs, const float* seeds, float* out, float* jac,
-                                   int threads)
-    int host_pooled_adjoint_dispatch(const EventStream& s, const Tissue& t, const Pools& p, const int* fields,
-                                     int n_tdirs, const float* cot, double* ev_grad, float* tgrad, int threads,
-                                     unsigned mask)
     int host_perk_dispatch(const PerkModel& m, const float* x, const float* g, int64_t n, float* out,
                            float* xbar, int threads)
     int host_match_dispatch(const MatchProblem& p, const MatchResult& r, int threads)
-    int host_keyed_dispatch(const EventStream& s, const KeyedProgram& k, const Tissue& t, float* out, int threads)
-    int host_keyed_jacobian_dispatch(const EventStream& s, const KeyedProgram& k, const Tissue& t, const int* fields,
-                                     int n_dirs, float* out, float* jac, int threads, const float* seeds)
     int host_noise_add(float* z, int64_t n, int64_t first, double sigma, const NoiseKey& k, int threads)
     const char* host_isa()
     double host_workspace_bytes(int entry, const EventStream& s, const Pools* p, int64_t n, int threads,

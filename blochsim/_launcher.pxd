@@ -1,4 +1,6 @@
-# Declarations of src_cuda/launcher.hpp (the device backend launcher).
+# Declarations of src_cuda/launcher.hpp (the device backend launcher): its
+# memory, copy and stream helpers and the estimators' kernels; the EPG
+# operations are reached through calls.hpp (_calls.pxd).
 from libc.stddef cimport size_t
 from libc.stdint cimport int64_t
 
@@ -24,11 +26,6 @@ cdef extern from "launcher.hpp" namespace "blochsim::cuda" nogil:
                         const int64_t* strides, double scale, float* dst, int64_t count, void* stream, char* err, int n)
     int first_bad_value(const float* x, int64_t count, int check_lower, float lower, int strict,
                         int64_t* index, float* bad_value, void* stream, char* err, int n)
-    int forward(const EventStream& s, const Tissue& t, float* out, void* stream, char* err, int n)
-    int keyed_forward(const EventStream& s, const KeyedProgram& k, const Tissue& t, float* out, void* stream,
-                      char* err, int n)
-    int jacobian(const EventStream& s, const Tissue& t, const int* fields, const float* seeds, int n_dirs,
-                 float* out, float* jac, void* stream, char* err, int n)
     int jacobian_max_states(int real_path)
     int match(const MatchProblem& p, const MatchResult& r, void* stream, char* err, int n)
     int match_max_k()
@@ -45,19 +42,4 @@ cdef extern from "launcher.hpp" namespace "blochsim::cuda" nogil:
                 double* norms, void* stream, char* err, int n)
     int candidate_dots(const float* atoms, const float* signals, int64_t count, int64_t m, int64_t c,
                        double* dots, double* norms, void* stream, char* err, int n)
-    int adjoint(const EventStream& s, const Tissue& t, const int* fields, int n_tdirs, const float* cot,
-                double* ev_grad, float* tgrad, void* stream, char* err, int n)
-    int adjoint2(const EventStream& s, const Tissue& t, int outer_field, const float* cot, int64_t cot_stride,
-                 double* ev_grad, void* stream, char* err, int n)
-    int pooled(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_dirs,
-               const float* seeds, float* out, float* jac, char* err, int n)
-    int pooled_resident(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_dirs,
-                        const float* seeds, float* out, float* jac, void* stream, char* err, int n)
-    int pooled_adjoint(const EventStream& s, const Tissue& t, const Pools& p, const int* fields, int n_tdirs,
-                       const float* cot, double* ev_grad, float* tgrad, unsigned mask, char* err, int n)
-    int pooled_adjoint_resident(const EventStream& s, const Tissue& t, const Pools& p, const int* fields,
-                                int n_tdirs, const float* cot, double* ev_grad, float* tgrad, unsigned mask,
-                                void* stream, char* err, int n)
-    int forward_streamed(const EventStream& s, const Tissue& t, float* out, size_t budget_bytes,
-                         char* err, int n)
     size_t bytes_per_problem(const EventStream& s, const Tissue& t)
