@@ -154,3 +154,39 @@ def test_chunks_read_a_broadcast_view_at_their_voxels_only():
     *_, (i, j, part) = streaming.chunks({"T2": np.arange(3.0)[:, None]}, (3, 4), 5)
     assert (i, j) == (10, 12) and list(part["T2"]) == [2.0, 2.0]
     assert streaming.chunk_voxels(10, 100, 350) == 3 and streaming.chunk_voxels(10, 100, 1) == 1
+
+
+def test_pools_through_the_card_in_chunks_equal_the_whole(monkeypatch):
+    """A pooled call of NumPy inputs on the card runs in chunks under the
+    budget (the card's pooled entries stood in for by the host's)."""
+    played = []
+    pooled, pooled_adjoint = _core.pooled, _core.pooled_adjoint
+
+    def on_host(entry, gpu_at):
+        """entry with its ``gpu`` argument (position gpu_at) turned off."""
+        def run(*args):
+            played.append(args[6])
+            return entry(*args[:gpu_at], False, *args[gpu_at + 1:])
+        return run
+
+    rng = np.random.default_rng(4)
+    tissue = {"T1": rng.uniform(300, 2500, 23), "T2": 80.0, "bound_fraction": rng.uniform(0.05, 0.15, 23),
+              "bound_exchange": 20.0}
+    sim = MRFSimulator(flip=FLIPS, TR=10.0, states=8, budget_bytes=4 * 60 * 8 * 3)
+    s_h, J_h = sim.jacobian(("T1", "bound_fraction"), **tissue)
+    w = np.exp(1j * np.arange(s_h.size) / 3.0).reshape(s_h.shape).astype(np.complex64)
+    g_h = sim.vjp(("flip", "bound_fraction"), **tissue)[1](w)
+    monkeypatch.setattr(_core, "pooled", on_host(pooled, 12))
+    monkeypatch.setattr(_core, "pooled_adjoint", on_host(pooled_adjoint, 13))
+    s, J = _through(sim, "jacobian", tissue, names=("T1", "bound_fraction"))
+    assert max(played) <= 4 and sum(played) == 23
+    np.testing.assert_array_equal(J, J_h)
+    p = sim._protocol_values({})
+    traced = sim._traced_stream(p, {}, ["flip"])
+    played.clear()
+    _, pb = _through(sim, "vjp", tissue, names=("bound_fraction",), wrt=("flip", "bound_fraction"),
+                     protocol_names=("flip",), traced=traced)
+    g = pb(w)
+    assert max(played) < 23 and sum(played) == 2 * 23  # the signal, then the pullback, in chunks
+    for k in g_h:
+        np.testing.assert_allclose(g[k], g_h[k], rtol=1e-6, atol=1e-6 * np.abs(g_h[k]).max(), err_msg=k)

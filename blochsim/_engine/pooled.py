@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from blochsim import _core
-from blochsim._engine import device, host, memory, reverse
+from blochsim._engine import device, host, memory, reverse, streaming
 from blochsim._engine import pools as _pools
 from blochsim._arrays import validate as V
 from blochsim._arrays.device import (Interface, Shaped, device_cotangent, device_results, from_host, new_output,
@@ -36,14 +36,16 @@ def _tissue(tissue):
     return arrays, (V.broadcast_voxels(arrays) if arrays else ())
 
 
-def play(owner, ps, lineshape, tissue, pools, route, names, out, variant, keyed=None, one=False):
+def play(owner, ps, lineshape, tissue, pools, route, names, out, variant, keyed=None, one=False, budget=None):
     """simulate() or jacobian() with pools or exact rectangular pulses:
     (signal, J), J (*voxels, len(names), samples) or None without names.
     NumPy in and out (on the GPU when ``route`` says cuda); device arrays
     (inputs or output) are computed on the device (:func:`resident`), J
     shaped by ``one`` there.  ``pools`` is (exchanging pools, bound pool).
     ``keyed``: the event stream when it carries 3-D moments, played by the
-    moment-keyed EPG on the host (device arrays moved through it)."""
+    moment-keyed EPG on the host (device arrays moved through it).  NumPy
+    on the GPU runs in chunks of at most ``budget`` bytes of device memory
+    (None: most of the free memory)."""
     device_out = "out" in route.on_device
     if keyed is not None and keyed.moments is None:
         keyed = None
@@ -55,10 +57,21 @@ def play(owner, ps, lineshape, tissue, pools, route, names, out, variant, keyed=
     if device_out or library is not None:
         signal, J = _host_arrays(owner, ps, lineshape, tissue, pools, route, names, None, variant, keyed)
         return device_results(signal, J, out if device_out else None, library, names)
-    return _host_arrays(owner, ps, lineshape, tissue, pools, route, names, out, variant, keyed)
+    return _host_arrays(owner, ps, lineshape, tissue, pools, route, names, out, variant, keyed, budget)
 
 
-def _host_arrays(owner, ps, lineshape, tissue, pools, route, names, out, variant, keyed=None):
+def _spans(n, per_voxel, gpu, budget):
+    """[first, end) of the voxel chunks a pooled call of host arrays plays:
+    one on the host, chunks under the device budget on the GPU."""
+    step = streaming.chunk_voxels(n, per_voxel, budget) if gpu else max(n, 1)
+    return [(i, min(n, i + step)) for i in range(0, n, step)]
+
+
+def _part(planes, i, j):
+    return tuple(a if a is None or a.shape[0] == 1 else a[i:j] for a in planes)
+
+
+def _host_arrays(owner, ps, lineshape, tissue, pools, route, names, out, variant, keyed=None, budget=None):
     """play() of host arrays, into the host ``out`` (checked) if given;
     through the moment-keyed EPG on the host for a ``keyed`` stream."""
     gpu = route.device == "cuda" and keyed is None
@@ -101,8 +114,10 @@ def _host_arrays(owner, ps, lineshape, tissue, pools, route, names, out, variant
     seeds = [float(V.TISSUE_UNITS[k][0]) for k in names]
     flat = signal.reshape(n, ns)
     if program is None:
-        _core.pooled(ps, si, planes, n_exchanging, bound, lineshape, n, fields, seeds, flat, jac,
-                     route.threads, gpu, bool(variant) and not names and not gpu)
+        for i, j in _spans(n, 8 * ns * (1 + len(names)) + 4 * len(arrays), gpu, budget):
+            _core.pooled(ps, _part(si, i, j), _part(planes, i, j), n_exchanging, bound, lineshape, j - i, fields,
+                         seeds, flat[i:j], None if jac is None else jac[i:j], route.threads, gpu,
+                         bool(variant) and not names and not gpu)
     else:
         def run(i, j):
             part = [tuple(a if a is None or a.shape[0] == 1 else a[i:j] for a in x) for x in (si, planes)]
@@ -197,7 +212,7 @@ def _vjp_resident(owner, s, ps, lineshape, tissue, pools, route, names, tissue_n
     return signal, pullback
 
 
-def vjp(owner, s, ps, lineshape, tissue, pools, route, names, tissue_names, p, prov, pshapes, variant):
+def vjp(owner, s, ps, lineshape, tissue, pools, route, names, tissue_names, p, prov, pshapes, variant, budget=None):
     """vjp() with pools or exact rectangular pulses: the signal as
     simulate() computes it, the adjoint in double precision
     (pools/adjoint.hpp), on the GPU when ``route`` says cuda (device-array
@@ -214,7 +229,7 @@ def vjp(owner, s, ps, lineshape, tissue, pools, route, names, tissue_names, p, p
     # the adjoint's workspace here; the forward pass checks its own
     memory.check_call(f"{owner}.vjp", ps, shape, arrays, "pooled_adjoint", route.threads, fields, outputs=2,
                        pools=pools, host_kernels=not gpu)
-    signal, _ = _host_arrays(owner, ps, lineshape, tissue, pools, route, (), None, variant)
+    signal, _ = _host_arrays(owner, ps, lineshape, tissue, pools, route, (), None, variant, budget=budget)
     scale = np.array([V.TISSUE_UNITS[k][0] for k in tissue_names])
     tshapes = {k: np.shape(arrays[k]) for k in tissue_names}
     si, planes = si_planes(arrays, shape), V.si_planes(arrays, shape, _core.POOL_FIELDS)
@@ -226,8 +241,12 @@ def vjp(owner, s, ps, lineshape, tissue, pools, route, names, tissue_names, p, p
         cot = reverse.cotangent(cotangent, signal.shape)
         ev = np.zeros((s.n_events, 6), dtype=np.float64)
         tg = np.zeros((n, len(fields)), dtype=np.float32)
-        _core.pooled_adjoint(ps, si, planes, n_exchanging, bound, lineshape, n, fields,
-                             cot.reshape(n, s.n_samples), ev, tg, route.threads, mask, gpu)
+        flat = cot.reshape(n, s.n_samples)
+        for i, j in _spans(n, 8 * s.n_samples + 4 * (len(arrays) + len(fields)), gpu, budget):
+            part = np.zeros_like(ev)
+            _core.pooled_adjoint(ps, _part(si, i, j), _part(planes, i, j), n_exchanging, bound, lineshape, j - i,
+                                 fields, flat[i:j], part, tg[i:j], route.threads, mask, gpu)
+            ev += part
         return reverse.assemble(names, p, prov, pshapes, ev, tg, scale, tissue_names, shape, tshapes)
 
     if library is not None:

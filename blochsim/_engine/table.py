@@ -85,7 +85,7 @@ def _pooled_play(req, pools):
     config, s, ps = pools
     names = req.names if req.op == "jacobian" else ()
     signal, J = pooled.play(req.streams.name, ps, req.streams.lineshape, req.tissue, config, req.route, names,
-                            req.out, req.streams.variant, keyed=s, one=req.one)
+                            req.out, req.streams.variant, keyed=s, one=req.one, budget=req.streams.budget)
     if req.op == "simulate":
         return signal
     if req.out is not None:
@@ -239,7 +239,7 @@ def _vjp_pooled(req, pools):
     config, s, ps = pools
     _, prov, pshapes = req.traced
     return pooled.vjp(req.streams.name, s, ps, req.streams.lineshape, req.tissue, config, req.route, req.wrt,
-                      req.names, req.streams.p, prov, pshapes, req.streams.variant)
+                      req.names, req.streams.p, prov, pshapes, req.streams.variant, req.streams.budget)
 
 
 # -- jacobian_vjp ------------------------------------------------------------
