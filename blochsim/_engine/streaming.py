@@ -65,6 +65,22 @@ def jacobian(owner, ps, arrays, shape, fields, scale, one, out, budget, names=No
     return signal, (jac[..., 0, :] if one else jac)
 
 
+def keyed_forward(owner, stream_of_moments, ps, arrays, shape, out, budget):
+    """simulate() of host arrays on the card's moment-keyed EPG: the signal
+    (NumPy) into ``out`` (checked) or a new array, chunk by chunk."""
+    n = math.prod(shape)
+    ns = ps.n_samples
+    if out is not None:
+        V.check_host_out("out", out, shape + (ns,))
+    else:
+        memory.check_host(owner, n, 8.0 * ns)
+        out = np.empty(shape + (ns,), np.complex64)
+    flat = out.reshape(n, ns)
+    for i, j, part in chunks(arrays, shape, chunk_voxels(n, 8 * ns + _planes(arrays), budget)):
+        device.keyed_from_host(owner, stream_of_moments, ps, part, (j - i,), flat[i:j])
+    return out
+
+
 def vjp(owner, s, ps, arrays, shape, names, tissue_names, p, prov, pshapes, budget):
     """vjp() of host arrays on the card: the signal (NumPy, streamed) and a
     pullback that runs the adjoint chunk by chunk (each chunk's tissue moved

@@ -78,7 +78,7 @@ def _simulate_keyed_host(req, _):
 def _simulate_keyed_through(req, _):
     arrays, shape = req.streams.tissue(req.tissue)
     s, ps, _, _ = req.streams.stream(set(arrays), keyed=True)
-    return device.keyed_from_host(req.owner, s, ps, arrays, shape, req.out)
+    return streaming.keyed_forward(req.owner, s, ps, arrays, shape, req.out, req.streams.budget)
 
 
 def _pooled_play(req, pools):
