@@ -721,9 +721,10 @@ def test_moment_keyed_epg_on_the_card_equals_the_host():
     card = _KeyedTrain(device="cuda").simulate(**tissue)
     assert isinstance(card, np.ndarray) and card.shape == host.shape == (n, 12)
     assert rel(card, host) < 2e-5
-    # in chunks of about 200 voxels under a small budget: the same samples
+    # in chunks of about 200 voxels under a small budget (each chunk's
+    # program made for its own tissue ranges)
     chunked = _KeyedTrain(device="cuda", budget_bytes=200 * (12 * 8 + 5 * 4)).simulate(**tissue)
-    np.testing.assert_array_equal(chunked, card)
+    assert rel(chunked, card) < 1e-6
     dev = {k: blochsim.DeviceArray.from_numpy(v.astype(np.float32)) for k, v in tissue.items()}
     resident = _KeyedTrain().simulate(**dev)
     assert rel(resident.get(), host) < 2e-5
