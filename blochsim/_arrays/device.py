@@ -197,11 +197,11 @@ def new_output(shape, like_library: str):
 # The plumbing of device calls: tissue intake, streams, resident planes,
 # cotangents and outputs.
 
-def device_results(signal, J, out, library, names):
-    """A pooled call's host results as device arrays: copied into the
-    device ``out`` (an array, or a (signal, J) pair) when given, else new
-    arrays of ``library``."""
-    one = len(names) == 1
+def device_results(signal, J, out, library, one=False):
+    """Host results as device arrays: copied into the device ``out`` (an
+    array, or a (signal, J) pair) when given, else new arrays of
+    ``library``; J (*voxels, directions, samples) without its direction
+    axis for ``one`` direction named by a str."""
     hosts = [signal] if J is None else [signal, J[..., 0, :] if one else J]
     if out is None:
         made = [from_host(h, library) for h in hosts]

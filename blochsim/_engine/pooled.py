@@ -56,7 +56,7 @@ def play(owner, ps, lineshape, tissue, pools, route, names, out, variant, keyed=
         raise TypeError("out must be a device array when tissue properties are device arrays")
     if device_out or library is not None:
         signal, J = _host_arrays(owner, ps, lineshape, tissue, pools, route, names, None, variant, keyed)
-        return device_results(signal, J, out if device_out else None, library, names)
+        return device_results(signal, J, out if device_out else None, library, one)
     return _host_arrays(owner, ps, lineshape, tissue, pools, route, names, out, variant, keyed, budget)
 
 

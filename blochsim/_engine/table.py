@@ -168,7 +168,7 @@ def _jacobian_keyed_elsewhere(req, _):
         req.out[0][...] = signal
         req.out[1][...] = one
         return req.out
-    return device_results(signal, J, req.out, library or "numpy", req.names)
+    return device_results(signal, J, req.out, library or "numpy", req.one)
 
 
 def _jacobian_keyed_host(req, _):
