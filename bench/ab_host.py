@@ -20,6 +20,9 @@ POOLS = {
     "poolB": {"poolB_fraction": 0.2, "poolB_exchange": 10.0, "poolB_T2": 20.0, "poolB_shift": 50.0},
     "poolBC": {"poolB_fraction": 0.1, "poolB_exchange": 10.0, "poolB_shift": 50.0,
                "poolC_fraction": 0.05, "poolC_exchange": 20.0, "poolC_shift": -100.0},
+    "poolBCDE+mt": {"bound_fraction": 0.1, "bound_exchange": 20.0,
+                    **{f"pool{x}_{k}": v for x, sh in zip("BCDE", (50.0, -100.0, 200.0, -300.0))
+                       for k, v in (("fraction", 0.02), ("exchange", 15.0), ("shift", sh))}},
 }
 
 
@@ -55,6 +58,8 @@ def main(label, word=""):
         "vjp flip pullback 1e3": (lambda: pull(cot), 5),
         "MT forward 1e4": (lambda: real.simulate(T1=t1, T2=t2, **POOLS["mt"]), 5),
         "poolB forward 1e4": (lambda: real.simulate(T1=t1, T2=t2, **POOLS["poolB"]), 5),
+        "poolB+C+MT forward 1e4": (lambda: real.simulate(T1=t1, T2=t2, **POOLS["poolBC"], **POOLS["mt"]), 5),
+        "poolB+C+D+E+MT forward 1e3": (lambda: real.simulate(T1=t1[:1000], T2=t2[:1000], **POOLS["poolBCDE+mt"]), 5),
         "MT jacobian (T1, T2) 1e3": (lambda: real.jacobian(("T1", "T2"), T1=t1[:1000], T2=t2[:1000], **POOLS["mt"]), 5),
         "poolB+C jacobian (T1, T2) 200, 200 TRs": (
             lambda: short.jacobian(("T1", "T2"), T1=t1s, T2=t2s, **POOLS["poolBC"]), 5),

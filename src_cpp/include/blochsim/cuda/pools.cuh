@@ -170,6 +170,36 @@ inline void place_properties(const Tissue& t, const Pools& p, Tissue& dt, Pools&
   for (int f = tissue_fields; f < pool_field_count; ++f) one(p[f], dp[f]);
 }
 
+// Checks a pooled entry's stream, tissue and pools: their values too for
+// host arrays (values), only their configuration for device arrays (their
+// values were checked before they reached the device).  0 or a Status.
+inline int checked_pools(const EventStream& s, const Tissue& t, const Pools& p, bool values) {
+  const int v = validate(s, t, true);
+  if (v != ok) return v;
+  return values ? validate_pools(s, t, p) : validate_pool_config(s, t, p);
+}
+
+// Where put_lineshape placed the super-Lorentzian table in a staging vector.
+struct LineshapeAt {
+  size_t g, dg_dt;
+};
+
+// Appends the host's super-Lorentzian table to the staging vector h.
+inline LineshapeAt put_lineshape(std::vector<unsigned char>& h) {
+  const LineshapeTable hl = host_lineshape_table();
+  const size_t g = put(h, hl.g, lineshape_detail::table_points);
+  return {g, put(h, hl.dg_dt, lineshape_detail::table_points)};
+}
+
+// The table put_lineshape placed at `at`, read from the device copy b of
+// the staging vector.
+inline LineshapeTable lineshape_at(const unsigned char* b, LineshapeAt at) {
+  LineshapeTable dl = host_lineshape_table();
+  dl.g = reinterpret_cast<const double*>(b + at.g);
+  dl.dg_dt = reinterpret_cast<const double*>(b + at.dg_dt);
+  return dl;
+}
+
 // Moves the tissue and pool properties of t and p (host arrays) and the
 // super-Lorentzian table into one device buffer *props (the caller frees
 // it), and points dt, dp and dl at it.
@@ -178,9 +208,7 @@ inline cudaError_t upload_pool_inputs(const Tissue& t, const Pools& p, cudaStrea
   std::vector<unsigned char> h;
   std::vector<std::pair<Property*, size_t>> where;
   place_properties(t, p, dt, dp, h, where);
-  const LineshapeTable hl = host_lineshape_table();
-  const size_t o_g = put(h, hl.g, lineshape_detail::table_points);
-  const size_t o_dg = put(h, hl.dg_dt, lineshape_detail::table_points);
+  const LineshapeAt ls = put_lineshape(h);
   cudaError_t e = pool_malloc(props, h.size(), st);
   if (e != cudaSuccess) return e;
   e = cudaMemcpyAsync(*props, h.data(), h.size(), cudaMemcpyHostToDevice, st);
@@ -189,9 +217,7 @@ inline cudaError_t upload_pool_inputs(const Tissue& t, const Pools& p, cudaStrea
   e = cudaStreamSynchronize(st);
   unsigned char* b = static_cast<unsigned char*>(*props);
   for (auto& w : where) w.first->data = reinterpret_cast<const float*>(b + w.second);
-  dl = hl;
-  dl.g = reinterpret_cast<const double*>(b + o_g);
-  dl.dg_dt = reinterpret_cast<const double*>(b + o_dg);
+  dl = lineshape_at(b, ls);
   return e;
 }
 
@@ -314,10 +340,8 @@ inline int pooled_from_host(const EventStream& s, const Tissue& t, const Pools& 
                             int n = 0, const int* fields = nullptr, int n_dirs = 0, const float* seeds = nullptr,
                             float* jac = nullptr) {
   using namespace detail;
-  const int v = validate(s, t, true);
+  const int v = checked_pools(s, t, p, true);
   if (v != ok) return say(v, err, n);
-  const int vp = validate_pools(s, t, p);
-  if (vp != ok) return say(vp, err, n);
   const int vd = check_pooled_directions(fields, n_dirs, jac);
   if (vd != ok) return say(vd, err, n);
   if (t.n == 0 || s.n_samples == 0) return ok;
@@ -389,10 +413,8 @@ inline int pooled_device(const EventStream& s, const Tissue& t, const Pools& p, 
                          char* err = nullptr, int n = 0, const int* fields = nullptr, int n_dirs = 0,
                          const float* seeds = nullptr, float* jac = nullptr) {
   using namespace detail;
-  const int v = validate(s, t, true);
+  const int v = checked_pools(s, t, p, false);
   if (v != ok) return say(v, err, n);
-  const int vp = validate_pool_config(s, t, p);
-  if (vp != ok) return say(vp, err, n);
   const int vd = check_pooled_directions(fields, n_dirs, jac);
   if (vd != ok) return say(vd, err, n);
   if (t.n == 0 || s.n_samples == 0) return ok;
@@ -409,18 +431,14 @@ inline int pooled_device(const EventStream& s, const Tissue& t, const Pools& p, 
   int r = upload_stream(s, d, st, err, n);
   if (r != ok) return finish(r);
   // the super-Lorentzian table and the status word
-  const LineshapeTable hl = host_lineshape_table();
   std::vector<unsigned char> h;
-  const size_t o_g = put(h, hl.g, lineshape_detail::table_points);
-  const size_t o_dg = put(h, hl.dg_dt, lineshape_detail::table_points);
+  const LineshapeAt ls = put_lineshape(h);
   const int zero = 0;
   const size_t o_status = put(h, &zero, 1);
   BLOCHSIM_POOLED_TRY(pool_malloc(&props, h.size(), st), "cudaMallocFromPoolAsync");
   BLOCHSIM_POOLED_TRY(cudaMemcpyAsync(props, h.data(), h.size(), cudaMemcpyHostToDevice, st), "cudaMemcpyAsync");
   unsigned char* b = static_cast<unsigned char*>(props);
-  LineshapeTable dl = hl;
-  dl.g = reinterpret_cast<const double*>(b + o_g);
-  dl.dg_dt = reinterpret_cast<const double*>(b + o_dg);
+  const LineshapeTable dl = lineshape_at(b, ls);
   status = reinterpret_cast<int*>(b + o_status);
   r = n_dirs > 0 ? pooled_jacobian_launches(d.ds, t.n, t, p, dl, fields, n_dirs, seeds, out, jac, st, err, n)
                  : pooled_forward_launches<float>(s, d.ds, t, p, dl, out, status, st, err, n);
@@ -508,10 +526,8 @@ inline int pooled_adjoint_from_host(const EventStream& s, const Tissue& t, const
                                     int n_tdirs, const float* cot, double* ev_grad, float* tgrad,
                                     char* err = nullptr, int n = 0, unsigned mask = pooled_all_event_dirs) {
   using namespace detail;
-  const int v = validate(s, t, true);
+  const int v = checked_pools(s, t, p, true);
   if (v != ok) return say(v, err, n);
-  const int vp = validate_pools(s, t, p);
-  if (vp != ok) return say(vp, err, n);
   PooledAdjointDirs dirs;
   const int vd = pooled_adjoint_directions(fields, n_tdirs, mask, t.n == 0 || tgrad, dirs);
   if (vd != ok) return say(vd, err, n);
@@ -567,10 +583,8 @@ inline int pooled_adjoint_device(const EventStream& s, const Tissue& t, const Po
                                  int n_tdirs, const float* cot, double* ev_grad, float* tgrad, cudaStream_t stream,
                                  char* err = nullptr, int n = 0, unsigned mask = pooled_all_event_dirs) {
   using namespace detail;
-  const int v = validate(s, t, true);
+  const int v = checked_pools(s, t, p, false);
   if (v != ok) return say(v, err, n);
-  const int vp = validate_pool_config(s, t, p);
-  if (vp != ok) return say(vp, err, n);
   PooledAdjointDirs dirs;
   const int vd = pooled_adjoint_directions(fields, n_tdirs, mask, t.n == 0 || tgrad, dirs);
   if (vd != ok) return say(vd, err, n);
@@ -589,16 +603,11 @@ inline int pooled_adjoint_device(const EventStream& s, const Tissue& t, const Po
   };
   int r = upload_stream(s, d, st, err, n);
   if (r != ok) return finish(r);
-  const LineshapeTable hl = host_lineshape_table();
   std::vector<unsigned char> h;
-  const size_t o_g = put(h, hl.g, lineshape_detail::table_points);
-  const size_t o_dg = put(h, hl.dg_dt, lineshape_detail::table_points);
+  const LineshapeAt ls = put_lineshape(h);
   BLOCHSIM_POOLED_TRY(pool_malloc(&table, h.size(), st), "cudaMallocFromPoolAsync");
   BLOCHSIM_POOLED_TRY(cudaMemcpyAsync(table, h.data(), h.size(), cudaMemcpyHostToDevice, st), "cudaMemcpyAsync");
-  unsigned char* b = static_cast<unsigned char*>(table);
-  LineshapeTable dl = hl;
-  dl.g = reinterpret_cast<const double*>(b + o_g);
-  dl.dg_dt = reinterpret_cast<const double*>(b + o_dg);
+  const LineshapeTable dl = lineshape_at(static_cast<unsigned char*>(table), ls);
   r = pooled_adjoint_launches<W>(s, d.ds, t.n, t, p, dl, dirs, cot, tgrad, ev_grad, st, err, n);
   return finish(r);
 }

@@ -59,15 +59,21 @@ inline int64_t pool_block_workspace(const EventStream& s, const Pools& p) {
 // framed (pools/play.hpp).
 //
 // The pool counts are template parameters (N liquid pools, Bound), so that
-// the loops over pools unroll; WS > 0 is the workspace stride at compile
+// the loops over pools unroll (Fixed); or, for the rarer counts (four
+// liquid pools or more), N and Bound are the most the store holds and the
+// counts are read from p at run time (PoolCounts), one instantiation for
+// all of them instead of one each.  WS > 0 is the workspace stride at compile
 // time, WS = 0 takes it from ws.  ls: the super-Lorentzian table in memory
 // the caller can read (host_lineshape_table() on the host).
 //
 // On lanes of duals (V = Dual<lanes, D>) the same pass carries the
 // derivatives along jo's directions (the per-lane operators are formed on
 // Dual<double, D>) and writes them to jo.jac.
-template <class V_, int N_, bool Bound, int64_t WS, bool Real_>
-struct PoolLanes {
+template <class V_, int N_, bool Bound, int64_t WS, bool Real_, bool Fixed_ = true>
+struct PoolLanes : PoolCounts<N_, N_ + (Bound ? 1 : 0), Fixed_> {
+  using Counts = PoolCounts<N_, N_ + (Bound ? 1 : 0), Fixed_>;
+  using Counts::m;
+  using Counts::n;
   using V = V_;
   using C = V;
   using Scale = V;
@@ -76,10 +82,9 @@ struct PoolLanes {
   using QS = typename LT::template Wide<double>;  // one lane's value in double precision
   static constexpr int W = LT::width;
   static constexpr int N = N_, M = N_ + (Bound ? 1 : 0), D = 3 * N_ + (Bound ? 1 : 0);
-  static constexpr bool fixed = true, real = Real_, framed = !Real_;
+  static constexpr bool fixed = Fixed_, real = Real_, framed = !Real_;
   using Order = PoolOrder<V, N, M>;
-  using Step = PoolStep<V, V, N, M, Real_, true>;
-  static constexpr int n = N, m = M;
+  using Step = PoolStep<V, V, N, M, Real_, Fixed_>;
 
   const EventStream& s;
   const Tissue& t;
@@ -98,8 +103,10 @@ struct PoolLanes {
   // elements), Z (re, im) of every longitudinal family (rows of K); then
   // the operators
   int64_t R, bp, bm, fpr, fpi, fmr, fmi, zr, zi, ops, drv;
-  static constexpr int64_t per_interval = 1 + 2 * N * N + M * M + M;
-  static constexpr int64_t per_driven = 1 + 2 * D * (D + 1);
+  // operator scalars of an interval and of an exact pulse (d components)
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE int64_t per_interval() const { return 1 + 2 * n * n + m * m + m; }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE int d() const { return 3 * n + (m > n ? 1 : 0); }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE int64_t per_driven() const { return 1 + 2 * d() * (d() + 1); }
   // T2b G(offset - B0) per lane for the last pulse offset seen
   float g_offset = 0.0f;
   bool g_ready = false;
@@ -113,6 +120,7 @@ struct PoolLanes {
       const int64_t i = first + l < t.n ? first + l : t.n - 1;
       q[l] = pool_tissue<QS>(t, p, i, jo.fields, jo.n_dirs, jo.seeds);
     }
+    Counts::set(1 + p.n_exchanging, 1 + p.n_exchanging + (p.bound ? 1 : 0));
     K = s.states;
     for (int l = 0; l < W; ++l) {
       LT::set(M0, l, static_cast<Sc>(q[l].M0));
@@ -140,16 +148,16 @@ struct PoolLanes {
     zr = 4 * n * R;
     zi = 4 * n * R + m * K;
     ops = 4 * n * R + 2 * m * static_cast<int64_t>(K);
-    drv = ops + per_interval * s.n_intervals;
+    drv = ops + per_interval() * s.n_intervals;
     for (int64_t i = 0; i < ops; ++i) at(i) = V{};
     for (int j = 0; j < m; ++j) {
       V f{};
       for (int l = 0; l < W; ++l) LT::set(f, l, static_cast<Sc>(q[l].f[j]));
       at(zr + j * K) = f;
     }
-    for (int64_t v = 0; v < s.n_intervals; ++v) at(ops + v * per_interval) = V{};
+    for (int64_t v = 0; v < s.n_intervals; ++v) at(ops + v * per_interval()) = V{};
     if (s.driven)
-      for (int64_t v = 0; v < s.n_driven; ++v) at(drv + v * per_driven) = V{};
+      for (int64_t v = 0; v < s.n_driven; ++v) at(drv + v * per_driven()) = V{};
   }
 
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE V& at(int64_t i) const { return work[i * (WS > 0 ? WS : ws)]; }
@@ -167,7 +175,9 @@ struct PoolLanes {
   // store's own members are reloaded after every call the compiler cannot
   // see into).  One order's state in locals; on the real planes only ai, bi
   // and cr.
-  struct Rows {
+  struct Rows : Counts {
+    using Counts::m;
+    using Counts::n;
     V* work;
     int64_t ws, fpr, fpi, fmr, fmi, zr, zi, R, bp, bm;
     int K;
@@ -201,7 +211,9 @@ struct PoolLanes {
       }
     }
   };
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE Rows rows() const { return {work, ws, fpr, fpi, fmr, fmi, zr, zi, R, bp, bm, K}; }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE Rows rows() const {
+    return {static_cast<const Counts&>(*this), work, ws, fpr, fpi, fmr, fmi, zr, zi, R, bp, bm, K};
+  }
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void load(int k, Order& o) const { rows().load(k, o); }
   template <class F>
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void each(F&& f) const {
@@ -253,7 +265,7 @@ struct PoolLanes {
   // the event's locals (the compiler cannot keep them in registers across
   // the stores to the workspace otherwise).
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void interval(int32_t iv, Step& step) const {
-    const int64_t o = ops + iv * per_interval;
+    const int64_t o = ops + iv * per_interval();
     const int64_t P = o + 1, L = P + 2 * n * n, Rr = L + m * m;
     if (value_of(LT::get(at(o), 0)) == 0.0f) {
       for (int l = 0; l < W; ++l) {
@@ -269,13 +281,17 @@ struct PoolLanes {
         LT::set(at(o), l, 1.0f);
       }
     }
+    if constexpr (!fixed) {
+      step.n = n;
+      step.m = m;
+    }
     for (int i = 0; i < 2 * n * n; ++i) step.P[i] = at(P + i);
     for (int i = 0; i < m * m; ++i) step.L[i] = at(L + i);
     for (int i = 0; i < m; ++i) step.z0[i] = at(Rr + i);
   }
 
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE bool saturation(int64_t e, V& decay) {
-    if (!(Bound && s.rf_duration_s != nullptr && (s.flags[e] & (event_rf | event_saturation)) &&
+    if (!(m > n && s.rf_duration_s != nullptr && (s.flags[e] & (event_rf | event_saturation)) &&
           s.rf_duration_s[e] > 0.0f))
       return false;
     const double tau_rf = s.rf_duration_s[e];
@@ -341,16 +357,17 @@ struct PoolLanes {
 
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE auto driven(int64_t e) const {
     const int32_t id = s.driven[e];
-    const int64_t o = drv + id * per_driven, Mo = o + 1, Co = Mo + 2 * D * D;
+    const int dd = d();
+    const int64_t o = drv + id * per_driven(), Mo = o + 1, Co = Mo + 2 * dd * dd;
     if (value_of(LT::get(at(o), 0)) == 0.0f) {
       for (int l = 0; l < W; ++l) {
         Cx<QS> Ml[max_driven_size * max_driven_size], cl[max_driven_size];
         pool_driven(q[l], p.lineshape, ls, driven_pulse<QS>(s.driven_table + id * driven_fields), Ml, cl);
-        for (int i = 0; i < D * D; ++i) {
+        for (int i = 0; i < dd * dd; ++i) {
           LT::set(at(Mo + 2 * i), l, static_cast<Sc>(Ml[i].re));
           LT::set(at(Mo + 2 * i + 1), l, static_cast<Sc>(Ml[i].im));
         }
-        for (int i = 0; i < D; ++i) {
+        for (int i = 0; i < dd; ++i) {
           LT::set(at(Co + 2 * i), l, static_cast<Sc>(cl[i].re));
           LT::set(at(Co + 2 * i + 1), l, static_cast<Sc>(cl[i].im));
         }
@@ -359,8 +376,8 @@ struct PoolLanes {
     }
     const PoolLanes* self = this;
     return [self, Mo, Co](Order& x, bool zero) BLOCHSIM_LAMBDA_INLINE {
-      pool_drive<true>([&](int i) -> const V& { return self->at(Mo + i); },
-                       [&](int i) -> const V& { return self->at(Co + i); }, zero, x);
+      pool_drive<fixed>([&](int i) -> const V& { return self->at(Mo + i); },
+                        [&](int i) -> const V& { return self->at(Co + i); }, zero, x, self->n, self->m > self->n);
     };
   }
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE V inversion() const { return -eta; }
@@ -390,11 +407,11 @@ struct PoolLanes {
   }
 };
 
-template <class V, int N, bool Bound, int64_t WS, bool Real = false>
+template <class V, int N, bool Bound, int64_t WS, bool Real = false, bool Fixed = true>
 BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, const Pools& p,
                                        const LineshapeTable& ls, int64_t first, V* work, int64_t ws_runtime,
                                        float* out, const PooledJacobianOut& jo = PooledJacobianOut{}) {
-  PoolLanes<V, N, Bound, WS, Real> st(s, t, p, ls, first, work, ws_runtime, out, jo);
+  PoolLanes<V, N, Bound, WS, Real, Fixed> st(s, t, p, ls, first, work, ws_runtime, out, jo);
   const int none = 0;
   for (int64_t e = 0; e < s.n_events; ++e) pooled_event(s, e, st, none);
   return ok;
@@ -411,11 +428,9 @@ BLOCHSIM_HD inline int pooled_block(const EventStream& s, const Tissue& t, const
     case 3: return pooled_block_of<V, 2, true, WS>(s, t, p, ls, first, work, ws, out);
     case 4: return pooled_block_of<V, 3, false, WS>(s, t, p, ls, first, work, ws, out);
     case 5: return pooled_block_of<V, 3, true, WS>(s, t, p, ls, first, work, ws, out);
-    case 6: return pooled_block_of<V, 4, false, WS>(s, t, p, ls, first, work, ws, out);
-    case 7: return pooled_block_of<V, 4, true, WS>(s, t, p, ls, first, work, ws, out);
-    case 8: return pooled_block_of<V, 5, false, WS>(s, t, p, ls, first, work, ws, out);
-    case 9: return pooled_block_of<V, 5, true, WS>(s, t, p, ls, first, work, ws, out);
-    default: return bad_pools;
+    default:
+      if (p.n_exchanging < 0 || p.n_exchanging > max_exchanging_pools) return bad_pools;
+      return pooled_block_of<V, max_liquid_pools, true, WS, false, false>(s, t, p, ls, first, work, ws, out);
   }
 }
 

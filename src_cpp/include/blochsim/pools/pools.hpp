@@ -471,6 +471,24 @@ struct PoolOrder {
   V ar[N], ai[N], br[N], bi[N], cr[M], ci[M];
 };
 
+// The pool counts of a store: n liquid pools and m longitudinal families.
+// Fixed: the compile-time N and M (set() checks nothing; the caller picked
+// the instantiation for its pools); else members, at most N and M, set from
+// the problem's pools.
+template <int N, int M, bool Fixed>
+struct PoolCounts {
+  static constexpr int n = N, m = M;
+  BLOCHSIM_HD void set(int, int) {}
+};
+template <int N, int M>
+struct PoolCounts<N, M, false> {
+  int n = N, m = M;
+  BLOCHSIM_HD void set(int n_, int m_) {
+    n = n_;
+    m = m_;
+  }
+};
+
 // f(j) for j in [0, n): over the compile-time count N, unrolled, when the
 // player's pool counts are template parameters (Fixed: n == N, so the
 // orders' arrays stay in registers on the device); over the run-time n
