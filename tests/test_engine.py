@@ -154,6 +154,15 @@ def test_chunks_read_a_broadcast_view_at_their_voxels_only():
     *_, (i, j, part) = streaming.chunks({"T2": np.arange(3.0)[:, None]}, (3, 4), 5)
     assert (i, j) == (10, 12) and list(part["T2"]) == [2.0, 2.0]
     assert streaming.chunk_voxels(10, 100, 350) == 3 and streaming.chunk_voxels(10, 100, 1) == 1
+    # a C-ordered array of the voxel shape is sliced, not gathered: its
+    # chunks are views of it
+    full = np.arange(12.0).reshape(3, 4)
+    parts = list(streaming.chunks({"T1": full, "T2": full.T.copy().T}, (3, 4), 5))
+    assert [(i, j) for i, j, _ in parts] == [(0, 5), (5, 10), (10, 12)]
+    for i, j, part in parts:
+        assert np.shares_memory(part["T1"], full) and not np.shares_memory(part["T2"], full)
+        np.testing.assert_array_equal(part["T1"], np.arange(i, j, dtype=float))
+        np.testing.assert_array_equal(part["T2"], np.arange(i, j, dtype=float))
 
 
 def test_pools_through_the_card_in_chunks_equal_the_whole(monkeypatch):

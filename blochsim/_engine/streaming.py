@@ -29,12 +29,25 @@ def chunk_voxels(n, per_voxel, budget):
 def chunks(arrays, shape, step):
     """(first, end, the tissue of voxels [first, end) as flat arrays) over
     the voxel shape, ``step`` voxels at a time; a broadcast view is read
-    at the chunk's voxels only."""
+    at the chunk's voxels only, a C-ordered array as a slice (no copy)."""
     n = math.prod(shape)
+    # a C-ordered array of the voxel shape is sliced (a view); only
+    # broadcast views and other layouts are gathered by index
+    flat = {k: a.reshape(-1) for k, a in arrays.items()
+            if a.size > 1 and a.shape == tuple(shape) and a.flags.c_contiguous}
     for i in range(0, n, step):
         j = min(n, i + step)
-        at = np.unravel_index(np.arange(i, j), shape) if shape else ()
-        part = {k: (a if a.size == 1 else np.broadcast_to(a, shape)[at]) for k, a in arrays.items()}
+        at = None
+        part = {}
+        for k, a in arrays.items():
+            if a.size == 1:
+                part[k] = a
+            elif k in flat:
+                part[k] = flat[k][i:j]
+            else:
+                if at is None:
+                    at = np.unravel_index(np.arange(i, j), shape) if shape else ()
+                part[k] = np.broadcast_to(a, shape)[at]
         yield i, j, part
 
 

@@ -195,13 +195,13 @@ template <int Rows>
 struct StagedRows {
   WarpStage<Rows>* stage;
   int lane, count;
-  BLOCHSIM_HD void put(int r, float re, float im) {
+  BLOCHSIM_HD void put([[maybe_unused]] int r, [[maybe_unused]] float re, [[maybe_unused]] float im) {
 #if defined(__CUDA_ARCH__)
     stage->value[(r * 32 + lane) * (stage_samples + 1) + count] = make_float2(re, im);
 #endif
   }
   // after the put()s of one readout
-  BLOCHSIM_HD void next(int64_t slot) {
+  BLOCHSIM_HD void next([[maybe_unused]] int64_t slot) {
 #if defined(__CUDA_ARCH__)
     stage->slot[count] = static_cast<int32_t>(slot);
     if (++count == stage_samples) flush<true>();
