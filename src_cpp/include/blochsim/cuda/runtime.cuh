@@ -127,7 +127,8 @@ struct SharedRecords {
   EventRecord* buf;  // shared, `cap` records
   int32_t first;     // the window holds records [first, first + cap), less past the sentinel
   int32_t cap;
-  BLOCHSIM_HD void advance(const EventStream& s, int32_t e, int32_t n) {
+  BLOCHSIM_HD void advance([[maybe_unused]] const EventStream& s, [[maybe_unused]] int32_t e,
+                           [[maybe_unused]] int32_t n) {
 #if defined(__CUDA_ARCH__)
     const int32_t total = static_cast<int32_t>(s.n_events) + 1;  // with the sentinel
     const int32_t need = e + n < total ? e + n : total;
