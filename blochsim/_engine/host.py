@@ -96,20 +96,17 @@ def keyed_run(owner, program, n, seconds, threads, run, stacklevel=4):
     sys.stderr.write("\n")
 
 
-def jacobian(owner, ps, arrays, shape, fields, scale, one, threads, variant, out=None, entry="jacobian",
-             outputs=None):
-    """Signal (*shape, samples) and Jacobian (*shape, len(fields), samples;
-    (*shape, samples) for ``one`` name) per public unit, into ``out``
-    (checked) if given; and the SI planes.  The memory check counts
-    ``outputs`` complex64 rows per voxel (default: the results not in
-    ``out``) and the workspace of the host entry ``entry``."""
-    n = int(np.prod(shape, dtype=np.int64))
+def _check_jacobian_out(out, shape, fields, ps, one):
     if out is not None:
         for name, a, want in V.jacobian_out_shapes(out, shape, len(fields), ps.n_samples, one):
             V.check_host_out(name, a, want)
-    memory.check_call(owner, ps, shape, arrays, entry, threads, fields,
-                       outputs=outputs if outputs is not None else (0 if out is not None else 1 + len(fields)))
-    si = si_planes(arrays, shape)
+
+
+def _play_jacobian(ps, si, shape, fields, scale, one, threads, out, **entry):
+    """_core.jacobian_host into ``out`` or new arrays: (signal, J) shaped
+    (*shape, samples) and (*shape, len(fields), samples), J without its
+    direction axis for ``one`` name; ``out`` itself when given."""
+    n = int(np.prod(shape, dtype=np.int64))
     if out is None:
         signal = np.empty(shape + (ps.n_samples,), dtype=np.complex64)
         jac = np.empty((n, len(fields), ps.n_samples), dtype=np.complex64)
@@ -117,11 +114,25 @@ def jacobian(owner, ps, arrays, shape, fields, scale, one, threads, variant, out
         signal, jac = out
     # seeded with the SI value of one public unit: derivatives per public unit
     _core.jacobian_host(ps, si, n, fields, scale, signal.reshape(n, ps.n_samples),
-                        jac.reshape(n, len(fields), ps.n_samples), threads, variant)
+                        jac.reshape(n, len(fields), ps.n_samples), threads, **entry)
     if out is not None:
-        return out, si
+        return out
     J = jac.reshape(shape + (len(fields), ps.n_samples))
-    return (signal, J[..., 0, :] if one else J), si
+    return signal, J[..., 0, :] if one else J
+
+
+def jacobian(owner, ps, arrays, shape, fields, scale, one, threads, variant, out=None, entry="jacobian",
+             outputs=None):
+    """Signal (*shape, samples) and Jacobian (*shape, len(fields), samples;
+    (*shape, samples) for ``one`` name) per public unit, into ``out``
+    (checked) if given; and the SI planes.  The memory check counts
+    ``outputs`` complex64 rows per voxel (default: the results not in
+    ``out``) and the workspace of the host entry ``entry``."""
+    _check_jacobian_out(out, shape, fields, ps, one)
+    memory.check_call(owner, ps, shape, arrays, entry, threads, fields,
+                       outputs=outputs if outputs is not None else (0 if out is not None else 1 + len(fields)))
+    si = si_planes(arrays, shape)
+    return _play_jacobian(ps, si, shape, fields, scale, one, threads, out, variant=variant), si
 
 
 def keyed_jacobian(owner, stream, ps, arrays, shape, fields, scale, one, threads, out=None):
@@ -130,27 +141,14 @@ def keyed_jacobian(owner, stream, ps, arrays, shape, fields, scale, one, threads
     from blochsim.sequence import keyed
 
     n = int(np.prod(shape, dtype=np.int64))
-    if out is not None:
-        for name, a, want in V.jacobian_out_shapes(out, shape, len(fields), ps.n_samples, one):
-            V.check_host_out(name, a, want)
+    _check_jacobian_out(out, shape, fields, ps, one)
     program = keyed.program_for(owner, stream, ranges(arrays, shape), list(_core.TISSUE_FIELDS))
     duals = len(fields) + 1
     memory.check_host(owner, n, 8.0 * ps.n_samples * (1 + len(fields)) * (out is None) + 4.0 * len(arrays),
                        4.0 * (12 * program.max_slots + 6 * ps.n_intervals) * 16 * duals * max(1, min(threads, n)),
                        f"the moment-keyed EPG's dual workspaces ({program.max_slots:,} states)",
                        "fewer threads or fewer directions")
-    si = si_planes(arrays, shape)
-    if out is None:
-        signal = np.empty(shape + (ps.n_samples,), dtype=np.complex64)
-        jac = np.empty((n, len(fields), ps.n_samples), dtype=np.complex64)
-    else:
-        signal, jac = out
-    _core.jacobian_host(ps, si, n, fields, scale, signal.reshape(n, ps.n_samples),
-                        jac.reshape(n, len(fields), ps.n_samples), threads, program=program)
-    if out is not None:
-        return out
-    J = jac.reshape(shape + (len(fields), ps.n_samples))
-    return signal, J[..., 0, :] if one else J
+    return _play_jacobian(ps, si_planes(arrays, shape), shape, fields, scale, one, threads, out, program=program)
 
 
 def vjp(owner, s, ps, arrays, shape, names, tissue_names, p, prov, pshapes, threads, variant):
