@@ -183,7 +183,7 @@ def test_every_direction_in_one_pass_matches_each_alone():
           "B1phase": 2.0, "inv_efficiency": 0.97}
     names = tuple(kw)
     sim = Train(states=32)
-    s, J = sim.jacobian(names, **kw)  # 7 directions: the widest duals
+    s, J = sim.jacobian(names, **kw)  # 7 directions: passes of four duals and two
     assert J.shape == (2, 7, 60)
     for j, name in enumerate(names):
         s1, J1 = sim.jacobian(name, **kw)

@@ -18,10 +18,17 @@
 
 namespace blochsim {
 
+// The most directions one pass of the host's Jacobian kernels carries:
+// more are played in passes (jacobian_passes).  Duals wider than this
+// cost more per direction on the host's lanes than a second pass (bench/NOTES.md, issue 39: five
+// directions at once took 1.1 s, as passes of four and one 0.85 s), and
+// each width is a whole compiled player.
+constexpr int max_dual_width = 4;
+
 // Directions a dual of the Jacobian kernels carries for n_dirs requested
-// ones (the kernels are compiled for these widths; the spare directions are
-// left unseeded).
-inline int dual_width(int n_dirs) { return n_dirs <= 1 ? 1 : n_dirs <= 2 ? 2 : n_dirs <= 4 ? 4 : tissue_fields; }
+// ones, in its widest pass (the kernels are compiled for these widths; the
+// spare directions are left unseeded).
+inline int dual_width(int n_dirs) { return n_dirs <= 1 ? 1 : n_dirs <= 2 ? 2 : max_dual_width; }
 
 // The directions among fields[0 .. n_dirs) that the host's duals carry: all
 // but M0, which only scales the readouts, so that d S / d M0 = S / M0 comes
@@ -30,6 +37,21 @@ inline int dual_directions(const int* fields, int n_dirs) {
   int n = 0;
   for (int j = 0; j < n_dirs; ++j) n += fields[j] != field_M0;
   return n;
+}
+
+// Calls f(a, b) for consecutive passes [a, b) of fields[0 .. n_dirs), each
+// carrying at most max_dual_width dual directions (M0 rides along free).
+template <class F>
+inline int jacobian_passes(const int* fields, int n_dirs, F&& f) {
+  int a = 0;
+  while (a < n_dirs) {
+    int b = a, duals = 0;
+    while (b < n_dirs && (fields[b] == field_M0 || duals < max_dual_width)) duals += fields[b++] != field_M0;
+    const int st = f(a, b);
+    if (st != ok) return st;
+    a = b;
+  }
+  return ok;
 }
 
 // Checks Jacobian directions: 1 to tissue_fields distinct tissue fields.
@@ -362,7 +384,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE LaneTissue<Dual<V, N>> seeded_lanes(const Tissu
 // and their n_dirs derivatives, skipping lanes past n.  The event loop plays
 // with M0 = 1; the sink scales by each lane's M0 and takes the direction
 // m0_dir (if >= 0) as the unscaled sample; output direction j is dual
-// direction slot[j] otherwise.
+// direction slot[j] otherwise, column first_dir + j of jac's jac_dirs.
 template <class V, int N>
 struct JacobianSink {
   float* out;
@@ -372,6 +394,7 @@ struct JacobianSink {
   const int* slot;
   V m0;
   float m0_seed;  // d M0 / d direction m0_dir
+  int jac_dirs, first_dir;
 
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void write(int64_t s, const Dual<V, N>& re, const Dual<V, N>& im) {
     using LT = Lanes<V>;
@@ -383,7 +406,7 @@ struct JacobianSink {
       o[0] = m * vr;
       o[1] = m * vi;
       for (int j = 0; j < n_dirs; ++j) {
-        float* d = jac + ((p * n_dirs + j) * n_samples + s) * 2;
+        float* d = jac + ((p * jac_dirs + first_dir + j) * n_samples + s) * 2;
         if (j == m0_dir) {
           d[0] = m0_seed * vr;
           d[1] = m0_seed * vi;
@@ -397,13 +420,14 @@ struct JacobianSink {
 };
 
 // Jacobian of problems [first, first + width) of t along the fields
-// fields[0 .. n_dirs) (dual_directions(fields, n_dirs) <= N), with all
-// orders in `work` (SlidingPlaneStore<Dual<V, N>, Complex>::workspace(s)
-// dual lane vectors).
+// fields[0 .. n_dirs) (dual_directions(fields, n_dirs) <= N) into columns
+// [first_dir, first_dir + n_dirs) of jac's jac_dirs, with all orders in
+// `work` (SlidingPlaneStore<Dual<V, N>, Complex>::workspace(s) dual lane
+// vectors).
 template <class V, int N, bool Complex>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE int jacobian_block(const EventStream& s, const Tissue& t, const int* fields,
                                                     int n_dirs, int64_t first, Dual<V, N>* work, float* out,
-                                                    float* jac, const float* seeds = nullptr) {
+                                                    float* jac, const float* seeds, int jac_dirs, int first_dir) {
   using T = Dual<V, N>;
   const DirectionSlots ds(fields, n_dirs, seeds);
   V m0;
@@ -411,7 +435,8 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE int jacobian_block(const EventStream& s, const 
   SplitStore<SlidingPlaneStore<T, Complex>, V, N, Complex> st;
   st.directions(ds.duals, ds.n_duals);
   st.template init<double>(s, lt, work);
-  JacobianSink<V, N> sink{out, jac, first, t.n, s.n_samples, n_dirs, ds.m0_col, ds.slot, m0, ds.m0_seed};
+  JacobianSink<V, N> sink{out,  jac,     first,      t.n,      s.n_samples, n_dirs, ds.m0_col,
+                          ds.slot, m0, ds.m0_seed, jac_dirs, first_dir};
   play<T, Complex>(s, t, lt, st, sink);
   return ok;
 }
@@ -419,30 +444,35 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE int jacobian_block(const EventStream& s, const 
 // The Jacobian of blocks [b0, b1) of lane vectors V (problems b W to
 // (b + 1) W - 1) with a workspace of (1 + dual_width(dual_directions(fields,
 // n_dirs))) SlidingPlaneStore<V, true> workspaces of V: the dual width and
-// the path picked at run time.  In the ISA namespace, so that each instruction-set build of
+// the path picked at run time, in passes of at most max_dual_width
+// directions (each pass plays the events again and writes the signal
+// again, the same values).  In the ISA namespace, so that each instruction-set build of
 // the host kernels keeps its own instantiations.
 template <class V>
 inline int jacobian_range(const EventStream& s, const Tissue& t, const int* fields, int n_dirs, int64_t b0,
                           int64_t b1, void* work, float* out, float* jac, const float* seeds = nullptr) {
-  auto blocks = [&](auto width, auto complex) {
-    constexpr int N = decltype(width)::value;
-    constexpr bool C = decltype(complex)::value;
-    for (int64_t b = b0; b < b1; ++b) {
-      const int st = jacobian_block<V, N, C>(s, t, fields, n_dirs, b * Lanes<V>::width,
-                                             static_cast<Dual<V, N>*>(work), out, jac, seeds);
-      if (st != ok) return st;
+  return jacobian_passes(fields, n_dirs, [&](int a, int b) {
+    const int* f = fields + a;
+    const float* sd = seeds ? seeds + a : nullptr;
+    auto blocks = [&](auto width, auto complex) {
+      constexpr int N = decltype(width)::value;
+      constexpr bool C = decltype(complex)::value;
+      for (int64_t blk = b0; blk < b1; ++blk) {
+        const int st = jacobian_block<V, N, C>(s, t, f, b - a, blk * Lanes<V>::width, static_cast<Dual<V, N>*>(work),
+                                               out, jac, sd, n_dirs, a);
+        if (st != ok) return st;
+      }
+      return static_cast<int>(ok);
+    };
+    auto on_path = [&](auto width) {
+      return s.real_path ? blocks(width, std::false_type{}) : blocks(width, std::true_type{});
+    };
+    switch (dual_width(dual_directions(f, b - a))) {
+      case 1: return on_path(std::integral_constant<int, 1>{});
+      case 2: return on_path(std::integral_constant<int, 2>{});
+      default: return on_path(std::integral_constant<int, max_dual_width>{});
     }
-    return static_cast<int>(ok);
-  };
-  auto on_path = [&](auto width) {
-    return s.real_path ? blocks(width, std::false_type{}) : blocks(width, std::true_type{});
-  };
-  switch (dual_width(dual_directions(fields, n_dirs))) {
-    case 1: return on_path(std::integral_constant<int, 1>{});
-    case 2: return on_path(std::integral_constant<int, 2>{});
-    case 4: return on_path(std::integral_constant<int, 4>{});
-    default: return on_path(std::integral_constant<int, tissue_fields>{});
-  }
+  });
 }
 
 // The tissue of problem p with directions fields[0 .. n_dirs) seeded (with

@@ -351,17 +351,19 @@ BLOCHSIM_HD void keyed_thread(const EventStream& s, const KeyedProgram& k, const
 
 // Signal and tissue Jacobian of problems [first, first + width) of t along
 // fields[0 .. n_dirs) (dual_directions <= N; M0 from the unscaled signal, as
-// jacobian_block), the state and the interval table on duals in `work`
+// jacobian_block) into columns [first_dir, first_dir + n_dirs) of jac's
+// jac_dirs, the state and the interval table on duals in `work`
 // (keyed_workspace dual lane vectors): jac as host_jacobian_dispatch.
 template <class V, int N>
 BLOCHSIM_HD int keyed_jacobian_block(const EventStream& s, const KeyedProgram& k, const Tissue& t,
                                      const int* fields, int n_dirs, int64_t first, Dual<V, N>* work, float* out,
-                                     float* jac, const float* seeds) {
+                                     float* jac, const float* seeds, int jac_dirs, int first_dir) {
   using T = Dual<V, N>;
   const DirectionSlots ds(fields, n_dirs, seeds);
   V m0;
   const LaneTissue<T> lt = seeded_lanes<V, N>(t, first, ds, m0);
-  JacobianSink<V, N> sink{out, jac, first, t.n, s.n_samples, n_dirs, ds.m0_col, ds.slot, m0, ds.m0_seed};
+  JacobianSink<V, N> sink{out,  jac,     first,      t.n,      s.n_samples, n_dirs, ds.m0_col,
+                          ds.slot, m0, ds.m0_seed, jac_dirs, first_dir};
   T* const ivt = work + 12 * static_cast<int64_t>(k.max_slots);
   for (int64_t i = 0; i < s.n_intervals; ++i) store_coef(ivt + 6 * i, interval_coef<T, double>(s, lt, i));
   keyed_play<T, double, T*>(s, k, t, lt, work, work + 6 * static_cast<int64_t>(k.max_slots), sink, ivt);
@@ -369,26 +371,29 @@ BLOCHSIM_HD int keyed_jacobian_block(const EventStream& s, const KeyedProgram& k
 }
 
 // The Jacobian of blocks [b0, b1) of lane vectors V, the dual width picked
-// at run time (as jacobian_range).
+// at run time, in passes (as jacobian_range).
 template <class V>
 inline int keyed_jacobian_range(const EventStream& s, const KeyedProgram& k, const Tissue& t, const int* fields,
                                 int n_dirs, int64_t b0, int64_t b1, void* work, float* out, float* jac,
                                 const float* seeds) {
-  auto blocks = [&](auto width) {
-    constexpr int N = decltype(width)::value;
-    for (int64_t b = b0; b < b1; ++b) {
-      const int st = keyed_jacobian_block<V, N>(s, k, t, fields, n_dirs, b * Lanes<V>::width,
-                                                static_cast<Dual<V, N>*>(work), out, jac, seeds);
-      if (st != ok) return st;
+  return jacobian_passes(fields, n_dirs, [&](int a, int b) {
+    const int* f = fields + a;
+    const float* sd = seeds ? seeds + a : nullptr;
+    auto blocks = [&](auto width) {
+      constexpr int N = decltype(width)::value;
+      for (int64_t blk = b0; blk < b1; ++blk) {
+        const int st = keyed_jacobian_block<V, N>(s, k, t, f, b - a, blk * Lanes<V>::width,
+                                                  static_cast<Dual<V, N>*>(work), out, jac, sd, n_dirs, a);
+        if (st != ok) return st;
+      }
+      return static_cast<int>(ok);
+    };
+    switch (dual_width(dual_directions(f, b - a))) {
+      case 1: return blocks(std::integral_constant<int, 1>{});
+      case 2: return blocks(std::integral_constant<int, 2>{});
+      default: return blocks(std::integral_constant<int, max_dual_width>{});
     }
-    return static_cast<int>(ok);
-  };
-  switch (dual_width(dual_directions(fields, n_dirs))) {
-    case 1: return blocks(std::integral_constant<int, 1>{});
-    case 2: return blocks(std::integral_constant<int, 2>{});
-    case 4: return blocks(std::integral_constant<int, 4>{});
-    default: return blocks(std::integral_constant<int, tissue_fields>{});
-  }
+  });
 }
 
 }  // namespace epg
