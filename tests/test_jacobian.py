@@ -178,7 +178,7 @@ def test_flow_against_finite_differences():
     assert rel(J, fd) < 2e-3
 
 
-def test_every_direction_in_one_pass_matches_each_alone():
+def test_every_direction_at_once_matches_each_alone():
     kw = {"T1": np.array([600.0, 1500.0]), "T2": np.array([45.0, 130.0]), "M0": 1.1, "B1": 0.95, "B0": 3.0,
           "B1phase": 2.0, "inv_efficiency": 0.97}
     names = tuple(kw)

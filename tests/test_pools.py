@@ -48,17 +48,23 @@ def test_exchanging_pool_fid():
     np.testing.assert_allclose(s, _fid_oracle(o, 90.0, 30.0, 1.0, 12), atol=2e-6)
 
 
-def test_four_exchanging_pools_and_semisolid_fid():
+@pytest.mark.parametrize("n_pools, semisolid", [(4, True), (4, False), (3, True), (3, False), (2, True)])
+def test_exchanging_pools_and_semisolid_fid(n_pools, semisolid):
+    """Two to four exchanging pools, with and without the semisolid pool:
+    the compiled counts (up to three liquid pools) and the run-time ones
+    (four or five)."""
     pools = [(0.1, 20.0, 500.0, 10.0, 100.0), (0.05, 80.0, 800.0, 30.0, -250.0),
-             (0.08, 5.0, 1500.0, 120.0, 40.0), (0.02, 300.0, 600.0, 5.0, 700.0)]
-    tissue = dict(T1=900.0, T2=60.0, B0=-7.0, bound_fraction=0.12, bound_exchange=25.0, bound_T1=700.0)
+             (0.08, 5.0, 1500.0, 120.0, 40.0), (0.02, 300.0, 600.0, 5.0, 700.0)][:n_pools]
+    tissue = dict(T1=900.0, T2=60.0, B0=-7.0)
+    if semisolid:
+        tissue.update(bound_fraction=0.12, bound_exchange=25.0, bound_T1=700.0)
     for x, (f, k, T1, T2, sh) in zip("BCDE", pools):
         tissue.update({f"pool{x}_fraction": f, f"pool{x}_exchange": k, f"pool{x}_T1": T1, f"pool{x}_T2": T2,
                        f"pool{x}_shift": sh})
     # a 60° pulse keeps longitudinal magnetisation, so the semisolid
     # exchange moves Z while the FID is recorded
     s = FIDAll(flip=60.0, phase=-45.0, dt=0.7, n=15).simulate(**tissue)
-    o = Oracle(900.0, 60.0, B0=-7.0, pools=pools, bound=(0.12, 25.0, 700.0))
+    o = Oracle(900.0, 60.0, B0=-7.0, pools=pools, bound=(0.12, 25.0, 700.0) if semisolid else None)
     np.testing.assert_allclose(s, _fid_oracle(o, 60.0, -45.0, 0.7, 15), atol=3e-6)
 
 

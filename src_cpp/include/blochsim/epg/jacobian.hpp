@@ -19,10 +19,10 @@
 namespace blochsim {
 
 // The most directions one pass of the host's Jacobian kernels carries:
-// more are played in passes (jacobian_passes).  Duals wider than this
-// cost more per direction on the host's lanes than a second pass (bench/NOTES.md, issue 39: five
-// directions at once took 1.1 s, as passes of four and one 0.85 s), and
-// each width is a whole compiled player.
+// more are played in passes (jacobian_passes).  Wider duals cost more per
+// direction on the host's lanes than a second pass (bench/NOTES.md: five
+// directions at once 0.68 s, as passes of four and one 0.54 s), and each
+// width is a whole compiled player.
 constexpr int max_dual_width = 4;
 
 // Directions a dual of the Jacobian kernels carries for n_dirs requested
@@ -39,15 +39,19 @@ inline int dual_directions(const int* fields, int n_dirs) {
   return n;
 }
 
-// Calls f(a, b) for consecutive passes [a, b) of fields[0 .. n_dirs), each
-// carrying at most max_dual_width dual directions (M0 rides along free).
+// Calls f(a, b, width) for consecutive passes [a, b) of fields[0 .. n_dirs),
+// each carrying at most max_dual_width dual directions (M0 rides along
+// free), width the pass's dual_width as a std::integral_constant.
 template <class F>
 inline int jacobian_passes(const int* fields, int n_dirs, F&& f) {
   int a = 0;
   while (a < n_dirs) {
     int b = a, duals = 0;
     while (b < n_dirs && (fields[b] == field_M0 || duals < max_dual_width)) duals += fields[b++] != field_M0;
-    const int st = f(a, b);
+    const int w = dual_width(duals);
+    const int st = w == 1   ? f(a, b, std::integral_constant<int, 1>{})
+                   : w == 2 ? f(a, b, std::integral_constant<int, 2>{})
+                            : f(a, b, std::integral_constant<int, max_dual_width>{});
     if (st != ok) return st;
     a = b;
   }
@@ -435,8 +439,8 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE int jacobian_block(const EventStream& s, const 
   SplitStore<SlidingPlaneStore<T, Complex>, V, N, Complex> st;
   st.directions(ds.duals, ds.n_duals);
   st.template init<double>(s, lt, work);
-  JacobianSink<V, N> sink{out,  jac,     first,      t.n,      s.n_samples, n_dirs, ds.m0_col,
-                          ds.slot, m0, ds.m0_seed, jac_dirs, first_dir};
+  JacobianSink<V, N> sink{out, jac, first, t.n, s.n_samples, n_dirs,
+                          ds.m0_col, ds.slot, m0, ds.m0_seed, jac_dirs, first_dir};
   play<T, Complex>(s, t, lt, st, sink);
   return ok;
 }
@@ -451,27 +455,19 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE int jacobian_block(const EventStream& s, const 
 template <class V>
 inline int jacobian_range(const EventStream& s, const Tissue& t, const int* fields, int n_dirs, int64_t b0,
                           int64_t b1, void* work, float* out, float* jac, const float* seeds = nullptr) {
-  return jacobian_passes(fields, n_dirs, [&](int a, int b) {
-    const int* f = fields + a;
-    const float* sd = seeds ? seeds + a : nullptr;
-    auto blocks = [&](auto width, auto complex) {
-      constexpr int N = decltype(width)::value;
+  return jacobian_passes(fields, n_dirs, [&](int a, int b, auto width) {
+    constexpr int N = decltype(width)::value;
+    auto blocks = [&](auto complex) {
       constexpr bool C = decltype(complex)::value;
       for (int64_t blk = b0; blk < b1; ++blk) {
-        const int st = jacobian_block<V, N, C>(s, t, f, b - a, blk * Lanes<V>::width, static_cast<Dual<V, N>*>(work),
-                                               out, jac, sd, n_dirs, a);
+        const int st = jacobian_block<V, N, C>(s, t, fields + a, b - a, blk * Lanes<V>::width,
+                                               static_cast<Dual<V, N>*>(work), out, jac, seeds ? seeds + a : nullptr,
+                                               n_dirs, a);
         if (st != ok) return st;
       }
       return static_cast<int>(ok);
     };
-    auto on_path = [&](auto width) {
-      return s.real_path ? blocks(width, std::false_type{}) : blocks(width, std::true_type{});
-    };
-    switch (dual_width(dual_directions(f, b - a))) {
-      case 1: return on_path(std::integral_constant<int, 1>{});
-      case 2: return on_path(std::integral_constant<int, 2>{});
-      default: return on_path(std::integral_constant<int, max_dual_width>{});
-    }
+    return s.real_path ? blocks(std::false_type{}) : blocks(std::true_type{});
   });
 }
 

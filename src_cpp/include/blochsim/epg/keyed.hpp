@@ -362,8 +362,8 @@ BLOCHSIM_HD int keyed_jacobian_block(const EventStream& s, const KeyedProgram& k
   const DirectionSlots ds(fields, n_dirs, seeds);
   V m0;
   const LaneTissue<T> lt = seeded_lanes<V, N>(t, first, ds, m0);
-  JacobianSink<V, N> sink{out,  jac,     first,      t.n,      s.n_samples, n_dirs, ds.m0_col,
-                          ds.slot, m0, ds.m0_seed, jac_dirs, first_dir};
+  JacobianSink<V, N> sink{out, jac, first, t.n, s.n_samples, n_dirs,
+                          ds.m0_col, ds.slot, m0, ds.m0_seed, jac_dirs, first_dir};
   T* const ivt = work + 12 * static_cast<int64_t>(k.max_slots);
   for (int64_t i = 0; i < s.n_intervals; ++i) store_coef(ivt + 6 * i, interval_coef<T, double>(s, lt, i));
   keyed_play<T, double, T*>(s, k, t, lt, work, work + 6 * static_cast<int64_t>(k.max_slots), sink, ivt);
@@ -376,23 +376,15 @@ template <class V>
 inline int keyed_jacobian_range(const EventStream& s, const KeyedProgram& k, const Tissue& t, const int* fields,
                                 int n_dirs, int64_t b0, int64_t b1, void* work, float* out, float* jac,
                                 const float* seeds) {
-  return jacobian_passes(fields, n_dirs, [&](int a, int b) {
-    const int* f = fields + a;
-    const float* sd = seeds ? seeds + a : nullptr;
-    auto blocks = [&](auto width) {
-      constexpr int N = decltype(width)::value;
-      for (int64_t blk = b0; blk < b1; ++blk) {
-        const int st = keyed_jacobian_block<V, N>(s, k, t, f, b - a, blk * Lanes<V>::width,
-                                                  static_cast<Dual<V, N>*>(work), out, jac, sd, n_dirs, a);
-        if (st != ok) return st;
-      }
-      return static_cast<int>(ok);
-    };
-    switch (dual_width(dual_directions(f, b - a))) {
-      case 1: return blocks(std::integral_constant<int, 1>{});
-      case 2: return blocks(std::integral_constant<int, 2>{});
-      default: return blocks(std::integral_constant<int, max_dual_width>{});
+  return jacobian_passes(fields, n_dirs, [&](int a, int b, auto width) {
+    constexpr int N = decltype(width)::value;
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      const int st = keyed_jacobian_block<V, N>(s, k, t, fields + a, b - a, blk * Lanes<V>::width,
+                                                static_cast<Dual<V, N>*>(work), out, jac, seeds ? seeds + a : nullptr,
+                                                n_dirs, a);
+      if (st != ok) return st;
     }
+    return static_cast<int>(ok);
   });
 }
 
