@@ -16,7 +16,7 @@ import numpy as np
 from blochsim import steady
 from blochsim._engine import pools as _pools, reverse as _reverse
 from blochsim._arrays import validate as V
-from blochsim._protocol import SliceProfile, check_diff_values, check_order, protocol_key
+from blochsim._protocol import SliceProfile, check_diff_values, check_order, checked_key
 from blochsim.sequence import Readout, Traced, trace
 
 # repetitions="auto": the most playings tried, and the agreement asked for
@@ -108,7 +108,7 @@ class _T2Prime:
         dephasing as floats."""
         proto, _ = sim._split(values)
         p = sim._protocol_values(proto)
-        key = (protocol_key(p), tuple(traced))
+        key = (checked_key(p), tuple(traced))
         cached = getattr(sim, "_dephasing_cache", None)
         if cached is not None and cached[0] == key:
             tau = cached[1]

@@ -42,7 +42,7 @@ _RESTORED: dict = {}
 _RESTORED_MAX = 32
 _RESTORED_LOCK = threading.Lock()
 #: what a simulator caches and rebuilds, never pickled
-_CACHES = ("_stream_cache", "_dephasing_cache", "_keyed_cache")
+_CACHES = ("_stream_cache", "_dephasing_cache", "_keyed_cache", "_checked_cache", "_packed_cache")
 
 
 def _restore(cls, state, token):
@@ -109,7 +109,7 @@ class Base:
     def __deepcopy__(self, memo):
         obj = type(self).__new__(type(self))
         memo[id(self)] = obj
-        obj.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        obj.__dict__.update(copy.deepcopy({k: v for k, v in self.__dict__.items() if k not in _CACHES}, memo))
         return obj
 
     #: protocol parameters and their defaults (None: required or automatic)
@@ -143,7 +143,20 @@ class Base:
                                 f"it takes {sorted(self._defaults)}")
 
     def _protocol_values(self, overrides):
-        values = {**self._defaults, **self._given, **overrides}
+        """The checked protocol of a call: the given values with the call's
+        overrides.  The checks run once per distinct value (the last one is
+        kept): a repeated call with the same values skips them, and its
+        stream caches key on the given values instead of the checked ones."""
+        given = {**self._given, **overrides}
+        key = protocol_key(given)
+        cached = self.__dict__.get("_checked_cache")
+        if cached is not None and cached[0] == key:
+            return CheckedProtocol(cached[1], key)
+        p = self._checked({**self._defaults, **given})
+        self._checked_cache = (key, dict(p))
+        return CheckedProtocol(p, key)
+
+    def _checked(self, values):
         return self.check_protocol(values)
 
     def check_protocol(self, p: dict) -> dict:
@@ -226,15 +239,14 @@ class Played(Base):
             p["slice_profile"] = SliceProfile(p["slice_profile"], self)
         return p
 
-    def _protocol_values(self, overrides):
-        values = {**self._defaults, **self._given, **overrides}
+    def _checked(self, values):
         return self.check_protocol(self._common_checks(values))
 
     def _packed(self, p):
         """The event stream for protocol p, reused while p does not change."""
         if p["repetitions"] == "auto":
             raise ValueError("blochsim internal error: repetitions='auto' reached the packer unresolved")
-        key = protocol_key(p)
+        key = checked_key(p)
         cached = getattr(self, "_stream_cache", None)
         if cached is not None and cached[0] == key:
             return cached[1]
@@ -296,12 +308,20 @@ class Played(Base):
         if "inv_efficiency" in present and not np.any(s.flags & EV_INVERSION):
             self._refuse_idle_inversion()
         states = p["states"] if p["states"] is not None else max(8, 1 + s.total_shifts)
-        real, phi0 = s.real_subspace(any(k in present for k in ("B0", "B1phase", "v")))
+        off_axis = any(k in present for k in ("B0", "B1phase", "v"))
         dk = voxel = 0.0
         if p["crusher_dephasing_rad"] is not None and p["voxel_size_m"] is not None:
             dk = p["crusher_dephasing_rad"] / p["voxel_size_m"]
             voxel = p["voxel_size_m"]
-        return s, _core.PackedStream(s, states, dk, voxel, real, phi0), states, bool(real)
+        # the packed form of the last stream and settings, reused by the next call that plays them
+        settings = (states, off_axis, dk, voxel)
+        cached = self.__dict__.get("_packed_cache")
+        if cached is not None and cached[0] is s and cached[1] == settings:
+            return s, cached[2], states, cached[3]
+        real, phi0 = s.real_subspace(off_axis)
+        ps = _core.PackedStream(s, states, dk, voxel, real, phi0)
+        self._packed_cache = (s, settings, ps, bool(real))
+        return s, ps, states, bool(real)
 
     def _pooled_call(self, p, tissue, names, stream=None, keyed=False):
         """The tissue of a call with its idle pools dropped and, for a call
@@ -410,6 +430,38 @@ def check_diff_values(names, tissue, what="jacobian"):
             continue
         if np.asarray(v).dtype.kind != "f":
             raise TypeError(f"{name} must be a float array to differentiate, got dtype {np.asarray(v).dtype}")
+
+
+class CheckedProtocol(dict):
+    """A checked protocol (a dict) that carries ``key``, the key of the given
+    values it was checked from, while it is not changed: any change drops
+    the key, so that the caches key on its own values again."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, values, key):
+        super().__init__(values)
+        self.key = key
+
+
+def _dropping_key(method):
+    def changed(self, *args, **kwargs):
+        self.key = None
+        return method(self, *args, **kwargs)
+    changed.__name__ = method.__name__
+    return changed
+
+
+for _name in ("__setitem__", "__delitem__", "__ior__", "update", "pop", "popitem", "setdefault", "clear"):
+    setattr(CheckedProtocol, _name, _dropping_key(getattr(dict, _name)))
+del _name
+
+
+def checked_key(p):
+    """The cache key of a protocol dict: the key of the values a
+    :class:`CheckedProtocol` was checked from, else a snapshot of p."""
+    key = getattr(p, "key", None)
+    return ("given", key) if key is not None else ("checked", protocol_key(p))
 
 
 def protocol_key(p):

@@ -103,6 +103,47 @@ def test_packing_is_cached_per_shape_and_values_rebind():
     np.testing.assert_array_equal(b, FSESimulator(ESP=5.0).simulate(flip=np.full(12, 120.0), T2=60.0))
 
 
+def test_repeated_calls_reuse_the_checks_and_see_changed_values():
+    """The checked protocol and packed stream of a call are reused by the
+    next call with the same values, compared by value: a protocol array
+    changed in place after construction, an override, and the off-axis
+    switch (B0 present) each give the signal of a fresh simulator."""
+    flip = np.linspace(10.0, 60.0, 40)
+    sim = MRFSimulator(flip=flip, TR=10.0, states=16)
+    a = sim.simulate(T1=800.0, T2=60.0)
+    p1 = sim._protocol_values({})
+    assert sim._protocol_values({}).key == p1.key  # the checks ran once for both
+    np.testing.assert_array_equal(sim.simulate(T1=800.0, T2=60.0), a)
+    flip[5] = 90.0  # the caller's array, changed after construction
+    fresh = MRFSimulator(flip=flip.copy(), TR=10.0, states=16).simulate(T1=800.0, T2=60.0)
+    np.testing.assert_array_equal(sim.simulate(T1=800.0, T2=60.0), fresh)
+    assert not np.allclose(fresh, a)
+    np.testing.assert_array_equal(
+        sim.simulate(T1=800.0, T2=60.0, TR=12.0),
+        MRFSimulator(flip=flip.copy(), TR=12.0, states=16).simulate(T1=800.0, T2=60.0))
+    # B0 turns the call off the real path: same stream, other packed form
+    b0 = sim.simulate(T1=800.0, T2=60.0, B0=np.array([0.0, 5.0]))
+    np.testing.assert_array_equal(
+        b0, MRFSimulator(flip=flip.copy(), TR=10.0, states=16).simulate(T1=800.0, T2=60.0, B0=np.array([0.0, 5.0])))
+    np.testing.assert_array_equal(sim.simulate(T1=800.0, T2=60.0), fresh)
+
+
+def test_a_changed_checked_protocol_keys_on_its_own_values():
+    from blochsim._protocol import checked_key, protocol_key
+
+    sim = MRFSimulator(flip=np.linspace(10.0, 60.0, 40), TR=10.0)
+    p = sim._protocol_values({})
+    assert checked_key(p)[0] == "given"
+    for change in (lambda q: q.__setitem__("TI", 5.0), lambda q: q.update(TI=5.0), lambda q: q.pop("TI"),
+                   lambda q: q.setdefault("extra", 1), lambda q: q.__delitem__("TI")):
+        q = sim._protocol_values({})
+        change(q)
+        assert checked_key(q) == ("checked", protocol_key(q))
+    q = sim._protocol_values({})
+    q |= {"TI": 5.0}
+    assert q.key is None
+
+
 def test_default_states_follow_the_winding():
     s, p = FSESimulator(ESP=5.0).stream(flip=np.full(10, 180.0))
     assert s.total_shifts == 20

@@ -188,3 +188,49 @@ def test_core_rechecks_the_stream():
     s.interval = np.array([-1], np.int32)
     with pytest.raises(ValueError, match="states must be >= 1"):
         _core.forward_host(_core.PackedStream(s, 0, 0.0, 0.0, True, 0.0), (None,) * 9, 1, out, 1)
+
+
+@pytest.mark.parametrize("name, ok, bad", [
+    ("T2", [1e-30, 80.0], [0.0, -0.0, -1e-30]),             # > 0 ms
+    ("D", [0.0, -0.0, 3.0], [-1e-30]),                      # >= 0
+    ("fat_fraction", [0.0, 1.0], [np.nextafter(1.0, 2.0)]),  # <= 1
+    ("B0", [-1e6, 1e6], [np.nextafter(1e6, 2e6), -np.nextafter(1e6, 2e6)]),  # within +-1e6 Hz
+    ("M0", [-1e30, 3.0], [np.nextafter(1e30, 2e30)]),
+])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_tissue_bounds_hold_at_their_edges(name, ok, bad, dtype):
+    """The tissue checks take the least and greatest value of an array first
+    and its values one by one only to name a failure: at each bound's edge
+    both agree, alone and inside a larger (or broadcast) array."""
+    from blochsim._arrays.validate import tissue_array
+
+    base = np.full(7, 0.5 if name == "fat_fraction" else 1.0, dtype)
+
+    def exact(values):  # the edges this dtype holds
+        return [v for v in values if float(dtype(v)) == v]
+
+    for v in exact(ok):
+        tissue_array(name, np.asarray(v, dtype))
+        arr = base.copy()
+        arr[3] = v
+        tissue_array(name, arr)
+        tissue_array(name, np.broadcast_to(arr, (1000, 7)))
+    for v in exact(bad):
+        arr = base.copy()
+        arr[3] = v
+        with pytest.raises(ValueError, match=rf"{name} must .* at index \(3,\)"):
+            tissue_array(name, arr)
+        with pytest.raises(ValueError, match=rf"{name} must"):
+            tissue_array(name, np.asarray(v, dtype))
+
+
+def test_tissue_checks_of_empty_and_nan_arrays():
+    from blochsim._arrays.validate import tissue_array
+
+    assert tissue_array("T1", np.empty((0, 3))).shape == (0, 3)
+    big = np.full((4, 1000), 900.0, np.float32)
+    big[2, 777] = np.nan
+    with pytest.raises(ValueError, match=r"T1 must be finite, got nan at index \(2, 777\)"):
+        tissue_array("T1", big)
+    with pytest.raises(ValueError, match=r"T1 must be finite, got nan at index \(0, 1\)"):
+        tissue_array("T1", np.broadcast_to(np.array([900.0, np.nan]), (10**6, 2)))

@@ -5,6 +5,7 @@ the console's (ms, degrees, Hz, µm²/ms, m/s); conversion to SI happens here.
 """
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
@@ -137,6 +138,8 @@ def tissue_array(name: str, value) -> np.ndarray:
         raise device_unavailable_error(name)
     given = as_float_array(name, value)
     arr = distinct(given)
+    if _within_bounds(name, arr):
+        return given
     check_finite(name, arr)
     _, _, low, strict = TISSUE_UNITS[name]
     if low is not None:
@@ -154,6 +157,27 @@ def tissue_array(name: str, value) -> np.ndarray:
         raise ValueError(f"{name} is beyond single precision in SI units, got "
                          f"{_first_bad(arr, np.abs(arr) * TISSUE_UNITS[name][0] > _FLOAT32_MAX)}")
     return given
+
+
+def _within_bounds(name: str, arr: np.ndarray) -> bool:
+    """Whether every value of a tissue property passes tissue_array's checks,
+    from its least and greatest values alone (two reductions; NaN carries
+    through both).  False sends the values through the checks one by one,
+    which name the first that fails."""
+    if arr.size == 0:
+        return True
+    lo, hi = float(arr.min()), float(arr.max())
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return False
+    _, _, low, strict = TISSUE_UNITS[name]
+    if low is not None and (lo <= low if strict else lo < low):
+        return False
+    if name in UPPER_BOUNDS and hi > UPPER_BOUNDS[name]:
+        return False
+    peak = max(-lo, hi)
+    if peak > MAGNITUDE_BOUNDS.get(name, math.inf):
+        return False
+    return peak * TISSUE_UNITS[name][0] <= _FLOAT32_MAX
 
 
 def device_unavailable_error(name: str) -> Exception:
@@ -195,6 +219,18 @@ def positive_int(name: str, value, minimum: int = 1) -> int:
     return int(value)
 
 
+_PUBLIC = {}
+
+
+def _public_names() -> dict:
+    """The public name of each SI name of TISSUE_UNITS (made again when the
+    table has grown)."""
+    if len(_PUBLIC) != len(TISSUE_UNITS):
+        _PUBLIC.clear()
+        _PUBLIC.update({v[1]: k for k, v in TISSUE_UNITS.items()})
+    return _PUBLIC
+
+
 def si_planes(arrays: dict, shape, si_names, ranges_only=False) -> tuple:
     """The arrays (public names and units) as float32 SI values, flat
     (length n of the voxel shape, or 1 for a scalar), in the order of the
@@ -202,12 +238,15 @@ def si_planes(arrays: dict, shape, si_names, ranges_only=False) -> tuple:
     ``ranges_only`` each holds the array's values once (axes broadcast with
     zero strides taken once, nothing broadcast to the voxel shape): the
     same range, for a check that needs no more."""
-    public = {v[1]: k for k, v in TISSUE_UNITS.items()}
+    public = _public_names()
     out = []
     for name in si_names:
         pub = public.get(name)
         if pub in arrays:
             a = arrays[pub]
+            if a.size == 1 and a.dtype.kind == "f":  # a scalar: its SI value rounded once, as below
+                out.append(np.array([float(a.reshape(-1)[0]) * TISSUE_UNITS[pub][0]], dtype=np.float32))
+                continue
             if ranges_only:
                 a = distinct(np.asarray(a))
             flat = np.asarray(a, dtype=np.float64).reshape(1) if a.size == 1 else \

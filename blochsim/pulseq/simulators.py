@@ -9,7 +9,7 @@ import os
 import numpy as np
 
 from blochsim._arrays import validate as V
-from blochsim._protocol import _lazy_entry, protocol_key
+from blochsim._protocol import _lazy_entry, checked_key
 from blochsim.pulseq.file import PulseqError, _File
 from blochsim.pulseq.reader import _field_strength, _read, _Reader
 from blochsim.sequence import Delay, Pulse, Readout, Sequence, Spoil, pack
@@ -76,7 +76,7 @@ class PulseqSimulator(Simulator):
         # the file read keyed by moment, where the default put it on one order
         if p["path"] is None or p["dephasing"] != "moment" or p["axis"] is not None or p["unit"] is not None:
             return None
-        key = protocol_key(p)
+        key = checked_key(p)
         hit = getattr(self, "_keyed_cache", None)
         if hit is None or hit[0] != key:
             sequence = _read_cached(p, "keyed")[0]
