@@ -320,6 +320,43 @@ def test_mrf_against_weigel_epg():
     assert np.max(np.abs(s.imag)) < 1e-6
 
 
+@pytest.mark.parametrize("K", [1, 2, 3, 7, 40])
+def test_runs_of_pulses_across_voxels_against_weigel_epg(K):
+    """The host plays runs of simple events (pulse, readout, one shift) a
+    few at a time in one sweep over the orders: against the float64 EPG at
+    every truncation, an odd number of events, voxels of their own T1, T2
+    and B1 (the pulses per lane) and a spoiler that breaks the runs."""
+    rng = np.random.default_rng(3)
+    flips = rng.uniform(5.0, 70.0, 37)
+    T1, T2, B1 = rng.uniform(300, 2000, 19), rng.uniform(20, 200, 19), rng.uniform(0.6, 1.3, 19)
+
+    class Broken(Simulator):
+        protocol = {"flip": None}
+
+        def repetition(self, p):
+            ops = [Inversion(), Delay(20.0)]
+            for i, f in enumerate(p["flip"]):
+                ops += [Pulse(f), Readout(-90.0), Spoil() if i == 20 else Dephase(), Delay(10.0)]
+            return Sequence(ops)
+
+    for sim in (MRFSimulator(flip=flips, TR=10.0, TI=20.0, states=K), Broken(flip=flips, states=K)):
+        s = sim.simulate(T1=T1, T2=T2, B1=B1)
+        for v in range(T1.size):
+            om = np.zeros((3, K), complex)
+            om[2, 0] = -1
+            om = weigel_relax(om, 0.02, T1[v] * 1e-3, T2[v] * 1e-3)
+            ref = []
+            for i, a in enumerate(np.radians(flips) * B1[v]):
+                om = weigel_T(a, 0.0) @ om
+                ref.append(1j * om[0, 0])
+                if isinstance(sim, Broken) and i == 20:
+                    om[:2] = 0
+                else:
+                    om = weigel_shift(om)
+                om = weigel_relax(om, 0.01, T1[v] * 1e-3, T2[v] * 1e-3)
+            assert rel(s[v], np.array(ref)) < RTOL, (type(sim).__name__, v)
+
+
 def test_2048_states_run_and_truncation_is_exact_for_perfect_cpmg():
     n = 1024  # 2048 shifts: the default K is 2049
     s = FSESimulator(ESP=2.0).simulate(flip=np.full(n, 180.0), T2=500.0)

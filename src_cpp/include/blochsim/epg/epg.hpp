@@ -552,9 +552,14 @@ struct PlaneStore : FusedOps<V, Complex> {
 // zeroes row K - 1), and a recentring zeroes the rows above the window.
 // Rows that slide in at the bottom become row 0 of an up-shifted family,
 // which the shift sets.
-template <class V, bool Complex>
+template <class V, bool Complex, int Unroll = 1>
 struct SlidingPlaneStore : PlaneStore<V, Complex> {
   using Base = PlaneStore<V, Complex>;
+  // Unroll > 1: play()'s runs of simple events are played Unroll at a time
+  // in one sweep over the orders (pipelined_run)
+  static constexpr int unroll = Unroll;
+  static constexpr bool pipelined = Unroll > 1;
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE bool fast_ok(int) const { return true; }
   int H = 0;                   // headroom on each side of a window
   int off_p = 0, off_m = 0;    // the windows' first rows in their regions (F+, F-)
   V* region[4] = {};           // Re F+, Re F-, Im F+, Im F- (K + 2H rows each)
@@ -599,21 +604,124 @@ struct SlidingPlaneStore : PlaneStore<V, Complex> {
   // recentring it first where it would leave its region.
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void slide(int f, int step) {
     int& off = f == 0 ? off_p : off_m;
-    if (off + step < 0 || off + step > 2 * H) {
-      const int K = this->K;
-      for (int c = 0; c < (Complex ? 2 : 1); ++c) {
-        V* const r = region[f + 2 * c];
-        if (off > H)
-          for (int k = 0; k < K; ++k) r[H + k] = r[off + k];
-        else
-          for (int k = K - 1; k >= 0; --k) r[H + k] = r[off + k];
-        for (int k = H + K; k < K + 2 * H; ++k) r[k] = V{};
-      }
-      off = H;
-    }
+    if (off + step < 0 || off + step > 2 * H) recentre(f);
     off += step;
+    point(f);
+  }
+  // Moves family f's window back to the middle of its region.
+  BLOCHSIM_HD void recentre(int f) {
+    int& off = f == 0 ? off_p : off_m;
+    const int K = this->K;
+    for (int c = 0; c < (Complex ? 2 : 1); ++c) {
+      V* const r = region[f + 2 * c];
+      if (off > H)
+        for (int k = 0; k < K; ++k) r[H + k] = r[off + k];
+      else
+        for (int k = K - 1; k >= 0; --k) r[H + k] = r[off + k];
+      for (int k = H + K; k < K + 2 * H; ++k) r[k] = V{};
+    }
+    off = H;
+  }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void point(int f) {
+    const int off = f == 0 ? off_p : off_m;
     (f == 0 ? this->fpr : this->fmr).p = region[f] + off;
     (f == 0 ? this->fpi : this->fmi).p = region[f + 2] + off;
+  }
+
+  // U events, each the operator o[u] at every order (its source at order 0)
+  // then one shift up, in one sweep over the orders: a pipeline of U stages
+  // where stage u turns the state after u events at order m = j - u into
+  // the state after u + 1 events at order m - 1, which stage u + 1 takes at
+  // the same step j (the shift up moves F+ from m - 2 and F- from m: each
+  // stage keeps two orders of F+ and one of Z).  The planes are read once
+  // and written once for all U events, instead of once per event.  band is
+  // the band before the run; f0r, f0i take F+_0 after each operator (the
+  // readouts).  Orders at or above band are read as zero; orders pushed
+  // past K - 1 are dropped.
+  template <int U, class O>
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pipelined_run(const O (&o)[U], int band, V (&f0r)[U], V (&f0i)[U]) {
+    const int K = this->K;
+    const int out_band = band + U < K ? band + U : K;
+    if (off_p < U) recentre(0);
+    if (off_m + U > 2 * H) recentre(1);
+    V* const ipr = region[0] + off_p;
+    V* const imr = region[1] + off_m;
+    V* const ipi = region[2] + off_p;
+    V* const imi = region[3] + off_m;
+    V* const zr = this->zr.p;
+    V* const zi = this->zi.p;
+    V hp1r[U], hp1i[U], hp2r[U], hp2i[U], hzr[U], hzi[U];  // per stage: F+ at m - 1, m - 2; Z at m - 1
+BLOCHSIM_UNROLL
+    for (int u = 0; u < U; ++u) hp1r[u] = hp1i[u] = hp2r[u] = hp2i[u] = hzr[u] = hzi[u] = V{};
+    const V zero{}, one = splat<V>(1.0f);
+    // step j; Steady: every stage at an order >= 2 whose input is below
+    // band (no source, no order 0, nothing dropped): no test in the body
+    auto step = [&](int j, auto steady) BLOCHSIM_LAMBDA_INLINE {
+      constexpr bool Steady = decltype(steady)::value;
+      // the state after 0 events at order j
+      V pr = zero, pi_ = zero, mr = zero, mi = zero, cr = zero, ci = zero;
+      if (Steady || j < band) {
+        pr = ipr[j];
+        mr = imr[j];
+        cr = zr[j];
+        if (Complex) {
+          pi_ = ipi[j];
+          mi = imi[j];
+          ci = zi[j];
+        }
+      }
+      bool live = true;  // (pr .. ci) hold a state at an order >= 0
+BLOCHSIM_UNROLL
+      for (int u = 0; u < U; ++u) {
+        const int m = j - u;
+        if (!Steady && !live) break;
+        order_update<Complex>(o[u], pr, pi_, mr, mi, cr, ci);
+        if (!Steady && m == 0) {
+          add_source<Complex>(o[u], one, pr, pi_, mr, mi, cr);
+          f0r[u] = pr;
+          f0i[u] = pi_;
+        }
+        // the state after u + 1 events at order m - 1
+        const bool first = !Steady && m == 1;
+        const V np_r = first ? mr : hp2r[u], np_i = first ? -mi : hp2i[u];
+        hp2r[u] = hp1r[u];
+        hp2i[u] = hp1i[u];
+        hp1r[u] = pr;
+        hp1i[u] = pi_;
+        const V nz_r = hzr[u], nz_i = hzi[u];
+        hzr[u] = cr;
+        hzi[u] = ci;
+        live = Steady || m >= 1;
+        if (!Steady && m - 1 >= K) {
+          pr = pi_ = mr = mi = cr = ci = zero;
+        } else {
+          pr = np_r;
+          pi_ = np_i;
+          cr = nz_r;
+          ci = nz_i;
+        }
+      }
+      const int m = j - U;  // the state after U events at order m
+      if (Steady || (live && m >= 0)) {
+        ipr[m - U] = pr;
+        imr[m + U] = mr;
+        zr[m] = cr;
+        if (Complex) {
+          ipi[m - U] = pi_;
+          imi[m + U] = mi;
+          zi[m] = ci;
+        }
+      }
+    };
+    const int steady_end = band > U + 1 ? band : U + 1;
+    int j = 0;
+    for (; j < U + 1 && j < out_band + U; ++j) step(j, std::false_type{});
+    for (; j < steady_end; ++j) step(j, std::true_type{});
+    for (; j < out_band + U; ++j) step(j, std::false_type{});
+    off_p -= U;
+    off_m += U;
+    point(0);
+    point(1);
   }
 
   // One shift of every transverse order (dir = +1: F+ up, F- down), keeping
@@ -733,6 +841,37 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void fast_run(const EventStream& s, const LaneT
   st.template apply_shift_run<Store::unroll, Trunc>(op, take, band);
 }
 
+// As fast_run for a store that plays a run's events in one sweep
+// (SlidingPlaneStore::pipelined_run): the events' operators first, then the
+// sweep, then their readouts.
+template <class V, bool Complex, int From, class Store, class Sink>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pipelined_fast_run(const EventStream& s, const LaneTissue<V>& lt,
+                                                         const PlayContext<V>& cx, Store& st, Sink& sink,
+                                                         int32_t e, int band, EventRecord& ev) {
+  constexpr int U = Store::unroll;
+  const IvCoef<V> c = ev.interval >= 0 ? st.interval(ev.interval) : identity_interval<V>();
+  EventRecord evs[U + 1];
+  evs[0] = ev;
+  typename Store::OpT o[U];
+BLOCHSIM_UNROLL
+  for (int u = 0; u < U; ++u) {
+    o[u] = st.fused(pulse_op<V, Complex, From>(s, evs[u], cx.rf_uniform, lt, cx.c0, cx.s0), c);
+    evs[u + 1] = st.record(s, e + u + 1);  // fast runs come from records, which end with a sentinel
+  }
+  V f0r[U], f0i[U];
+  st.template pipelined_run<U>(o, band, f0r, f0i);
+  if (ev.flags & event_readout) {
+BLOCHSIM_UNROLL
+    for (int u = 0; u < U; ++u) take_readout<V, Complex, true>(s, e + u, evs[u], cx, f0r[u], f0i[u], sink);
+  }
+  ev = evs[U];
+}
+
+template <class S, class = void>
+struct PipelinedStore : std::false_type {};
+template <class S>
+struct PipelinedStore<S, std::void_t<decltype(S::pipelined)>> : std::bool_constant<S::pipelined> {};
+
 template <class V, bool Complex, class Store, class Sink>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE void play(const EventStream& s, const Tissue& t, const LaneTissue<V>& lt,
                                            Store& st, Sink& sink) {
@@ -759,7 +898,12 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void play(const EventStream& s, const Tissue& t
       // come with the records (pack_events)
       if (!cx.per_order && ev.run >= U && st.fast_ok(band)) {
         const bool rows = cx.rf_uniform;  // the records carry the rows
-        if (rows && st.truncate)
+        if constexpr (PipelinedStore<Store>::value) {
+          if (rows)
+            pipelined_fast_run<V, Complex, pulse_rows>(s, lt, cx, st, sink, e, band, ev);
+          else
+            pipelined_fast_run<V, Complex, pulse_lanes>(s, lt, cx, st, sink, e, band, ev);
+        } else if (rows && st.truncate)
           fast_run<V, Complex, pulse_rows, true>(s, lt, cx, st, sink, e, band, ev);
         else if (rows)
           fast_run<V, Complex, pulse_rows, false>(s, lt, cx, st, sink, e, band, ev);
@@ -832,7 +976,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE int forward_block(const EventStream& s, const T
   int64_t idx[W];
   lane_indices<W>(first, t.n, idx);
   const LaneTissue<V> lt = gather<V>(t, idx);
-  SlidingPlaneStore<V, Complex> st;
+  SlidingPlaneStore<V, Complex, Complex ? 1 : 2> st;
   st.template init<M>(s, lt, work);
   LaneSink<V> sink{out, first, t.n, s.n_samples};
   play<V, Complex>(s, t, lt, st, sink);

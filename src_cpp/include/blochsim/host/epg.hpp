@@ -134,7 +134,16 @@ inline int forward_status(const EventStream& s, const Tissue& t, float* out, int
   return guarded([&]() -> int {
     const int v = validate(s, t);
     if (v != ok) return v;
-    return run_blocks(s, t, out, threads, s.real_path ? real_fn : complex_fn);
+    // the event records (pack_events), whose runs of simple events the
+    // blocks play a few at a time (epg::SlidingPlaneStore::pipelined_run)
+    std::vector<EventRecord> records;
+    EventStream sr = s;
+    if (!s.records) {
+      records.resize(static_cast<std::size_t>(s.n_events + 1));
+      pack_events(s, records.data());
+      sr.records = records.data();
+    }
+    return run_blocks(sr, t, out, threads, s.real_path ? real_fn : complex_fn);
   });
 }
 
