@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from blochsim.cli import reference_flips, reference_tissues
-from blochsim.simulators import MRFSimulator
+from blochsim.simulators import FSESimulator, MRFSimulator
 
 POOLS = {
     "mt": {"bound_fraction": 0.1, "bound_exchange": 20.0},
@@ -51,8 +51,10 @@ def main(label, word=""):
     t1s, t2s = t1[:200], t2[:200]
     sp, pull_mt = short.vjp(("flip", "T2"), T1=t1s, T2=t2s, **POOLS["mt"])
     cot_mt = 2 * sp
+    fse = FSESimulator(ESP=10.0, flip=np.full(16, 180.0))
     calls = {
         "forward real 1e5": (lambda: real.simulate(T1=T1, T2=T2), 5),
+        "forward real 1e4": (lambda: real.simulate(T1=t1, T2=t2), 10),
         "forward complex 1e4": (lambda: cplx.simulate(T1=t1, T2=t2), 10),
         "jacobian (T1, T2) 1e4": (lambda: real.jacobian(("T1", "T2"), T1=t1, T2=t2), 10),
         "vjp flip pullback 1e3": (lambda: pull(cot), 5),
@@ -65,6 +67,8 @@ def main(label, word=""):
             lambda: short.jacobian(("T1", "T2"), T1=t1s, T2=t2s, **POOLS["poolBC"]), 5),
         "MT vjp (flip, T2) pullback 200, 200 TRs": (lambda: pull_mt(cot_mt), 5),
         "one voxel": (lambda: real.simulate(T1=1000.0, T2=80.0), 200),
+        "one voxel, jacobian (T1, T2)": (lambda: real.jacobian(("T1", "T2"), T1=1000.0, T2=80.0), 200),
+        "one voxel, FSE of 16 echoes": (lambda: fse.simulate(T1=1000.0, T2=80.0), 200),
     }
     for name, (f, repeats) in calls.items():
         if word not in name:
