@@ -12,9 +12,6 @@ from blochsim import _core
 from blochsim._engine import reverse as _reverse
 from blochsim._arrays import validate as V
 
-#: the tissue properties by their SI field names
-_SI_TO_PUBLIC = {v[1]: k for k, v in V.TISSUE_UNITS.items()}
-
 _TYPESTRS = {"<f4": (np.float32, False), "<f8": (np.float64, True)}
 #: DLPack type codes by NumPy dtype kind
 _DLPACK_CODES = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}
@@ -251,7 +248,7 @@ def resident_tissue(arrays, ifaces, shape, n, own, stream, fields=None):
     keep = []
     dev = []
     for field in (_core.TISSUE_FIELDS if fields is None else fields):
-        name = _SI_TO_PUBLIC.get(field)
+        name = V.SI_TO_PUBLIC.get(field)
         factor = V.TISSUE_UNITS[name][0] if name else 1.0
         if name in ifaces:
             it = ifaces[name]

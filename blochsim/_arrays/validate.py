@@ -55,6 +55,9 @@ for _x in "BCDE":
         f"pool{_x}_shift": (1.0, f"pool{_x}_shift_hz", None, False),
     })
 
+#: the tissue properties by their SI field names
+SI_TO_PUBLIC = {v[1]: k for k, v in TISSUE_UNITS.items()}
+
 # properties bounded above too (shares of the magnetisation)
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 UPPER_BOUNDS = {"fat_fraction": 1.0}
@@ -133,51 +136,34 @@ def distinct(arr: np.ndarray) -> np.ndarray:
 def tissue_array(name: str, value) -> np.ndarray:
     """Validate one tissue property in public units; returns float array.
     The checks read each stored value once: a broadcast view (zero
-    strides) is checked without being expanded."""
+    strides) is checked without being expanded, and every bound is judged
+    from the least and greatest values (two reductions; NaN carries through
+    both); only a failure looks at the values one by one, to name the
+    first that fails."""
     if is_device_array(value):
         raise device_unavailable_error(name)
     given = as_float_array(name, value)
     arr = distinct(given)
-    if _within_bounds(name, arr):
+    if arr.size == 0:
         return given
-    check_finite(name, arr)
-    _, _, low, strict = TISSUE_UNITS[name]
-    if low is not None:
+    lo, hi = float(arr.min()), float(arr.max())
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        check_finite(name, arr)
+    scale, _, low, strict = TISSUE_UNITS[name]
+    if low is not None and (lo <= low if strict else lo < low):
         check_bound(name, arr, low, strict, UNIT_NAMES[name])
-    if name in UPPER_BOUNDS and np.any(arr > UPPER_BOUNDS[name]):
+    if name in UPPER_BOUNDS and hi > UPPER_BOUNDS[name]:
         raise ValueError(f"{name} must be <= {UPPER_BOUNDS[name]:g}, got {_first_bad(arr, arr > UPPER_BOUNDS[name])}")
-    # one reduction for both bounds below (arr is finite here)
-    peak = abs(float(arr)) if arr.ndim == 0 else float(np.max(np.abs(arr))) if arr.size else 0.0
+    peak = max(-lo, hi)
     bound = MAGNITUDE_BOUNDS.get(name)
     if bound is not None and peak > bound:
         u = f" {UNIT_NAMES[name]}" if UNIT_NAMES.get(name) else ""
         raise ValueError(f"{name} must be within +-{bound:g}{u} (single precision carries no more), got "
                          f"{_first_bad(arr, np.abs(arr) > bound)}")
-    if peak * TISSUE_UNITS[name][0] > _FLOAT32_MAX:
+    if peak * scale > _FLOAT32_MAX:
         raise ValueError(f"{name} is beyond single precision in SI units, got "
-                         f"{_first_bad(arr, np.abs(arr) * TISSUE_UNITS[name][0] > _FLOAT32_MAX)}")
+                         f"{_first_bad(arr, np.abs(arr) * scale > _FLOAT32_MAX)}")
     return given
-
-
-def _within_bounds(name: str, arr: np.ndarray) -> bool:
-    """Whether every value of a tissue property passes tissue_array's checks,
-    from its least and greatest values alone (two reductions; NaN carries
-    through both).  False sends the values through the checks one by one,
-    which name the first that fails."""
-    if arr.size == 0:
-        return True
-    lo, hi = float(arr.min()), float(arr.max())
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        return False
-    _, _, low, strict = TISSUE_UNITS[name]
-    if low is not None and (lo <= low if strict else lo < low):
-        return False
-    if name in UPPER_BOUNDS and hi > UPPER_BOUNDS[name]:
-        return False
-    peak = max(-lo, hi)
-    if peak > MAGNITUDE_BOUNDS.get(name, math.inf):
-        return False
-    return peak * TISSUE_UNITS[name][0] <= _FLOAT32_MAX
 
 
 def device_unavailable_error(name: str) -> Exception:
@@ -219,18 +205,6 @@ def positive_int(name: str, value, minimum: int = 1) -> int:
     return int(value)
 
 
-_PUBLIC = {}
-
-
-def _public_names() -> dict:
-    """The public name of each SI name of TISSUE_UNITS (made again when the
-    table has grown)."""
-    if len(_PUBLIC) != len(TISSUE_UNITS):
-        _PUBLIC.clear()
-        _PUBLIC.update({v[1]: k for k, v in TISSUE_UNITS.items()})
-    return _PUBLIC
-
-
 def si_planes(arrays: dict, shape, si_names, ranges_only=False) -> tuple:
     """The arrays (public names and units) as float32 SI values, flat
     (length n of the voxel shape, or 1 for a scalar), in the order of the
@@ -238,19 +212,17 @@ def si_planes(arrays: dict, shape, si_names, ranges_only=False) -> tuple:
     ``ranges_only`` each holds the array's values once (axes broadcast with
     zero strides taken once, nothing broadcast to the voxel shape): the
     same range, for a check that needs no more."""
-    public = _public_names()
     out = []
     for name in si_names:
-        pub = public.get(name)
+        pub = SI_TO_PUBLIC.get(name)
         if pub in arrays:
             a = arrays[pub]
-            if a.size == 1 and a.dtype.kind == "f":  # a scalar: its SI value rounded once, as below
+            if a.size == 1:  # a scalar: its SI value rounded to float32 once
                 out.append(np.array([float(a.reshape(-1)[0]) * TISSUE_UNITS[pub][0]], dtype=np.float32))
                 continue
             if ranges_only:
                 a = distinct(np.asarray(a))
-            flat = np.asarray(a, dtype=np.float64).reshape(1) if a.size == 1 else \
-                np.asarray(a, dtype=np.float64).reshape(-1) if ranges_only else np.broadcast_to(a, shape).reshape(-1)
+            flat = np.asarray(a, dtype=np.float64).reshape(-1) if ranges_only else np.broadcast_to(a, shape).reshape(-1)
             out.append(np.ascontiguousarray(flat * TISSUE_UNITS[pub][0], dtype=np.float32))
         else:
             out.append(None)

@@ -555,8 +555,8 @@ struct PlaneStore : FusedOps<V, Complex> {
 template <class V, bool Complex, int Unroll = 1>
 struct SlidingPlaneStore : PlaneStore<V, Complex> {
   using Base = PlaneStore<V, Complex>;
-  // Unroll > 1: play()'s runs of simple events are played Unroll at a time
-  // in one sweep over the orders (pipelined_run)
+  // Unroll > 1 (the real path): play()'s runs of simple events are played
+  // Unroll at a time in one sweep over the orders (pipelined_run)
   static constexpr int unroll = Unroll;
   static constexpr bool pipelined = Unroll > 1;
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE bool fast_ok(int) const { return true; }
@@ -629,88 +629,67 @@ struct SlidingPlaneStore : PlaneStore<V, Complex> {
   }
 
   // U events, each the operator o[u] at every order (its source at order 0)
-  // then one shift up, in one sweep over the orders: a pipeline of U stages
-  // where stage u turns the state after u events at order m = j - u into
-  // the state after u + 1 events at order m - 1, which stage u + 1 takes at
-  // the same step j (the shift up moves F+ from m - 2 and F- from m: each
-  // stage keeps two orders of F+ and one of Z).  The planes are read once
-  // and written once for all U events, instead of once per event.  band is
-  // the band before the run; f0r, f0i take F+_0 after each operator (the
-  // readouts).  Orders at or above band are read as zero; orders pushed
-  // past K - 1 are dropped.
+  // then one shift up, in one sweep over the orders of the real planes: a
+  // pipeline of U stages where stage u turns the state after u events at
+  // order m = j - u into the state after u + 1 events at order m - 1, which
+  // stage u + 1 takes at the same step j (the shift up moves F+ from m - 2
+  // and F- from m: each stage keeps two orders of F+ and one of Z).  The
+  // planes are read once and written once for all U events, instead of
+  // once per event.  band is the band before the run; f0 takes F+_0 after
+  // each operator (the readouts).  Orders at or above band are read as
+  // zero; orders pushed past K - 1 are dropped.
   template <int U, class O>
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pipelined_run(const O (&o)[U], int band, V (&f0r)[U], V (&f0i)[U]) {
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pipelined_run(const O (&o)[U], int band, V (&f0)[U]) {
+    static_assert(!Complex, "the pipelined sweep plays the real planes");
     const int K = this->K;
     const int out_band = band + U < K ? band + U : K;
     if (off_p < U) recentre(0);
     if (off_m + U > 2 * H) recentre(1);
-    V* const ipr = region[0] + off_p;
-    V* const imr = region[1] + off_m;
-    V* const ipi = region[2] + off_p;
-    V* const imi = region[3] + off_m;
-    V* const zr = this->zr.p;
-    V* const zi = this->zi.p;
-    V hp1r[U], hp1i[U], hp2r[U], hp2i[U], hzr[U], hzi[U];  // per stage: F+ at m - 1, m - 2; Z at m - 1
+    V* const fp = region[0] + off_p;
+    V* const fm = region[1] + off_m;
+    V* const z = this->zr.p;
+    V hp1[U], hp2[U], hz[U];  // per stage: F+ at m - 1 and m - 2, Z at m - 1
 BLOCHSIM_UNROLL
-    for (int u = 0; u < U; ++u) hp1r[u] = hp1i[u] = hp2r[u] = hp2i[u] = hzr[u] = hzi[u] = V{};
+    for (int u = 0; u < U; ++u) hp1[u] = hp2[u] = hz[u] = V{};
     const V zero{}, one = splat<V>(1.0f);
     // step j; Steady: every stage at an order >= 2 whose input is below
     // band (no source, no order 0, nothing dropped): no test in the body
     auto step = [&](int j, auto steady) BLOCHSIM_LAMBDA_INLINE {
       constexpr bool Steady = decltype(steady)::value;
-      // the state after 0 events at order j
-      V pr = zero, pi_ = zero, mr = zero, mi = zero, cr = zero, ci = zero;
+      V p = zero, m = zero, c = zero, unused{};  // the state after 0 events at order j
       if (Steady || j < band) {
-        pr = ipr[j];
-        mr = imr[j];
-        cr = zr[j];
-        if (Complex) {
-          pi_ = ipi[j];
-          mi = imi[j];
-          ci = zi[j];
-        }
+        p = fp[j];
+        m = fm[j];
+        c = z[j];
       }
-      bool live = true;  // (pr .. ci) hold a state at an order >= 0
+      bool live = true;  // (p, m, c) hold a state at an order >= 0
 BLOCHSIM_UNROLL
       for (int u = 0; u < U; ++u) {
-        const int m = j - u;
+        const int k = j - u;
         if (!Steady && !live) break;
-        order_update<Complex>(o[u], pr, pi_, mr, mi, cr, ci);
-        if (!Steady && m == 0) {
-          add_source<Complex>(o[u], one, pr, pi_, mr, mi, cr);
-          f0r[u] = pr;
-          f0i[u] = pi_;
+        order_update<false>(o[u], p, unused, m, unused, c, unused);
+        if (!Steady && k == 0) {
+          add_source<false>(o[u], one, p, unused, m, unused, c);
+          f0[u] = p;
         }
-        // the state after u + 1 events at order m - 1
-        const bool first = !Steady && m == 1;
-        const V np_r = first ? mr : hp2r[u], np_i = first ? -mi : hp2i[u];
-        hp2r[u] = hp1r[u];
-        hp2i[u] = hp1i[u];
-        hp1r[u] = pr;
-        hp1i[u] = pi_;
-        const V nz_r = hzr[u], nz_i = hzi[u];
-        hzr[u] = cr;
-        hzi[u] = ci;
-        live = Steady || m >= 1;
-        if (!Steady && m - 1 >= K) {
-          pr = pi_ = mr = mi = cr = ci = zero;
+        // the state after u + 1 events at order k - 1 (F+_0 = conj F-_0 = F-_0 on the real planes)
+        const V np = !Steady && k == 1 ? m : hp2[u], nz = hz[u];
+        hp2[u] = hp1[u];
+        hp1[u] = p;
+        hz[u] = c;
+        live = Steady || k >= 1;
+        if (!Steady && k - 1 >= K) {
+          p = m = c = zero;
         } else {
-          pr = np_r;
-          pi_ = np_i;
-          cr = nz_r;
-          ci = nz_i;
+          p = np;
+          c = nz;
         }
       }
-      const int m = j - U;  // the state after U events at order m
-      if (Steady || (live && m >= 0)) {
-        ipr[m - U] = pr;
-        imr[m + U] = mr;
-        zr[m] = cr;
-        if (Complex) {
-          ipi[m - U] = pi_;
-          imi[m + U] = mi;
-          zi[m] = ci;
-        }
+      const int k = j - U;  // the state after U events at order k
+      if (Steady || (live && k >= 0)) {
+        fp[k - U] = p;
+        fm[k + U] = m;
+        z[k] = c;
       }
     };
     const int steady_end = band > U + 1 ? band : U + 1;
@@ -841,9 +820,9 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void fast_run(const EventStream& s, const LaneT
   st.template apply_shift_run<Store::unroll, Trunc>(op, take, band);
 }
 
-// As fast_run for a store that plays a run's events in one sweep
-// (SlidingPlaneStore::pipelined_run): the events' operators first, then the
-// sweep, then their readouts.
+// As fast_run for a store that plays a run's events in one sweep over the
+// real planes (SlidingPlaneStore::pipelined_run): the events' operators
+// first, then the sweep, then their readouts.
 template <class V, bool Complex, int From, class Store, class Sink>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pipelined_fast_run(const EventStream& s, const LaneTissue<V>& lt,
                                                          const PlayContext<V>& cx, Store& st, Sink& sink,
@@ -858,11 +837,11 @@ BLOCHSIM_UNROLL
     o[u] = st.fused(pulse_op<V, Complex, From>(s, evs[u], cx.rf_uniform, lt, cx.c0, cx.s0), c);
     evs[u + 1] = st.record(s, e + u + 1);  // fast runs come from records, which end with a sentinel
   }
-  V f0r[U], f0i[U];
-  st.template pipelined_run<U>(o, band, f0r, f0i);
+  V f0[U];
+  st.template pipelined_run<U>(o, band, f0);
   if (ev.flags & event_readout) {
 BLOCHSIM_UNROLL
-    for (int u = 0; u < U; ++u) take_readout<V, Complex, true>(s, e + u, evs[u], cx, f0r[u], f0i[u], sink);
+    for (int u = 0; u < U; ++u) take_readout<V, Complex, true>(s, e + u, evs[u], cx, f0[u], V{}, sink);
   }
   ev = evs[U];
 }

@@ -135,10 +135,10 @@ inline int forward_status(const EventStream& s, const Tissue& t, float* out, int
     const int v = validate(s, t);
     if (v != ok) return v;
     // the event records (pack_events), whose runs of simple events the
-    // blocks play a few at a time (epg::SlidingPlaneStore::pipelined_run)
+    // real path's blocks play two at a time (epg::SlidingPlaneStore::pipelined_run)
     std::vector<EventRecord> records;
     EventStream sr = s;
-    if (!s.records) {
+    if (!s.records && s.real_path) {
       records.resize(static_cast<std::size_t>(s.n_events + 1));
       pack_events(s, records.data());
       sr.records = records.data();
