@@ -12,6 +12,9 @@
 
 #include "config.hpp"
 
+#include <cstring>
+#include <utility>
+
 #if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__) && (defined(__x86_64__) || defined(__i386__))
 #define BLOCHSIM_X86_INTRINSICS 1
 #include <immintrin.h>
@@ -158,6 +161,123 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE D splatd(double x) {
   D v{};
   return v + x;
 }
+
+// The register transpose of a tile (host compilers; the CUDA front end's
+// host pass writes samples one at a time).
+#if defined(BLOCHSIM_HAVE_VECTOR_LANES) && !defined(__CUDACC__)
+#define BLOCHSIM_TILE_TRANSPOSE 1
+namespace detail {
+// Lanes I... of the concatenation a b (GCC's __builtin_shuffle predates its
+// __builtin_shufflevector, which clang has).
+template <class F, int... I>
+BLOCHSIM_FORCEINLINE F shuffle2(const F& a, const F& b) {
+#if defined(__clang__)
+  return __builtin_shufflevector(a, b, I...);
+#else
+  typedef int Mask __attribute__((vector_size(sizeof(F))));
+  return __builtin_shuffle(a, b, Mask{I...});
+#endif
+}
+// One stage of a W x W transpose held as W rows of W lanes: rows a (row
+// bit B clear) and b (row bit B set) exchange that bit of the row index
+// with the same bit of the lane index.  Hi: the new row b, else the new a.
+template <bool Hi, int B, class F, int... L>
+BLOCHSIM_FORCEINLINE F tile_exchange(const F& a, const F& b, std::integer_sequence<int, L...>) {
+  constexpr int W = sizeof...(L);
+  return shuffle2<F, (Hi ? ((L >> B) & 1 ? W + L : L | (1 << B)) : ((L >> B) & 1 ? W + (L ^ (1 << B)) : L))...>(
+      a, b);
+}
+template <int B, class F, int W>
+BLOCHSIM_FORCEINLINE void tile_stage(F (&r)[W]) {
+  using Seq = std::make_integer_sequence<int, W>;
+  for (int i = 0; i < W; ++i) {
+    if (i & (1 << B)) continue;
+    const F a = r[i], b = r[i | (1 << B)];
+    r[i] = tile_exchange<false, B>(a, b, Seq{});
+    r[i | (1 << B)] = tile_exchange<true, B>(a, b, Seq{});
+  }
+}
+template <class F, int W, int... B>
+BLOCHSIM_FORCEINLINE void tile_transpose(F (&r)[W], std::integer_sequence<int, B...>) {
+  (tile_stage<B>(r), ...);
+}
+// The low (Hi = false) or high half of a and b interleaved: a0 b0 a1 b1 ...
+template <bool Hi, class F, int... L>
+BLOCHSIM_FORCEINLINE F tile_interleave(const F& a, const F& b, std::integer_sequence<int, L...>) {
+  constexpr int W = sizeof...(L);
+  return shuffle2<F, ((L & 1 ? W : 0) + (Hi ? W / 2 : 0) + L / 2)...>(a, b);
+}
+constexpr int log2_of(int w) { return w <= 1 ? 0 : 1 + log2_of(w / 2); }
+}  // namespace detail
+
+// Rows re[k], im[k] (lane l: problem l's sample k) written as lanes rows of
+// 2 W floats, row l at out + l * stride: re[0][l], im[0][l], re[1][l], ...
+// The tile is transposed in registers (log2 W stages of W two-source
+// shuffles) and each row goes out as two unaligned vector stores.
+template <class F, int W>
+BLOCHSIM_FORCEINLINE void tile_write_rows(F (&re)[W], F (&im)[W], int lanes, float* out, int64_t stride) {
+  static_assert(W == Lanes<F>::width, "a square tile of one lane vector a row");
+  using Bits = std::make_integer_sequence<int, detail::log2_of(W)>;
+  detail::tile_transpose(re, Bits{});
+  detail::tile_transpose(im, Bits{});
+  using Seq = std::make_integer_sequence<int, W>;
+  for (int l = 0; l < lanes; ++l) {
+    const F lo = detail::tile_interleave<false>(re[l], im[l], Seq{});
+    const F hi = detail::tile_interleave<true>(re[l], im[l], Seq{});
+    std::memcpy(out + l * stride, &lo, sizeof(F));
+    std::memcpy(out + l * stride + W, &hi, sizeof(F));
+  }
+}
+#endif
+
+// Samples of a block of problems staged a tile at a time: each readout's
+// (re, im) lane vectors go in as one row of the tile, and a tile of W
+// readouts of consecutive slots goes out transposed (tile_write_rows), each
+// problem's W samples as 2 W contiguous floats, instead of 2 W scalar
+// stores into W output rows per readout.  W = 1 (the device's one problem
+// a thread) writes every sample as it comes.
+template <class V>
+struct SampleTile {
+  static constexpr int W = Lanes<V>::width;
+  V re[W], im[W];
+  int64_t slot[W];
+  int count = 0;
+
+  // Stages one readout; true when the tile is full.
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE bool push(int64_t s, const V& r, const V& i) {
+    re[count] = r;
+    im[count] = i;
+    slot[count] = s;
+    return ++count == W;
+  }
+
+  // Writes the staged readouts into out's rows (problem p's samples at
+  // out + 2 (p n_samples + slot)) for the problems [first, min(first + W,
+  // n)), then empties the tile.  A tile of W consecutive slots is
+  // transposed; any other is written a sample at a time in the order it
+  // was staged (a later readout of a slot wins, as unstaged).
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void flush(float* out, int64_t first, int64_t n, int64_t n_samples) {
+    const int lanes = static_cast<int>(n - first < W ? n - first : W);
+#if defined(BLOCHSIM_TILE_TRANSPOSE)
+    if constexpr (W > 1) {
+      bool consecutive = count == W;
+      for (int k = 1; k < count; ++k) consecutive &= slot[k] == slot[0] + k;
+      if (consecutive) {
+        tile_write_rows(re, im, lanes, out + 2 * (first * n_samples + slot[0]), 2 * n_samples);
+        count = 0;
+        return;
+      }
+    }
+#endif
+    for (int k = 0; k < count; ++k)
+      for (int l = 0; l < lanes; ++l) {
+        float* o = out + ((first + l) * n_samples + slot[k]) * 2;
+        o[0] = Lanes<V>::get(re[k], l);
+        o[1] = Lanes<V>::get(im[k], l);
+      }
+    count = 0;
+  }
+};
 
 // One real component of one EPG family (say Re F+) for a block of problems:
 // row k holds order k of every lane.  Layout (orders,) of V.
