@@ -251,19 +251,18 @@ struct SampleTile {
     return ++count == W;
   }
 
-  // Writes the staged readouts into out's rows (problem p's samples at
-  // out + 2 (p n_samples + slot)) for the problems [first, min(first + W,
-  // n)), then empties the tile.  A tile of W consecutive slots is
-  // transposed; any other is written a sample at a time in the order it
-  // was staged (a later readout of a slot wins, as unstaged).
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void flush(float* out, int64_t first, int64_t n, int64_t n_samples) {
-    const int lanes = static_cast<int>(n - first < W ? n - first : W);
+  // Writes the staged readouts for the problems [0, lanes) of the block,
+  // sample (l, slot) at base + l row + 2 slot (re, then im), then empties
+  // the tile.  A tile of W consecutive slots is transposed; any other is
+  // written a sample at a time in the order it was staged (a later readout
+  // of a slot wins, as unstaged).
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void flush(float* base, int64_t row, int lanes) {
 #if defined(BLOCHSIM_TILE_TRANSPOSE)
     if constexpr (W > 1) {
       bool consecutive = count == W;
       for (int k = 1; k < count; ++k) consecutive &= slot[k] == slot[0] + k;
       if (consecutive) {
-        tile_write_rows(re, im, lanes, out + 2 * (first * n_samples + slot[0]), 2 * n_samples);
+        tile_write_rows(re, im, lanes, base + 2 * slot[0], row);
         count = 0;
         return;
       }
@@ -271,7 +270,7 @@ struct SampleTile {
 #endif
     for (int k = 0; k < count; ++k)
       for (int l = 0; l < lanes; ++l) {
-        float* o = out + ((first + l) * n_samples + slot[k]) * 2;
+        float* o = base + l * row + 2 * slot[k];
         o[0] = Lanes<V>::get(re[k], l);
         o[1] = Lanes<V>::get(im[k], l);
       }

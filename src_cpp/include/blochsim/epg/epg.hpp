@@ -972,9 +972,12 @@ struct LaneSink {
   SampleTile<V> tile{};
 
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void write(int64_t slot, const V& re, const V& im) {
-    if (tile.push(slot, re, im)) tile.flush(out, first, n, n_samples);
+    if (tile.push(slot, re, im)) finish();
   }
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void finish() { tile.flush(out, first, n, n_samples); }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void finish() {
+    const int64_t w = Lanes<V>::width;
+    tile.flush(out + 2 * first * n_samples, 2 * n_samples, static_cast<int>(n - first < w ? n - first : w));
+  }
 };
 
 // Problem indices of a lane vector starting at `first`; lanes past t.n
