@@ -494,10 +494,22 @@ inline int pooled_adjoint_launches(const EventStream& s, const EventStream& ds, 
   BLOCHSIM_POOLED_TRY(cudaMemsetAsync(acc, 0, static_cast<size_t>(m) * 8, st), "cudaMemsetAsync");
   size_t free_b = 0, total_b = 0;
   BLOCHSIM_POOLED_TRY(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+  // The kernel's stack (its duals in double precision: over 100 kB a
+  // thread) is reserved at launch for every thread the device can hold, so
+  // it comes out of the free memory before the workspace's quarter.
+  cudaFuncAttributes fa{};
+  BLOCHSIM_POOLED_TRY(cudaFuncGetAttributes(&fa, pooled_adjoint_kernel<W>), "cudaFuncGetAttributes");
+  int dev = 0, sms = 0, per_sm = 0;
+  BLOCHSIM_POOLED_TRY(cudaGetDevice(&dev), "cudaGetDevice");
+  BLOCHSIM_POOLED_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+  BLOCHSIM_POOLED_TRY(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxThreadsPerMultiProcessor, dev),
+                      "cudaDeviceGetAttribute");
+  const size_t stacks = fa.localSizeBytes * static_cast<size_t>(sms) * static_cast<size_t>(per_sm);
+  const size_t spare = free_b > stacks ? free_b - stacks : 0;
   const int64_t per = pooled_adjoint_workspace(s, dp, dirs.mask, dirs.n, W);
   const int64_t per_bytes = (per + m) * 8;
   const int64_t chunk =
-      std::max<int64_t>(1, std::min<int64_t>(n_problems, static_cast<int64_t>(free_b / 4) / per_bytes));
+      std::max<int64_t>(1, std::min<int64_t>(n_problems, static_cast<int64_t>(spare / 4) / per_bytes));
   BLOCHSIM_POOLED_TRY(pool_malloc(reinterpret_cast<void**>(&work), static_cast<size_t>(chunk * per) * 8, st),
                       "cudaMallocFromPoolAsync (adjoint workspace)");
   BLOCHSIM_POOLED_TRY(pool_malloc(reinterpret_cast<void**>(&rows), static_cast<size_t>(chunk * m) * 8, st),
