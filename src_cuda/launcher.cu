@@ -224,7 +224,7 @@ int forward_streamed_unguarded(const EventStream& s, const Tissue& t, float* out
   // chunk's kernel time says fit in chunk_ms, so that a Ctrl-C (polled
   // between chunks, after the two in flight finish) lands within about
   // 2 chunk_ms however long each problem takes.
-  constexpr int64_t first_chunk = 65536;
+  constexpr int64_t first_chunk = 2048;
   constexpr float chunk_ms = 200.0f;
   int64_t step = std::min<int64_t>(chunk, first_chunk);
   cudaEvent_t began[2] = {nullptr, nullptr}, ended[2] = {nullptr, nullptr};

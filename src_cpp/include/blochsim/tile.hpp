@@ -166,7 +166,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE D splatd(double x) {
 // host pass writes samples one at a time).
 #if defined(BLOCHSIM_HAVE_VECTOR_LANES) && !defined(__CUDACC__)
 #define BLOCHSIM_TILE_TRANSPOSE 1
-namespace detail {
+namespace tile_detail {
 // Lanes I... of the concatenation a b (GCC's __builtin_shuffle predates its
 // __builtin_shufflevector, which clang has).
 template <class F, int... I>
@@ -208,7 +208,7 @@ BLOCHSIM_FORCEINLINE F tile_interleave(const F& a, const F& b, std::integer_sequ
   return shuffle2<F, ((L & 1 ? W : 0) + (Hi ? W / 2 : 0) + L / 2)...>(a, b);
 }
 constexpr int log2_of(int w) { return w <= 1 ? 0 : 1 + log2_of(w / 2); }
-}  // namespace detail
+}  // namespace tile_detail
 
 // Rows re[k], im[k] (lane l: problem l's sample k) written as lanes rows of
 // 2 W floats, row l at out + l * stride: re[0][l], im[0][l], re[1][l], ...
@@ -217,13 +217,13 @@ constexpr int log2_of(int w) { return w <= 1 ? 0 : 1 + log2_of(w / 2); }
 template <class F, int W>
 BLOCHSIM_FORCEINLINE void tile_write_rows(F (&re)[W], F (&im)[W], int lanes, float* out, int64_t stride) {
   static_assert(W == Lanes<F>::width, "a square tile of one lane vector a row");
-  using Bits = std::make_integer_sequence<int, detail::log2_of(W)>;
-  detail::tile_transpose(re, Bits{});
-  detail::tile_transpose(im, Bits{});
+  using Bits = std::make_integer_sequence<int, tile_detail::log2_of(W)>;
+  tile_detail::tile_transpose(re, Bits{});
+  tile_detail::tile_transpose(im, Bits{});
   using Seq = std::make_integer_sequence<int, W>;
   for (int l = 0; l < lanes; ++l) {
-    const F lo = detail::tile_interleave<false>(re[l], im[l], Seq{});
-    const F hi = detail::tile_interleave<true>(re[l], im[l], Seq{});
+    const F lo = tile_detail::tile_interleave<false>(re[l], im[l], Seq{});
+    const F hi = tile_detail::tile_interleave<true>(re[l], im[l], Seq{});
     std::memcpy(out + l * stride, &lo, sizeof(F));
     std::memcpy(out + l * stride + W, &hi, sizeof(F));
   }

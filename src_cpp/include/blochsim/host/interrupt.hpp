@@ -33,14 +33,17 @@ struct Interrupt {
   void* ctx = nullptr;
 };
 
-namespace detail {
-inline thread_local Interrupt current_interrupt{};
-}  // namespace detail
+// The poll installed on each thread.  Its name has C linkage, so that every
+// translation unit (host compilers, nvcc's host pass, each ISA build) links
+// to the one variable whatever namespace a header around it has opened.
+extern "C" {
+inline thread_local Interrupt blochsim_current_interrupt{};
+}
 
 // Installs i for the calls this thread makes; returns the previous poll.
 inline Interrupt set_interrupt(Interrupt i) noexcept {
-  const Interrupt prev = detail::current_interrupt;
-  detail::current_interrupt = i;
+  const Interrupt prev = blochsim_current_interrupt;
+  blochsim_current_interrupt = i;
   return prev;
 }
 
@@ -63,7 +66,7 @@ class Stop {
   using clock = std::chrono::steady_clock;
   static constexpr std::chrono::milliseconds poll_interval{20};
 
-  Stop() noexcept : poll_(detail::current_interrupt), caller_(std::this_thread::get_id()), last_(clock::now()) {}
+  Stop() noexcept : poll_(blochsim_current_interrupt), caller_(std::this_thread::get_id()), last_(clock::now()) {}
 
   // True once the call should stop.
   bool operator()() noexcept {
