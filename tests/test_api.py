@@ -7,11 +7,8 @@ import numpy as np
 import pytest
 
 import blochsim
-from blochsim import (Delay, Dephase, Excitation, Inversion, Pulse, Readout, Refocusing, Sequence,
-                      Simulator, Spoil)
-from blochsim.simulators import (FSESimulator, InversionRecoverySimulator, MRFSimulator, SPGRSimulator,
-                                 SpinEchoSimulator, StimulatedEchoSimulator, TrueFISPSimulator,
-                                 bSSFPSimulator)
+from blochsim import Delay, Pulse, Readout, Sequence, Simulator, Spoil
+from blochsim.simulators import FSESimulator, MRFSimulator, SPGRSimulator, StimulatedEchoSimulator, bSSFPSimulator
 
 
 def test_spec_example_shapes():
