@@ -8,12 +8,12 @@ install it beside this one (``pip install --target DIR``) and run the same
 script with ``PYTHONPATH=DIR python -S``.
 """
 import sys
-import time
 
 import numpy as np
 
 from blochsim.cli import reference_flips, reference_tissues
 from blochsim.simulators import FSESimulator, MRFSimulator
+from timed import timed  # bench/timed.py: run as a script, this folder is on the path
 
 POOLS = {
     "mt": {"bound_fraction": 0.1, "bound_exchange": 20.0},
@@ -25,15 +25,6 @@ POOLS = {
                        for k, v in (("fraction", 0.02), ("exchange", 15.0), ("shift", sh))}},
 }
 
-
-def timed(f, repeats):
-    f()
-    t = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        f()
-        t.append(time.perf_counter() - t0)
-    return np.median(t), min(t), max(t)
 
 
 def main(label, word=""):

@@ -14,12 +14,12 @@ the tissues are ``blochsim.cli``'s reference ones, written out here because
 this package cannot be imported beside the upstream one.
 """
 import sys
-import time
 
 import numpy as np
 import torch
 
 from blochsim.simulators.mrf import MRFSimulator
+from timed import timed  # bench/timed.py: run as a script, this folder is on the path
 
 
 def reference(n):
@@ -29,15 +29,6 @@ def reference(n):
     T1, T2 = np.meshgrid(np.geomspace(200, 3000, s), np.geomspace(10, 300, s), indexing="ij")
     return flips, T1.ravel()[:n].copy(), T2.ravel()[:n].copy()
 
-
-def timed(f, repeats):
-    f()
-    t = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        f()
-        t.append(time.perf_counter() - t0)
-    return np.median(t), min(t), max(t)
 
 
 def main(label, word=""):

@@ -1,59 +1,40 @@
 """The host's samples reach their slots whatever order the readouts name
-them in: the forward entry (the real path and the complex) stages a tile of readouts and writes a tile of
-consecutive slots transposed, any other a sample at a time.  A CPMG train
-through the C++ API, its echoes written in order, in reverse, and with one
-slot written twice, for a count of problems that leaves a part block, against
-the closed form |s_k| = M0 exp(-2 k tau / T2)."""
+them in: the forward entry (the real path and the complex) stages a tile
+of readouts and writes a tile of consecutive slots transposed, any other a
+sample at a time.  The C++ example's CPMG train (examples/cpp), its echoes
+written in order, in reverse, and with one slot written twice, for a count
+of problems that leaves a part block, against the closed form
+|s_k| = M0 exp(-k ESP / T2)."""
 
 import shutil
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from cpp_build import extra_flags, include_dir
 
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "cpp"
+
 SOURCE = r"""
-#include <blochsim/blochsim.hpp>
+#include "cpmg_stream.hpp"
+
 #include <cstdio>
-#include <cstring>
 #include <vector>
 
 using namespace blochsim;
 
-// 90 at phase 90, then `echoes` echoes of [tau, shift, 180, tau, shift, read]
-// with echo k read into slot_of(k); n_samples slots, unwritten ones keep -7.
+// The example's CPMG train (ESP 10 ms, 180 degree refocusing) with echo k
+// read into slot_of(k) of n_samples slots; unwritten slots keep -7.  real:
+// the excitation at phase 0 too, every phase 0 or pi: the real path.
 int run(const char* name, int echoes, int n_samples, int order, bool real) {
-  const int ne = 1 + 2 * echoes;
-  std::vector<int32_t> iv(ne, 0), sb(ne, 0), sa(ne, 0), slot(ne, 0);
-  std::vector<uint32_t> flags(ne, 0);
-  std::vector<float> flip(ne, 0.0f), phase(ne, 0.0f), rx(ne, 0.0f);
-  iv[0] = -1;
-  flags[0] = event_rf;
-  flip[0] = 1.5707963267948966f;
-  phase[0] = real ? 0.0f : 1.5707963267948966f;
-  for (int k = 0; k < echoes; ++k) {
-    const int a = 1 + 2 * k, b = a + 1;
-    sb[a] = 1, flags[a] = event_rf, flip[a] = 3.14159265358979f;
-    sb[b] = 1, flags[b] = event_readout;
-    slot[b] = order == 0 ? k : order == 1 ? echoes - 1 - k : (k < echoes - 1 ? k : k - 1);
-  }
-  double tau = 0.005;
-  EventStream s;
-  s.n_events = ne;
-  s.interval = iv.data();
-  s.flags = flags.data();
-  s.shift_before = sb.data();
-  s.shift_after = sa.data();
-  s.flip_rad = flip.data();
-  s.phase_rad = phase.data();
-  s.rx_phase_rad = rx.data();
-  s.slot = slot.data();
-  s.n_intervals = 1;
-  s.duration_s = &tau;
-  s.n_samples = n_samples;
-  s.states = 2 * echoes + 2;
-  s.real_path = real;  // all phases 0: the real path; else they differ by 90 degrees
+  cpmg_example::CpmgStream c = cpmg_example::build_cpmg(echoes, 0.01, pi);
+  for (int k = 0; k < echoes; ++k)
+    c.slot[2 + 2 * k] = order == 0 ? k : order == 1 ? echoes - 1 - k : (k < echoes - 1 ? k : k - 1);
+  if (real) c.phase_rad[0] = 0.0f;
+  EventStream s = c.view(n_samples);
+  s.real_path = real;
 
   const int n = 37;  // two blocks of 16 and a part block
   std::vector<float> T2(n), M0(n);
@@ -96,8 +77,8 @@ def samples(tmp_path_factory):
     src = tmp / "samples.cpp"
     src.write_text(SOURCE)
     exe = tmp / "samples"
-    r = subprocess.run([cxx, "-O1", "-std=c++17", f"-I{include_dir()}", "-pthread", *extra_flags(), str(src),
-                        "-o", str(exe)], capture_output=True, text=True)
+    r = subprocess.run([cxx, "-O1", "-std=c++17", f"-I{include_dir()}", f"-I{EXAMPLES}", "-pthread", *extra_flags(),
+                        str(src), "-o", str(exe)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     lines = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120, check=True).stdout.splitlines()
     got = {}
@@ -112,7 +93,7 @@ def samples(tmp_path_factory):
 def _closed_form(echoes):
     i = np.arange(37)
     T2, M0 = (0.02 + 0.005 * i)[:, None], (0.5 + 0.03 * i)[:, None]
-    return M0 * np.exp(-2 * 0.005 * np.arange(1, echoes + 1)[None, :] / T2)
+    return M0 * np.exp(-0.01 * np.arange(1, echoes + 1)[None, :] / T2)
 
 
 @pytest.mark.parametrize("name, echoes", [("in_order", 40), ("short", 5), ("real_in_order", 40)])
