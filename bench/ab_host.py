@@ -13,7 +13,7 @@ import numpy as np
 
 from blochsim.cli import reference_flips, reference_tissues
 from blochsim.simulators import FSESimulator, MRFSimulator
-from timed import timed  # bench/timed.py: run as a script, this folder is on the path
+from timed import report  # bench/timed.py: run as a script, this folder is on the path
 
 POOLS = {
     "mt": {"bound_fraction": 0.1, "bound_exchange": 20.0},
@@ -61,11 +61,7 @@ def main(label, word=""):
         "one voxel, jacobian (T1, T2)": (lambda: real.jacobian(("T1", "T2"), T1=1000.0, T2=80.0), 200),
         "one voxel, FSE of 16 echoes": (lambda: fse.simulate(T1=1000.0, T2=80.0), 200),
     }
-    for name, (f, repeats) in calls.items():
-        if word not in name:
-            continue
-        med, lo, hi = timed(f, repeats)
-        print(f"{label}\t{name}\t{med * 1e3:.3f} ms\t[{lo * 1e3:.3f}, {hi * 1e3:.3f}]", flush=True)
+    report(label, calls, word)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from blochsim.simulators.mrf import MRFSimulator
-from timed import timed  # bench/timed.py: run as a script, this folder is on the path
+from timed import report  # bench/timed.py: run as a script, this folder is on the path
 
 
 def reference(n):
@@ -45,11 +45,7 @@ def main(label, word=""):
         "one voxel": (lambda: real.simulate(T1=1000.0, T2=80.0), 20),
         "one voxel, jacobian (T1, T2)": (lambda: real.jacobian(("T1", "T2"), T1=1000.0, T2=80.0), 20),
     }
-    for name, (f, repeats) in calls.items():
-        if word not in name:
-            continue
-        med, lo, hi = timed(f, repeats)
-        print(f"{label}\t{name}\t{med * 1e3:.3f} ms\t[{lo * 1e3:.3f}, {hi * 1e3:.3f}]", flush=True)
+    report(label, calls, word)
 
 
 if __name__ == "__main__":
