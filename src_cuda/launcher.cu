@@ -219,15 +219,6 @@ int forward_streamed_unguarded(const EventStream& s, const Tissue& t, float* out
       1, std::min<int64_t>({t.n, static_cast<int64_t>(budget / (2 * per)), rows_cap}));
   const size_t out_bytes = static_cast<size_t>(chunk) * static_cast<size_t>(s.n_samples) * 8;
 
-  // Chunks are sized by time as well as memory: the first holds at most
-  // first_chunk problems, and each later one as many as the last drained
-  // chunk's kernel time says fit in chunk_ms, so that a Ctrl-C (polled
-  // between chunks, after the two in flight finish) lands within about
-  // 2 chunk_ms however long each problem takes.
-  constexpr int64_t first_chunk = 2048;
-  constexpr float chunk_ms = 200.0f;
-  int64_t step = std::min<int64_t>(chunk, first_chunk);
-  cudaEvent_t began[2] = {nullptr, nullptr}, ended[2] = {nullptr, nullptr};
   cudaStream_t streams[2] = {nullptr, nullptr};
   float* d_out[2] = {nullptr, nullptr};
   float* d_tis[2] = {nullptr, nullptr};
@@ -241,8 +232,6 @@ int forward_streamed_unguarded(const EventStream& s, const Tissue& t, float* out
       if (d_out[k]) cudaFree(d_out[k]);
       if (d_tis[k]) cudaFree(d_tis[k]);
       if (staging[k]) cudaFreeHost(staging[k]);
-      if (began[k]) cudaEventDestroy(began[k]);
-      if (ended[k]) cudaEventDestroy(ended[k]);
       if (streams[k]) cudaStreamDestroy(streams[k]);
     }
     if (d.buf) cudaFree(d.buf);
@@ -253,12 +242,6 @@ int forward_streamed_unguarded(const EventStream& s, const Tissue& t, float* out
     if (e != cudaSuccess) return fail(e, "cudaStreamSynchronize", err, n);
     std::memcpy(out + pending_first[k] * s.n_samples * 2, staging[k],
                 static_cast<size_t>(pending_count[k]) * static_cast<size_t>(s.n_samples) * 8);
-    float ms = 0.0f;
-    if (cudaEventElapsedTime(&ms, began[k], ended[k]) == cudaSuccess && ms > 0.0f) {
-      const double fit = static_cast<double>(pending_count[k]) * chunk_ms / ms;
-      step = std::max<int64_t>(1, std::min<int64_t>(chunk, static_cast<int64_t>(fit)));
-    }
-    no_stale_error();
     pending_first[k] = -1;
     return ok;
   };
@@ -277,8 +260,6 @@ int forward_streamed_unguarded(const EventStream& s, const Tissue& t, float* out
     BLOCHSIM_TRY(cudaMalloc(reinterpret_cast<void**>(&d_tis[k]), tissue_fields * sizeof(float) * static_cast<size_t>(chunk)),
                  "cudaMalloc (tissue chunk)");
     BLOCHSIM_TRY(cudaMallocHost(reinterpret_cast<void**>(&staging[k]), out_bytes), "cudaMallocHost (staging)");
-    BLOCHSIM_TRY(cudaEventCreate(&began[k]), "cudaEventCreate");
-    BLOCHSIM_TRY(cudaEventCreate(&ended[k]), "cudaEventCreate");
   }
   r = upload_stream(s, d, streams[0], err, n);
   if (r != ok) {
@@ -288,7 +269,7 @@ int forward_streamed_unguarded(const EventStream& s, const Tissue& t, float* out
   BLOCHSIM_TRY(cudaStreamSynchronize(streams[0]), "cudaStreamSynchronize");
   int c = 0;
   Stop halt;  // the caller's poll (Ctrl-C in Python), between chunks
-  for (int64_t first = 0, count = 0; first < t.n; first += count, ++c) {
+  for (int64_t first = 0; first < t.n; first += chunk, ++c) {
     const int k = c % 2;
     if (halt()) {
       cleanup();
@@ -299,7 +280,7 @@ int forward_streamed_unguarded(const EventStream& s, const Tissue& t, float* out
       cleanup();
       return r;
     }
-    count = std::min<int64_t>(step, t.n - first);
+    const int64_t count = std::min<int64_t>(chunk, t.n - first);
     Tissue tc = t;
     tc.n = count;
     for (int f = 0; f < tissue_fields; ++f) {
@@ -314,13 +295,11 @@ int forward_streamed_unguarded(const EventStream& s, const Tissue& t, float* out
       dp.data = dst;
       dp.stride = hp.stride == 0 ? 0 : 1;
     }
-    BLOCHSIM_TRY(cudaEventRecord(began[k], streams[k]), "cudaEventRecord");
     r = launch(d.ds, tc, d_out[k], streams[k], err, n);
     if (r != ok) {
       cleanup();
       return r;
     }
-    BLOCHSIM_TRY(cudaEventRecord(ended[k], streams[k]), "cudaEventRecord");
     BLOCHSIM_TRY(cudaMemcpyAsync(staging[k], d_out[k], static_cast<size_t>(count) * s.n_samples * 8,
                                  cudaMemcpyDeviceToHost, streams[k]),
                  "copy of an output chunk");

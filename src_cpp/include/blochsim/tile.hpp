@@ -251,12 +251,14 @@ struct SampleTile {
     return ++count == W;
   }
 
-  // Writes the staged readouts for the problems [0, lanes) of the block,
-  // sample (l, slot) at base + l row + 2 slot (re, then im), then empties
-  // the tile.  A tile of W consecutive slots is transposed; any other is
-  // written a sample at a time in the order it was staged (a later readout
-  // of a slot wins, as unstaged).
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void flush(float* base, int64_t row, int lanes) {
+  // Writes the staged readouts for the block's first min(left, W)
+  // problems (left: the problems from the block's first to the call's
+  // last), sample (l, slot) at base + l row + 2 slot (re, then im), then
+  // empties the tile.  A tile of W consecutive slots is transposed; any
+  // other is written a sample at a time in the order it was staged (a later
+  // readout of a slot wins, as unstaged).
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void flush(float* base, int64_t row, int64_t left) {
+    const int lanes = static_cast<int>(left < W ? left : W);
 #if defined(BLOCHSIM_TILE_TRANSPOSE)
     if constexpr (W > 1) {
       bool consecutive = count == W;

@@ -638,30 +638,6 @@ struct SlidingPlaneStore : PlaneStore<V, Complex> {
   // once per event.  band is the band before the run; f0 takes F+_0 after
   // each operator (the readouts).  Orders at or above band are read as
   // zero; orders pushed past K - 1 are dropped.
-  //
-  // Each step is one of four kinds, so that the tests of a step fold away
-  // where they can: a general step (every test at run time); a head step
-  // j = J <= U of a band past U (the orders are constants); a tail step j =
-  // K + T < K + U of a full band (band = K: its input is zero, and which
-  // stages drop their output is known); and the steady steps between them
-  // (every stage at an order >= 2 whose input is below band: no test).  A
-  // full band, the common case of a long train, runs head, steady and tail
-  // steps only.
-  struct GeneralStep {
-    static constexpr int kind = 0, at = 0;
-  };
-  template <int J>
-  struct HeadStep {
-    static constexpr int kind = 1, at = J;
-  };
-  template <int T>
-  struct TailStep {
-    static constexpr int kind = 2, at = T;
-  };
-  struct SteadyStep {
-    static constexpr int kind = 3, at = 0;
-  };
-
   template <int U, class O>
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pipelined_run(const O (&o)[U], int band, V (&f0)[U]) {
     static_assert(!Complex, "the pipelined sweep plays the real planes");
@@ -676,11 +652,12 @@ struct SlidingPlaneStore : PlaneStore<V, Complex> {
 BLOCHSIM_UNROLL
     for (int u = 0; u < U; ++u) hp1[u] = hp2[u] = hz[u] = V{};
     const V zero{}, one = splat<V>(1.0f);
-    auto step = [&](int j, auto kind) BLOCHSIM_LAMBDA_INLINE {
-      using S = decltype(kind);
-      constexpr bool Steady = S::kind == SteadyStep::kind, Head = S::kind == 1, Tail = S::kind == 2;
+    // step j; Steady: every stage at an order >= 2 whose input is below
+    // band (no source, no order 0, nothing dropped): no test in the body
+    auto step = [&](int j, auto steady) BLOCHSIM_LAMBDA_INLINE {
+      constexpr bool Steady = decltype(steady)::value;
       V p = zero, m = zero, c = zero, unused{};  // the state after 0 events at order j
-      if (Steady || Head || (!Tail && j < band)) {
+      if (Steady || j < band) {
         p = fp[j];
         m = fm[j];
         c = z[j];
@@ -689,24 +666,19 @@ BLOCHSIM_UNROLL
 BLOCHSIM_UNROLL
       for (int u = 0; u < U; ++u) {
         const int k = j - u;
-        // the order's tests: constants but in a general step
-        const bool started = Steady || Tail || (Head ? S::at - u >= 0 : live);
-        const bool at0 = Head ? S::at - u == 0 : !Steady && !Tail && k == 0;
-        const bool at1 = Head ? S::at - u == 1 : !Steady && !Tail && k == 1;
-        const bool drops = Tail ? S::at - u >= 1 : !Steady && !Head && k - 1 >= K;
-        if (!started) break;
-        if (!(Tail && u == 0)) order_update<false>(o[u], p, unused, m, unused, c, unused);  // else zero in, zero out
-        if (at0) {
+        if (!Steady && !live) break;
+        order_update<false>(o[u], p, unused, m, unused, c, unused);
+        if (!Steady && k == 0) {
           add_source<false>(o[u], one, p, unused, m, unused, c);
           f0[u] = p;
         }
         // the state after u + 1 events at order k - 1 (F+_0 = conj F-_0 = F-_0 on the real planes)
-        const V np = at1 ? m : hp2[u], nz = hz[u];
+        const V np = !Steady && k == 1 ? m : hp2[u], nz = hz[u];
         hp2[u] = hp1[u];
         hp1[u] = p;
         hz[u] = c;
-        live = Head ? S::at - u >= 1 : Steady || Tail || k >= 1;
-        if (drops) {
+        live = Steady || k >= 1;
+        if (!Steady && k - 1 >= K) {
           p = m = c = zero;
         } else {
           p = np;
@@ -714,35 +686,21 @@ BLOCHSIM_UNROLL
         }
       }
       const int k = j - U;  // the state after U events at order k
-      if (Steady || Tail || (Head ? S::at >= U : live && k >= 0)) {
+      if (Steady || (live && k >= 0)) {
         fp[k - U] = p;
         fm[k + U] = m;
         z[k] = c;
       }
     };
-    if (band == K && K > U + 1) {
-      head_steps(step, std::make_integer_sequence<int, U + 1>{});
-      for (int j = U + 1; j < K; ++j) step(j, SteadyStep{});
-      tail_steps(step, K, std::make_integer_sequence<int, U>{});
-    } else {
-      const int steady_end = band > U + 1 ? band : U + 1;
-      int j = 0;
-      for (; j < U + 1 && j < out_band + U; ++j) step(j, GeneralStep{});
-      for (; j < steady_end; ++j) step(j, SteadyStep{});
-      for (; j < out_band + U; ++j) step(j, GeneralStep{});
-    }
+    const int steady_end = band > U + 1 ? band : U + 1;
+    int j = 0;
+    for (; j < U + 1 && j < out_band + U; ++j) step(j, std::false_type{});
+    for (; j < steady_end; ++j) step(j, std::true_type{});
+    for (; j < out_band + U; ++j) step(j, std::false_type{});
     off_p -= U;
     off_m += U;
     point(0);
     point(1);
-  }
-  template <class Step, int... J>
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE static void head_steps(Step& step, std::integer_sequence<int, J...>) {
-    (step(J, HeadStep<J>{}), ...);
-  }
-  template <class Step, int... T>
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE static void tail_steps(Step& step, int K, std::integer_sequence<int, T...>) {
-    (step(K + T, TailStep<T>{}), ...);
   }
 
   // One shift of every transverse order (dir = +1: F+ up, F- down), keeping
@@ -964,7 +922,8 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void play(const EventStream& s, const Tissue& t
 
 // Writes the samples of a lane vector of problems [first, first + width)
 // into the interleaved complex64 output, skipping lanes past n: staged a
-// tile of readouts at a time (SampleTile), the rest by finish().
+// tile of readouts at a time (SampleTile); flush() after the last event
+// writes what is left.
 template <class V>
 struct LaneSink {
   float* out;
@@ -972,12 +931,9 @@ struct LaneSink {
   SampleTile<V> tile{};
 
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void write(int64_t slot, const V& re, const V& im) {
-    if (tile.push(slot, re, im)) finish();
+    if (tile.push(slot, re, im)) flush();
   }
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void finish() {
-    const int64_t w = Lanes<V>::width;
-    tile.flush(out + 2 * first * n_samples, 2 * n_samples, static_cast<int>(n - first < w ? n - first : w));
-  }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void flush() { tile.flush(out + 2 * first * n_samples, 2 * n_samples, n - first); }
 };
 
 // Problem indices of a lane vector starting at `first`; lanes past t.n
@@ -1001,7 +957,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE int forward_block(const EventStream& s, const T
   st.template init<M>(s, lt, work);
   LaneSink<V> sink{out, first, t.n, s.n_samples};
   play<V, Complex>(s, t, lt, st, sink);
-  sink.finish();
+  sink.flush();
   return ok;
 }
 

@@ -390,9 +390,9 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE LaneTissue<Dual<V, N>> seeded_lanes(const Tissu
 // m0_dir (if >= 0) as the unscaled sample; output direction j is dual
 // direction slot[j] otherwise, column first_dir + j of jac's jac_dirs.  The
 // signal and each direction are staged a tile of readouts at a time
-// (SampleTile; finish() writes the rest); a pass carries at most N dual
-// directions and M0, and directions past those (M0 named again by a C++
-// caller) are written as they come.
+// (SampleTile; flush() after the last event writes what is left).  The
+// fields are distinct (validate_directions), so a pass carries at most N
+// dual directions and M0.
 template <class V, int N>
 struct JacobianSink {
   float* out;
@@ -403,35 +403,23 @@ struct JacobianSink {
   V m0;
   float m0_seed;  // d M0 / d direction m0_dir
   int jac_dirs, first_dir;
-  static constexpr int staged = N + 1;
-  SampleTile<V> tiles[1 + staged]{};  // the signal, then output directions 0 .. staged - 1
+  SampleTile<V> tiles[N + 2]{};  // the signal, then output direction j in tiles[1 + j]
 
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void write(int64_t s, const Dual<V, N>& re, const Dual<V, N>& im) {
     const bool full = tiles[0].push(s, m0 * re.v, m0 * im.v);
     for (int j = 0; j < n_dirs; ++j) {
-      const V dr = j == m0_dir ? m0_seed * re.v : m0 * re.d[slot[j]];
-      const V di = j == m0_dir ? m0_seed * im.v : m0 * im.d[slot[j]];
-      if (j < staged) {
-        tiles[1 + j].push(s, dr, di);
-        continue;
-      }
-      for (int l = 0; l < lanes(); ++l) {
-        float* d = jac + (((first + l) * jac_dirs + first_dir + j) * n_samples + s) * 2;
-        d[0] = Lanes<V>::get(dr, l);
-        d[1] = Lanes<V>::get(di, l);
-      }
+      if (j == m0_dir)
+        tiles[1 + j].push(s, m0_seed * re.v, m0_seed * im.v);
+      else
+        tiles[1 + j].push(s, m0 * re.d[slot[j]], m0 * im.d[slot[j]]);
     }
-    if (full) finish();
+    if (full) flush();
   }
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE int lanes() const {
-    const int64_t w = Lanes<V>::width;
-    return static_cast<int>(n - first < w ? n - first : w);
-  }
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void finish() {
-    tiles[0].flush(out + 2 * first * n_samples, 2 * n_samples, lanes());
-    for (int j = 0; j < n_dirs && j < staged; ++j)
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void flush() {
+    tiles[0].flush(out + 2 * first * n_samples, 2 * n_samples, n - first);
+    for (int j = 0; j < n_dirs; ++j)
       tiles[1 + j].flush(jac + 2 * ((first * jac_dirs + first_dir + j) * n_samples), 2 * jac_dirs * n_samples,
-                         lanes());
+                         n - first);
   }
 };
 
@@ -454,7 +442,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE int jacobian_block(const EventStream& s, const 
   JacobianSink<V, N> sink{out, jac, first, t.n, s.n_samples, n_dirs,
                           ds.m0_col, ds.slot, m0, ds.m0_seed, jac_dirs, first_dir};
   play<T, Complex>(s, t, lt, st, sink);
-  sink.finish();
+  sink.flush();
   return ok;
 }
 

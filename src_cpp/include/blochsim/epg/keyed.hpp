@@ -336,7 +336,7 @@ BLOCHSIM_HD int keyed_block(const EventStream& s, const KeyedProgram& k, const T
   V* const ivt = work + 12 * static_cast<int64_t>(k.max_slots);
   for (int64_t i = 0; i < s.n_intervals; ++i) store_coef(ivt + 6 * i, interval_coef<V, M>(s, lt, i));
   keyed_play<V, M, V*>(s, k, t, lt, work, work + 6 * static_cast<int64_t>(k.max_slots), sink, ivt);
-  sink.finish();
+  sink.flush();
   return ok;
 }
 
@@ -348,7 +348,7 @@ BLOCHSIM_HD void keyed_thread(const EventStream& s, const KeyedProgram& k, const
   const LaneTissue<float> lt = gather<float>(t, idx);
   LaneSink<float> sink{out, first, t.n, s.n_samples};
   keyed_play<float, M>(s, k, t, lt, a, b, sink);
-  sink.finish();
+  sink.flush();
 }
 
 // Signal and tissue Jacobian of problems [first, first + width) of t along
@@ -369,7 +369,7 @@ BLOCHSIM_HD int keyed_jacobian_block(const EventStream& s, const KeyedProgram& k
   T* const ivt = work + 12 * static_cast<int64_t>(k.max_slots);
   for (int64_t i = 0; i < s.n_intervals; ++i) store_coef(ivt + 6 * i, interval_coef<T, double>(s, lt, i));
   keyed_play<T, double, T*>(s, k, t, lt, work, work + 6 * static_cast<int64_t>(k.max_slots), sink, ivt);
-  sink.finish();
+  sink.flush();
   return ok;
 }
 
