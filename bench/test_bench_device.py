@@ -39,7 +39,7 @@ def test_device_mrf_forward_complex_path(benchmark, n):
     _resident(benchmark, n, 0.5 * 117.0 * k * (k + 1))
 
 
-@pytest.mark.parametrize("states", [32, 33, 64, 65, 512, 1024])
+@pytest.mark.parametrize("states", [32, 33, 64, 65, 128, 512, 1024])
 def test_device_mrf_forward_states(benchmark, states):
     """The real path at 1e5 atoms over the state counts where the launcher
     changes team shape (one thread, warp teams, block teams)."""
@@ -53,6 +53,34 @@ def test_device_mrf_forward_states(benchmark, states):
     benchmark.pedantic(sim.simulate, kwargs={"T1": T1, "T2": T2, "out": out}, rounds=5, warmup_rounds=1)
     benchmark.extra_info["atoms"] = n
     benchmark.extra_info["atoms_per_s_median"] = n / benchmark.stats.stats.median
+
+
+@pytest.mark.parametrize("n", [100_000, 1_000_000])
+def test_device_mrf_bssfp_b0(benchmark, n):
+    """kind="bssfp" with a B0 map (the complex path; no shifts, so one
+    order is played whatever ``states`` says)."""
+    cp = pytest.importorskip("cupy")
+    T1, T2 = reference_tissues(n)
+    tissue = {"T1": cp.asarray(T1, cp.float32), "T2": cp.asarray(T2, cp.float32),
+              "B0": cp.asarray(np.linspace(-50.0, 50.0, n), cp.float32)}
+    sim = MRFSimulator(flip=reference_flips(500), TR=10.0, states=32, kind="bssfp")
+    out = cp.empty((n, 500), cp.complex64)
+    sim.simulate(**tissue, out=out)
+    benchmark.pedantic(sim.simulate, kwargs={**tissue, "out": out}, rounds=5, warmup_rounds=1)
+    benchmark.extra_info["atoms"] = n
+    benchmark.extra_info["atoms_per_s_median"] = n / benchmark.stats.stats.median
+
+
+def test_device_mrf_one_voxel(benchmark):
+    """One voxel, one call, CuPy in and out: the per-call latency."""
+    cp = pytest.importorskip("cupy")
+    T1, T2 = cp.asarray([1000.0], cp.float32), cp.asarray([80.0], cp.float32)
+    sim = MRFSimulator(flip=reference_flips(500), TR=10.0, states=32)
+    out = cp.empty((1, 500), cp.complex64)
+    sim.simulate(T1=T1, T2=T2, out=out)
+    benchmark.pedantic(sim.simulate, kwargs={"T1": T1, "T2": T2, "out": out}, rounds=200, warmup_rounds=5)
+    benchmark.extra_info["atoms"] = 1
+    benchmark.extra_info["atoms_per_s_median"] = 1 / benchmark.stats.stats.median
 
 
 def test_device_mrf_streamed_from_numpy_1e6(benchmark):
@@ -76,6 +104,24 @@ def test_device_mrf_jacobian_T1_T2(benchmark, n):
     sim = MRFSimulator(flip=reference_flips(500), TR=10.0, states=32)
     sim.jacobian(("T1", "T2"), T1=T1[:1000], T2=T2[:1000])
     benchmark.pedantic(sim.jacobian, args=(("T1", "T2"),), kwargs={"T1": T1, "T2": T2}, rounds=5,
+                       warmup_rounds=1)
+    benchmark.extra_info["atoms"] = n
+    benchmark.extra_info["atoms_per_s_median"] = n / benchmark.stats.stats.median
+
+
+@pytest.mark.parametrize("states", [512, 2048])
+def test_device_mrf_jacobian_states(benchmark, states):
+    """(T1, T2) past a warp team's 256 orders at 1e4 atoms: block teams
+    (512), then the tail in device memory (2048 + 1: its default states
+    on a 2048-TR train)."""
+    cp = pytest.importorskip("cupy")
+    n = 10_000
+    T1, T2 = reference_tissues(n)
+    T1, T2 = cp.asarray(T1, cp.float32), cp.asarray(T2, cp.float32)
+    flips = np.resize(reference_flips(500), states)
+    sim = MRFSimulator(flip=flips, TR=10.0, states=states + 1 if states == 2048 else states)
+    sim.jacobian(("T1", "T2"), T1=T1[:100], T2=T2[:100])
+    benchmark.pedantic(sim.jacobian, args=(("T1", "T2"),), kwargs={"T1": T1, "T2": T2}, rounds=3,
                        warmup_rounds=1)
     benchmark.extra_info["atoms"] = n
     benchmark.extra_info["atoms_per_s_median"] = n / benchmark.stats.stats.median

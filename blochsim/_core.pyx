@@ -480,7 +480,8 @@ def jacobian_host(PackedStream ps, tuple tissue, int64_t n, fields, seeds, float
     ``seeds[j]`` (d SI value / d direction: the SI value of one public unit
     gives derivatives per public unit).  ``tissue`` and
     ``out`` as in :func:`forward_host`; ``variant`` 4 runs the device's
-    Jacobian register path on the host (a team of four, for tests); with
+    Jacobian register path on the host (a team of four, for tests), 5 the
+    same team with the orders past its registers in a tail; with
     ``program`` the moment-keyed EPG plays it, as in :func:`forward_host`.
     """
     cdef Tissue t
@@ -622,10 +623,6 @@ def adjoint2_cuda(PackedStream ps, tuple tissue, int64_t n, int outer_field, uin
     c.cot, c.cot_stride, c.ev_grad, c.cuda_stream = <const float*> cot_ptr, cot_stride, &ev_grad[0, 0], <void*> stream
     _run(call_adjoint2, c)
 
-
-def cuda_jacobian_max_states(bint real_path):
-    """The most states a device Jacobian holds on that path (0 without CUDA)."""
-    return L.jacobian_max_states(1 if real_path else 0)
 
 
 def forward_cuda_streamed(PackedStream ps, tuple tissue, int64_t n, float complex[:, ::1] out,

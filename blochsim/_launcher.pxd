@@ -26,7 +26,6 @@ cdef extern from "launcher.hpp" namespace "blochsim::cuda" nogil:
                         const int64_t* strides, double scale, float* dst, int64_t count, void* stream, char* err, int n)
     int first_bad_value(const float* x, int64_t count, int check_lower, float lower, int strict,
                         int64_t* index, float* bad_value, void* stream, char* err, int n)
-    int jacobian_max_states(int real_path)
     int match(const MatchProblem& p, const MatchResult& r, void* stream, char* err, int n)
     int match_max_k()
     int perk_inputs(const float* s, int64_t count, int64_t c, int mode, int normalize, const float* basis,

@@ -15,7 +15,7 @@ from blochsim import _core
 from blochsim._engine import dispatch as _dispatch, pools as _pools
 from blochsim._arrays import validate as V
 from blochsim.sequence import Operator, pack, pack_with_provenance, trace
-from blochsim.sequence.packing import EV_INVERSION
+from blochsim.sequence.packing import EV_INVERSION, EV_SPOIL
 
 # Protocol keywords every played simulator takes.
 PLAYED_COMMON = {"states": None, "crusher_dephasing_rad": None, "voxel_size_m": None,
@@ -317,7 +317,9 @@ class Played(Base):
         settings = (states, off_axis, dk, voxel)
         cached = self.__dict__.get("_packed_cache")
         if cached is not None and cached[0] is s and cached[1] == settings:
-            return s, cached[2], states, cached[3]
+            return s, cached[2], cached[2].states, cached[3]
+        if s.moments is None:
+            states = min(states, reached_orders(s))
         real, phi0 = s.real_subspace(off_axis)
         ps = _core.PackedStream(s, states, dk, voxel, real, phi0)
         self._packed_cache = (s, settings, ps, bool(real))
@@ -395,6 +397,16 @@ class Played(Base):
         if p["repetitions"] == "auto":
             raise ValueError("stream() needs repetitions as a number: 'auto' depends on the tissue")
         return pack(self.preparation(p), self.repetition(p), p["repetitions"]), p
+
+
+def reached_orders(s):
+    """The orders a stream's states can reach: 1 + its shifts (a spoiled
+    event's shift after it is not played).  Orders at or past it stay zero
+    whatever K is, so the kernels play K = min(states, this) with the same
+    result: a balanced train (no shifts) plays one order, not ``states``."""
+    after = np.abs(s.shift_after.astype(np.int64))
+    after[(s.flags & EV_SPOIL) != 0] = 0
+    return 1 + int(np.abs(s.shift_before.astype(np.int64)).sum() + after.sum())
 
 
 def diff_names(diff, modelled, owner, what):

@@ -16,7 +16,5 @@ int jacobian(const EventStream& s, const Tissue& t, const int* fields, const flo
   return guarded([&] { return jacobian_device(s, t, fields, n_dirs, out, jac, as_stream(stream), err, n, seeds); });
 }
 
-int jacobian_max_states(int real_path) { return cuda::jacobian_max_states(real_path != 0); }
-
 }  // namespace cuda
 }  // namespace blochsim

@@ -71,9 +71,6 @@ int keyed_forward(const EventStream& s, const KeyedProgram& k, const Tissue& t, 
 // s.n_samples) complex64 array.  Ordered on `stream`.
 int jacobian(const EventStream& s, const Tissue& t, const int* fields, const float* seeds, int n_dirs, float* out,
              float* jac, void* stream, char* err, int n);
-// The most states jacobian() holds on the real path (real_path = 1) or the
-// complex path (0 when built without CUDA).
-int jacobian_max_states(int real_path);
 
 // Reverse mode on the device (cuda.cuh adjoint_device): cot (t.n,
 // s.n_samples) complex64 and tgrad (t.n, n_tdirs) float32 are device

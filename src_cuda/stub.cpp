@@ -45,7 +45,6 @@ int jacobian(const EventStream&, const Tissue&, const int*, const float*, int, f
              int n) {
   return no(err, n);
 }
-int jacobian_max_states(int) { return 0; }
 int adjoint(const EventStream&, const Tissue&, const int*, int, const float*, double*, float*, void*, char* err,
             int n) {
   return no(err, n);

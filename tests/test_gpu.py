@@ -419,11 +419,33 @@ def test_device_jacobian_against_the_host(states, names, extra):
     assert isinstance(J2, np.ndarray) and rel(J2, J_ref) <= RTOL
 
 
-def test_device_jacobian_refuses_more_states_than_it_holds():
+@pytest.mark.parametrize("states,trs,b0", [(300, 500, False), (300, 500, True), (2100, 2200, False),
+                                           (1100, 1200, True)],
+                         ids=["real, a block team", "complex, a block team", "real, a tail past 2048 orders",
+                              "complex, a tail past 1024 orders"])
+def test_device_jacobian_past_a_warp_team(states, trs, b0):
+    """More orders than a warp team holds: block teams, then the tail in
+    device memory; against the host backend."""
     cp = pytest.importorskip("cupy")
-    sim = MRFSimulator(flip=FLIPS, TR=10.0, states=300)
-    with pytest.raises(ValueError, match=r"states=300 is more than a device Jacobian holds on the real path \(256\)"):
-        sim.jacobian("T1", T1=cp.asarray([900.0]), T2=80.0)
+    flips = np.resize(FLIPS, trs)
+
+    class Train(Simulator):
+        tissue_properties = ("T1", "T2", "B1", "M0", "B0")
+
+        def repetition(self, p):
+            ops = []
+            for f in flips:
+                ops += [Pulse(float(f), 0.0), Delay(2.0), Readout(-90.0), Dephase(), Delay(8.0)]
+            return Sequence(ops)
+
+    sim = Train(states=states)
+    tissue = {"T1": np.array([300.0, 900.0, 2000.0]), "T2": np.array([30.0, 80.0, 150.0]),
+              "B1": np.array([1.0, 0.9, 1.1]), "M0": 0.9, **({"B0": np.array([3.0, -5.0, 8.0])} if b0 else {})}
+    names = ("T1", "T2", "B1", "M0") + (("B0",) if b0 else ())
+    s_ref, J_ref = sim.jacobian(names, **tissue)
+    s, J = sim.jacobian(names, **{k: cp.asarray(v) if np.ndim(v) else v for k, v in tissue.items()})
+    assert rel(cp.asnumpy(s), s_ref) <= RTOL
+    assert rel(cp.asnumpy(J), J_ref) <= RTOL
 
 
 @pytest.mark.parametrize("states,names,extra", [

@@ -302,6 +302,34 @@ def test_device_jacobian_templates_on_the_host(states, names, extra):
     sim._host_variant = 0
 
 
+TAIL_FLIPS = np.concatenate([np.linspace(5, 60, 40), np.linspace(60, 2, 40)])
+
+
+@pytest.mark.parametrize("make,names,extra", [
+    (lambda: MRFSimulator(flip=TAIL_FLIPS, TR=10.0, states=75), ("T1", "T2", "M0"), {"M0": 0.8}),
+    (lambda: MRFSimulator(flip=TAIL_FLIPS, TR=10.0, states=81), ("T2", "B1", "T1"),
+     {"B1": np.array([0.9, 1.1])}),
+    (lambda: FSESimulator(ESP=5.0, flip=np.full(40, 130.0), states=70), ("T1", "B0", "T2"),
+     {"B0": np.array([0.0, 17.0])}),
+    (lambda: FSESimulator(ESP=5.0, flip=np.full(40, 130.0), states=90, crusher_dephasing_rad=8 * np.pi,
+                          voxel_size_m=1e-3), ("T2", "D"), {"D": np.array([1.0, 3.0])}),
+], ids=["real, 75 states", "real, 81 states, B1", "complex, 70 states", "diffusion, 90 states"])
+def test_device_tail_jacobian_templates_on_the_host(make, names, extra):
+    """The device's tail Jacobian (a team whose orders past its registers
+    live in memory, on duals): more states than four members hold."""
+    kw = {"T1": np.array([700.0, 1600.0]), "T2": np.array([50.0, 140.0]), **extra}
+    sim = make()
+    s_ref, J_ref = sim.jacobian(names, **kw)
+    sim._host_variant = 4
+    with pytest.raises(ValueError, match="states exceed what the register team holds"):
+        sim.jacobian(names, **kw)
+    sim._host_variant = 5
+    s, J = sim.jacobian(names, **kw)
+    sim._host_variant = 0
+    assert rel(s, s_ref) < 1e-6
+    assert rel(J, J_ref) < 1e-5
+
+
 class LongRecovery(Simulator):
     """Inversion, a recovery long enough that e^{-TI/T2} underflows to 0
     even in float64, a 90-degree pulse and a readout after TE."""

@@ -78,6 +78,20 @@ def test_bssfp_mrf_against_isochromat(B0):
     np.testing.assert_allclose(s, ref, atol=3e-6 * TISSUE["M0"])
 
 
+@pytest.mark.parametrize("kind", ["bssfp", "fisp"])
+def test_states_past_the_orders_a_train_reaches(kind):
+    """A balanced train never shifts: played on one order whatever
+    ``states`` says (orders past the shifts stay zero), with the same
+    signal as the float64 oracle; a FISP train of N TRs reaches 1 + N."""
+    t = {**TISSUE, "B0": 23.0}
+    sim = MRFSimulator(flip=FLIPS, TR=TRS, TI=20.0, kind=kind, states=2048)
+    _, p = sim.stream()
+    assert sim._stream_for(p, set(t))[2] == (1 if kind == "bssfp" else 1 + N_TR)
+    te, ph = _protocol(kind)
+    ref = _mrf_oracle(kind, FLIPS, TRS, te, ph, 20.0, t)
+    np.testing.assert_allclose(sim.simulate(**t), ref, atol=3e-6 * TISSUE["M0"])
+
+
 def test_bssfp_mrf_off_resonance_profile_over_voxels():
     """B0 across two periods of 1/TR as one call of voxels: the band
     structure of the balanced train (constant TR), sample by sample."""

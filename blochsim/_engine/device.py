@@ -11,15 +11,6 @@ from blochsim._arrays import validate as V
 from blochsim._arrays.device import (Interface, device_cotangent, new_output, resident_tissue, work_stream)
 
 
-def check_states(states, real, what):
-    """Refuse a device Jacobian with more states than its registers hold."""
-    limit = _core.cuda_jacobian_max_states(real)
-    if states > limit:
-        raise ValueError(
-            f"states={states} is more than a device Jacobian holds on the {'real' if real else 'complex'} "
-            f"path ({limit}); run {what} on the host (NumPy inputs, device='cpu') or lower states")
-
-
 def resident(owner, ps, arrays, ifaces, shape, want, out, jacobian=None, jac_out=None, pools=None, keyed=None,
              jac_shape=None):
     """The device path for device-array inputs (results stay on the device).

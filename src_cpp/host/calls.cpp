@@ -31,7 +31,7 @@ int call_jacobian(const Call& c) noexcept {
     case on_host:
       if (c.program)
         return host_keyed_jacobian_dispatch(s, *c.program, t, c.fields, c.n_dirs, c.out, c.jac, c.threads, c.seeds);
-      if (c.variant) return host_jacobian_registers(s, t, c.fields, c.n_dirs, c.out, c.jac, c.seeds);
+      if (c.variant) return host_jacobian_registers(s, t, c.fields, c.n_dirs, c.out, c.jac, c.seeds, c.variant);
       return host_jacobian_dispatch(s, t, c.fields, c.n_dirs, c.out, c.jac, c.threads, c.seeds);
     case on_device:
       return cuda::jacobian(s, t, c.fields, c.seeds, c.n_dirs, c.out, c.jac, c.cuda_stream, c.err, c.err_len);

@@ -47,9 +47,10 @@ int host_forward_registers(const EventStream& s, const Tissue& t, float* out, in
 // The device's Jacobian register path run on the host for testing, as the
 // device plays it: M0 from the unscaled signal, the other directions two a
 // pass on a team of 4 members with 8 orders each (4 on the complex path);
-// returns states_exceed_team past 32 (16) states.
+// team 4 returns states_exceed_team past 32 (16) states, team 5 keeps the
+// orders past them in a tail in memory (the device's tail kernel).
 int host_jacobian_registers(const EventStream& s, const Tissue& t, const int* fields, int n_dirs, float* out,
-                            float* jac, const float* seeds) noexcept;
+                            float* jac, const float* seeds, int team) noexcept;
 
 // The device's pooled register path (pools/registers.hpp) run on the host
 // for testing, a team of 4 members with the device's orders a member

@@ -7,7 +7,8 @@
 // orders that the test cases cross members and, with team 5, run into the
 // tail in memory that the tail kernel keeps for any K).  The Jacobian's
 // teams of four hold 8 orders each (4 on the complex path) on duals of two
-// directions, as the device's Jacobian kernel does.
+// directions, as the device's Jacobian kernels do, and team 5 the orders
+// past them in a tail (the tail Jacobian kernel).
 #include <blochsim/epg/registers.hpp>
 #include <blochsim/host/interrupt.hpp>
 #include <blochsim/epg/jacobian.hpp>
@@ -39,27 +40,31 @@ int host_forward_registers(const EventStream& s, const Tissue& t, float* out, in
 }
 
 int host_jacobian_registers(const EventStream& s, const Tissue& t, const int* fields, int n_dirs, float* out,
-                            float* jac, const float* seeds) noexcept {
+                            float* jac, const float* seeds, int team) noexcept {
   return guarded([&]() -> int {
     const int v = validate(s, t);
     if (v != ok) return v;
     const int d = validate_directions(fields, n_dirs);
     if (d != ok) return d;
-    // as the device's Jacobian warp teams (cuda.cuh jacobian_device): M0
+    if (team != 4 && team != 5) return bad_threads;
+    // as the device's Jacobian teams (cuda/jacobian.cuh jacobian_device): M0
     // from the unscaled signal, the further directions two to a team (the
     // device's grid of direction groups, here one group after another) with 8
-    // orders a member (4 on the complex path)
+    // orders a member (4 on the complex path), and with team 5 the orders
+    // past the members' in a tail
+    auto group = [&](const int* f, int m, float* j, const float* sd) {
+      if (team == 5)
+        return s.real_path ? epg::jacobian_registers_host<vfloat4, 2, 8, false, true>(s, t, f, m, out, j, sd)
+                           : epg::jacobian_registers_host<vfloat4, 2, 4, true, true>(s, t, f, m, out, j, sd);
+      return s.real_path ? epg::jacobian_registers_host<vfloat4, 2, 8, false>(s, t, f, m, out, j, sd)
+                         : epg::jacobian_registers_host<vfloat4, 2, 4, true>(s, t, f, m, out, j, sd);
+    };
     const int64_t ns = s.n_samples;
-    if (dual_directions(fields, n_dirs) <= 2)
-      return s.real_path ? epg::jacobian_registers_host<vfloat4, 2, 8, false>(s, t, fields, n_dirs, out, jac, seeds)
-                         : epg::jacobian_registers_host<vfloat4, 2, 4, true>(s, t, fields, n_dirs, out, jac, seeds);
+    if (dual_directions(fields, n_dirs) <= 2) return group(fields, n_dirs, jac, seeds);
     for (int j0 = 0; j0 < n_dirs; j0 += 2) {
       const int m = n_dirs - j0 < 2 ? n_dirs - j0 : 2;
       std::vector<float> part(static_cast<size_t>(t.n * m * ns * 2));
-      const int st = s.real_path ? epg::jacobian_registers_host<vfloat4, 2, 8, false>(s, t, fields + j0, m, out,
-                                                                                        part.data(), seeds ? seeds + j0 : nullptr)
-                                 : epg::jacobian_registers_host<vfloat4, 2, 4, true>(s, t, fields + j0, m, out,
-                                                                                       part.data(), seeds ? seeds + j0 : nullptr);
+      const int st = group(fields + j0, m, part.data(), seeds ? seeds + j0 : nullptr);
       if (st != ok) return st;
       for (int64_t i = 0; i < t.n; ++i)
         for (int j = 0; j < m; ++j)

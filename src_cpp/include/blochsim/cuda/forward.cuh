@@ -122,6 +122,29 @@ inline cudaError_t allow_shared(F* kernel, size_t bytes) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
 }
 
+// The tail kernels' launches over n problems, each with `bytes` of zeroed
+// scratch: chunks of problems that fit in half the free device memory (at
+// most 65536 a launch), launch(first, count, scratch) starting each.
+template <class Launch>
+inline int tail_chunks(int64_t problems, int64_t bytes, cudaStream_t st, char* err, int n, Launch&& launch) {
+  size_t free_b = 0, total_b = 0;
+  BLOCHSIM_CUDA(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+  const int64_t fit = std::max<int64_t>(1, static_cast<int64_t>(free_b / 2) / bytes);
+  const int64_t chunk = std::min<int64_t>(problems, std::min<int64_t>(fit, 65536));
+  void* scratch = nullptr;
+  BLOCHSIM_CUDA(pool_malloc(&scratch, static_cast<size_t>(chunk * bytes), st), "cudaMallocFromPoolAsync (tail scratch)");
+  int r = ok;
+  for (int64_t first = 0; first < problems && r == ok; first += chunk) {
+    const int64_t count = std::min<int64_t>(chunk, problems - first);
+    const cudaError_t e = cudaMemsetAsync(scratch, 0, static_cast<size_t>(count * bytes), st);
+    r = e != cudaSuccess ? fail(e, "cudaMemsetAsync", err, n) : launch(first, count, scratch);
+  }
+  const cudaError_t e = cudaFreeAsync(scratch, st);
+  if (r != ok) return r;
+  if (e != cudaSuccess) return fail(e, "cudaFreeAsync", err, n);
+  return ok;
+}
+
 // Plays `ds` (device pointers) for the problems of t into out on `st`.
 // (A template, so that only a translation unit that calls it instantiates
 // its kernels.)
@@ -160,29 +183,25 @@ inline int launch(const EventStream& ds, const Tissue& t, float* out, cudaStream
     BLOCHSIM_CUDA(cudaGetLastError(), "block_kernel launch");
   } else {
     const int64_t ws = tail_workspace(ds, sh.T);
-    size_t free_b = 0, total_b = 0;
-    BLOCHSIM_CUDA(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
-    const int64_t per = ws * static_cast<int64_t>(sizeof(float));
-    const int64_t fit = std::max<int64_t>(1, static_cast<int64_t>(free_b / 2) / per);
-    const int64_t chunk = std::min<int64_t>(t.n, std::min<int64_t>(fit, 65536));
-    float* scratch = nullptr;
-    BLOCHSIM_CUDA(pool_malloc(reinterpret_cast<void**>(&scratch), static_cast<size_t>(chunk * per), st),
-                  "cudaMallocFromPoolAsync (tail scratch)");
     const size_t smem = BlockShared::bytes(w, sh.T);
-    for (int64_t first = 0; first < t.n; first += chunk) {
-      const int64_t count = std::min<int64_t>(chunk, t.n - first);
-      BLOCHSIM_CUDA(cudaMemsetAsync(scratch, 0, static_cast<size_t>(count * per), st), "cudaMemsetAsync");
-      const unsigned blocks = static_cast<unsigned>(count);
-      if (cplx) {
-        BLOCHSIM_CUDA(allow_shared(tail_kernel<true, block_orders_complex>, smem), "cudaFuncSetAttribute");
-        tail_kernel<true, block_orders_complex><<<blocks, sh.T, smem, st>>>(ds, t, out, scratch, first, ws, w);
-      } else {
-        BLOCHSIM_CUDA(allow_shared(tail_kernel<false, block_orders_real>, smem), "cudaFuncSetAttribute");
-        tail_kernel<false, block_orders_real><<<blocks, sh.T, smem, st>>>(ds, t, out, scratch, first, ws, w);
-      }
-      BLOCHSIM_CUDA(cudaGetLastError(), "tail_kernel launch");
-    }
-    BLOCHSIM_CUDA(cudaFreeAsync(scratch, st), "cudaFreeAsync");
+    return tail_chunks(t.n, ws * static_cast<int64_t>(sizeof(float)), st, err, n,
+                       [&](int64_t first, int64_t count, void* scratch) {
+                         const unsigned blocks = static_cast<unsigned>(count);
+                         float* work = static_cast<float*>(scratch);
+                         if (cplx) {
+                           BLOCHSIM_CUDA(allow_shared(tail_kernel<true, block_orders_complex>, smem),
+                                         "cudaFuncSetAttribute");
+                           tail_kernel<true, block_orders_complex><<<blocks, sh.T, smem, st>>>(ds, t, out, work,
+                                                                                               first, ws, w);
+                         } else {
+                           BLOCHSIM_CUDA(allow_shared(tail_kernel<false, block_orders_real>, smem),
+                                         "cudaFuncSetAttribute");
+                           tail_kernel<false, block_orders_real><<<blocks, sh.T, smem, st>>>(ds, t, out, work,
+                                                                                             first, ws, w);
+                         }
+                         BLOCHSIM_CUDA(cudaGetLastError(), "tail_kernel launch");
+                         return static_cast<int>(ok);
+                       });
   }
   return ok;
 }

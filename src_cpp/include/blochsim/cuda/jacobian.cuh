@@ -1,5 +1,5 @@
-// Tissue Jacobians on the device: the warp kernel on duals, its sinks, and
-// jacobian_device().
+// Tissue Jacobians on the device: the warp kernel on duals, its sinks, the
+// block and tail kernels for more states, and jacobian_device().
 #pragma once
 
 #include "../epg/jacobian.hpp"
@@ -149,6 +149,87 @@ __global__ void __launch_bounds__(warp_block, jacobian_min_blocks) jacobian_kern
   }
 }
 
+// Teams of a block, for the states a warp team does not hold: T threads of
+// jacobian_orders() each, `per` teams a block (block_kind), boundary orders
+// through shared memory; with Tail one team of blockDim.x threads a block,
+// problem first + blockIdx.x, the orders past its registers in `scratch`
+// (ws dual elements per problem and group of directions).  The grid's y
+// index is the group of directions, as in jacobian_kernel.
+constexpr int jacobian_block_threads = 256;
+
+template <bool Complex, bool Tail>
+__global__ void __launch_bounds__(jacobian_block_threads)
+    jacobian_block_kernel(EventStream s, Tissue t, const __grid_constant__ Directions dirs, float* out, float* jac,
+                          int T, int per, Dual<float, jacobian_dirs>* scratch, int64_t first_problem, int64_t ws,
+                          int32_t window) {
+  constexpr int ND = jacobian_dirs;
+  using D = Dual<float, ND>;
+  constexpr int R = jacobian_orders<Complex>();
+  extern __shared__ __align__(16) unsigned char shared[];
+  const int tid = threadIdx.x;
+  const BlockShared sm{shared, window, static_cast<int>(blockDim.x)};
+  Seat at;
+  if (Tail) {
+    T = blockDim.x;
+    at = {first_problem + blockIdx.x, tid, tid == T - 1, tid == 0};
+  } else {
+    at = seat(blockIdx.x, tid, blockDim.x, T, per, t.n);
+  }
+  const int first = static_cast<int>(blockIdx.y) * ND;
+  const int count = dirs.n - first < ND ? dirs.n - first : ND;
+  epg::LaneTissue<D> lt = epg::seeded_tissue<ND>(t, at.problem, dirs.field + first, count, dirs.seed + first);
+  const float m0 = lt[field_M0].v;
+  lt[field_M0] = D(1.0f);
+  const BlockTeam team{at.rank, T, at.rank * R, tid, at.last, sm.exchange(), sm.records()};
+  JacobianDeviceSink sink{reinterpret_cast<float2*>(out) + at.problem * s.n_samples,
+                          reinterpret_cast<float2*>(jac) + at.problem * dirs.total * s.n_samples,
+                          s.n_samples, &dirs, first, m0, at.writer, blockIdx.y == 0};
+  if constexpr (Tail) {
+    epg::SplitStore<epg::TailStore<D, R, Complex, BlockTeam>, float, ND, Complex> st;
+    st.directions(dirs.field + first, count);
+    st.init(s, lt, team, scratch + (static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x) * ws);
+    epg::play<D, Complex>(s, t, lt, st, sink);
+  } else {
+    epg::SplitStore<epg::RegisterStore<D, R, Complex, BlockTeam>, float, ND, Complex> st;
+    st.directions(dirs.field + first, count);
+    st.init(s, lt, team);
+    epg::play<D, Complex>(s, t, lt, st, sink);
+  }
+}
+
+// Launches the block or tail Jacobian kernel of path Complex for K orders.
+template <bool Complex>
+inline int launch_jacobian_blocks(const EventStream& ds, const Tissue& t, const Directions& dirs, float* out,
+                                  float* jac, cudaStream_t st, char* err, int n) {
+  using D = Dual<float, jacobian_dirs>;
+  constexpr int R = jacobian_orders<Complex>();
+  const int32_t w = window_records(ds);
+  const unsigned groups = static_cast<unsigned>(std::max(1, (dirs.n + jacobian_dirs - 1) / jacobian_dirs));
+  const int T = (ds.states + R - 1) / R;
+  if (T <= jacobian_block_threads) {
+    const int per = jacobian_block_threads / T;
+    const int threads = (per * T + 31) / 32 * 32;
+    const size_t smem = BlockShared::bytes(w, threads);
+    const dim3 grid(static_cast<unsigned>((t.n + per - 1) / per), groups);
+    BLOCHSIM_CUDA(allow_shared(jacobian_block_kernel<Complex, false>, smem), "cudaFuncSetAttribute");
+    jacobian_block_kernel<Complex, false><<<grid, threads, smem, st>>>(ds, t, dirs, out, jac, T, per, nullptr, 0, 0, w);
+    BLOCHSIM_CUDA(cudaGetLastError(), "jacobian_block_kernel launch");
+    return ok;
+  }
+  constexpr int TT = jacobian_block_threads;
+  const int64_t ws = epg::TailStore<D, R, Complex, BlockTeam>::workspace(ds.states, TT);
+  const size_t smem = BlockShared::bytes(w, TT);
+  BLOCHSIM_CUDA(allow_shared(jacobian_block_kernel<Complex, true>, smem), "cudaFuncSetAttribute");
+  return tail_chunks(t.n, ws * static_cast<int64_t>(sizeof(D)) * groups, st, err, n,
+                     [&](int64_t first, int64_t count, void* scratch) {
+                       const dim3 grid(static_cast<unsigned>(count), groups);
+                       jacobian_block_kernel<Complex, true><<<grid, TT, smem, st>>>(
+                           ds, t, dirs, out, jac, TT, 1, static_cast<D*>(scratch), first, ws, w);
+                       BLOCHSIM_CUDA(cudaGetLastError(), "jacobian_block_kernel (tail) launch");
+                       return static_cast<int>(ok);
+                     });
+}
+
 // (A template, so that only a translation unit that calls it instantiates
 // its kernels.)
 template <int Unused = 0>
@@ -158,6 +239,9 @@ inline int launch_jacobian(const EventStream& ds, const Tissue& t, const Directi
   const bool cplx = !ds.real_path;
   const int R = cplx ? jacobian_orders<true>() : jacobian_orders<false>();
   const int T = (ds.states + R - 1) / R;
+  if (T > 32)
+    return cplx ? launch_jacobian_blocks<true>(ds, t, dirs, out, jac, st, err, n)
+                : launch_jacobian_blocks<false>(ds, t, dirs, out, jac, st, err, n);
   const int32_t w = window_records(ds);
   const int per = 32 / T;
   const int64_t warps = (t.n + per - 1) / per;
@@ -178,11 +262,6 @@ inline int launch_jacobian(const EventStream& ds, const Tissue& t, const Directi
 
 }  // namespace detail
 
-// The most states a device Jacobian holds: a warp team's registers.
-inline int jacobian_max_states(bool real_path) {
-  return 32 * (real_path ? detail::jacobian_orders<false>() : detail::jacobian_orders<true>());
-}
-
 // Signal and tissue Jacobian on the device: out as forward_device, jac
 // (t.n, n_dirs, s.n_samples) complex64 interleaved (device pointers), the
 // derivative of each sample with respect to tissue field fields[j]
@@ -191,9 +270,10 @@ inline int jacobian_max_states(bool real_path) {
 // directions are spread over teams of jacobian_dirs each (each team plays
 // its problem's value with them).  With seeds, direction j is seeded
 // d field / d direction = seeds[j] (the SI value of one public unit gives
-// derivatives per public unit).  At most jacobian_max_states(s.real_path)
-// states (states_exceed_team past them).  Ordered on `stream`, not
-// synchronised.
+// derivatives per public unit).  Any K: a warp team up to 32 threads of
+// jacobian_orders(), a block team up to jacobian_block_threads, past them
+// the orders beyond the block's registers in device memory.  Ordered on
+// `stream`, not synchronised.
 // (A template, so that only a translation unit that calls it instantiates
 // its kernels.)
 template <int Unused = 0>
@@ -204,7 +284,6 @@ inline int jacobian_device(const EventStream& s, const Tissue& t, const int* fie
   if (v != ok) return detail::say(v, err, n);
   const int dv = validate_directions(fields, n_dirs);
   if (dv != ok) return detail::say(dv, err, n);
-  if (s.states > jacobian_max_states(s.real_path != 0)) return detail::say(states_exceed_team, err, n);
   if (t.n == 0 || s.n_samples == 0) return ok;
   detail::DeviceStream d;
   int r = detail::upload_stream(s, d, stream, err, n);

@@ -159,13 +159,24 @@ struct BlockTeam {
   BLOCHSIM_HD float below(int r, int K) const { return first_order + r < K ? 1.0f : 0.0f; }
   BLOCHSIM_HD void advance(const EventStream& s, int32_t e, int32_t n) { records.advance(s, e, n); }
   BLOCHSIM_HD EventRecord record(const EventStream& s, int32_t e) const { return records.record(s, e); }
-  // the tail of a TailStore (one team per block)
-  BLOCHSIM_HD float load(const float* p) const { return p[rank]; }
-  BLOCHSIM_HD void store(float* p, float x) const { p[rank] = x; }
-  BLOCHSIM_HD void put_top(float* p, float x) const {
+  // the tail of a TailStore (one team per block), elements E of floats or
+  // duals
+  template <class E>
+  BLOCHSIM_HD E load(const E* p) const {
+    return p[rank];
+  }
+  template <class E>
+  BLOCHSIM_HD void store(E* p, const E& x) const {
+    p[rank] = x;
+  }
+  template <class E>
+  BLOCHSIM_HD void put_top(E* p, const E& x) const {
     if (last) *p = x;
   }
-  BLOCHSIM_HD float take_top(const float* p) const { return last ? *p : 0.0f; }
+  template <class E>
+  BLOCHSIM_HD E take_top(const E* p) const {
+    return last ? *p : E{};
+  }
   BLOCHSIM_HD void sync() const {
 #if defined(__CUDA_ARCH__)
     __syncthreads();

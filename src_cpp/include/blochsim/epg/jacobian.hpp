@@ -512,15 +512,17 @@ struct TeamJacobianSink {
 // Host instantiation of the device's Jacobian register path (a team of
 // Lanes<V>::width members holding R orders each, on duals of N directions
 // in split form, M0 from the unscaled signal), one problem at a time: the
-// tests' view of the device Jacobian kernels.  K must be at most width * R
-// and the directions other than M0 at most N.
-template <class V, int N, int R, bool Complex>
+// tests' view of the device Jacobian kernels.  The directions other than M0
+// are at most N; without Tail K is at most width * R, with it (TailStore,
+// the device's tail Jacobian kernel) any K.
+template <class V, int N, int R, bool Complex, bool Tail = false>
 inline int jacobian_registers_host(const EventStream& s, const Tissue& t, const int* fields, int n_dirs,
                                    float* out, float* jac, const float* seeds = nullptr) {
   using T = Dual<V, N>;
   using Team = LaneTeam<T, R>;
+  using Store = std::conditional_t<Tail, TailStore<T, R, Complex, Team>, RegisterStore<T, R, Complex, Team>>;
   constexpr int W = Lanes<V>::width;
-  if (s.states > W * R) return states_exceed_team;
+  if (!Tail && s.states > W * R) return states_exceed_team;
   if (n_dirs < 1 || dual_directions(fields, n_dirs) > N) return bad_shape;
   std::vector<EventRecord> records(static_cast<size_t>(s.n_events + 1));
   pack_events(s, records.data());
@@ -528,14 +530,21 @@ inline int jacobian_registers_host(const EventStream& s, const Tissue& t, const 
   sr.records = records.data();
   const DirectionSlots ds(fields, n_dirs, seeds);
   using LT = Lanes<T>;
+  std::vector<Dual<float, N>> work;
+  if constexpr (Tail) work.resize(static_cast<size_t>(Store::workspace(s.states, W)));
   for (int64_t p = 0; p < t.n; ++p) {
     LaneTissue<Dual<float, N>> one = seeded_tissue<N>(t, p, ds.duals, ds.n_duals, ds.dseeds);
     const float m0 = one[field_M0].v;
     one[field_M0] = Dual<float, N>(1.0f);
     const LaneTissue<T> lt = splat_tissue<T>(one, [](const Dual<float, N>& x) { return LT::splat(x); });
-    SplitStore<RegisterStore<T, R, Complex, Team>, V, N, Complex> st;
+    SplitStore<Store, V, N, Complex> st;
     st.directions(ds.duals, ds.n_duals);
-    st.init(sr, lt, Team{});
+    if constexpr (Tail) {
+      std::fill(work.begin(), work.end(), Dual<float, N>{});
+      st.init(sr, lt, Team{}, work.data());
+    } else {
+      st.init(sr, lt, Team{});
+    }
     TeamJacobianSink<V, N> sink{out, jac, p, s.n_samples, n_dirs, ds.m0_col, ds.slot, m0, ds.m0_seed};
     play<T, Complex>(sr, t, lt, st, sink);
   }

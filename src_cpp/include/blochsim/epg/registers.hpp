@@ -71,17 +71,19 @@ struct LaneTeam {
   }
   void advance(const EventStream&, int32_t, int32_t) {}
   EventRecord record(const EventStream& s, int32_t e) const { return s.records[e]; }
-  // the tail of a TailStore
-  V load(const float* p) const {
+  // the tail of a TailStore: its elements are one lane's values (a float,
+  // or a dual of floats)
+  using E = typename LT::Scalar;
+  V load(const E* p) const {
     V y;
     for (int l = 0; l < width; ++l) LT::set(y, l, p[l]);
     return y;
   }
-  void store(float* p, const V& x) const {
+  void store(E* p, const V& x) const {
     for (int l = 0; l < width; ++l) p[l] = LT::get(x, l);
   }
-  void put_top(float* p, const V& x) const { *p = LT::get(x, width - 1); }
-  V take_top(const float* p) const {
+  void put_top(E* p, const V& x) const { *p = LT::get(x, width - 1); }
+  V take_top(const E* p) const {
     V y{};
     LT::set(y, width - 1, *p);
     return y;
@@ -350,7 +352,8 @@ BLOCHSIM_UNROLL
 // (Kr = members R) and the orders [Kr, K) beyond in memory, the tail, which
 // the members update together: member j takes tail orders Kr + i T + j,
 // i = 0, 1, ... (rows of T orders, so that the members' accesses to a row
-// are contiguous).  The tail's F+ and F- planes are double-buffered: a
+// are contiguous).  An element of the tail is one member's value
+// (Lanes<V>::Scalar: a float, or a dual of floats for the Jacobian).  The tail's F+ and F- planes are double-buffered: a
 // shift reads one buffer and writes the other.  Between the two parts, the
 // register team's top member writes its top order into a ghost cell before
 // the tail (index -1) and takes the tail's first order when F- moves down.
@@ -358,7 +361,8 @@ BLOCHSIM_UNROLL
 // While the band is below Kr the tail is zero and stays so, and play() runs
 // the register part's fast runs (fast_ok()); past it, every event goes the
 // general way.  Team policies used with a tail also provide
-//   load(p), store(p, x)  a row of the tail: member j's element p[j]
+//   load(p), store(p, x)  a row of the tail: member j's element p[j] (of
+//                        type Lanes<V>::Scalar)
 //   put_top(p, x)         *p = the top member's x
 //   take_top(p)           *p in the top member, 0 elsewhere
 //   below_tail(k0, K)     1 where member j's order k0 + j < K, else 0
@@ -366,23 +370,24 @@ BLOCHSIM_UNROLL
 template <class V, int R, bool Complex, class Team>
 struct TailStore : RegisterStore<V, R, Complex, Team> {
   using Base = RegisterStore<V, R, Complex, Team>;
+  using E = typename Lanes<V>::Scalar;        // an element of the tail
   static constexpr int NP = Complex ? 2 : 1;  // real and imaginary parts
-  float* fp[2][NP];  // F+ (buffer, part), each with a ghost cell at -1; buffer 0 is current
-  float* fm[2][NP];
-  float* z[NP];
+  E* fp[2][NP];  // F+ (buffer, part), each with a ghost cell at -1; buffer 0 is current
+  E* fm[2][NP];
+  E* z[NP];
   int Kr, T, rows;
 
   // Rows of the tail for K orders over a team of T members of R orders.
   BLOCHSIM_HD static int tail_rows(int K, int T) { return K > T * R ? (K - T * R + T - 1) / T : 0; }
 
-  // Floats of one tail plane: the rows, a row of zeros on each side (the
+  // Elements of one tail plane: the rows, a row of zeros on each side (the
   // ghost cell and the F- reads past the last row).
   BLOCHSIM_HD static int64_t plane_floats(int K, int T) { return (tail_rows(K, T) + 2) * static_cast<int64_t>(T); }
   BLOCHSIM_HD static int64_t workspace(int K, int T) { return 5 * NP * plane_floats(K, T); }
 
-  // `work`: workspace(K, T) floats, zero.
+  // `work`: workspace(K, T) elements, zero.
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void init(const EventStream& stream, const LaneTissue<V>& tissue,
-                                             const Team& tm, float* work) {
+                                             const Team& tm, E* work) {
     Base::init(stream, tissue, tm);
     T = tm.members();
     Kr = T * R;
@@ -435,24 +440,31 @@ struct TailStore : RegisterStore<V, R, Complex, Team> {
     }
   }
 
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void apply(const Op<V>& o, int band) {
+  template <class O>
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void apply(const O& o, int band) {
     Base::apply(o, band);
-    each_row(band, [&](int, V& a, V& ai, V& b, V& bi, V& c, V& ci) {
-      apply_order<V, Complex>(o, a, ai, b, bi, c, ci);
+    with_pulse(o, [&](auto pulse) {
+      each_row(band, [&](int, V& a, V& ai, V& b, V& bi, V& c, V& ci) {
+        order_update<Complex, decltype(pulse)::value>(o, a, ai, b, bi, c, ci);
+      });
     });
   }
 
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void relax_per_order(const IvCoef<V>& c, int band) {
     using LT = Lanes<V>;
+    using S = typename LT::Scalar;
+    using std::cos;
+    using std::exp;
+    using std::sin;
     Base::relax_per_order(c, band);
     const V j = this->team.base() * (1.0f / R);  // member index
     each_row(band, [&](int off, V& a, V& ai, V& b, V& bi, V& zz, V& ci) {
       V gc, gs;
       for (int l = 0; l < LT::width; ++l) {
-        const float k = static_cast<float>(Kr + off) + LT::get(j, l);
-        const float g = std::exp(LT::get(c.dlog, l) * k * k), ph = k * LT::get(c.flow, l);
-        LT::set(gc, l, g * std::cos(ph));
-        LT::set(gs, l, g * std::sin(ph));
+        const float k = static_cast<float>(Kr + off) + value_of(LT::get(j, l));
+        const S g = exp(LT::get(c.dlog, l) * k * k), ph = k * LT::get(c.flow, l);
+        LT::set(gc, l, g * cos(ph));
+        LT::set(gs, l, g * sin(ph));
       }
       relax_order<V, Complex>(c, gc, gs, a, ai, b, bi, zz, ci);
     });
@@ -477,10 +489,10 @@ struct TailStore : RegisterStore<V, R, Complex, Team> {
     tm.sync();  // the ghost cells are written
     const int n = rows_below(band + 1);
     for (int c = 0; c < NP; ++c) {
-      const float* up = upward ? fp[0][c] : fm[0][c];
-      const float* dn = upward ? fm[0][c] : fp[0][c];
-      float* upn = upward ? fp[1][c] : fm[1][c];
-      float* dnn = upward ? fm[1][c] : fp[1][c];
+      const E* up = upward ? fp[0][c] : fm[0][c];
+      const E* dn = upward ? fm[0][c] : fp[0][c];
+      E* upn = upward ? fp[1][c] : fm[1][c];
+      E* dnn = upward ? fm[1][c] : fp[1][c];
       for (int i = 0; i < n; ++i) {
         const int off = i * T;
         // orders past K - 1 are dropped
@@ -489,10 +501,10 @@ struct TailStore : RegisterStore<V, R, Complex, Team> {
       }
     }
     for (int c = 0; c < NP; ++c) {
-      float* s0 = fp[0][c];
+      E* s0 = fp[0][c];
       fp[0][c] = fp[1][c];
       fp[1][c] = s0;
-      float* s1 = fm[0][c];
+      E* s1 = fm[0][c];
       fm[0][c] = fm[1][c];
       fm[1][c] = s1;
     }
