@@ -33,6 +33,7 @@ cdef extern from "calls.hpp" namespace "blochsim" nogil:
         int threads
         int variant
         void* cuda_stream
+        const EventStream* kept
         size_t budget_bytes
         char* err
         int err_len

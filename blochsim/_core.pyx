@@ -104,6 +104,27 @@ cdef class PackedStream:
     settings, held as the C struct the backends read."""
     cdef EventStream s
     cdef object refs
+    # the stream's copy on one device (kept_on), made by the first forward
+    # call there and kept for the next ones
+    cdef EventStream kept_view
+    cdef void* kept_buf
+    cdef int kept_on
+
+    def __dealloc__(self):
+        if self.kept_buf != NULL:
+            L.free_kept_stream(self.kept_buf)
+
+    cdef const EventStream* kept(self) except? NULL:
+        """The stream's copy on the current device, made on first use; NULL
+        on another device than the one it was made on (the call copies it)."""
+        cdef int d = -1
+        cdef char err[ERRLEN]
+        err[0] = 0
+        _raise(L.current_device(&d, err, ERRLEN), err)
+        if self.kept_buf == NULL:
+            _raise(L.keep_stream(self.s, &self.kept_view, &self.kept_buf, err, ERRLEN), err)
+            self.kept_on = d
+        return &self.kept_view if self.kept_on == d else NULL
 
     def __cinit__(self, stream, int states, double dk_rad_per_m, double voxel_size_m,
                   bint real_path, float common_phase_rad):
@@ -673,6 +694,8 @@ def forward_cuda(PackedStream ps, tuple tissue, int64_t n, uintptr_t out_ptr, ui
     c.place, c.stream, c.tissue, c.out, c.cuda_stream = on_device, &ps.s, &t, <float*> out_ptr, <void*> stream
     if keyed:
         c.program = &k
+    else:
+        c.kept = ps.kept()
     _run(call_forward, c)
 
 

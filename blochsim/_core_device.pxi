@@ -138,20 +138,29 @@ def expand_to_float(uintptr_t src, bint src_is_f64, tuple shape, tuple strides, 
                              <void*> stream, err, ERRLEN), err)
 
 
-def first_bad_value(uintptr_t x, int64_t count, bint check_lower, float lower, bint strict,
-                    uintptr_t stream):
-    """(index, value) of the first non-finite or out-of-bound element, or
-    (-1, nan); synchronises the stream."""
-    cdef int64_t idx = -1
-    cdef float v = float("nan")
+def first_bad_values(checks, uintptr_t stream):
+    """For each check (pointer to float32, count, check_lower, lower,
+    strict): (index, value) of its first non-finite or out-of-bound
+    element, or (-1, nan); one synchronisation of the stream for all."""
+    cdef int m = len(checks)
+    cdef vector[L.ValueCheck] cs = vector[L.ValueCheck](m)
+    cdef vector[int64_t] idx = vector[int64_t](m, -1)
+    cdef vector[float] v = vector[float](m, float("nan"))
     cdef char err[ERRLEN]
     cdef int st
     err[0] = 0
+    for j, (x, count, check_lower, lower, strict) in enumerate(checks):
+        cs[j].x = <const float*> <uintptr_t> x
+        cs[j].count = count
+        cs[j].check_lower = 1 if check_lower else 0
+        cs[j].lower = lower
+        cs[j].strict = 1 if strict else 0
+    if m == 0:
+        return []
     with nogil:
-        st = L.first_bad_value(<const float*> x, count, check_lower, lower, strict, &idx, &v,
-                               <void*> stream, err, ERRLEN)
+        st = L.first_bad_values(cs.data(), m, idx.data(), v.data(), <void*> stream, err, ERRLEN)
     _raise(st, err)
-    return idx, v
+    return [(idx[j], v[j]) for j in range(m)]
 
 
 # --------------------------------------------------------------------------

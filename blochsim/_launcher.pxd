@@ -9,6 +9,13 @@ from blochsim._host cimport KeyedProgram, MatchProblem, MatchResult, NoiseKey, P
 
 
 cdef extern from "launcher.hpp" namespace "blochsim::cuda" nogil:
+    cdef struct ValueCheck:
+        const float* x
+        int64_t count
+        int check_lower
+        float lower
+        int strict
+
     int available(char* why, int n)
     int device_malloc(void** p, size_t nbytes, char* err, int n)
     int device_free(void* p, char* err, int n)
@@ -24,8 +31,10 @@ cdef extern from "launcher.hpp" namespace "blochsim::cuda" nogil:
     int pointer_device(const void* p, int* device, char* err, int n)
     int expand_to_float(const void* src, int src_is_f64, int ndim, const int64_t* shape,
                         const int64_t* strides, double scale, float* dst, int64_t count, void* stream, char* err, int n)
-    int first_bad_value(const float* x, int64_t count, int check_lower, float lower, int strict,
-                        int64_t* index, float* bad_value, void* stream, char* err, int n)
+    int keep_stream(const EventStream& s, EventStream* view, void** buf, char* err, int n)
+    void free_kept_stream(void* buf)
+    int first_bad_values(const ValueCheck* checks, int m, int64_t* index, float* bad_value, void* stream,
+                         char* err, int n)
     int match(const MatchProblem& p, const MatchResult& r, void* stream, char* err, int n)
     int match_max_k()
     int perk_inputs(const float* s, int64_t count, int64_t c, int mode, int normalize, const float* basis,

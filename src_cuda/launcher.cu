@@ -158,25 +158,32 @@ int expand_to_float(const void* src, int src_is_f64, int ndim, const int64_t* sh
   return ok;
 }
 
-int first_bad_value(const float* x, int64_t count, int check_lower, float lower, int strict, int64_t* index,
-                    float* bad_value, void* stream, char* err, int n) {
-  *index = -1;
-  if (count == 0) return ok;
+int first_bad_values(const ValueCheck* checks, int m, int64_t* index, float* bad_value, void* stream, char* err,
+                     int n) {
+  for (int j = 0; j < m; ++j) index[j] = -1;
+  if (m <= 0) return ok;
   cudaStream_t st = as_stream(stream);
+  const size_t bytes = sizeof(unsigned long long) * static_cast<size_t>(m);
   unsigned long long* d = nullptr;
-  BLOCHSIM_CUDA(pool_malloc(reinterpret_cast<void**>(&d), sizeof(unsigned long long), st), "cudaMallocFromPoolAsync");
-  BLOCHSIM_CUDA(cudaMemsetAsync(d, 0xff, sizeof(unsigned long long), st), "cudaMemsetAsync");
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((count + 255) / 256, 4096));
+  BLOCHSIM_CUDA(pool_malloc(reinterpret_cast<void**>(&d), bytes, st), "cudaMallocFromPoolAsync");
+  BLOCHSIM_CUDA(cudaMemsetAsync(d, 0xff, bytes, st), "cudaMemsetAsync");
   no_stale_error();
-  bad_value_kernel<<<blocks, 256, 0, st>>>(x, count, check_lower, lower, strict, d);
-  BLOCHSIM_CUDA(cudaGetLastError(), "bad_value_kernel launch");
-  unsigned long long h = 0;
-  BLOCHSIM_CUDA(cudaMemcpyAsync(&h, d, sizeof h, cudaMemcpyDeviceToHost, st), "copy to host");
+  for (int j = 0; j < m; ++j) {
+    const ValueCheck& c = checks[j];
+    if (c.count == 0) continue;
+    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((c.count + 255) / 256, 4096));
+    bad_value_kernel<<<blocks, 256, 0, st>>>(c.x, c.count, c.check_lower, c.lower, c.strict, d + j);
+    BLOCHSIM_CUDA(cudaGetLastError(), "bad_value_kernel launch");
+  }
+  std::vector<unsigned long long> h(static_cast<size_t>(m));
+  BLOCHSIM_CUDA(cudaMemcpyAsync(h.data(), d, bytes, cudaMemcpyDeviceToHost, st), "copy to host");
   BLOCHSIM_CUDA(cudaFreeAsync(d, st), "cudaFreeAsync");
   BLOCHSIM_CUDA(cudaStreamSynchronize(st), "cudaStreamSynchronize");
-  if (h != ~0ull) {
-    *index = static_cast<int64_t>(h);
-    BLOCHSIM_CUDA(cudaMemcpy(bad_value, x + h, sizeof(float), cudaMemcpyDeviceToHost), "copy to host");
+  for (int j = 0; j < m; ++j) {
+    if (h[j] == ~0ull) continue;
+    index[j] = static_cast<int64_t>(h[j]);
+    BLOCHSIM_CUDA(cudaMemcpy(bad_value + j, checks[j].x + h[j], sizeof(float), cudaMemcpyDeviceToHost),
+                  "copy to host");
   }
   return ok;
 }
@@ -188,8 +195,17 @@ std::size_t bytes_per_problem(const EventStream& s, const Tissue&) {
   return b;
 }
 
-int forward(const EventStream& s, const Tissue& t, float* out, void* stream, char* err, int n) {
-  return guarded([&] { return forward_device(s, t, out, as_stream(stream), err, n); });
+int forward(const EventStream& s, const Tissue& t, float* out, void* stream, char* err, int n,
+            const EventStream* kept) {
+  return guarded([&] { return forward_device(s, t, out, as_stream(stream), err, n, kept); });
+}
+
+int keep_stream(const EventStream& s, EventStream* view, void** buf, char* err, int n) {
+  return guarded([&] { return keep_stream_device(s, view, buf, err, n); });
+}
+
+void free_kept_stream(void* buf) {
+  if (buf) cudaFree(buf);
 }
 
 int keyed_forward(const EventStream& s, const KeyedProgram& k, const Tissue& t, float* out, void* stream, char* err,

@@ -49,16 +49,33 @@ int pointer_device(const void* p, int* device, char* err, int n);
 int expand_to_float(const void* src, int src_is_f64, int ndim, const int64_t* shape,
                     const int64_t* strides, double scale, float* dst, int64_t count, void* stream, char* err, int n);
 
-// Index of the first element of x[0, count) that is not finite or fails
-// x > lower (strict) / x >= lower; -1 if none; the value is in *bad_value.
-int first_bad_value(const float* x, int64_t count, int check_lower, float lower, int strict,
-                    int64_t* index, float* bad_value, void* stream, char* err, int n);
+// One check of first_bad_values: the elements x[0, count) must be finite
+// and, with check_lower, x > lower (strict) or x >= lower.
+struct ValueCheck {
+  const float* x;
+  int64_t count;
+  int check_lower;
+  float lower;
+  int strict;
+};
+
+// For each of the m checks, the index of the first element that fails it
+// in index[j] (-1 if none) and its value in bad_value[j]: every check is
+// launched on `stream`, then one copy back and one synchronisation serve
+// them all.
+int first_bad_values(const ValueCheck* checks, int m, int64_t* index, float* bad_value, void* stream, char* err,
+                     int n);
 
 // Forward EPG on the device.  The stream's arrays are host pointers (copied
-// here); the tissue's Property pointers and out are device pointers; out is
-// (t.n, s.n_samples) complex64 interleaved.  Ordered on `stream`, not
-// synchronised.
-int forward(const EventStream& s, const Tissue& t, float* out, void* stream, char* err, int n);
+// here, unless `kept` is its copy on the device: keep_stream); the tissue's
+// Property pointers and out are device pointers; out is (t.n, s.n_samples)
+// complex64 interleaved.  Ordered on `stream`, not synchronised.
+int forward(const EventStream& s, const Tissue& t, float* out, void* stream, char* err, int n,
+            const EventStream* kept = nullptr);
+// s copied to the current device until free_kept_stream(*buf): *view is s
+// with device pointers, for forward's `kept`.
+int keep_stream(const EventStream& s, EventStream* view, void** buf, char* err, int n);
+void free_kept_stream(void* buf);
 
 // The moment-keyed EPG on the device (cuda/keyed.cuh): the program's arrays
 // are host pointers, the rest as forward().  Ordered on `stream`.

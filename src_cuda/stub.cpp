@@ -34,10 +34,14 @@ int expand_to_float(const void*, int, int, const int64_t*, const int64_t*, doubl
                     char* err, int n) {
   return no(err, n);
 }
-int first_bad_value(const float*, int64_t, int, float, int, int64_t*, float*, void*, char* err, int n) {
+int first_bad_values(const ValueCheck*, int, int64_t*, float*, void*, char* err, int n) {
   return no(err, n);
 }
-int forward(const EventStream&, const Tissue&, float*, void*, char* err, int n) { return no(err, n); }
+int forward(const EventStream&, const Tissue&, float*, void*, char* err, int n, const EventStream*) {
+  return no(err, n);
+}
+int keep_stream(const EventStream&, EventStream*, void**, char* err, int n) { return no(err, n); }
+void free_kept_stream(void*) {}
 int keyed_forward(const EventStream&, const KeyedProgram&, const Tissue&, float*, void*, char* err, int n) {
   return no(err, n);
 }

@@ -247,6 +247,7 @@ def resident_tissue(arrays, ifaces, shape, n, own, stream, fields=None):
     order = own if own is not None else stream
     keep = []
     dev = []
+    checks = []
     for field in (_core.TISSUE_FIELDS if fields is None else fields):
         name = V.SI_TO_PUBLIC.get(field)
         factor = V.TISSUE_UNITS[name][0] if name else 1.0
@@ -260,7 +261,7 @@ def resident_tissue(arrays, ifaces, shape, n, own, stream, fields=None):
             else:
                 _core.expand_to_float(it.ptr, it.is_f64, tuple(shape), broadcast_strides(it.shape, shape),
                                       factor, buf.ptr, n, stream)
-            check_device_values(name, buf.ptr, count, shape if count > 1 else (), factor, stream)
+            checks.append((name, buf.ptr, count, shape if count > 1 else (), factor))
             keep.append(buf)
             dev.append((buf.ptr, 0 if count == 1 else 1))
         elif name in arrays:
@@ -274,6 +275,7 @@ def resident_tissue(arrays, ifaces, shape, n, own, stream, fields=None):
             dev.append((buf.ptr, 0 if host.size == 1 else 1))
         else:
             dev.append(None)
+    check_device_values(checks, stream)
     return tuple(dev), keep
 
 
@@ -311,17 +313,22 @@ def broadcast_strides(src_shape, shape):
     return tuple(strides)
 
 
-def check_device_values(name, ptr, count, shape, factor, stream):
-    """The device-side version of the host checks: finite and within bounds."""
-    _, _, low, strict = V.TISSUE_UNITS[name]
-    idx, value = _core.first_bad_value(ptr, count, low is not None, float(low or 0.0), bool(strict), stream)
-    if idx < 0:
-        return
-    where = tuple(int(i) for i in np.unravel_index(idx, shape)) if shape else ()
-    v = float(f"{value / factor:.7g}")  # the float32 value, back in public units
-    if not np.isfinite(v):
-        raise ValueError(f"{name} must be finite, got {v!r} at index {where}")
-    op = ">" if strict else ">="
-    unit = V.UNIT_NAMES[name]
-    raise ValueError(f"{name} must be {op} {low:g}{' ' + unit if unit else ''}, got {v!r} at index {where}")
+def check_device_values(checks, stream):
+    """The device-side version of the host checks, finite and within bounds,
+    of the SI planes ``checks`` = [(name, pointer, count, voxel shape (()
+    for one value), factor to SI)]: one synchronisation for all; the first
+    failing property is refused."""
+    bounds = [V.TISSUE_UNITS[name][2:] for name, *_ in checks]
+    found = _core.first_bad_values([(ptr, count, low is not None, float(low or 0.0), bool(strict))
+                                    for (_, ptr, count, _, _), (low, strict) in zip(checks, bounds)], stream)
+    for (name, _, _, shape, factor), (low, strict), (idx, value) in zip(checks, bounds, found):
+        if idx < 0:
+            continue
+        where = tuple(int(i) for i in np.unravel_index(idx, shape)) if shape else ()
+        v = float(f"{value / factor:.7g}")  # the float32 value, back in public units
+        if not np.isfinite(v):
+            raise ValueError(f"{name} must be finite, got {v!r} at index {where}")
+        op = ">" if strict else ">="
+        unit = V.UNIT_NAMES[name]
+        raise ValueError(f"{name} must be {op} {low:g}{' ' + unit if unit else ''}, got {v!r} at index {where}")
 

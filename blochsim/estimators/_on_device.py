@@ -118,7 +118,7 @@ def _device_signals(signals, contrasts, what):
         size = int(np.prod(it.shape, dtype=np.int64))
         if size:
             stream = int(it.stream or 0)
-            idx, value = _core.first_bad_value(it.ptr, 2 * size, False, 0.0, False, stream)
+            [(idx, value)] = _core.first_bad_values([(it.ptr, 2 * size, False, 0.0, False)], stream)
             if idx >= 0:
                 at = tuple(int(i) for i in np.unravel_index(idx // 2 // contrasts, it.shape[:-1]))
                 raise ValueError(f"{what}: signals are not finite at voxel {at} ({value!r})")

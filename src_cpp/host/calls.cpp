@@ -17,7 +17,7 @@ int call_forward(const Call& c) noexcept {
       return host_forward_dispatch(s, t, c.out, c.threads);
     case on_device:
       if (c.program) return cuda::keyed_forward(s, *c.program, t, c.out, c.cuda_stream, c.err, c.err_len);
-      return cuda::forward(s, t, c.out, c.cuda_stream, c.err, c.err_len);
+      return cuda::forward(s, t, c.out, c.cuda_stream, c.err, c.err_len, c.kept);
     case through_device:
       return cuda::forward_streamed(s, t, c.out, c.budget_bytes, c.err, c.err_len);
   }

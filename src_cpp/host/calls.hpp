@@ -43,6 +43,7 @@ struct Call {
   int threads = 1;               // host threads
   int variant = 0;               // host: the device's register team emulated (tests)
   void* cuda_stream = nullptr;   // on_device: the stream the work is ordered on
+  const EventStream* kept = nullptr;  // on_device forward: the stream's copy on the device (keep_stream), or null
   std::size_t budget_bytes = 0;  // through_device forward: device memory per chunk pair (0: most of it)
   char* err = nullptr;           // the message of a failed CUDA call
   int err_len = 0;

@@ -220,7 +220,11 @@ inline size_t put(std::vector<unsigned char>& h, const T* src, int64_t count) {
   return off;
 }
 
-inline int upload_stream(const EventStream& s, DeviceStream& d, cudaStream_t st, char* err, int n) {
+// s's arrays and records in one device buffer, d.ds pointing into it: from
+// the calls' pool in the order of st, or with kept from cudaMalloc, copied
+// before it returns (a copy that outlives the call: keep_stream).
+inline int upload_stream(const EventStream& s, DeviceStream& d, cudaStream_t st, char* err, int n,
+                         bool kept = false) {
   std::vector<unsigned char> h;
   const int64_t ne = s.n_events;
   const size_t o_dur = put(h, s.duration_s, s.n_intervals);
@@ -238,8 +242,18 @@ inline int upload_stream(const EventStream& s, DeviceStream& d, cudaStream_t st,
   pack_events(s, records.data());
   const size_t o_rec = put(h, records.data(), ne + 1);
   h.resize(std::max<size_t>(h.size(), 16));
-  BLOCHSIM_CUDA(pool_malloc(&d.buf, h.size(), st), "cudaMallocFromPoolAsync (event stream)");
-  BLOCHSIM_CUDA(cudaMemcpyAsync(d.buf, h.data(), h.size(), cudaMemcpyHostToDevice, st), "copy of the event stream");
+  if (kept) {
+    BLOCHSIM_CUDA(cudaMalloc(&d.buf, h.size()), "cudaMalloc (event stream)");
+    const cudaError_t e = cudaMemcpy(d.buf, h.data(), h.size(), cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) {
+      cudaFree(d.buf);
+      d.buf = nullptr;
+      return fail(e, "copy of the event stream", err, n);
+    }
+  } else {
+    BLOCHSIM_CUDA(pool_malloc(&d.buf, h.size(), st), "cudaMallocFromPoolAsync (event stream)");
+    BLOCHSIM_CUDA(cudaMemcpyAsync(d.buf, h.data(), h.size(), cudaMemcpyHostToDevice, st), "copy of the event stream");
+  }
   // the copy from pageable memory has been staged when it returns, so h may go
   unsigned char* b = static_cast<unsigned char*>(d.buf);
   d.ds = s;
@@ -264,8 +278,21 @@ inline int upload_stream(const EventStream& s, DeviceStream& d, cudaStream_t st,
 
 }  // namespace detail
 
+// s copied to the current device for as long as the caller keeps it, for
+// calls that play it again (forward_device's `kept`): *view points into the
+// copy, *buf owns it (cudaFree).  Synchronous (cudaMemcpy).
+inline int keep_stream_device(const EventStream& s, EventStream* view, void** buf, char* err = nullptr, int n = 0) {
+  detail::DeviceStream d;
+  const int r = detail::upload_stream(s, d, nullptr, err, n, true);
+  if (r != ok) return r;
+  *view = d.ds;
+  *buf = d.buf;
+  return ok;
+}
+
 // Forward EPG on the device.  The stream's arrays are host pointers (copied
-// here, stream-ordered); the tissue's Property pointers and out are device
+// here, stream-ordered, unless `kept` is s's copy on the device:
+// keep_stream_device); the tissue's Property pointers and out are device
 // pointers, out being (t.n, s.n_samples) complex64 interleaved.  Ordered on
 // `stream`, not synchronised.  Returns 0, a blochsim Status, or
 // cuda_error_base + cudaError_t with a message in err (n bytes).
@@ -273,9 +300,10 @@ inline int upload_stream(const EventStream& s, DeviceStream& d, cudaStream_t st,
 // its kernels.)
 template <int Unused = 0>
 inline int forward_device(const EventStream& s, const Tissue& t, float* out, cudaStream_t stream,
-                          char* err = nullptr, int n = 0) {
+                          char* err = nullptr, int n = 0, const EventStream* kept = nullptr) {
   const int v = validate(s, t);
   if (v != ok) return detail::say(v, err, n);
+  if (kept) return detail::launch(*kept, t, out, stream, err, n);
   detail::DeviceStream d;
   int r = detail::upload_stream(s, d, stream, err, n);
   if (r != ok) return r;

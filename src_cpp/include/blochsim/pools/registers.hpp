@@ -115,6 +115,13 @@ struct PooledTeam {
   float g_offset;
   bool g_ready;
   double g_T2b;
+  // the record of the event being played, read once an event (a read of
+  // the stream's records at each use waits on memory again); with
+  // prefetch, while the event before plays.  The complex planes of an
+  // exchanging pool leave no registers for the next record (the H100 ran
+  // 6 % slower with it, bench/NOTES.md).
+  EventRecord rec;
+  static constexpr bool prefetch = Real_ || N_ == 1;
 
   // Order r of the member's registers into o, and back: on the real planes
   // plane 0 holds the imaginary part of F+ and F- and the real part of Z.
@@ -207,10 +214,11 @@ BLOCHSIM_UNROLL
     }
   }
 
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE uint32_t flags(int64_t e) const { return es->records[e].flags; }
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE int32_t interval_of(int64_t e) const { return es->records[e].interval; }
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE int32_t shift_before(int64_t e) const { return es->records[e].shift_before; }
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE int32_t shift_after(int64_t e) const { return es->records[e].shift_after; }
+  // (the event asked about is always the one being played: rec)
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE uint32_t flags(int64_t) const { return rec.flags; }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE int32_t interval_of(int64_t) const { return rec.interval; }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE int32_t shift_before(int64_t) const { return rec.shift_before; }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE int32_t shift_after(int64_t) const { return rec.shift_after; }
 
   // The interval's operators from the table (read again only when the
   // interval changes), copied into the event's step.
@@ -235,7 +243,7 @@ BLOCHSIM_UNROLL
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE bool saturation(int64_t e, float& decay) {
     using std::exp;
     const EventStream& s = *es;
-    if (!(saturating && (s.records[e].flags & (event_rf | event_saturation)) && s.rf_duration_s[e] > 0.0f))
+    if (!(saturating && (rec.flags & (event_rf | event_saturation)) && s.rf_duration_s[e] > 0.0f))
       return false;
     const double tau_rf = s.rf_duration_s[e];
     const float offset = s.rf_offset_hz ? s.rf_offset_hz[e] : 0.0f;
@@ -247,17 +255,16 @@ BLOCHSIM_UNROLL
       g_ready = true;
     }
     const double power = s.rf_power ? s.rf_power[e] : 1.0;
-    const double a = B1 * s.records[e].flip_rad;
+    const double a = B1 * rec.flip_rad;
     decay = exp(static_cast<float>(-(pi * power / tau_rf) * g_T2b * a * a));
     return true;
   }
   // A problem at B1 = 1 with no transmit phase takes each pulse's cos and
   // sin from its record (the stream's rf table, formed once per sequence);
   // others turn their own flip and phase in single precision.
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pulse(int64_t e, float& ca, float& sa, float& cp, float& sp) const {
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pulse(int64_t, float& ca, float& sa, float& cp, float& sp) const {
     using std::cos;
     using std::sin;
-    const EventRecord& rec = es->records[e];
     if (nominal_rf) {
       ca = rec.rf[rft_cos];
       sa = rec.rf[rft_sin];
@@ -292,8 +299,7 @@ BLOCHSIM_UNROLL
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE float inversion() const { return -eta; }
   // M0 (F+) e^{-i rx} to sink.write(slot, re, im) (meaningful in member 0)
   template <class Sink>
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void sample(int64_t e, const V& accr, const V& acci, Sink& sink) const {
-    const EventRecord& rec = es->records[e];
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void sample(int64_t, const V& accr, const V& acci, Sink& sink) const {
     const float cr = rec.rf[rft_cos_rx], sr = rec.rf[rft_sin_rx];
     sink.write(rec.slot, M0 * (accr * cr + acci * sr), M0 * (acci * cr - accr * sr));
   }
@@ -348,7 +354,17 @@ BLOCHSIM_UNROLL
         for (int r = 0; r < R; ++r) z[j][c][r] = V{};
       z[j][0][0] = first * frac[j];
     }
-    for (int64_t e = 0; e < s.n_events; ++e) pooled_event(s, e, *this, sink);
+    // records hold n_events + 1 entries (pack_events)
+    EventRecord next = s.records[0];
+    for (int64_t e = 0; e < s.n_events; ++e) {
+      if constexpr (prefetch) {
+        rec = next;
+        next = s.records[e + 1];
+      } else {
+        rec = s.records[e];
+      }
+      pooled_event(s, e, *this, sink);
+    }
   }
 };
 
