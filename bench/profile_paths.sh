@@ -24,7 +24,7 @@ for s in long_scoreboard short_scoreboard not_selected barrier wait math_pipe_th
          no_instruction dispatch_stall membar selected; do
   metrics+=,smsp__average_warps_issue_stalled_${s}_per_issue_active.ratio
 done
-kernels='regex:warp_kernel|block_kernel|tail_kernel|jacobian_kernel|pooled_team_kernel|pooled_kernel|pooled_jacobian_kernel'
+kernels='regex:warp_kernel|block_kernel|tail_kernel|jacobian_kernel|jacobian_block_kernel|pooled_team_kernel|pooled_kernel|pooled_jacobian_kernel'
 cd /tmp
 for p in $paths; do
   ncu --clock-control none --launch-skip 1 --launch-count 1 -k "$kernels" --csv --metrics "$metrics" \

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import blochsim
-from blochsim import _core, simulators as S
+from blochsim import Delay, Dephase, Excitation, Readout, Sequence, Simulator, _core, simulators as S
 from blochsim._engine import memory as _memory
 from blochsim.estimators import PERK, DictionaryMatcher, LookupTable, NonlinearLeastSquares
 from interrupts import assert_ctrl_c_stops
@@ -165,16 +165,23 @@ def _run(code, timeout=120):
 
 
 def test_a_huge_state_count_is_refused_not_a_crash():
+    # (a train reaches 1 + its shifts: one shift of 10^9 orders needs them all)
     code, out = _run("""
-        import numpy as np
-        from blochsim.simulators import MRFSimulator
+        from blochsim import Delay, Dephase, Excitation, Readout, Sequence, Simulator
+
+        class Wide(Simulator):
+            tissue_properties = ("T1", "T2")
+
+            def repetition(self, p):
+                return Sequence([Excitation(90.0), Dephase(10**9), Delay(1.0), Readout()])
+
         try:
-            MRFSimulator(flip=np.full(10, 20.0), TR=10.0, states=10**9).simulate(T1=1000.0, T2=80.0)
+            Wide(states=10**9).simulate(T1=1000.0, T2=80.0)
         except MemoryError as e:
             print("MemoryError:", e)
     """)
     assert code == 0, out
-    assert "MemoryError: MRFSimulator.simulate needs" in out and "states=1000000000" in out
+    assert "MemoryError: Wide.simulate needs" in out and "states=1000000000" in out
     assert "lower states" in out
 
 
@@ -183,7 +190,15 @@ def test_the_kernels_refuse_a_workspace_that_does_not_fit(monkeypatch):
     workspace itself with a status that becomes MemoryError, before
     allocating it."""
     monkeypatch.setattr(_memory, "check_host", lambda *a, **k: None)
-    sim = S.MRFSimulator(flip=np.full(10, 20.0), TR=10.0, states=10**9)
+
+    class Wide(Simulator):
+        """One shift of 10^9 orders: a train that reaches every state."""
+        tissue_properties = ("T1", "T2")
+
+        def repetition(self, p):
+            return Sequence([Excitation(90.0), Dephase(10**9), Delay(1.0), Readout()])
+
+    sim = Wide(states=10**9)
     for call in (lambda: sim.simulate(T1=1000.0, T2=80.0), lambda: sim.jacobian("T1", T1=1000.0, T2=80.0)):
         with pytest.raises(MemoryError, match="workspace does not fit"):
             call()
