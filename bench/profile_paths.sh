@@ -4,7 +4,7 @@
 # this tree into /tmp/bs.  A table of instructions per atom and TR, issue
 # rate, registers, occupancy, memory traffic and the top stall reasons;
 # the raw CSV under $OUT.
-# Usage there: bash bench/profile_paths.sh [atoms] [paths...]
+# Usage there: [TREE=base] bash bench/profile_paths.sh [atoms] [paths...]
 set -uo pipefail
 repo=$(pwd)
 out=${OUT:-/tmp/out}
@@ -12,7 +12,7 @@ mkdir -p "$out"
 n=${1:-100000}
 shift || true
 paths=${*:-real complex bssfp jacobian mt poolB states128}
-export PYTHONPATH=/tmp/bs:/tmp/site
+export PYTHONPATH=/tmp/${TREE:-bs}:/tmp/site  # TREE=base: the base tree device_ab.sh built
 metrics=gpu__time_duration.sum,smsp__inst_executed.sum,sm__cycles_elapsed.avg,launch__registers_per_thread
 metrics+=,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active
 metrics+=,launch__grid_size,launch__block_size,launch__shared_mem_per_block_dynamic
