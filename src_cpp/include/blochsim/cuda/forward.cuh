@@ -80,7 +80,12 @@ struct Shape {
 // Orders a thread of the real path's narrow warp kernel: the launch for
 // few problems, whose time is one team's chain of events (a team of
 // 32 / warp_orders_narrow times more threads, each with that many times
-// fewer orders to update between two shifts).
+// fewer orders to update between two shifts).  Compiled in with
+// -DBLOCHSIM_NARROW_TEAMS=1: it has not yet run on a card (bench/NOTES.md,
+// issue 40; its teams are emulated on the host, test_device_templates).
+#ifndef BLOCHSIM_NARROW_TEAMS
+#define BLOCHSIM_NARROW_TEAMS 0
+#endif
 constexpr int warp_orders_narrow = 8;
 
 // Per-thread work of a kernel in units of one order's operator: R orders
@@ -97,7 +102,7 @@ constexpr int warp_fixed = 8, block_fixed = 12;
 // path: the call lasts as long as one team takes, not the card's throughput.
 inline Shape shape_of(const EventStream& s, bool few = false) {
   const int64_t K = s.states;
-  if (few && s.real_path && K > warp_orders_narrow && K <= 32 * warp_orders_narrow) {
+  if (BLOCHSIM_NARROW_TEAMS && few && s.real_path && K > warp_orders_narrow && K <= 32 * warp_orders_narrow) {
     const int T = static_cast<int>((K + warp_orders_narrow - 1) / warp_orders_narrow);
     Shape sh{warp_kind, T, 32 / T, warp_block};
     sh.narrow = true;
@@ -182,9 +187,11 @@ inline int launch(const EventStream& ds, const Tissue& t, float* out, cudaStream
     if (cplx) {
       BLOCHSIM_CUDA(allow_shared(warp_kernel<true, warp_orders_complex, false>, smem), "cudaFuncSetAttribute");
       warp_kernel<true, warp_orders_complex, false><<<blocks, warp_block, smem, st>>>(ds, t, out, sh.T, w);
+#if BLOCHSIM_NARROW_TEAMS
     } else if (sh.narrow) {
       BLOCHSIM_CUDA(allow_shared(warp_kernel<false, warp_orders_narrow, false>, smem), "cudaFuncSetAttribute");
       warp_kernel<false, warp_orders_narrow, false><<<blocks, warp_block, smem, st>>>(ds, t, out, sh.T, w);
+#endif
     } else if (sh.T == 1) {
       BLOCHSIM_CUDA(allow_shared(warp_kernel<false, warp_orders_real, true>, smem), "cudaFuncSetAttribute");
       warp_kernel<false, warp_orders_real, true><<<blocks, warp_block, smem, st>>>(ds, t, out, sh.T, w);
