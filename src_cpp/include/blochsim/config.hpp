@@ -80,7 +80,7 @@ enum Status : int {
   bad_threads = 4,         // a thread count < 1
   bad_shape = 5,           // negative counts or a null array that is required
   no_cuda = 6,             // the device backend was not compiled
-  states_exceed_team = 7,  // K larger than a register team holds (host emulation, device Jacobians)
+  states_exceed_team = 7,  // K larger than a register team holds (the host emulation of device teams)
   too_many_events = 8,     // n_events >= 2^31 - 1 (kernels index events in 32 bits)
   bad_pools = 9,           // a pool count, lineshape or pulse duration out of range
   bad_pool_fraction = 10,  // a pool fraction or rate < 0, fractions summing past 1, bound T1/T2 <= 0
