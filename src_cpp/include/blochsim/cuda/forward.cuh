@@ -173,10 +173,14 @@ template <int Unused = 0>
 inline int launch(const EventStream& ds, const Tissue& t, float* out, cudaStream_t st, char* err, int n) {
   if (t.n == 0 || ds.n_samples == 0) return ok;
   no_stale_error();
+  bool few = false;
+#if BLOCHSIM_NARROW_TEAMS
   int device = 0, sms = 0;
   BLOCHSIM_CUDA(cudaGetDevice(&device), "cudaGetDevice");
   BLOCHSIM_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-  const Shape sh = shape_of(ds, t.n * ((ds.states + warp_orders_narrow - 1) / warp_orders_narrow) <= 64 * int64_t(sms));
+  few = t.n * ((ds.states + warp_orders_narrow - 1) / warp_orders_narrow) <= 64 * int64_t(sms);
+#endif
+  const Shape sh = shape_of(ds, few);
   const bool cplx = !ds.real_path;
   const unsigned groups = static_cast<unsigned>((t.n + sh.per - 1) / sh.per);
   const int32_t w = window_records(ds);
