@@ -24,6 +24,116 @@ from blochsim._host cimport (Interrupt, KeyedProgram, MatchProblem, MatchResult,
                              host_workspace_bytes, match_max_k, perk_max_outputs, unchecked_workspace_bytes)
 cimport blochsim._launcher as L
 
+# --------------------------------------------------------------------------
+# Result buffers: the host kernels' new outputs.  A result of tens of
+# megabytes is a fresh mapping whose pages the operating system zeroes as
+# the kernels first write them (15 % of a forward call, 23 % of a Jacobian,
+# bench/NOTES.md); the memory of a result that has been dropped is kept for
+# the next one of the same size, its pages already mapped.
+
+cdef extern from *:
+    """
+    #include <stdlib.h>
+    #if defined(__linux__)
+    #include <sys/mman.h>
+    #endif
+    #if defined(_WIN32)
+    #include <malloc.h>
+    #endif
+    /* nbytes (rounded up to the alignment) of host memory: 64-byte aligned,
+       2 MiB aligned and offered to transparent huge pages from 4 MiB. */
+    static void* blochsim_result_alloc(size_t nbytes) {
+      const size_t align = nbytes >= ((size_t)4 << 20) ? ((size_t)2 << 20) : 64;
+      const size_t size = (nbytes + align - 1) / align * align + (nbytes == 0 ? align : 0);
+      void* p = NULL;
+    #if defined(_WIN32)
+      p = _aligned_malloc(size, align);
+    #else
+      if (posix_memalign(&p, align, size) != 0) p = NULL;
+    #endif
+    #if defined(__linux__) && defined(MADV_HUGEPAGE)
+      if (p && align > 64) madvise(p, size, MADV_HUGEPAGE);
+    #endif
+      return p;
+    }
+    static void blochsim_result_free(void* p) {
+    #if defined(_WIN32)
+      _aligned_free(p);
+    #else
+      free(p);
+    #endif
+    }
+    """
+    void* blochsim_result_alloc(size_t nbytes) nogil
+    void blochsim_result_free(void* p) nogil
+
+DEF RESULT_SLOTS = 4
+# results smaller than this are left to NumPy; at most RESULT_KEPT bytes kept
+cdef size_t RESULT_MIN = 1 << 20
+cdef size_t RESULT_KEPT = 1 << 30
+cdef void* _kept_ptr[RESULT_SLOTS]
+cdef size_t _kept_size[RESULT_SLOTS]
+cdef size_t _kept_bytes = 0
+
+
+cdef class ResultBuffer:
+    """``nbytes`` of host memory for a result array (exposed through
+    ``__array_interface__``), taken from the buffers of dropped results of
+    the same size when one is kept; given back to them when the last array
+    over it goes."""
+    cdef void* ptr
+    cdef readonly size_t nbytes
+
+    def __cinit__(self, size_t nbytes):
+        global _kept_bytes
+        self.nbytes = nbytes
+        self.ptr = NULL
+        for i in range(RESULT_SLOTS):
+            if _kept_ptr[i] != NULL and _kept_size[i] == nbytes:
+                self.ptr, _kept_ptr[i] = _kept_ptr[i], NULL
+                _kept_bytes -= nbytes
+                return
+        self.ptr = blochsim_result_alloc(nbytes)
+        if self.ptr == NULL:
+            raise MemoryError(f"blochsim: {nbytes} bytes of host memory for a result are not available")
+
+    def __dealloc__(self):
+        global _kept_bytes
+        if self.ptr == NULL:
+            return
+        if _kept_bytes + self.nbytes <= RESULT_KEPT:
+            for i in range(RESULT_SLOTS):
+                if _kept_ptr[i] == NULL:
+                    _kept_ptr[i], _kept_size[i] = self.ptr, self.nbytes
+                    _kept_bytes += self.nbytes
+                    return
+        blochsim_result_free(self.ptr)
+
+    @property
+    def __array_interface__(self):
+        return {"shape": (self.nbytes,), "typestr": "|u1", "data": (<uintptr_t> self.ptr, False), "version": 3}
+
+
+def new_result(shape, dtype):
+    """An uninitialised C-contiguous NumPy array for a kernel's output: over
+    a ResultBuffer from 1 MiB up (the memory of dropped results reused),
+    np.empty below."""
+    import numpy as np
+    dt = np.dtype(dtype)
+    count = 1
+    for s in shape:
+        count *= s
+    nbytes = count * dt.itemsize
+    if nbytes < RESULT_MIN:
+        return np.empty(shape, dt)
+    return np.asarray(ResultBuffer(nbytes)).view(dt).reshape(shape)
+
+
+def kept_result_bytes():
+    """Bytes of dropped results' memory kept for the next ones."""
+    return _kept_bytes
+
+
 cdef tuple _field_table():
     return tuple((field_table[i].name.decode(), field_table[i].unit.decode(), field_table[i].fallback,
                   bool(field_table[i].flags & field_single_pool_direction),

@@ -32,7 +32,7 @@ def forward(owner, ps, arrays, shape, out, threads, variant, streamed=None):
                        host_kernels=streamed is None)
     si = si_planes(arrays, shape)
     if out is None:
-        out = np.empty(want, dtype=np.complex64)
+        out = _core.new_result(want, np.complex64)
     n = int(np.prod(shape, dtype=np.int64))
     flat = out.reshape(n, ps.n_samples)
     if streamed is not None:
@@ -59,7 +59,7 @@ def keyed_forward(owner, stream, ps, arrays, shape, out, threads):
                        "fewer threads, or a file whose moments hold fewer states")
     si = si_planes(arrays, shape)
     if out is None:
-        out = np.empty(want, dtype=np.complex64)
+        out = _core.new_result(want, np.complex64)
     flat = out.reshape(n, ps.n_samples)
 
     def run(i, j):
@@ -108,8 +108,8 @@ def _play_jacobian(ps, si, shape, fields, scale, one, threads, out, **entry):
     direction axis for ``one`` name; ``out`` itself when given."""
     n = int(np.prod(shape, dtype=np.int64))
     if out is None:
-        signal = np.empty(shape + (ps.n_samples,), dtype=np.complex64)
-        jac = np.empty((n, len(fields), ps.n_samples), dtype=np.complex64)
+        signal = _core.new_result(shape + (ps.n_samples,), np.complex64)
+        jac = _core.new_result((n, len(fields), ps.n_samples), np.complex64)
     else:
         signal, jac = out
     # seeded with the SI value of one public unit: derivatives per public unit
@@ -157,7 +157,7 @@ def vjp(owner, s, ps, arrays, shape, names, tissue_names, p, prov, pshapes, thre
     n = int(np.prod(shape, dtype=np.int64))
     memory.check_call(owner, ps, shape, arrays, "adjoint", threads, fields, outputs=2)
     si = si_planes(arrays, shape)
-    signal = np.empty(shape + (s.n_samples,), dtype=np.complex64)
+    signal = _core.new_result(shape + (s.n_samples,), np.complex64)
     _core.forward_host(ps, si, n, signal.reshape(n, s.n_samples), threads, variant)
     tshapes = {k: np.shape(arrays[k]) for k in tissue_names}
 

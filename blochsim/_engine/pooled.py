@@ -107,9 +107,9 @@ def _host_arrays(owner, ps, lineshape, tissue, pools, route, names, out, variant
                            outputs=0 if out is not None else 1 + len(names), pools=pools, host_kernels=not gpu)
     si, planes = si_planes(arrays, shape), V.si_planes(arrays, shape, _core.POOL_FIELDS)
     if signal is None:
-        signal = np.empty(want, dtype=np.complex64)
+        signal = _core.new_result(want, np.complex64)
     if names and jac is None:
-        jac = np.empty((n, len(names), ns), dtype=np.complex64)
+        jac = _core.new_result((n, len(names), ns), np.complex64)
     # seeded with the SI value of one public unit: derivatives per public unit
     seeds = [float(V.TISSUE_UNITS[k][0]) for k in names]
     flat = signal.reshape(n, ns)

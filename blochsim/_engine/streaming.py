@@ -66,8 +66,8 @@ def jacobian(owner, ps, arrays, shape, fields, scale, one, out, budget, names=No
         signal, jac = out
     else:
         memory.check_host(owner, n, 8.0 * ns * (1 + nd))
-        signal = np.empty(shape + (ns,), np.complex64)
-        jac = np.empty(shape + (nd, ns), np.complex64)
+        signal = _core.new_result(shape + (ns,), np.complex64)
+        jac = _core.new_result(shape + (nd, ns), np.complex64)
     flat_s, flat_j = signal.reshape(n, ns), jac.reshape(n, nd, ns)
     step = chunk_voxels(n, 8 * ns * (1 + nd) + _planes(arrays), budget)
     for i, j, part in chunks(arrays, shape, step):
@@ -87,7 +87,7 @@ def keyed_forward(owner, stream_of_moments, ps, arrays, shape, out, budget):
         V.check_host_out("out", out, shape + (ns,))
     else:
         memory.check_host(owner, n, 8.0 * ns)
-        out = np.empty(shape + (ns,), np.complex64)
+        out = _core.new_result(shape + (ns,), np.complex64)
     flat = out.reshape(n, ns)
     for i, j, part in chunks(arrays, shape, chunk_voxels(n, 8 * ns + _planes(arrays), budget)):
         device.keyed_from_host(owner, stream_of_moments, ps, part, (j - i,), flat[i:j])
