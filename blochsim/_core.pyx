@@ -134,6 +134,16 @@ def kept_result_bytes():
     return _kept_bytes
 
 
+def release_kept_results():
+    """Frees the memory kept from dropped results."""
+    global _kept_bytes
+    for i in range(RESULT_SLOTS):
+        if _kept_ptr[i] != NULL:
+            blochsim_result_free(_kept_ptr[i])
+            _kept_ptr[i] = NULL
+    _kept_bytes = 0
+
+
 cdef tuple _field_table():
     return tuple((field_table[i].name.decode(), field_table[i].unit.decode(), field_table[i].fallback,
                   bool(field_table[i].flags & field_single_pool_direction),
