@@ -465,3 +465,17 @@ def test_results_reuse_the_memory_of_dropped_ones():
     assert small.flags["OWNDATA"]
     del s, J
     assert 0 < _core.kept_result_bytes() <= 1 << 30
+
+
+def test_kept_result_memory_is_freed_before_a_call_is_refused(monkeypatch):
+    """A call that fits only without the memory kept from dropped results
+    frees it and runs."""
+    sim = S.MRFSimulator(flip=np.linspace(5.0, 60.0, 500), TR=10.0, states=16)
+    T1 = np.linspace(300.0, 2000.0, 400)
+    sim.simulate(T1=T1, T2=80.0)  # the result is dropped at once
+    assert _core.kept_result_bytes() > 0
+    real = _core.available_memory
+    monkeypatch.setattr(_core, "available_memory", lambda: real() if _core.kept_result_bytes() == 0 else 2**20)
+    # 80 MB of output: past the size calls skip the check at (_UNCHECKED)
+    out = sim.simulate(T1=np.linspace(300.0, 2000.0, 20000), T2=80.0)
+    assert out.shape == (20000, 500) and _core.kept_result_bytes() == 0

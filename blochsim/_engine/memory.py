@@ -69,6 +69,10 @@ def check_host(owner: str, n: int, per_voxel: float, fixed: float = 0.0, fixed_w
     if n * per_voxel + fixed <= _UNCHECKED:
         return
     have = available()
+    if n * per_voxel + fixed > have and _core.kept_result_bytes():
+        # the memory of dropped results, kept for the next ones, goes first
+        _core.release_kept_results()
+        have = available()
     if n * per_voxel + fixed > have:
         raise _refuse(owner, "host", n, per_voxel, fixed, have, fixed_what, fixed_remedy)
 
