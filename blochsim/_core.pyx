@@ -14,6 +14,8 @@ from libc.stdlib cimport free, malloc
 
 from libcpp.vector cimport vector
 
+import numpy as np
+
 from blochsim._events cimport (EventStream, Pools, Property, Tissue, cuda_error_base, field_pooled_direction,
                               field_single_pool_direction, field_table, interrupted, lineshape_g, out_of_memory,
                               pool_field_count, pool_property, status_message, tissue_fields, tissue_property)
@@ -118,7 +120,6 @@ def new_result(shape, dtype):
     """An uninitialised C-contiguous NumPy array for a kernel's output: over
     a ResultBuffer from 1 MiB up (the memory of dropped results reused),
     np.empty below."""
-    import numpy as np
     dt = np.dtype(dtype)
     count = 1
     for s in shape:
@@ -354,10 +355,11 @@ def forward_host(PackedStream ps, tuple tissue, int64_t n, float complex[:, ::1]
 
     ``tissue`` holds one float32 array (length n or 1) or None per name of
     TISSUE_FIELDS, in SI units; ``out`` is complex64 of shape (n, n_samples),
-    written in place.  ``variant`` 0 runs the host backend; 1, 4, 5 or 8
-    run the device's register path on the host (for tests: a team of 1 or
-    4 members, 4 with a tail in memory, 4 of 8 orders each).  With ``program`` (a blochsim.sequence.keyed.KeyedProgram of the
-    stream) the moment-keyed EPG plays it (epg/keyed.hpp).
+    written in place.  ``variant`` 0 runs the host backend; 1, 4 or 5 run
+    the device's register path on the host (for tests: a team of 1 or 4
+    members, or 4 with a tail in memory).  With ``program`` (a
+    blochsim.sequence.keyed.KeyedProgram of the stream) the moment-keyed EPG
+    plays it (epg/keyed.hpp).
     """
     cdef Tissue t
     cdef KeyedProgram k
@@ -763,7 +765,6 @@ def adjoint2_cuda(PackedStream ps, tuple tissue, int64_t n, int outer_field, uin
     c.place, c.stream, c.tissue, c.outer_field = on_device, &ps.s, &t, outer_field
     c.cot, c.cot_stride, c.ev_grad, c.cuda_stream = <const float*> cot_ptr, cot_stride, &ev_grad[0, 0], <void*> stream
     _run(call_adjoint2, c)
-
 
 
 def forward_cuda_streamed(PackedStream ps, tuple tissue, int64_t n, float complex[:, ::1] out,

@@ -353,8 +353,9 @@ BLOCHSIM_UNROLL
 // the members update together: member j takes tail orders Kr + i T + j,
 // i = 0, 1, ... (rows of T orders, so that the members' accesses to a row
 // are contiguous).  An element of the tail is one member's value
-// (Lanes<V>::Scalar: a float, or a dual of floats for the Jacobian).  The tail's F+ and F- planes are double-buffered: a
-// shift reads one buffer and writes the other.  Between the two parts, the
+// (Lanes<V>::Scalar: a float, or a dual of floats for the Jacobian).  The
+// tail's F+ and F- planes are double-buffered: a shift reads one buffer and
+// writes the other.  Between the two parts, the
 // register team's top member writes its top order into a ghost cell before
 // the tail (index -1) and takes the tail's first order when F- moves down.
 //
