@@ -3,9 +3,10 @@
 The GPU runs RegisterStore with teams of threads exchanging boundary orders;
 here the same template runs with a team of 1 (one member holds every order)
 and of 4 (the members are the lanes of a vector, so shifts cross members as
-on the GPU), and the team of 4 with the orders past its registers in a tail
-in memory (the tail kernel beyond 8192 orders); each must give the host
-backend's results.
+on the GPU), the team of 4 with the orders past its registers in a tail
+in memory (the tail kernel beyond 8192 orders), and teams of 4 with 8
+orders each (the narrow warp kernel of calls with few problems); each must
+give the host backend's results.
 """
 import numpy as np
 import pytest
@@ -67,7 +68,8 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("variant", [1, 4, 5], ids=["team of 1", "team of 4", "team of 4 with a tail"])
+@pytest.mark.parametrize("variant", [1, 4, 5, 8], ids=["team of 1", "team of 4", "team of 4 with a tail",
+                                                        "team of 4, 8 orders each (the narrow kernel)"])
 @pytest.mark.parametrize("name,make,extra", CASES, ids=[c[0] for c in CASES])
 def test_register_path_equals_host_backend(variant, name, make, extra):
     sim = make()
@@ -77,7 +79,7 @@ def test_register_path_equals_host_backend(variant, name, make, extra):
     ref = sim.simulate(**kw)
     K = sim.stream()[1]["states"] or max(8, 1 + sim.stream()[0].total_shifts)
     real, _ = sim.stream()[0].real_subspace(any(k in kw for k in ("B0", "B1phase", "v")))
-    capacity = {1: 32 if real else 16, 4: 4 * (16 if real else 8), 5: 1 << 30}[variant]
+    capacity = {1: 32 if real else 16, 4: 4 * (16 if real else 8), 5: 1 << 30, 8: 32}[variant]
     if K > capacity:
         with pytest.raises(ValueError, match="states exceed what the register team holds"):
             run(sim, variant, **kw)

@@ -41,8 +41,9 @@ int host_adjoint2_dispatch(const EventStream& s, const Tissue& t, int outer_fiel
 
 // The device's register path run on the host for testing: a team of one
 // member with 32 orders (real path) or 16 (complex), of 4 members with
-// 16 or 8 orders each (team 4), or with a tail past them (team 5); returns
-// states_exceed_team when K does not fit.
+// 16 or 8 orders each (team 4), with a tail past them (team 5), or with 8
+// orders each on either path (team 8); returns states_exceed_team when K
+// does not fit.
 int host_forward_registers(const EventStream& s, const Tissue& t, float* out, int team) noexcept;
 
 // The device's Jacobian register path run on the host for testing, as the

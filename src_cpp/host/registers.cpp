@@ -5,7 +5,9 @@
 // member, as the GPU's warp kernel does; teams 4 and 5 hold 16 or 8 per
 // member over four members (the block kernel's templates with few enough
 // orders that the test cases cross members and, with team 5, run into the
-// tail in memory that the tail kernel keeps for any K).  The Jacobian's
+// tail in memory that the tail kernel keeps for any K); team 8 holds 8
+// orders a member over four on either path (the narrow warp kernel's
+// teams).  The Jacobian's
 // teams of four hold 8 orders each (4 on the complex path) on duals of two
 // directions, as the device's Jacobian kernels do, and team 5 the orders
 // past them in a tail (the tail Jacobian kernel).
@@ -34,6 +36,9 @@ int host_forward_registers(const EventStream& s, const Tissue& t, float* out, in
                          : epg::forward_registers_host<vfloat4, 8, true, true>(s, t, out);
     if (team == 4)
       return s.real_path ? epg::forward_registers_host<vfloat4, 16, false>(s, t, out)
+                         : epg::forward_registers_host<vfloat4, 8, true>(s, t, out);
+    if (team == 8)  // the narrow warp kernel's 8 orders a member (forward.cuh)
+      return s.real_path ? epg::forward_registers_host<vfloat4, 8, false>(s, t, out)
                          : epg::forward_registers_host<vfloat4, 8, true>(s, t, out);
     return bad_threads;
   });

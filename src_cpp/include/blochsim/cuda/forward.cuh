@@ -69,11 +69,23 @@ __global__ void __launch_bounds__(block_threads(R)) tail_kernel(EventStream s, T
 enum Kind { warp_kind, block_kind, tail_kind };
 
 // The launch shape for K orders: T threads per problem, `per` problems per
-// group (a warp for warp_kind, a block of `threads` for block_kind).
+// group (a warp for warp_kind, a block of `threads` for block_kind); narrow:
+// the real path's warp kernel of warp_orders_narrow orders a thread.
 struct Shape {
   Kind kind;
   int T, per, threads;
+  bool narrow = false;
 };
+
+// Orders a thread of the real path's narrow warp kernel: the launch for
+// few problems, whose time is one team's chain of events (a team of
+// 32 / warp_orders_narrow times more threads, each with that many times
+// fewer orders to update between two shifts; bench/NOTES.md, one voxel).
+// -DBLOCHSIM_NARROW_TEAMS=0 leaves it out.
+#ifndef BLOCHSIM_NARROW_TEAMS
+#define BLOCHSIM_NARROW_TEAMS 1
+#endif
+constexpr int warp_orders_narrow = 8;
 
 // Per-thread work of a kernel in units of one order's operator: R orders
 // plus the event's fixed cost (its record, coefficients, readout and
@@ -84,9 +96,17 @@ constexpr int warp_fixed = 8, block_fixed = 12;
 // cost of a problem is the threads it occupies (its share of the group,
 // spare threads included) times each thread's work.  Orders beyond what a
 // block team holds go to the tail kernel, a block team of the most threads
-// with the rest of the orders in memory.
-inline Shape shape_of(const EventStream& s) {
+// with the rest of the orders in memory.  With `few` problems (their
+// narrow teams fill at most two warps an SM), the narrow kernel on the real
+// path: the call lasts as long as one team takes, not the card's throughput.
+inline Shape shape_of(const EventStream& s, bool few = false) {
   const int64_t K = s.states;
+  if (BLOCHSIM_NARROW_TEAMS && few && s.real_path && K > warp_orders_narrow && K <= 32 * warp_orders_narrow) {
+    const int T = static_cast<int>((K + warp_orders_narrow - 1) / warp_orders_narrow);
+    Shape sh{warp_kind, T, 32 / T, warp_block};
+    sh.narrow = true;
+    return sh;
+  }
   const int Rw = s.real_path ? warp_orders_real : warp_orders_complex;
   const int Rb = s.real_path ? block_orders_real : block_orders_complex;
   const int Bmax = block_threads(Rb);
@@ -152,7 +172,14 @@ template <int Unused = 0>
 inline int launch(const EventStream& ds, const Tissue& t, float* out, cudaStream_t st, char* err, int n) {
   if (t.n == 0 || ds.n_samples == 0) return ok;
   no_stale_error();
-  const Shape sh = shape_of(ds);
+  bool few = false;
+#if BLOCHSIM_NARROW_TEAMS
+  int device = 0, sms = 0;
+  BLOCHSIM_CUDA(cudaGetDevice(&device), "cudaGetDevice");
+  BLOCHSIM_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  few = t.n * ((ds.states + warp_orders_narrow - 1) / warp_orders_narrow) <= 64 * int64_t(sms);
+#endif
+  const Shape sh = shape_of(ds, few);
   const bool cplx = !ds.real_path;
   const unsigned groups = static_cast<unsigned>((t.n + sh.per - 1) / sh.per);
   const int32_t w = window_records(ds);
@@ -163,6 +190,11 @@ inline int launch(const EventStream& ds, const Tissue& t, float* out, cudaStream
     if (cplx) {
       BLOCHSIM_CUDA(allow_shared(warp_kernel<true, warp_orders_complex, false>, smem), "cudaFuncSetAttribute");
       warp_kernel<true, warp_orders_complex, false><<<blocks, warp_block, smem, st>>>(ds, t, out, sh.T, w);
+#if BLOCHSIM_NARROW_TEAMS
+    } else if (sh.narrow) {
+      BLOCHSIM_CUDA(allow_shared(warp_kernel<false, warp_orders_narrow, false>, smem), "cudaFuncSetAttribute");
+      warp_kernel<false, warp_orders_narrow, false><<<blocks, warp_block, smem, st>>>(ds, t, out, sh.T, w);
+#endif
     } else if (sh.T == 1) {
       BLOCHSIM_CUDA(allow_shared(warp_kernel<false, warp_orders_real, true>, smem), "cudaFuncSetAttribute");
       warp_kernel<false, warp_orders_real, true><<<blocks, warp_block, smem, st>>>(ds, t, out, sh.T, w);

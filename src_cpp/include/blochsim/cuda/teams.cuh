@@ -26,8 +26,9 @@ struct WarpStage {
   int32_t slot[stage_samples];
 };
 
-// A block's dynamic shared memory: the records window, then one float per
-// thread for the block team's exchange, then each thread's tissue values
+// A block's dynamic shared memory: the records window, then `width` floats
+// per thread for the block team's exchange (a dual's components pass
+// together), then each thread's tissue values
 // (kept there rather than in registers: the event loop reads them only when
 // an interval changes or a pulse depends on B1), then, for the staged warp
 // kernels, one WarpStage per warp.
@@ -35,15 +36,16 @@ struct BlockShared {
   unsigned char* base;
   int32_t window;  // records
   int threads;
+  int width = 1;  // exchange floats per thread
 
-  BLOCHSIM_HD static size_t stage_offset(int32_t window, int threads) {
+  BLOCHSIM_HD static size_t stage_offset(int32_t window, int threads, int width = 1) {
     const size_t b = sizeof(EventRecord) * static_cast<size_t>(window) +
-                     (sizeof(float) + sizeof(epg::LaneTissue<float>)) * static_cast<size_t>(threads);
+                     (sizeof(float) * width + sizeof(epg::LaneTissue<float>)) * static_cast<size_t>(threads);
     return (b + 15) / 16 * 16;
   }
   // stage_bytes: sizeof the WarpStage of each warp, 0 for none
-  static size_t bytes(int32_t window, int threads, size_t stage_bytes = 0) {
-    return stage_offset(window, threads) + stage_bytes * static_cast<size_t>(threads / 32);
+  static size_t bytes(int32_t window, int threads, size_t stage_bytes = 0, int width = 1) {
+    return stage_offset(window, threads, width) + stage_bytes * static_cast<size_t>(threads / 32);
   }
   BLOCHSIM_HD SharedRecords records() const {  // empty until the first advance()
     return {reinterpret_cast<EventRecord*>(base), -window, window};
@@ -53,13 +55,13 @@ struct BlockShared {
   }
   // The thread's tissue values, gathered into their place.
   BLOCHSIM_HD const epg::LaneTissue<float>& tissue(int thread, const Tissue& t, int64_t problem) const {
-    epg::LaneTissue<float>* all = reinterpret_cast<epg::LaneTissue<float>*>(exchange() + threads);
+    epg::LaneTissue<float>* all = reinterpret_cast<epg::LaneTissue<float>*>(exchange() + threads * width);
     all[thread] = epg::gather<float>(t, &problem);
     return all[thread];
   }
   template <int Rows>
   BLOCHSIM_HD WarpStage<Rows>* stage(int warp) const {
-    return reinterpret_cast<WarpStage<Rows>*>(base + stage_offset(window, threads)) + warp;
+    return reinterpret_cast<WarpStage<Rows>*>(base + stage_offset(window, threads, width)) + warp;
   }
 };
 
@@ -129,7 +131,7 @@ struct BlockTeam {
   static constexpr bool band_skips = true;
   int rank, T, first_order, tid;
   bool last;
-  float* buf;  // shared, blockDim.x floats
+  float* buf;  // shared, blockDim.x floats (times a dual's components)
   SharedRecords records;
   BLOCHSIM_HD int members() const { return T; }
   BLOCHSIM_HD float from_below(float x) const {
@@ -152,7 +154,41 @@ struct BlockTeam {
     return x * 0.0f;
 #endif
   }
-  BLOCHSIM_HD_DUAL_PASSING  // a barrier pair per component
+  // A dual's components pass together, component c at buf[c * blockDim.x +
+  // tid]: one barrier pair for the dual (the block's exchange is
+  // BlockShared::width = N + 1 floats a thread).
+  template <int N>
+  BLOCHSIM_HD Dual<float, N> from_below(const Dual<float, N>& x) const {
+    Dual<float, N> r;
+#if defined(__CUDA_ARCH__)
+    const int stride = static_cast<int>(blockDim.x);
+    __syncthreads();
+    buf[tid] = x.v;
+    for (int j = 0; j < N; ++j) buf[(j + 1) * stride + tid] = x.d[j];
+    __syncthreads();
+    if (rank > 0) {
+      r.v = buf[tid - 1];
+      for (int j = 0; j < N; ++j) r.d[j] = buf[(j + 1) * stride + tid - 1];
+    }
+#endif
+    return r;
+  }
+  template <int N>
+  BLOCHSIM_HD Dual<float, N> from_above(const Dual<float, N>& x) const {
+    Dual<float, N> r;
+#if defined(__CUDA_ARCH__)
+    const int stride = static_cast<int>(blockDim.x);
+    __syncthreads();
+    buf[tid] = x.v;
+    for (int j = 0; j < N; ++j) buf[(j + 1) * stride + tid] = x.d[j];
+    __syncthreads();
+    if (!last) {
+      r.v = buf[tid + 1];
+      for (int j = 0; j < N; ++j) r.d[j] = buf[(j + 1) * stride + tid + 1];
+    }
+#endif
+    return r;
+  }
   BLOCHSIM_HD float first() const { return rank == 0 ? 1.0f : 0.0f; }
   BLOCHSIM_HD float base() const { return static_cast<float>(first_order); }
   BLOCHSIM_HD bool active(int band) const { return first_order < band; }
