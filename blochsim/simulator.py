@@ -290,7 +290,9 @@ class Simulator(Played):
             phase, per ms of TR, ESP, TE, TI, T1, T2, per µT of a waveform);
             complex128 dL/dRe + i dL/dIm for a complex protocol parameter
             (a complex RF waveform).  A protocol parameter
-            is shared by every voxel, so its gradient sums over them.
+            is shared by every voxel, so its gradient sums over them.  A
+            tissue property passed as a device array (CuPy, PyTorch) gets
+            its gradient as a float64 array of that library, on the device.
 
         Notes
         -----

@@ -570,3 +570,19 @@ def test_repetitions_sum_the_gradient_of_every_playing():
     f = np.full(6, 150.0)
     fd = np.array([(L(flip=f + h * e) - L(flip=f - h * e)) / (2 * h) for e in np.eye(6)])
     assert rel(g["flip"], fd) < 1e-4
+
+
+def test_device_tissue_gradients_go_back_to_their_library(monkeypatch):
+    """The pullback's gradient of a tissue property passed as a device array
+    goes back to that array's library (float64); the protocol's and host
+    properties' stay NumPy (the device path itself: tests/test_gpu.py)."""
+    from blochsim._arrays import device as D
+
+    moved = []
+    monkeypatch.setattr(D, "to_library", lambda a, library: moved.append((library, a.dtype)) or (library, a))
+    grads = {"flip": np.ones(3), "T1": np.array([1.0, 2.0], np.float32), "T2": np.array(3.0)}
+    out = D.gradients_in_libraries(grads, {"T1": "cupy", "B1": "torch"})
+    assert out["T1"][0] == "cupy" and out["T1"][1].dtype == np.float64
+    np.testing.assert_array_equal(out["T1"][1], [1.0, 2.0])
+    assert isinstance(out["flip"], np.ndarray) and isinstance(out["T2"], np.ndarray)
+    assert moved == [("cupy", np.float64)] and "B1" not in out

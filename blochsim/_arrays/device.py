@@ -174,6 +174,16 @@ def to_library(a: np.ndarray, library: str):
     return DeviceArray.from_numpy(a)
 
 
+def gradients_in_libraries(grads: dict, libraries: dict) -> dict:
+    """A pullback's gradients with each tissue property's that was passed
+    as a device array (``libraries``: name -> its array library) moved to
+    that library, float64 as on the host; protocol parameters' stay NumPy."""
+    for k, library in libraries.items():
+        if k in grads:
+            grads[k] = to_library(np.asarray(grads[k], np.float64), library)
+    return grads
+
+
 def new_output(shape, like_library: str):
     """A complex64 device array in the caller's library (CuPy, PyTorch) or a
     blochsim DeviceArray; returns (array, pointer)."""

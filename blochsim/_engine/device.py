@@ -8,7 +8,8 @@ import numpy as np
 from blochsim import _core
 from blochsim._engine import memory, reverse
 from blochsim._arrays import validate as V
-from blochsim._arrays.device import (Interface, device_cotangent, new_output, resident_tissue, work_stream)
+from blochsim._arrays.device import (Interface, device_cotangent, gradients_in_libraries, new_output, resident_tissue,
+                                     work_stream)
 
 
 def resident(owner, ps, arrays, ifaces, shape, want, out, jacobian=None, jac_out=None, pools=None, keyed=None,
@@ -134,14 +135,17 @@ def vjp(owner, s, ps, intake, names, tissue_names, fields, scale, p, prov, pshap
     """vjp() on the GPU: device tissue arrays (or NumPy ones with
     device='cuda', moved to the device).  The signal comes back in the
     inputs' library (NumPy for NumPy inputs); the pullback takes a device
-    or NumPy cotangent and returns NumPy gradients."""
+    or NumPy cotangent and returns the gradients of tissue properties
+    passed as device arrays in their library, the others NumPy."""
     host_only, ifaces, arrays, shape = intake
     tshapes = {k: (ifaces[k].shape if k in ifaces else np.shape(arrays[k])) for k in tissue_names}
     signal, raw = adjoint(owner, s, ps, intake, fields)
+    libraries = {k: i.library for k, i in ifaces.items()}
 
     def pullback(cotangent):
         ev, tg = raw(cotangent)
-        return reverse.assemble(names, p, prov, pshapes, ev, tg, scale, tissue_names, shape, tshapes)
+        grads = reverse.assemble(names, p, prov, pshapes, ev, tg, scale, tissue_names, shape, tshapes)
+        return gradients_in_libraries(grads, libraries)
 
     pullback._keep = raw._keep
     return (signal.get() if host_only else signal), pullback

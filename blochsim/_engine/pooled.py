@@ -15,8 +15,8 @@ from blochsim import _core
 from blochsim._engine import device, host, memory, reverse, streaming
 from blochsim._engine import pools as _pools
 from blochsim._arrays import validate as V
-from blochsim._arrays.device import (Interface, Shaped, device_cotangent, device_results, from_host, new_output,
-                                     resident_tissue, to_host, work_stream)
+from blochsim._arrays.device import (Interface, Shaped, device_cotangent, device_results, from_host,
+                                     gradients_in_libraries, new_output, resident_tissue, to_host, work_stream)
 from blochsim._engine.host import si_planes
 from blochsim.sequence.packing import _GRAD_DURATION, _GRAD_FLIP, _GRAD_PHASE, _GRAD_RF_DURATION, _GRAD_RF_OFFSET
 
@@ -29,6 +29,11 @@ def stage(route, tissue):
         return tissue, None
     library = Interface(names[0], tissue[names[0]]).library
     return {k: (to_host(k, v) if k in names else v) for k, v in tissue.items()}, library
+
+
+def device_libraries(route, tissue):
+    """Each tissue property passed as a device array: name -> its library."""
+    return {k: Interface(k, tissue[k]).library for k in route.on_device if k != "out" and k in tissue}
 
 
 def _tissue(tissue):
@@ -176,8 +181,9 @@ def _event_mask(names, prov):
 def _vjp_resident(owner, s, ps, lineshape, tissue, pools, route, names, tissue_names, p, prov, pshapes):
     """vjp() with pools for device-array inputs: the planes stay on the
     device for the signal and the pullback; the signal is a device array,
-    the pullback takes a device or NumPy cotangent and returns NumPy
-    gradients."""
+    the pullback takes a device or NumPy cotangent and returns the
+    gradients of device-array properties in their library, the others
+    NumPy."""
     arrays, ifaces, shape = _device_intake(tissue, route)
     n = int(np.prod(shape, dtype=np.int64))
     ns = s.n_samples
@@ -206,7 +212,8 @@ def _vjp_resident(owner, s, ps, lineshape, tissue, pools, route, names, tissue_n
             _core.copy_to_host(tg.reshape(-1).view(np.uint8), tbuf.ptr, st)
         _core.stream_synchronize(st)
         del cot_keep, tbuf
-        return reverse.assemble(names, p, prov, pshapes, ev, tg, scale, tissue_names, shape, tshapes)
+        grads = reverse.assemble(names, p, prov, pshapes, ev, tg, scale, tissue_names, shape, tshapes)
+        return gradients_in_libraries(grads, {k: i.library for k, i in ifaces.items()})
 
     pullback._keep = (keep, keep_pools, own, dev, planes)
     return signal, pullback
@@ -217,9 +224,10 @@ def vjp(owner, s, ps, lineshape, tissue, pools, route, names, tissue_names, p, p
     simulate() computes it, the adjoint in double precision
     (pools/adjoint.hpp), on the GPU when ``route`` says cuda (device-array
     inputs moved through the host; the cotangent may be a device array, the
-    gradients are NumPy)."""
+    gradients of device-array properties come back in their library)."""
     if route.device == "cuda" and [k for k in route.on_device if k != "out"]:
         return _vjp_resident(owner, s, ps, lineshape, tissue, pools, route, names, tissue_names, p, prov, pshapes)
+    libraries = device_libraries(route, tissue)
     tissue, library = stage(route, tissue)
     gpu = route.device == "cuda"
     n_exchanging, bound = pools
@@ -247,7 +255,8 @@ def vjp(owner, s, ps, lineshape, tissue, pools, route, names, tissue_names, p, p
             _core.pooled_adjoint(ps, _part(si, i, j), _part(planes, i, j), n_exchanging, bound, lineshape, j - i,
                                  fields, flat[i:j], part, tg[i:j], route.threads, mask, gpu)
             ev += part
-        return reverse.assemble(names, p, prov, pshapes, ev, tg, scale, tissue_names, shape, tshapes)
+        grads = reverse.assemble(names, p, prov, pshapes, ev, tg, scale, tissue_names, shape, tshapes)
+        return gradients_in_libraries(grads, libraries)
 
     if library is not None:
         return from_host(signal, library), pullback

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from blochsim._arrays import validate as V
-from blochsim._arrays.device import device_inputs, device_results, from_host, to_host
+from blochsim._arrays.device import device_inputs, device_results, from_host, gradients_in_libraries, to_host
 from blochsim._engine import device, host, pooled, reverse, streaming
 from blochsim._engine.request import Request
 
@@ -207,6 +207,7 @@ def _vjp_keyed(req, _):
                         f"reaches tissue properties only, not the protocol parameters "
                         f"{list(req.protocol_names)} (read the file with axis= and unit= to put its moments on "
                         "one EPG order)")
+    libraries = pooled.device_libraries(req.route, req.tissue)
     staged, library = pooled.stage(req.route, req.tissue)
     tshapes = {k: np.shape(staged[k]) for k in req.names}
     signal, J, _ = keyed_jacobian_on_host(req._replace(tissue=staged, route=req.route._replace(on_device=[])))
@@ -216,8 +217,9 @@ def _vjp_keyed(req, _):
             cotangent = to_host("cotangent", cotangent, allow_complex64=True)
         cot = reverse.cotangent(cotangent, signal.shape, dtype=np.complex128)
         # dL/dθ = Σ_samples Re(conj(cot) ∂s/∂θ) (cot = dL/dRe s + i dL/dIm s)
-        return {k: reverse.reduce_to(np.sum((np.conj(cot) * J[..., j, :]).real, axis=-1), tshapes[k])
-                for j, k in enumerate(req.names)}
+        return gradients_in_libraries(
+            {k: reverse.reduce_to(np.sum((np.conj(cot) * J[..., j, :]).real, axis=-1), tshapes[k])
+             for j, k in enumerate(req.names)}, libraries)
 
     return (signal if library is None else from_host(signal, library)), pullback
 
