@@ -165,7 +165,10 @@ def _write_api(root):
     _page(os.path.join(api, "distributed.rst"), "Dask", "Lazy simulation and estimation on a Dask scheduler "
           "(``pip install \"blochsim[distributed]\"``); see :doc:`../cluster`.",
           _entries("blochsim.distributed", ["lazy_call", "tree_sum"]))
-    pages += ["sequence", "pulseq", "estimators", "optim", "distributed"]
+    _page(os.path.join(api, "subspace.rst"), "Temporal subspaces",
+          "Low-rank bases of signal evolutions, their projections, and BART's ``.cfl`` files "
+          "(``blochsim.subspace``).", _entries("blochsim.subspace", _public("blochsim.subspace")))
+    pages += ["sequence", "pulseq", "estimators", "optim", "subspace", "distributed"]
     _page(os.path.join(api, "index.rst"), "API reference", "Every public simulator, operator, estimator and "
           "function, by family.", [".. toctree::", "   :maxdepth: 1", ""] + [f"   {p}" for p in pages])
 

@@ -779,3 +779,22 @@ def test_moment_keyed_epg_on_the_card_equals_the_host():
     g3 = pb3(2 * s3.get())["T2"]
     assert isinstance(s3, blochsim.DeviceArray) and isinstance(g3, blochsim.DeviceArray)
     np.testing.assert_allclose(g3.get(), np.sum((np.conj(2 * s2) * J0[:, 0]).real, axis=-1), rtol=1e-3, atol=1e-9)
+
+
+def test_temporal_basis_on_device_arrays():
+    """project / expand compute in the signals' library (CuPy, PyTorch)."""
+    cp = pytest.importorskip("cupy")
+    from blochsim.subspace import TemporalBasis
+
+    sim = MRFSimulator(flip=FLIPS[:80], TR=10.0, states=16)
+    atoms = sim.simulate(T1=np.geomspace(300, 3000, 40), T2=np.geomspace(20, 300, 40))
+    b = TemporalBasis.learn(atoms, rank=4)
+    c = b.project(cp.asarray(atoms))
+    assert isinstance(c, cp.ndarray) and c.dtype == cp.complex64
+    assert rel(cp.asnumpy(c), b.project(atoms)) <= 1e-5
+    back = b.expand(c)
+    assert isinstance(back, cp.ndarray) and rel(cp.asnumpy(back), b.expand(b.project(atoms))) <= 1e-5
+    torch = pytest.importorskip("torch")
+    t = torch.as_tensor(atoms, device="cuda")
+    ct = b.project(t)
+    assert isinstance(ct, torch.Tensor) and ct.is_cuda and rel(ct.cpu().numpy(), b.project(atoms)) <= 1e-5

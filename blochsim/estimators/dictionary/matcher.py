@@ -247,6 +247,54 @@ class DictionaryMatcher:
         """The rank of the stored subspace, or None for full atoms."""
         return None if self._basis is None else self._basis.shape[1]
 
+    def temporal_basis(self, rank=None, tolerance=None):
+        """The dictionary's temporal subspace, for low-rank reconstruction.
+
+        Parameters
+        ----------
+        rank : int, optional
+            Columns to keep: at most the stored rank of a compressed
+            dictionary (its leading columns), at most the contrasts of a full
+            one.
+        tolerance : float, optional
+            For a full dictionary: the fewest columns that leave out at most
+            this fraction of the unit atoms' energy (default 1e-6 without
+            ``rank``).
+
+        Returns
+        -------
+        blochsim.subspace.TemporalBasis
+            ``basis`` (contrasts, rank), complex64, with orthonormal columns
+            such that ``basis.project(signals)`` gives the coefficients this
+            matcher compares (``B^H s``); ``energy``: the fraction of the unit
+            atoms' energy on each column.
+        """
+        from blochsim.subspace import TemporalBasis
+
+        if self._atoms is None:
+            raise RuntimeError("DictionaryMatcher.temporal_basis: call fit() first")
+        if self._basis is None:
+            atoms = self._atoms.get() if hasattr(self._atoms, "get") else np.asarray(self._atoms)
+            return TemporalBasis.learn(atoms, rank=rank, tolerance=tolerance, normalize=False)
+        stored = self._basis.shape[1]
+        if tolerance is not None:
+            raise ValueError("DictionaryMatcher.temporal_basis: tolerance applies to a full dictionary; this one "
+                             f"is compressed to rank {stored} (give rank= to keep fewer columns)")
+        keep = stored if rank is None else V.positive_int("rank", rank)
+        if keep > stored:
+            raise ValueError(f"DictionaryMatcher.temporal_basis: rank must be at most the stored rank {stored}, "
+                             f"got {keep}")
+        # each column's share of the unit atoms' energy (null atoms hold none)
+        atoms = self._atoms
+        if hasattr(atoms, "compute"):
+            power = (abs(atoms) ** 2).sum(axis=0).compute()
+            count = int((self._norms > 0).sum().compute())
+        else:
+            host = atoms.get() if hasattr(atoms, "get") else np.asarray(atoms)
+            power, count = (np.abs(host) ** 2).sum(axis=0), len(host)
+        energy = np.asarray(power, np.float64)[:keep] / max(count, 1)
+        return TemporalBasis(np.conj(self._basis[:, :keep]), energy)
+
     def _cluster(self, iterations=10):
         """Spherical k-means on |<a, c>| (phase-blind) for group matching."""
         rng = np.random.default_rng(0)
