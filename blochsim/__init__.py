@@ -50,6 +50,7 @@ from blochsim.sequence import (Delay, Dephase, Excitation, Inversion, Operator, 
                                RectPulse, Refocusing, SampledPulse, Saturation, Sequence, Spoil, hyperbolic_secant,
                                power_factor, slice_profile)
 from blochsim.simulator import ClosedFormSimulator, Simulator
+from blochsim.model import ModelOperator
 from blochsim import pulseq  # registers the format of Simulator.from_pulseq
 from blochsim.simulators import (bssfp_sim, fse_sim, ir_sim, mrf_sim, se_sim, spgr_sim, ste_sim,
                                  truefisp_sim)
@@ -62,6 +63,7 @@ except _metadata.PackageNotFoundError:  # imported from a source tree that was n
 
 __all__ = [
     "backends", "CudaError", "DeviceArray", "get_include", "get_pkgconfig_dir", "Simulator", "ClosedFormSimulator",
+    "ModelOperator",
     "Operator", "Sequence", "Pulse", "Excitation", "Refocusing", "Inversion", "Delay", "Dephase",
     "Spoil", "Readout", "SampledPulse", "hyperbolic_secant", "slice_profile", "Saturation", "RectPulse", "power_factor", "lineshape", "POOL_PROPERTIES", "fse_sim", "mrf_sim", "spgr_sim", "bssfp_sim",
     "truefisp_sim", "ir_sim", "se_sim", "ste_sim",

@@ -135,8 +135,8 @@ def _write_api(root):
     api = os.path.join(root, "api")
     os.makedirs(api, exist_ok=True)
     pages = []
-    core = ["Simulator", "ClosedFormSimulator", "backends", "lineshape", "power_factor", "DeviceArray", "CudaError",
-            "get_include", "get_pkgconfig_dir", "POOL_PROPERTIES"]
+    core = ["Simulator", "ClosedFormSimulator", "ModelOperator", "backends", "lineshape", "power_factor",
+            "DeviceArray", "CudaError", "get_include", "get_pkgconfig_dir", "POOL_PROPERTIES"]
     _page(os.path.join(api, "core.rst"), "Simulators: the base classes",
           "The base classes every simulator derives from (their ``simulate``, ``jacobian``, ``vjp`` and "
           "``jacobian_vjp``), the backends, and the names ``import blochsim`` gives.", _entries("blochsim", core))
