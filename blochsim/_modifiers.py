@@ -77,6 +77,167 @@ class _Frame:
         return _conj(s), lambda cotangent: pull(_conj(cotangent))
 
 
+class _Transmit:
+    """Static parallel transmission: B1 complex with a leading channel axis
+    (each channel's relative transmit sensitivity S_c) and the protocol's
+    complex ``shim`` weights w_c (default 1 on every channel).  The voxel's
+    field is B = sum_c S_c w_c, the same for every pulse, so each pulse
+    plays with flip |B| * nominal and phase + arg(B).  A phase common to
+    every pulse is a rotation of the frame about z, which every operator
+    commutes with (relaxation, precession, shifts, exchange, saturation),
+    so the signal is exactly u * s(B1 = |B|) with u = B / |B|: the played
+    call runs with the real map |B| and the phase multiplies its samples.
+
+    Derivatives: with dB a change of the field, d|B| = Re(conj(u) dB) and
+    d arg(B) = Im(conj(u) dB) / |B|, so ds = u (ds/dB1 d|B| + i s d arg(B));
+    dB = w_c for Re S_c, i w_c for Im S_c, S_c for Re w_c and i S_c for
+    Im w_c."""
+
+    what = "with a multi-channel B1"
+    second_order = ("jacobian_vjp does not take a multi-channel B1 or shim weights; call it with the combined "
+                    "map B1 = abs(sum_c S_c w_c) and multiply by its phase outside")
+
+    def given(self, sim, values):
+        return "shim" in sim._defaults and (_given(sim, values, "shim") is not None or _complex(values.get("B1")))
+
+    def state(self, sim, values, wrt=()):
+        """(S, w, B, |B|, u, values to play, whether B1 was complex) or
+        None without pTx."""
+        if "shim" not in sim._defaults:
+            return None
+        raw_shim = _given(sim, values, "shim")
+        b1 = values.get("B1")
+        if b1 is not None and V.is_device_array(b1):
+            if raw_shim is not None or _complex(b1):
+                raise ValueError("a multi-channel B1 (or shim weights) needs NumPy channel maps; B1 is a device "
+                                 "array (combine the channels on the host, or pass B1 as a real map)")
+            return None
+        if raw_shim is None and not np.iscomplexobj(b1 if b1 is not None else 0.0):
+            return None
+        if "B1" not in sim.tissue_properties:
+            raise TypeError(f"shim weights act through B1, which {type(sim).__name__} does not model")
+        if b1 is None:
+            raise ValueError("shim weights need the channels' transmit sensitivities: pass B1 as a complex array "
+                             "of shape (channels, *voxels)")
+        S = np.asarray(b1)
+        S_given_complex = np.iscomplexobj(S)
+        if S_given_complex:
+            if S.ndim < 1:
+                raise ValueError(f"a complex B1 holds the channels' sensitivities on its first axis, shape "
+                                 f"(channels, *voxels); got a scalar {complex(S)!r}")
+            S = S.astype(np.complex128)
+        else:  # a real map with shim weights: one channel
+            S = np.asarray(V.tissue_array("B1", S), np.complex128)[None]
+        if not np.all(np.isfinite(S)):
+            raise ValueError("B1 (the channels' sensitivities) must be finite")
+        channels = S.shape[0]
+        w = np.ones(channels, np.complex128) if raw_shim is None else _shim(raw_shim, channels)
+        B = np.tensordot(w, S, axes=(0, 0))
+        mag = np.abs(B)
+        u = np.where(mag > 0, B / np.where(mag > 0, mag, 1.0), 1.0)
+        played = {k: v for k, v in values.items() if k != "shim"}
+        played["B1"] = mag
+        played["shim"] = None
+        return S, w, B, mag, u, played, S_given_complex
+
+    def simulate(self, sim, state):
+        S, w, B, mag, u, played, _ = state
+        return (u[..., None] * sim.simulate(**played)).astype(np.complex64)
+
+    def jacobian(self, sim, state, diff, order):
+        """The played Jacobian times u; "B1" becomes 2 * channels columns,
+        d/dRe S_c and d/dIm S_c channel by channel."""
+        S, w, B, mag, u, played, _ = state
+        names = _names(diff)
+        check_order(order)
+        inner = tuple(k for k in names if k not in ("shim",))
+        if len(inner) != len(names):
+            raise ValueError("jacobian differentiates tissue properties; shim is a protocol parameter (use vjp)")
+        s0, J0 = sim.jacobian(inner, order, **played)
+        J0 = J0[..., None, :] if isinstance(diff, str) else J0
+        ue = u[..., None]
+        cols = []
+        for j, k in enumerate(inner):
+            if k != "B1":
+                cols.append(ue * J0[..., j, :])
+                continue
+            for c in range(S.shape[0]):
+                for dB in (w[c], 1j * w[c]):  # Re S_c, Im S_c
+                    d_mag = (np.conj(u) * dB).real
+                    d_arg = np.where(mag > 0, (np.conj(u) * dB).imag / np.where(mag > 0, mag, 1.0), 0.0)
+                    cols.append(ue * (J0[..., j, :] * d_mag[..., None] + 1j * s0 * d_arg[..., None]))
+        shape = np.broadcast_shapes(*(c.shape for c in cols))
+        J = np.stack([np.broadcast_to(c, shape) for c in cols], axis=-2).astype(np.complex64)
+        s = np.broadcast_to(ue * s0, shape).astype(np.complex64)
+        return s, (J[..., 0, :] if isinstance(diff, str) and J.shape[-2] == 1 else J)
+
+    def vjp(self, sim, state, names):
+        """The played pullback of conj(u) * cotangent; the field's share
+        through |B| (the played B1 gradient) and arg(B) (the signal's own),
+        then through the channels' maps and the shim weights."""
+        S, w, B, mag, u, played, S_given_complex = state
+        field = any(k in ("B1", "shim") for k in names)
+        inner = tuple(k for k in names if k not in ("B1", "shim")) + (("B1",) if field else ())
+        s0, pull = sim.vjp(inner, **played)
+        signal = (u[..., None] * s0).astype(np.complex64)
+
+        def pullback(cotangent):
+            cot = _reverse.cotangent(cotangent, signal.shape, dtype=np.complex128)
+            grads = pull(np.conj(u)[..., None] * cot)
+            out = {k: grads[k] for k in names if k not in ("B1", "shim")}
+            if not field:
+                return out
+            g_mag = np.broadcast_to(grads["B1"], mag.shape)
+            # d L / d arg(B), summed over the samples and the voxels B1 broadcasts to
+            g_arg = _reverse.reduce_to(-np.sum((np.conj(cot) * signal).imag, axis=-1), mag.shape)
+            g_arg = np.where(mag > 0, g_arg / np.where(mag > 0, mag, 1.0), 0.0)  # per unit of Im(conj(u) dB)
+
+            def through(dB):  # d L for a change dB of the field, per voxel
+                q = np.conj(u) * dB
+                return g_mag * q.real + g_arg * q.imag
+
+            if "B1" in names:
+                gS = np.stack([through(w[c]) + 1j * through(1j * w[c]) for c in range(S.shape[0])])
+                # a real map given with shim weights is one channel's real sensitivity
+                out["B1"] = gS if S_given_complex else gS[0].real
+            if "shim" in names:
+                g = np.array([np.sum(through(S[c])) + 1j * np.sum(through(1j * S[c])) for c in range(S.shape[0])])
+                out["shim"] = g
+            return out
+
+        return signal, pullback
+
+
+def _complex(b1):
+    """Whether B1 is complex (a channels' sensitivities): NumPy or device."""
+    if b1 is None:
+        return False
+    if V.is_device_array(b1):
+        typestr = getattr(b1, "__cuda_array_interface__", {}).get("typestr", "<f4")
+        return np.dtype(typestr).kind == "c"
+    return np.iscomplexobj(b1)
+
+
+def _shim(raw, channels):
+    """The shim weights, complex128 (channels,)."""
+    if V.is_device_array(raw):
+        raise TypeError("shim is a protocol parameter and must be a host value, not a device array")
+    w = np.asarray(raw)
+    if w.dtype.kind not in "biufc":
+        raise TypeError(f"shim must be complex numbers, one per channel, got dtype {w.dtype}")
+    w = w.astype(np.complex128)
+    if w.ndim == 2:
+        raise ValueError("shim weights per pulse (shape (pulses, channels)) are not supported: one shim setting "
+                         "for all pulses (shape (channels,)) is")
+    if w.ndim != 1:
+        raise ValueError(f"shim must have shape (channels,), got {w.shape}")
+    if w.shape[0] != channels:
+        raise ValueError(f"shim has {w.shape[0]} weights but B1 has {channels} channel(s) on its first axis")
+    if not np.all(np.isfinite(w)):
+        raise ValueError("shim must be finite")
+    return w
+
+
 class _T2Prime:
     """T2′: the played signal times exp(-dephasing / T2′) per sample, the
     dephasing time of each :class:`Readout` (ms)."""
@@ -348,7 +509,7 @@ class _Profile:
         return signal, pullback
 
 
-_MODIFIERS = (_Frame(), _T2Prime(), _Exact(), _AutoRepetitions(), _Profile())
+_MODIFIERS = (_Frame(), _Transmit(), _T2Prime(), _Exact(), _AutoRepetitions(), _Profile())
 
 
 def apply(sim, method, values, *args, out=None):

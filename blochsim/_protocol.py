@@ -19,7 +19,8 @@ from blochsim.sequence.packing import EV_INVERSION, EV_SPOIL
 
 # Protocol keywords every played simulator takes.
 PLAYED_COMMON = {"states": None, "crusher_dephasing_rad": None, "voxel_size_m": None,
-                 "repetitions": 1, "budget_bytes": None, "lineshape": "super-lorentzian", "slice_profile": None}
+                 "repetitions": 1, "budget_bytes": None, "lineshape": "super-lorentzian", "slice_profile": None,
+                 "shim": None}
 
 
 def _lazy_entry(name, method):
@@ -237,6 +238,10 @@ class Played(Base):
             raise ValueError(f"lineshape must be one of {list(_pools.LINESHAPES)}, got {p['lineshape']!r}")
         if p["slice_profile"] is not None and not isinstance(p["slice_profile"], SliceProfile):
             p["slice_profile"] = SliceProfile(p["slice_profile"], self)
+        if p["shim"] is not None:  # combined with B1's channels before a stream is played (_modifiers._Transmit)
+            from blochsim._modifiers import _shim
+            w = np.asarray(p["shim"])
+            _shim(p["shim"], w.shape[0] if w.ndim == 1 else -1)
         return p
 
     def _checked(self, values):

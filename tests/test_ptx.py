@@ -1,0 +1,175 @@
+"""Static parallel transmission (B1 complex with a channel axis, shim
+weights): against an isochromat Bloch integration in float64 written here
+(hard pulses as right-handed rotations about an axis in the transverse
+plane at the pulse's phase plus arg of the voxel's field, SPEC §2's
+convention: a 90° pulse at phase 0 takes +z to -y), its Jacobian with
+respect to the channel maps and the pullback with respect to the maps and
+the shim weights against central differences of that integration, and
+every refusal."""
+import numpy as np
+import pytest
+
+from blochsim import Dephase, Delay, Pulse, Readout, Sequence, Simulator
+from blochsim.simulators import MRFSimulator
+
+N_TR = 40
+
+
+class _SpoiledTrain(Simulator):
+    """Per TR: a pulse (RF-spoiled phases), a readout, one shift, relaxation."""
+
+    protocol = {"flip": np.full(N_TR, 30.0), "phases": np.zeros(N_TR), "TR": 8.0}
+    tissue_properties = ("T1", "T2", "M0", "B1")
+
+    def repetition(self, p):
+        ops = []
+        for a, ph in zip(p["flip"], p["phases"]):
+            ops += [Pulse(float(a), float(ph)), Readout(), Dephase(1), Delay(p["TR"])]
+        return Sequence(ops)
+
+
+FLIPS = 15.0 + 45.0 * np.sin(np.linspace(0.0, np.pi, N_TR)) ** 2
+PHASES = 0.5 * 117.0 * np.arange(N_TR) * (np.arange(N_TR) + 1) % 360.0
+T1, T2, TR = 800.0, 60.0, 8.0
+
+
+def _rotation(alpha, psi):
+    """Right-handed rotation by alpha about (cos psi, sin psi, 0)."""
+    n = np.array([np.cos(psi), np.sin(psi), 0.0])
+    K = np.array([[0, -n[2], n[1]], [n[2], 0, -n[0]], [-n[1], n[0], 0]])
+    return np.eye(3) + np.sin(alpha) * K + (1 - np.cos(alpha)) * K @ K
+
+
+def _isochromats(B, t2=T2, n_iso=256):
+    """The train's samples for a voxel whose field is the complex B: the
+    mean of n_iso isochromats dephased evenly by each shift, float64."""
+    theta = 2 * np.pi * np.arange(n_iso) / n_iso
+    M = np.zeros((3, n_iso))
+    M[2] = 1.0
+    E1, E2 = np.exp(-TR / T1), np.exp(-TR / t2)
+    out = []
+    for a, ph in zip(FLIPS, PHASES):
+        M = _rotation(np.deg2rad(a) * abs(B), np.deg2rad(ph) + np.angle(B)) @ M
+        out.append(np.mean(M[0] + 1j * M[1]))
+        mxy = (M[0] + 1j * M[1]) * np.exp(-1j * theta) * E2
+        M = np.stack([mxy.real, mxy.imag, E1 * M[2] + 1 - E1])
+    return np.array(out)
+
+
+def _oracle(S, w, t2=T2):
+    B = np.tensordot(w, S, axes=(0, 0))
+    return np.stack([_isochromats(b, t2) for b in B.ravel()]).reshape(B.shape + (N_TR,))
+
+
+MAPS = np.array([[0.7 + 0.2j, 0.5 - 0.3j, 0.1 + 0.6j, 0.45],
+                 [0.3 - 0.4j, 0.6 + 0.1j, 0.55, -0.2 + 0.5j]])  # (channels, voxels)
+SHIM = np.array([0.9 * np.exp(0.4j), 1.1 * np.exp(-1.2j)])
+
+
+def _sim():
+    return _SpoiledTrain(flip=FLIPS, phases=PHASES, TR=TR, states=N_TR + 2)
+
+
+def test_static_shim_against_isochromats():
+    s = _sim().simulate(T1=T1, T2=T2, B1=MAPS, shim=SHIM)
+    assert s.shape == (4, N_TR) and s.dtype == np.complex64
+    ref = _oracle(MAPS, SHIM)
+    assert np.max(np.abs(s - ref)) <= 2e-5
+    # without shim weights every channel drives with weight 1
+    assert np.max(np.abs(_sim().simulate(T1=T1, T2=T2, B1=MAPS) - _oracle(MAPS, np.ones(2)))) <= 2e-5
+    # the shim in the constructor; a real map with one weight is one channel
+    s2 = _SpoiledTrain(flip=FLIPS, phases=PHASES, TR=TR, states=N_TR + 2, shim=SHIM).simulate(T1=T1, T2=T2, B1=MAPS)
+    np.testing.assert_array_equal(s2, s)
+    b1 = np.array([0.8, 1.0, 1.2])
+    w1 = np.array([0.95 * np.exp(0.3j)])
+    s3 = _sim().simulate(T1=T1, T2=T2, B1=b1, shim=w1)
+    assert np.max(np.abs(s3 - _oracle(b1[None].astype(complex), w1))) <= 2e-5
+
+
+def test_shim_on_a_shipped_simulator_with_pools():
+    """MRFSimulator's train with a semisolid pool: the phase of the field
+    multiplies the samples of |B| exactly (a rotation about z)."""
+    sim = MRFSimulator(flip=FLIPS, TR=TR, phases=PHASES)
+    B = np.tensordot(SHIM, MAPS, axes=(0, 0))
+    pools = dict(bound_fraction=0.12, bound_exchange=25.0)
+    ref = np.exp(1j * np.angle(B))[:, None] * sim.simulate(T1=T1, T2=T2, B1=np.abs(B), **pools)
+    s = sim.simulate(T1=T1, T2=T2, B1=MAPS, shim=SHIM, **pools)
+    np.testing.assert_allclose(s, ref, rtol=1e-6, atol=1e-7)
+
+
+def _central(f, x, h):
+    return (f(x + h) - f(x - h)) / (2 * h)
+
+
+def test_jacobian_with_respect_to_the_channel_maps():
+    s, J = _sim().jacobian(("T2", "B1"), T1=T1, T2=T2, B1=MAPS, shim=SHIM)
+    assert J.shape == (4, 1 + 2 * 2, N_TR)
+    h = 1e-6
+    for c in range(2):
+        for part, unit in ((0, 1.0), (1, 1j)):
+            def f(t, c=c, unit=unit):
+                S = MAPS.copy()
+                S[c] += t * unit
+                return _oracle(S, SHIM)
+            fd = _central(f, 0.0, h)
+            got = J[:, 1 + 2 * c + part]
+            assert np.max(np.abs(got - fd)) <= 1e-4 * np.max(np.abs(fd)) + 2e-6, (c, part)
+    # T2's column against the oracle's
+    fd = _central(lambda t: _oracle(MAPS, SHIM, t), T2, 1e-4)
+    assert np.max(np.abs(J[:, 0] - fd)) <= 1e-4 * np.max(np.abs(fd)) + 1e-7
+
+
+def test_pullback_with_respect_to_maps_and_shim_weights():
+    rng = np.random.default_rng(2)
+    cot = rng.standard_normal((4, N_TR)) + 1j * rng.standard_normal((4, N_TR))
+    s, pull = _sim().vjp(("shim", "B1", "T2"), T1=T1, T2=T2, B1=MAPS, shim=SHIM)
+    np.testing.assert_allclose(s, _sim().simulate(T1=T1, T2=T2, B1=MAPS, shim=SHIM), rtol=1e-6, atol=1e-7)
+    g = pull(cot)
+    assert g["shim"].shape == (2,) and np.iscomplexobj(g["shim"])
+    assert g["B1"].shape == MAPS.shape and np.iscomplexobj(g["B1"])
+
+    def loss(S, w):
+        return np.sum((np.conj(cot) * _oracle(S, w)).real)
+
+    h = 1e-6
+    for c in range(2):
+        for part, unit in ((0, 1.0), (1, 1j)):
+            dw = np.zeros(2, complex)
+            dw[c] = unit
+            fd = _central(lambda t: loss(MAPS, SHIM + t * dw), 0.0, h)
+            got = g["shim"][c].real if part == 0 else g["shim"][c].imag
+            assert abs(got - fd) <= 1e-4 * abs(fd) + 1e-5, ("shim", c, part)
+            for v in range(4):
+                dS = np.zeros_like(MAPS)
+                dS[c, v] = unit
+                fd = _central(lambda t: loss(MAPS + t * dS, SHIM), 0.0, h)
+                got = g["B1"][c, v].real if part == 0 else g["B1"][c, v].imag
+                assert abs(got - fd) <= 1e-4 * abs(fd) + 1e-5, ("B1", c, v, part)
+
+
+def test_refusals():
+    from pool_oracles import _FakeDeviceArray
+
+    sim = _sim()
+    with pytest.raises(ValueError, match=r"shim weights per pulse \(shape \(pulses, channels\)\) are not supported"):
+        sim.simulate(T1=T1, T2=T2, B1=MAPS, shim=np.ones((N_TR, 2)))
+    with pytest.raises(ValueError, match=r"shim has 3 weights but B1 has 2 channel\(s\) on its first axis"):
+        sim.simulate(T1=T1, T2=T2, B1=MAPS, shim=np.ones(3))
+    with pytest.raises(ValueError, match="a complex B1 holds the channels' sensitivities on its first axis"):
+        sim.simulate(T1=T1, T2=T2, B1=0.5 + 0.5j)
+    with pytest.raises(ValueError, match="shim weights need the channels' transmit sensitivities"):
+        sim.simulate(T1=T1, T2=T2, shim=SHIM)
+    with pytest.raises(ValueError, match="shim must be finite"):
+        sim.simulate(T1=T1, T2=T2, B1=MAPS, shim=np.array([1.0, np.nan]))
+    with pytest.raises(ValueError, match="must be finite"):
+        sim.simulate(T1=T1, T2=T2, B1=np.array([[np.nan + 0j], [1.0]]))
+    with pytest.raises(TypeError, match="shim must be complex numbers, one per channel"):
+        sim.simulate(T1=T1, T2=T2, B1=MAPS, shim=np.array(["a", "b"]))
+    with pytest.raises(ValueError, match="jacobian_vjp does not take a multi-channel B1"):
+        sim.jacobian_vjp("T2", "flip", T1=T1, T2=T2, B1=MAPS)
+    with pytest.raises(ValueError, match="shim is a protocol parameter"):
+        sim.jacobian(("T2", "shim"), T1=T1, T2=T2, B1=MAPS)
+    with pytest.raises(ValueError, match="a multi-channel B1 \\(or shim weights\\) needs NumPy channel maps"):
+        sim.simulate(T1=T1, T2=T2, B1=_FakeDeviceArray(), shim=SHIM)
+    with pytest.raises(ValueError, match=r"shim must have shape \(channels,\)"):
+        _SpoiledTrain(flip=FLIPS, phases=PHASES, TR=TR, shim=np.ones((2, 2, 2))).simulate(T1=T1, T2=T2, B1=MAPS)
