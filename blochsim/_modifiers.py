@@ -131,7 +131,7 @@ class _Transmit:
         if not np.all(np.isfinite(S)):
             raise ValueError("B1 (the channels' sensitivities) must be finite")
         channels = S.shape[0]
-        w = np.ones(channels, np.complex128) if raw_shim is None else _shim(raw_shim, channels)
+        w = np.ones(channels, np.complex128) if raw_shim is None else V.shim_weights(raw_shim, channels)
         B = np.tensordot(w, S, axes=(0, 0))
         mag = np.abs(B)
         u = np.where(mag > 0, B / np.where(mag > 0, mag, 1.0), 1.0)
@@ -216,26 +216,6 @@ def _complex(b1):
         typestr = getattr(b1, "__cuda_array_interface__", {}).get("typestr", "<f4")
         return np.dtype(typestr).kind == "c"
     return np.iscomplexobj(b1)
-
-
-def _shim(raw, channels):
-    """The shim weights, complex128 (channels,)."""
-    if V.is_device_array(raw):
-        raise TypeError("shim is a protocol parameter and must be a host value, not a device array")
-    w = np.asarray(raw)
-    if w.dtype.kind not in "biufc":
-        raise TypeError(f"shim must be complex numbers, one per channel, got dtype {w.dtype}")
-    w = w.astype(np.complex128)
-    if w.ndim == 2:
-        raise ValueError("shim weights per pulse (shape (pulses, channels)) are not supported: one shim setting "
-                         "for all pulses (shape (channels,)) is")
-    if w.ndim != 1:
-        raise ValueError(f"shim must have shape (channels,), got {w.shape}")
-    if w.shape[0] != channels:
-        raise ValueError(f"shim has {w.shape[0]} weights but B1 has {channels} channel(s) on its first axis")
-    if not np.all(np.isfinite(w)):
-        raise ValueError("shim must be finite")
-    return w
 
 
 class _T2Prime:

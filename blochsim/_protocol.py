@@ -239,9 +239,7 @@ class Played(Base):
         if p["slice_profile"] is not None and not isinstance(p["slice_profile"], SliceProfile):
             p["slice_profile"] = SliceProfile(p["slice_profile"], self)
         if p["shim"] is not None:  # combined with B1's channels before a stream is played (_modifiers._Transmit)
-            from blochsim._modifiers import _shim
-            w = np.asarray(p["shim"])
-            _shim(p["shim"], w.shape[0] if w.ndim == 1 else -1)
+            V.shim_weights(p["shim"], -1)
         return p
 
     def _checked(self, values):
