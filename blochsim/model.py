@@ -301,6 +301,58 @@ class ModelOperator:
             x[..., -2], x[..., -1] = a.real, a.imag
         return x
 
+    def temporal_basis(self, rank=None, tolerance=None, ranges=None, samples=4096, seed=0):
+        """A temporal subspace learned from the model's own evolutions.
+
+        Draws ``samples`` sets of unknowns (log-uniformly within positive
+        ranges, uniformly otherwise) and of known maps (their values at
+        random voxels), simulates them and keeps the leading singular
+        vectors (:meth:`blochsim.subspace.TemporalBasis.learn`, on unit
+        evolutions: the amplitude does not enter).
+
+        Parameters
+        ----------
+        rank, tolerance
+            As :meth:`TemporalBasis.learn` (default: all but 1e-6 of the
+            energy).
+        ranges : dict, optional
+            Per unknown ``(low, high)`` to draw from; default the unknown's
+            two-sided bounds (an unknown without them must be given).
+        samples : int
+            Evolutions simulated.
+        seed : int
+            Seed of the draws.
+
+        Returns
+        -------
+        blochsim.subspace.TemporalBasis
+            Of the samples (not of a subspace this operator projects onto).
+        """
+        from blochsim._arrays import validate as V
+        from blochsim.subspace import TemporalBasis
+
+        ranges = dict(ranges or {})
+        n = V.positive_int("samples", samples)
+        rng = np.random.default_rng(seed)
+        tissue = {}
+        for j, k in enumerate(self.unknowns):
+            lo, hi, _ = self._kinds[j]
+            lo, hi = ranges.get(k, (lo, hi))
+            if lo is None or hi is None or not (np.isfinite(lo) and np.isfinite(hi) and lo < hi):
+                raise ValueError(f"ModelOperator.temporal_basis: {k} needs a range (low < high, finite) to draw "
+                                 f"from: give ranges={{{k!r}: (low, high)}} (its bounds are ({lo}, {hi}))")
+            u = rng.random(n)
+            tissue[k] = np.exp(np.log(lo) + u * np.log(hi / lo)) if lo > 0 else lo + u * (hi - lo)
+        for k, v in self.known.items():
+            if V.is_device_array(v):
+                raise ValueError(f"ModelOperator.temporal_basis draws known maps on the host; {k} is a device array")
+            flat = np.broadcast_to(np.asarray(v, np.float64), self.shape).reshape(-1) if self.shape else \
+                np.atleast_1d(np.asarray(v, np.float64))
+            tissue[k] = flat[rng.integers(0, flat.size, n)]
+        if self.amplitude:
+            tissue["M0"] = 1.0
+        return TemporalBasis.learn(self.simulator.simulate(**tissue), rank=rank, tolerance=tolerance)
+
     # -- the operator ----------------------------------------------------------
 
     def _tissue(self, values):

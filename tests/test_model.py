@@ -222,3 +222,17 @@ def test_model_fit_example_reaches_the_crlb():
     for j, k in enumerate(("T1", "T2")):
         z = (est[k] - truth[k]) / bound[:, j]
         assert np.sqrt(np.mean(z ** 2)) < 1.4, k
+
+
+def test_learned_basis_spans_the_models_evolutions():
+    sim, b1, A = _operator(amplitude=True)
+    basis = A.temporal_basis(rank=6, ranges={"T2": (10.0, 300.0)}, samples=2000)
+    assert basis.basis.shape == (100, 6) and basis.energy.sum() > 0.999
+    # evolutions of this model, drawn apart from the learning set, keep their energy
+    x = A.to_free(dict(_values(), amplitude=1.3j))
+    s = A.forward(x)
+    kept = np.linalg.norm(basis.expand(basis.project(s))) / np.linalg.norm(s)
+    assert kept > 0.999
+    with pytest.raises(ValueError, match=r"T2 needs a range \(low < high, finite\) to draw from"):
+        A.temporal_basis()
+
