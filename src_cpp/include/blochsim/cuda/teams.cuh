@@ -159,22 +159,15 @@ struct BlockTeam {
   // BlockShared::width = N + 1 floats a thread).
   template <int N>
   BLOCHSIM_HD Dual<float, N> from_below(const Dual<float, N>& x) const {
-    Dual<float, N> r;
-#if defined(__CUDA_ARCH__)
-    const int stride = static_cast<int>(blockDim.x);
-    __syncthreads();
-    buf[tid] = x.v;
-    for (int j = 0; j < N; ++j) buf[(j + 1) * stride + tid] = x.d[j];
-    __syncthreads();
-    if (rank > 0) {
-      r.v = buf[tid - 1];
-      for (int j = 0; j < N; ++j) r.d[j] = buf[(j + 1) * stride + tid - 1];
-    }
-#endif
-    return r;
+    return pass(x, tid - 1, rank > 0);
   }
   template <int N>
   BLOCHSIM_HD Dual<float, N> from_above(const Dual<float, N>& x) const {
+    return pass(x, tid + 1, !last);
+  }
+  // every thread's x into the exchange; thread `from`'s back where `keep`
+  template <int N>
+  BLOCHSIM_HD Dual<float, N> pass(const Dual<float, N>& x, int from, bool keep) const {
     Dual<float, N> r;
 #if defined(__CUDA_ARCH__)
     const int stride = static_cast<int>(blockDim.x);
@@ -182,9 +175,9 @@ struct BlockTeam {
     buf[tid] = x.v;
     for (int j = 0; j < N; ++j) buf[(j + 1) * stride + tid] = x.d[j];
     __syncthreads();
-    if (!last) {
-      r.v = buf[tid + 1];
-      for (int j = 0; j < N; ++j) r.d[j] = buf[(j + 1) * stride + tid + 1];
+    if (keep) {
+      r.v = buf[from];
+      for (int j = 0; j < N; ++j) r.d[j] = buf[(j + 1) * stride + from];
     }
 #endif
     return r;
