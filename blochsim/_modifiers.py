@@ -101,111 +101,166 @@ class _Transmit:
         return "shim" in sim._defaults and (_given(sim, values, "shim") is not None or _complex(values.get("B1")))
 
     def state(self, sim, values, wrt=()):
-        """(S, w, B, |B|, u, values to play, whether B1 was complex) or
-        None without pTx."""
+        """(S, w, |B|, u, values to play, whether B1 was complex) or None
+        without pTx; arrays of B1's library (NumPy, CuPy, PyTorch)."""
         if "shim" not in sim._defaults:
             return None
         raw_shim = _given(sim, values, "shim")
         b1 = values.get("B1")
-        if b1 is not None and V.is_device_array(b1):
-            if raw_shim is not None or _complex(b1):
-                raise ValueError("a multi-channel B1 (or shim weights) needs NumPy channel maps; B1 is a device "
-                                 "array (combine the channels on the host, or pass B1 as a real map)")
-            return None
-        if raw_shim is None and not np.iscomplexobj(b1 if b1 is not None else 0.0):
+        if raw_shim is None and not _complex(b1):
             return None
         if "B1" not in sim.tissue_properties:
             raise TypeError(f"shim weights act through B1, which {type(sim).__name__} does not model")
         if b1 is None:
             raise ValueError("shim weights need the channels' transmit sensitivities: pass B1 as a complex array "
                              "of shape (channels, *voxels)")
-        S = np.asarray(b1)
-        S_given_complex = np.iscomplexobj(S)
-        if S_given_complex:
-            if S.ndim < 1:
-                raise ValueError(f"a complex B1 holds the channels' sensitivities on its first axis, shape "
-                                 f"(channels, *voxels); got a scalar {complex(S)!r}")
-            S = S.astype(np.complex128)
-        else:  # a real map with shim weights: one channel
-            S = np.asarray(V.tissue_array("B1", S), np.complex128)[None]
-        if not np.all(np.isfinite(S)):
+        given_complex = _complex(b1)
+        if V.is_device_array(b1):
+            from blochsim._arrays.device import Interface
+            Interface("B1", b1, allow_complex64=True)  # a valid device array (dtype, strides, pointer)
+            S = b1
+        else:
+            S = np.asarray(b1) if given_complex else np.asarray(V.tissue_array("B1", b1))
+        xp = _xp(S)
+        if given_complex and S.ndim < 1:
+            raise ValueError(f"a complex B1 holds the channels' sensitivities on its first axis, shape "
+                             f"(channels, *voxels); got a scalar {complex(S)!r}")
+        if not given_complex:  # a real map with shim weights: one channel
+            S = S[None]
+        S = _complex128(xp, S)
+        if not bool(xp.isfinite(S).all()):
             raise ValueError("B1 (the channels' sensitivities) must be finite")
         channels = S.shape[0]
-        w = np.ones(channels, np.complex128) if raw_shim is None else V.shim_weights(raw_shim, channels)
-        B = np.tensordot(w, S, axes=(0, 0))
-        mag = np.abs(B)
-        u = np.where(mag > 0, B / np.where(mag > 0, mag, 1.0), 1.0)
+        w_host = np.ones(channels, np.complex128) if raw_shim is None else V.shim_weights(raw_shim, channels)
+        w = _like(xp, w_host, S).reshape((channels,) + (1,) * (S.ndim - 1))
+        B = (w * S).sum(0)
+        mag = abs(B)
+        u = xp.where(mag > 0, B / xp.where(mag > 0, mag, 1.0), 1.0 + 0j)
         played = {k: v for k, v in values.items() if k != "shim"}
         played["B1"] = mag
         played["shim"] = None
-        return S, w, B, mag, u, played, S_given_complex
+        return S, w, mag, u, played, given_complex
 
     def simulate(self, sim, state):
-        S, w, B, mag, u, played, _ = state
-        return (u[..., None] * sim.simulate(**played)).astype(np.complex64)
+        S, w, mag, u, played, _ = state
+        return _complex64(u[..., None] * sim.simulate(**played))
+
+    def _field_columns(self, state, J0, s0):
+        """d s / d Re S_c and d s / d Im S_c per channel c, from the played
+        d s / d B1 (J0) and signal (s0)."""
+        S, w, mag, u, played, _ = state
+        cols = []
+        for c in range(S.shape[0]):
+            for dB in (w[c], 1j * w[c]):  # Re S_c, Im S_c
+                q = u.conj() * dB
+                d_arg = _over(q.imag, mag)
+                cols.append(u[..., None] * (J0 * q.real[..., None] + 1j * s0 * d_arg[..., None]))
+        return cols
 
     def jacobian(self, sim, state, diff, order):
         """The played Jacobian times u; "B1" becomes 2 * channels columns,
         d/dRe S_c and d/dIm S_c channel by channel."""
-        S, w, B, mag, u, played, _ = state
+        S, w, mag, u, played, _ = state
         names = _names(diff)
         check_order(order)
-        inner = tuple(k for k in names if k not in ("shim",))
-        if len(inner) != len(names):
+        if "shim" in names:
             raise ValueError("jacobian differentiates tissue properties; shim is a protocol parameter (use vjp)")
-        s0, J0 = sim.jacobian(inner, order, **played)
+        s0, J0 = sim.jacobian(names, order, **played)
         J0 = J0[..., None, :] if isinstance(diff, str) else J0
-        ue = u[..., None]
         cols = []
-        for j, k in enumerate(inner):
-            if k != "B1":
-                cols.append(ue * J0[..., j, :])
-                continue
-            for c in range(S.shape[0]):
-                for dB in (w[c], 1j * w[c]):  # Re S_c, Im S_c
-                    d_mag = (np.conj(u) * dB).real
-                    d_arg = np.where(mag > 0, (np.conj(u) * dB).imag / np.where(mag > 0, mag, 1.0), 0.0)
-                    cols.append(ue * (J0[..., j, :] * d_mag[..., None] + 1j * s0 * d_arg[..., None]))
-        shape = np.broadcast_shapes(*(c.shape for c in cols))
-        J = np.stack([np.broadcast_to(c, shape) for c in cols], axis=-2).astype(np.complex64)
-        s = np.broadcast_to(ue * s0, shape).astype(np.complex64)
+        for j, k in enumerate(names):
+            cols += self._field_columns(state, J0[..., j, :], s0) if k == "B1" else [u[..., None] * J0[..., j, :]]
+        xp = _xp(s0)
+        shape = np.broadcast_shapes(*(tuple(c.shape) for c in cols))
+        J = _complex64(xp.stack([xp.broadcast_to(c, shape) for c in cols], -2))
+        s = _complex64(xp.broadcast_to(u[..., None] * s0, shape))
         return s, (J[..., 0, :] if isinstance(diff, str) and J.shape[-2] == 1 else J)
 
     def vjp(self, sim, state, names):
         """The played pullback of conj(u) * cotangent; the field's share
         through |B| (the played B1 gradient) and arg(B) (the signal's own),
         then through the channels' maps and the shim weights."""
-        S, w, B, mag, u, played, S_given_complex = state
+        S, w, mag, u, played, given_complex = state
         field = any(k in ("B1", "shim") for k in names)
         inner = tuple(k for k in names if k not in ("B1", "shim")) + (("B1",) if field else ())
         s0, pull = sim.vjp(inner, **played)
-        signal = (u[..., None] * s0).astype(np.complex64)
+        xp = _xp(s0)
+        signal = _complex64(u[..., None] * s0)
+        if xp is not np and tuple(signal.shape[:-1]) != tuple(mag.shape):
+            raise ValueError(f"a multi-channel B1 of device arrays needs maps of the signal's voxel shape "
+                             f"{tuple(signal.shape[:-1])}, got {tuple(mag.shape)}")
 
         def pullback(cotangent):
-            cot = _reverse.cotangent(cotangent, signal.shape, dtype=np.complex128)
-            grads = pull(np.conj(u)[..., None] * cot)
+            if xp is np:
+                cot = _reverse.cotangent(cotangent, signal.shape, dtype=np.complex128)
+            else:
+                cot = _complex128(xp, cotangent if V.is_device_array(cotangent) else _like(xp, cotangent, signal))
+                if tuple(cot.shape) != tuple(signal.shape):
+                    raise ValueError(f"cotangent must have the signal's shape {tuple(signal.shape)}, got "
+                                     f"{tuple(cot.shape)}")
+            grads = pull(u.conj()[..., None] * cot)
             out = {k: grads[k] for k in names if k not in ("B1", "shim")}
             if not field:
                 return out
-            g_mag = np.broadcast_to(grads["B1"], mag.shape)
-            # d L / d arg(B), summed over the samples and the voxels B1 broadcasts to
-            g_arg = _reverse.reduce_to(-np.sum((np.conj(cot) * signal).imag, axis=-1), mag.shape)
-            g_arg = np.where(mag > 0, g_arg / np.where(mag > 0, mag, 1.0), 0.0)  # per unit of Im(conj(u) dB)
+            g_mag = xp.broadcast_to(grads["B1"], mag.shape)
+            # d L / d arg(B) per voxel of B1 (summed over the samples and the voxels B1 broadcasts to)
+            g_arg = -(cot.conj() * signal).imag.sum(-1)
+            if xp is np:
+                g_arg = _reverse.reduce_to(g_arg, mag.shape)
+            g_arg = _over(g_arg, mag)  # per unit of Im(conj(u) dB)
 
             def through(dB):  # d L for a change dB of the field, per voxel
-                q = np.conj(u) * dB
+                q = u.conj() * dB
                 return g_mag * q.real + g_arg * q.imag
 
             if "B1" in names:
-                gS = np.stack([through(w[c]) + 1j * through(1j * w[c]) for c in range(S.shape[0])])
+                gS = xp.stack([through(w[c]) + 1j * through(1j * w[c]) for c in range(S.shape[0])])
                 # a real map given with shim weights is one channel's real sensitivity
-                out["B1"] = gS if S_given_complex else gS[0].real
+                out["B1"] = gS if given_complex else gS[0].real
             if "shim" in names:
-                g = np.array([np.sum(through(S[c])) + 1j * np.sum(through(1j * S[c])) for c in range(S.shape[0])])
-                out["shim"] = g
+                out["shim"] = np.array([complex(float(through(S[c]).sum()), float(through(1j * S[c]).sum()))
+                                        for c in range(S.shape[0])])
             return out
 
         return signal, pullback
+
+
+def _xp(a):
+    """The array module of ``a`` (numpy, cupy or torch)."""
+    module = type(a).__module__.split(".")[0]
+    if module in ("cupy", "torch"):
+        import importlib
+        return importlib.import_module(module)
+    return np
+
+
+def _like(xp, a, like):
+    """Host values ``a`` as an array of ``like``'s library and device."""
+    if xp is np:
+        return np.asarray(a)
+    if xp.__name__ == "torch":
+        return xp.as_tensor(np.asarray(a), device=like.device)
+    return xp.asarray(np.asarray(a))
+
+
+def _complex128(xp, a):
+    if xp.__name__ == "torch":
+        return a.to(xp.complex128)
+    return a.astype(xp.complex128)
+
+
+def _complex64(a):
+    xp = _xp(a)
+    if xp.__name__ == "torch":
+        return a.to(xp.complex64)
+    return a.astype(xp.complex64)
+
+
+def _over(x, mag):
+    """x / |B| where |B| > 0, else 0 (the phase of a null field moves with
+    nothing)."""
+    xp = _xp(mag)
+    return xp.where(mag > 0, x / xp.where(mag > 0, mag, 1.0), 0.0)
 
 
 def _complex(b1):

@@ -71,7 +71,8 @@ class Simulator(Played):
         ``shim`` drives every channel with weight 1.  ``jacobian`` with
         respect to ``"B1"`` gives 2 * channels columns (d/dRe and d/dIm of
         each channel's map); ``vjp`` reaches ``"B1"`` (complex, shaped as
-        the maps) and ``"shim"`` (complex, dL/dRe + i dL/dIm).  NumPy maps.
+        the maps) and ``"shim"`` (complex, dL/dRe + i dL/dIm).  NumPy or
+        device maps (combined in their library).
     repetitions : int or "auto", optional
         Playings of the repetition; only the last is recorded.  "auto"
         gives the periodic steady state for the tissue of the call: exactly,
