@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from blochsim import _modifiers
 from blochsim._engine import reverse as _reverse
 from blochsim._arrays import validate as V
 from blochsim._protocol import Base, check_diff_values
@@ -14,8 +15,17 @@ class ClosedFormSimulator(Base):
 
     Computed in NumPy in the precision of the inputs: float64 inputs (and
     Python floats) give complex128, float32 inputs complex64.  Subclasses
-    define :meth:`signal`.
+    define :meth:`signal`.  One that models ``B1`` also takes static
+    parallel transmission (a complex multi-channel ``B1`` and ``shim``
+    weights, as :class:`blochsim.Simulator` describes).
     """
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # a closed form whose flips B1 scales takes static pTx as the
+        # played simulators do (_modifiers.transmit)
+        if "B1" in cls.tissue_properties:
+            cls._common = {"shim": None}
 
     def signal(self, p: dict, t: dict):
         """Signal from the protocol and tissue (public units, broadcast)."""
@@ -46,6 +56,9 @@ class ClosedFormSimulator(Base):
         -------
         numpy.ndarray, complex, shape (*voxels, samples)
         """
+        done = _modifiers.transmit(self, "simulate", values)
+        if done is not None:
+            return done
         proto, tissue = self._split(values)
         p, t, shape, ctype = self._evaluation(proto, tissue)
         out = self.signal(p, t)
@@ -93,6 +106,9 @@ class ClosedFormSimulator(Base):
         names = (wrt,) if isinstance(wrt, str) else tuple(wrt)
         if not names:
             raise ValueError("vjp needs at least one name in wrt")
+        done = _modifiers.transmit(self, "vjp", values, names)
+        if done is not None:
+            return done
         proto, tissue = self._split(values)
         p, t, shape, ctype = self._evaluation(proto, tissue)
         tissue_names, proto_names = [], []
@@ -163,6 +179,9 @@ class ClosedFormSimulator(Base):
             samples)`` for a sequence of names, per the property's public
             unit; complex128 for float64 inputs, else complex64.
         """
+        done = _modifiers.transmit(self, "jacobian", values, diff, order)
+        if done is not None:
+            return done
         names, proto, tissue = self._jacobian_request(diff, order, values)
         p, t, shape, ctype = self._evaluation(proto, tissue)
         # the signal is M0 times that at M0 = 1: d/dM0 is the latter (also

@@ -143,7 +143,8 @@ class _Transmit:
 
     def simulate(self, sim, state):
         S, w, mag, u, played, _ = state
-        return _complex64(u[..., None] * sim.simulate(**played))
+        s0 = sim.simulate(**played)
+        return _as(u[..., None] * s0, s0)
 
     def _field_columns(self, state, J0, s0):
         """d s / d Re S_c and d s / d Im S_c per channel c, from the played
@@ -172,8 +173,8 @@ class _Transmit:
             cols += self._field_columns(state, J0[..., j, :], s0) if k == "B1" else [u[..., None] * J0[..., j, :]]
         xp = _xp(s0)
         shape = np.broadcast_shapes(*(tuple(c.shape) for c in cols))
-        J = _complex64(xp.stack([xp.broadcast_to(c, shape) for c in cols], -2))
-        s = _complex64(xp.broadcast_to(u[..., None] * s0, shape))
+        J = _as(xp.stack([xp.broadcast_to(c, shape) for c in cols], -2), J0)
+        s = _as(xp.broadcast_to(u[..., None] * s0, shape), s0)
         return s, (J[..., 0, :] if isinstance(diff, str) and J.shape[-2] == 1 else J)
 
     def vjp(self, sim, state, names):
@@ -185,7 +186,7 @@ class _Transmit:
         inner = tuple(k for k in names if k not in ("B1", "shim")) + (("B1",) if field else ())
         s0, pull = sim.vjp(inner, **played)
         xp = _xp(s0)
-        signal = _complex64(u[..., None] * s0)
+        signal = _as(u[..., None] * s0, s0)
         if xp is not np and tuple(signal.shape[:-1]) != tuple(mag.shape):
             raise ValueError(f"a multi-channel B1 of device arrays needs maps of the signal's voxel shape "
                              f"{tuple(signal.shape[:-1])}, got {tuple(mag.shape)}")
@@ -249,11 +250,11 @@ def _complex128(xp, a):
     return a.astype(xp.complex128)
 
 
-def _complex64(a):
-    xp = _xp(a)
-    if xp.__name__ == "torch":
-        return a.to(xp.complex64)
-    return a.astype(xp.complex64)
+def _as(a, like):
+    """``a`` in the complex precision of ``like`` (the played call's)."""
+    if _xp(a).__name__ == "torch":
+        return a.to(like.dtype)
+    return a.astype(like.dtype)
 
 
 def _over(x, mag):
@@ -261,6 +262,19 @@ def _over(x, mag):
     nothing)."""
     xp = _xp(mag)
     return xp.where(mag > 0, x / xp.where(mag > 0, mag, 1.0), 0.0)
+
+
+_TRANSMIT = _Transmit()
+
+
+def transmit(sim, method, values, *args):
+    """A closed-form simulator's ``method`` ("simulate", "jacobian" or
+    "vjp") through static parallel transmission when the call has a
+    multi-channel B1 or shim weights; None otherwise."""
+    if not _TRANSMIT.given(sim, values):
+        return None
+    state = _TRANSMIT.state(sim, values, args[0] if method == "vjp" else ())
+    return getattr(_TRANSMIT, method)(sim, state, *args)
 
 
 def _complex(b1):
@@ -544,7 +558,7 @@ class _Profile:
         return signal, pullback
 
 
-_MODIFIERS = (_Frame(), _Transmit(), _T2Prime(), _Exact(), _AutoRepetitions(), _Profile())
+_MODIFIERS = (_Frame(), _TRANSMIT, _T2Prime(), _Exact(), _AutoRepetitions(), _Profile())
 
 
 def apply(sim, method, values, *args, out=None):
