@@ -169,6 +169,10 @@ def test_refusals():
         sim.jacobian_vjp("T2", "flip", T1=T1, T2=T2, B1=MAPS)
     with pytest.raises(ValueError, match="shim is a protocol parameter"):
         sim.jacobian(("T2", "shim"), T1=T1, T2=T2, B1=MAPS)
+    from blochsim import SampledPulse
+    with pytest.raises(ValueError, match=r"one waveform per transmit channel \(dynamic parallel transmission\) is "
+                                         "not supported"):
+        SampledPulse(np.ones((2, 10)), 10.0)
     # a device map is validated as one before anything runs
     with pytest.raises(ValueError, match="B1: device array with a null pointer"):
         sim.simulate(T1=T1, T2=T2, B1=_FakeDeviceArray(), shim=SHIM)

@@ -334,6 +334,10 @@ class SampledPulse(Sequence):
 
     def __init__(self, waveform, dwell: float, phase: float = 0.0):
         w = np.asarray(waveform)
+        if w.ndim == 2:
+            raise ValueError(f"waveform of shape {w.shape}: one waveform per transmit channel (dynamic parallel "
+                             "transmission) is not supported; a static shim is (the simulator's shim= with B1 as "
+                             "the channels' maps)")
         traced = w.dtype == object  # a traced protocol waveform (Simulator.vjp)
         values = _waveform_values("waveform", w)
         d = _dwell_us(dwell)
