@@ -420,7 +420,7 @@ class ModelOperator:
         -------
         array, complex, shape (*shape, samples) (``rank`` with a subspace)
         """
-        self._check_x(dx, "dx")
+        dx = self._check_x(dx, "dx")
         _, J = self.jacobian(x)
         return (J * dx[..., :, None]).sum(-2)
 
