@@ -141,6 +141,13 @@ def lazy_call(sim, name, args, values):
     if values.pop("out", None) is not None:
         raise TypeError(f"{what}: out= is not taken with Dask inputs (the result is a lazy Dask array)")
     args = tuple(args)
+    b1 = values.get("B1")
+    if values.get("shim", getattr(sim, "_given", {}).get("shim")) is not None or (
+            b1 is not None and np.dtype(getattr(b1, "dtype", np.asarray(b1).dtype)).kind == "c"):
+        raise ValueError(f"{what}: a multi-channel B1 (or shim weights) is not taken with Dask arrays, whose "
+                         "chunks would split its channel axis; combine the channels per chunk yourself "
+                         "(B = sum_c B1[c] * shim[c]; simulate with B1=abs(B) and multiply by B / abs(B)) or "
+                         "pass NumPy or device arrays")
     arrays, consts, shape = _split(sim, values, what)
     names = tuple(arrays)
     lazy = list(arrays.values())

@@ -222,3 +222,13 @@ def test_static_shim_on_closed_forms():
     B = np.tensordot(SHIM, MAPS, axes=(0, 0))
     uni = mp2.uni(mp2.simulate(T1=1500.0, B1=MAPS, shim=SHIM))
     np.testing.assert_allclose(uni, mp2.uni(mp2.simulate(T1=1500.0, B1=np.abs(B))), rtol=1e-10, atol=1e-12)
+
+
+def test_dask_arrays_are_refused_with_channels():
+    da = pytest.importorskip("dask.array")
+    T2 = da.from_array(np.array([40.0, 60.0, 80.0, 100.0]), chunks=2)
+    with pytest.raises(ValueError, match="a multi-channel B1 \\(or shim weights\\) is not taken with Dask arrays"):
+        _sim().simulate(T1=T1, T2=T2, B1=da.from_array(MAPS, chunks=(1, 2)), shim=SHIM)
+    with pytest.raises(ValueError, match="a multi-channel B1 \\(or shim weights\\) is not taken with Dask arrays"):
+        _sim().jacobian("T2", T1=T1, T2=T2, B1=MAPS)
+
