@@ -116,8 +116,9 @@ class _Transmit:
                              "of shape (channels, *voxels)")
         given_complex = _complex(b1)
         if V.is_device_array(b1):
-            from blochsim._arrays.device import Interface
-            Interface("B1", b1, allow_complex64=True)  # a valid device array (dtype, strides, pointer)
+            if not given_complex:
+                from blochsim._arrays.device import Interface
+                Interface("B1", b1)  # a valid real map (dtype, strides, pointer) before any work
             S = b1
         else:
             S = np.asarray(b1) if given_complex else np.asarray(V.tissue_array("B1", b1))
