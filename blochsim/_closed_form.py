@@ -25,7 +25,7 @@ class ClosedFormSimulator(Base):
         # a closed form whose flips B1 scales takes static pTx as the
         # played simulators do (_modifiers.transmit)
         if "B1" in cls.tissue_properties:
-            cls._common = {"shim": None}
+            cls._common = {**cls._common, "shim": None}
 
     def signal(self, p: dict, t: dict):
         """Signal from the protocol and tissue (public units, broadcast)."""

@@ -357,9 +357,9 @@ def forward_host(PackedStream ps, tuple tissue, int64_t n, float complex[:, ::1]
     TISSUE_FIELDS, in SI units; ``out`` is complex64 of shape (n, n_samples),
     written in place.  ``variant`` 0 runs the host backend; 1, 4, 5 or 8 run
     the device's register path on the host (for tests: a team of 1 or 4
-    members, 4 with a tail in memory, or 4 members of 8 orders each).  With ``program`` (a
-    blochsim.sequence.keyed.KeyedProgram of the stream) the moment-keyed EPG
-    plays it (epg/keyed.hpp).
+    members, 4 with a tail in memory, or 4 members of 8 orders each).  With
+    ``program`` (a blochsim.sequence.keyed.KeyedProgram of the stream) the
+    moment-keyed EPG plays it (epg/keyed.hpp).
     """
     cdef Tissue t
     cdef KeyedProgram k

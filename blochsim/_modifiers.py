@@ -16,6 +16,7 @@ import numpy as np
 from blochsim import steady
 from blochsim._engine import pools as _pools, reverse as _reverse
 from blochsim._arrays import validate as V
+from blochsim._arrays.device import Interface, array_module, astype, host_as
 from blochsim._protocol import SliceProfile, check_diff_values, check_order, checked_key
 from blochsim.sequence import Readout, Traced, trace
 
@@ -117,23 +118,22 @@ class _Transmit:
         given_complex = _complex(b1)
         if V.is_device_array(b1):
             if not given_complex:
-                from blochsim._arrays.device import Interface
                 Interface("B1", b1)  # a valid real map (dtype, strides, pointer) before any work
             S = b1
         else:
             S = np.asarray(b1) if given_complex else np.asarray(V.tissue_array("B1", b1))
-        xp = _xp(S)
+        xp = array_module(S)
         if given_complex and S.ndim < 1:
             raise ValueError(f"a complex B1 holds the channels' sensitivities on its first axis, shape "
                              f"(channels, *voxels); got a scalar {complex(S)!r}")
         if not given_complex:  # a real map with shim weights: one channel
             S = S[None]
-        S = _complex128(xp, S)
+        S = astype(S, np.complex128)
         if not bool(xp.isfinite(S).all()):
             raise ValueError("B1 (the channels' sensitivities) must be finite")
         channels = S.shape[0]
         w_host = np.ones(channels, np.complex128) if raw_shim is None else V.shim_weights(raw_shim, channels)
-        w = _like(xp, w_host, S).reshape((channels,) + (1,) * (S.ndim - 1))
+        w = host_as(w_host, S).reshape((channels,) + (1,) * (S.ndim - 1))
         B = (w * S).sum(0)
         mag = abs(B)
         u = xp.where(mag > 0, B / xp.where(mag > 0, mag, 1.0), 1.0 + 0j)
@@ -145,7 +145,7 @@ class _Transmit:
     def simulate(self, sim, state):
         S, w, mag, u, played, _ = state
         s0 = sim.simulate(**played)
-        return _as(u[..., None] * s0, s0)
+        return astype(u[..., None] * s0, s0.dtype)
 
     def _field_columns(self, state, J0, s0):
         """d s / d Re S_c and d s / d Im S_c per channel c, from the played
@@ -172,10 +172,10 @@ class _Transmit:
         cols = []
         for j, k in enumerate(names):
             cols += self._field_columns(state, J0[..., j, :], s0) if k == "B1" else [u[..., None] * J0[..., j, :]]
-        xp = _xp(s0)
+        xp = array_module(s0)
         shape = np.broadcast_shapes(*(tuple(c.shape) for c in cols))
-        J = _as(xp.stack([xp.broadcast_to(c, shape) for c in cols], -2), J0)
-        s = _as(xp.broadcast_to(u[..., None] * s0, shape), s0)
+        J = astype(xp.stack([xp.broadcast_to(c, shape) for c in cols], -2), J0.dtype)
+        s = astype(xp.broadcast_to(u[..., None] * s0, shape), s0.dtype)
         return s, (J[..., 0, :] if isinstance(diff, str) and J.shape[-2] == 1 else J)
 
     def vjp(self, sim, state, names):
@@ -186,8 +186,8 @@ class _Transmit:
         field = any(k in ("B1", "shim") for k in names)
         inner = tuple(k for k in names if k not in ("B1", "shim")) + (("B1",) if field else ())
         s0, pull = sim.vjp(inner, **played)
-        xp = _xp(s0)
-        signal = _as(u[..., None] * s0, s0)
+        xp = array_module(s0)
+        signal = astype(u[..., None] * s0, s0.dtype)
         if xp is not np and tuple(signal.shape[:-1]) != tuple(mag.shape):
             raise ValueError(f"a multi-channel B1 of device arrays needs maps of the signal's voxel shape "
                              f"{tuple(signal.shape[:-1])}, got {tuple(mag.shape)}")
@@ -196,7 +196,8 @@ class _Transmit:
             if xp is np:
                 cot = _reverse.cotangent(cotangent, signal.shape, dtype=np.complex128)
             else:
-                cot = _complex128(xp, cotangent if V.is_device_array(cotangent) else _like(xp, cotangent, signal))
+                given = cotangent if V.is_device_array(cotangent) else host_as(np.asarray(cotangent), signal)
+                cot = astype(given, np.complex128)
                 if tuple(cot.shape) != tuple(signal.shape):
                     raise ValueError(f"cotangent must have the signal's shape {tuple(signal.shape)}, got "
                                      f"{tuple(cot.shape)}")
@@ -227,41 +228,10 @@ class _Transmit:
         return signal, pullback
 
 
-def _xp(a):
-    """The array module of ``a`` (numpy, cupy or torch)."""
-    module = type(a).__module__.split(".")[0]
-    if module in ("cupy", "torch"):
-        import importlib
-        return importlib.import_module(module)
-    return np
-
-
-def _like(xp, a, like):
-    """Host values ``a`` as an array of ``like``'s library and device."""
-    if xp is np:
-        return np.asarray(a)
-    if xp.__name__ == "torch":
-        return xp.as_tensor(np.asarray(a), device=like.device)
-    return xp.asarray(np.asarray(a))
-
-
-def _complex128(xp, a):
-    if xp.__name__ == "torch":
-        return a.to(xp.complex128)
-    return a.astype(xp.complex128)
-
-
-def _as(a, like):
-    """``a`` in the complex precision of ``like`` (the played call's)."""
-    if _xp(a).__name__ == "torch":
-        return a.to(like.dtype)
-    return a.astype(like.dtype)
-
-
 def _over(x, mag):
     """x / |B| where |B| > 0, else 0 (the phase of a null field moves with
     nothing)."""
-    xp = _xp(mag)
+    xp = array_module(mag)
     return xp.where(mag > 0, x / xp.where(mag > 0, mag, 1.0), 0.0)
 
 

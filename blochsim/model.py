@@ -14,24 +14,12 @@ import numbers
 
 import numpy as np
 
+from blochsim._arrays.device import array_module, astype
+
 __all__ = ["ModelOperator"]
 
 #: softplus^-1(1): the free value of a one-sided unknown one scale from its bound
 _SOFTPLUS_ONE = float(np.log(np.expm1(1.0)))
-
-
-def _namespace(a):
-    """The array module of ``a``: numpy, cupy or torch."""
-    module = type(a).__module__.split(".")[0]
-    if module == "cupy":
-        import cupy
-
-        return cupy
-    if module == "torch":
-        import torch
-
-        return torch
-    return np
 
 
 def _sigmoid(xp, z):
@@ -166,7 +154,8 @@ class ModelOperator:
 
     def __repr__(self):
         amp = ", amplitude" if self.amplitude else ""
-        return f"ModelOperator({type(self.simulator).__name__}, unknowns={list(self.unknowns)}{amp}, shape={self.shape})"
+        return (f"ModelOperator({type(self.simulator).__name__}, unknowns={list(self.unknowns)}{amp}, "
+                f"shape={self.shape})")
 
     # -- the transforms --------------------------------------------------------
 
@@ -175,7 +164,7 @@ class ModelOperator:
         if shape != self.shape + (self.n,):
             raise ValueError(f"ModelOperator: {name} must have shape {self.shape + (self.n,)} (the maps' shape, then "
                              f"the {self.n} free variables), got {shape}")
-        if _namespace(x) is np:
+        if array_module(x) is np:
             x = np.asarray(x, np.float64)
             if not np.all(np.isfinite(x)):
                 raise ValueError(f"ModelOperator: {name} must be finite")
@@ -213,7 +202,7 @@ class ModelOperator:
             with ``amplitude=True``; arrays of ``x``'s library.
         """
         x = self._check_x(x)
-        xp = _namespace(x)
+        xp = array_module(x)
         out = {k: self._value(xp, x[..., j], j) for j, k in enumerate(self.unknowns)}
         if self.amplitude:
             m = len(self.unknowns)
@@ -380,7 +369,7 @@ class ModelOperator:
         fewer dimensions simulate fewer voxels)."""
         if tuple(a.shape[:-1]) == self.shape:
             return a
-        return _namespace(a).broadcast_to(a, self.shape + tuple(a.shape[-1:]))
+        return array_module(a).broadcast_to(a, self.shape + tuple(a.shape[-1:]))
 
     def jacobian(self, x):
         """Signals and their derivatives with respect to the free variables.
@@ -393,7 +382,7 @@ class ModelOperator:
             ``samples`` with a subspace).
         """
         x = self._check_x(x)
-        xp = _namespace(x)
+        xp = array_module(x)
         values = self.to_values(x)
         tissue = self._tissue(values)
         cols = []
@@ -427,7 +416,8 @@ class ModelOperator:
     def vjp(self, x, v):
         """``Re(J^H v)``: the gradient with respect to ``x`` of a real loss
         whose cotangent on the signals is ``v = dL/dRe s + i dL/dIm s``
-        (shaped as the signals).
+        (shaped as the signals), by the simulator's adjoint (one reverse
+        sweep, no Jacobian held).
 
         Returns
         -------
@@ -436,8 +426,31 @@ class ModelOperator:
         got = tuple(getattr(v, "shape", np.shape(v)))
         if got[:-1] != self.shape or len(got) != len(self.shape) + 1:
             raise ValueError(f"ModelOperator.vjp: v must have the signals' shape {self.shape} + (samples,), got {got}")
-        _, J = self.jacobian(x)
-        if got[-1] != J.shape[-1]:
-            raise ValueError(f"ModelOperator.vjp: v must have the signals' shape {self.shape + (J.shape[-1],)}, "
+        x = self._check_x(x)
+        xp = array_module(x)
+        if xp is np:
+            v = np.asarray(v)
+        # a cotangent on the coefficients B^H s is B v on the samples
+        v = v if self.subspace is None else self.subspace.expand(v)
+        values = self.to_values(x)
+        tissue = self._tissue(values)
+        if self.unknowns:
+            s0, pull = self.simulator.vjp(self.unknowns, **tissue)
+        else:
+            s0 = self.simulator.simulate(**tissue)
+        s0 = self._full(s0)
+        if v.shape[-1] != s0.shape[-1]:
+            raise ValueError(f"ModelOperator.vjp: v must have the signals' shape {self.shape + (s0.shape[-1],)}, "
                              f"got {got}")
-        return (J.conj() * v[..., None, :]).real.sum(-1)
+        parts = []
+        if self.unknowns:
+            # s = a s0: the cotangent of s0 is conj(a) v
+            cot = values["amplitude"].conj()[..., None] * v if self.amplitude else v
+            # a device pullback takes a complex64 cotangent (its adjoint runs in single precision there)
+            g = pull(cot if xp is np else astype(cot, np.complex64))
+            parts = [xp.broadcast_to(g[k], self.shape) * self._slope(xp, x[..., j], j)
+                     for j, k in enumerate(self.unknowns)]
+        if self.amplitude:
+            w = (v.conj() * s0).sum(-1)  # d L / d Re a = Re w, d L / d Im a = Re(i w) = -Im w
+            parts += [w.real, -w.imag]
+        return xp.stack(parts, -1)

@@ -26,6 +26,8 @@ import os
 
 import numpy as np
 
+from blochsim._arrays.device import host_as
+
 __all__ = ["TemporalBasis", "read_cfl", "write_cfl"]
 
 #: BART's array dimensions (``enum mri_dims`` in its src/misc/mri.h): the
@@ -130,7 +132,7 @@ class TemporalBasis:
         S = np.asarray(signals)
         if S.ndim < 1 or S.shape[-1] < 1:
             raise ValueError(f"signals must have a samples axis (last), got shape {S.shape}")
-        S = S.reshape(-1, S.shape[-1]).astype(np.complex128)
+        S = S.reshape(-1, S.shape[-1])
         if not np.all(np.isfinite(S)):
             raise ValueError("signals must be finite")
         if rank is not None and tolerance is not None:
@@ -141,20 +143,19 @@ class TemporalBasis:
                 raise ValueError(f"rank must be at most the {S.shape[1]} samples, got {rank}")
         if tolerance is not None and not (0.0 <= float(tolerance) < 1.0):
             raise ValueError(f"tolerance must be in [0, 1), got {tolerance!r}")
-        if normalize:
-            norms = np.linalg.norm(S, axis=1)
-            S = S[norms > 0] / norms[norms > 0, None]
-        if len(S) == 0:
+        G = np.zeros((S.shape[1], S.shape[1]), np.complex128)
+        for a in range(0, len(S), _CHUNK):  # the Gram matrix a block of rows at a time, in double precision
+            block = S[a:a + _CHUNK].astype(np.complex128)
+            if normalize:
+                norms = np.linalg.norm(block, axis=1)
+                block = block[norms > 0] / norms[norms > 0, None]
+            G += gram(block)
+        if not np.trace(G).real > 0:
             raise ValueError("signals must hold at least one non-zero evolution")
-        # the Gram matrix (samples x samples) of the evolutions: its
-        # eigenvectors are their left singular vectors, of any count of them
-        w, U = np.linalg.eigh(S.T @ S.conj())
-        w, U = np.clip(w[::-1], 0.0, None), U[:, ::-1]
-        fraction = w / max(w.sum(), 1e-300)
-        if rank is None:
-            tol = 1e-6 if tolerance is None else float(tolerance)
-            rank = min(int(np.searchsorted(np.cumsum(fraction), 1.0 - tol) + 1), len(w))
-        return cls(U[:, :rank], fraction[:rank])
+        vectors, fraction = leading(G, rank, tolerance)
+        # G = S^H S: its eigenvectors V are the rows' right singular vectors,
+        # and a row s = sum_k (s V)_k conj(V[:, k]): the basis is conj(V)
+        return cls(vectors.conj(), fraction)
 
     def project(self, signals):
         """Coefficients ``B^H s`` of signals along their last axis.
@@ -241,6 +242,30 @@ class TemporalBasis:
             return cls(f["basis"], f["energy"] if "energy" in f.files else None)
 
 
+#: rows of evolutions a Gram matrix is accumulated from at a time
+_CHUNK = 4096
+
+
+def gram(rows):
+    """S^H S of evolutions in rows, (samples, samples) complex128."""
+    u = np.asarray(rows).astype(np.complex128, copy=False)
+    return u.conj().T @ u
+
+
+def leading(G, rank=None, tolerance=None):
+    """The leading eigenvectors of a Gram matrix G, in decreasing order of
+    their eigenvalues, and each one's share of the trace: ``rank`` of them,
+    or the fewest that leave out at most ``tolerance`` (default 1e-6) of
+    it.  Returns (vectors (samples, rank), fractions (rank,))."""
+    w, U = np.linalg.eigh(G)
+    w, U = np.clip(w[::-1], 0.0, None), U[:, ::-1]
+    fraction = w / max(w.sum(), 1e-300)
+    if rank is None:
+        tol = 1e-6 if tolerance is None else float(tolerance)
+        rank = min(int(np.searchsorted(np.cumsum(fraction), 1.0 - tol) + 1), len(w))
+    return U[:, :rank], fraction[:rank]
+
+
 def _operand(name, a, want, what):
     """``a`` as an array of its library (array_like -> NumPy), checked to be
     numeric with ``want`` entries on its last axis."""
@@ -255,20 +280,9 @@ def _operand(name, a, want, what):
 
 
 def _like(B, a):
-    """B (NumPy) as an array of a's library and complex precision."""
-    module = type(a).__module__.split(".")[0]
-    if module == "numpy":
-        return B if a.dtype in (np.float32, np.complex64) else B.astype(np.complex128)
-    if module == "cupy":
-        import cupy
-
-        return cupy.asarray(B.astype(np.complex128) if a.dtype in (cupy.float64, cupy.complex128) else B)
-    if module == "torch":
-        import torch
-
-        wide = a.dtype in (torch.float64, torch.complex128)
-        return torch.as_tensor(B.astype(np.complex128) if wide else B, device=a.device)
-    raise TypeError(f"expected a NumPy, CuPy or PyTorch array, got {type(a).__name__}")
+    """B (NumPy) in a's library, in complex128 unless a is single precision."""
+    single = str(a.dtype).split(".")[-1] in ("float32", "complex64")
+    return host_as(B if single else B.astype(np.complex128), a)
 
 
 def write_cfl(path, array):

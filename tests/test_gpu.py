@@ -817,10 +817,11 @@ def test_model_operator_on_device_arrays():
     dx = rng.standard_normal(x.shape)
     v = (rng.standard_normal((3, 100)) + 1j * rng.standard_normal((3, 100))).astype(np.complex64)
     xd, dxd, vd = cp.asarray(x), cp.asarray(dx), cp.asarray(v)
-    for got, want in ((A.forward(xd), A.forward(x)), (A.jvp(xd, dxd), A.jvp(x, dx)), (A.vjp(xd, vd), A.vjp(x, v)),
-                      (A.jacobian(xd)[1], A.jacobian(x)[1])):
+    # (the device adjoint runs in single precision, the host's pooled one in double)
+    for got, want, tol in ((A.forward(xd), A.forward(x), RTOL), (A.jvp(xd, dxd), A.jvp(x, dx), RTOL),
+                           (A.vjp(xd, vd), A.vjp(x, v), 1e-4), (A.jacobian(xd)[1], A.jacobian(x)[1], RTOL)):
         assert isinstance(got, cp.ndarray)
-        assert rel(cp.asnumpy(got), want) <= RTOL
+        assert rel(cp.asnumpy(got), want) <= tol
 
 
 def test_static_ptx_on_device_arrays():

@@ -174,6 +174,36 @@ def to_library(a: np.ndarray, library: str):
     return DeviceArray.from_numpy(a)
 
 
+def array_module(a):
+    """The array module of ``a``: numpy (NumPy arrays and anything else),
+    cupy or torch, imported only when ``a`` is one of theirs."""
+    module = type(a).__module__.split(".")[0]
+    if module in ("cupy", "torch"):
+        import importlib
+        return importlib.import_module(module)
+    return np
+
+
+def host_as(a: np.ndarray, like):
+    """The NumPy array ``a`` as an array of ``like``'s library, on its device
+    (``a`` itself for NumPy)."""
+    xp = array_module(like)
+    if xp is np:
+        return a
+    if xp.__name__ == "torch":
+        return xp.as_tensor(a, device=like.device)
+    return xp.asarray(a)
+
+
+def astype(a, dtype):
+    """``a`` as ``dtype`` (a NumPy dtype or its name) in its own library."""
+    name = np.dtype(dtype).name
+    xp = array_module(a)
+    if xp.__name__ == "torch":
+        return a.to(getattr(xp, name))
+    return a.astype(getattr(xp, name))
+
+
 def gradients_in_libraries(grads: dict, libraries: dict) -> dict:
     """A pullback's gradients with each tissue property's that was passed
     as a device array (``libraries``: name -> its array library) moved to

@@ -11,6 +11,7 @@ import numpy as np
 
 from blochsim import _core
 from blochsim.estimators._common import _simulate_table
+from blochsim.subspace import gram, leading
 
 
 def _protocol_record(sim, what, where):
@@ -65,22 +66,12 @@ def _exact(sim, params_at, fixed, flat, idx, norms, k, chunk):
     return best_i, best_d
 
 
-def _gram(unit):
-    """The Gram matrix (contrasts, contrasts) of unit atoms, complex128."""
-    u = unit.astype(np.complex128)
-    return u.conj().T @ u
-
-
 def _basis(G, tolerance=None, rank=None):
     """The leading eigenvectors of the Gram matrix G as a complex64 basis:
     ``rank`` of them, or the fewest that keep all but ``tolerance`` of the
     energy."""
-    w, U = np.linalg.eigh(G)
-    w, U = np.clip(w[::-1], 0.0, None), U[:, ::-1]
-    if rank is None:
-        kept = np.cumsum(w) / max(w.sum(), 1e-300)
-        rank = min(int(np.searchsorted(kept, 1.0 - tolerance) + 1), len(w))
-    return _flush(np.ascontiguousarray(U[:, :rank].astype(np.complex64)))
+    U, _ = leading(G, rank, tolerance)
+    return _flush(np.ascontiguousarray(U.astype(np.complex64)))
 
 
 #: parts of unit vectors below this are set to 0: they change no inner

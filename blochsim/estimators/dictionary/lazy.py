@@ -38,8 +38,8 @@ def _atom_chunk(sim, grids, fixed, a, b, basis):
 
 
 def _gram_chunk(sim, grids, fixed, a, b):
-    from blochsim.estimators.dictionary._atoms import _gram
-    return _gram(_atom_chunk(sim, grids, fixed, a, b, None)[0])
+    from blochsim.subspace import gram
+    return gram(_atom_chunk(sim, grids, fixed, a, b, None)[0])
 
 
 def _sample_atoms(sim, grids, fixed, pick, chunk):

@@ -14,7 +14,8 @@ from blochsim.estimators import _on_device
 from blochsim.estimators._common import (_auto_count, _levelwise, _modelled, _signals, _simulate_table,
                                          _some_contrasts, _threads)
 from blochsim.estimators.dictionary._atoms import (EXACT_MARGIN, _basis, _best, _exact, _exact_order,
-                                                   _gram, _merge_best, _protocol_record, _rebuild, _unit_rows)
+                                                   _merge_best, _protocol_record, _rebuild, _unit_rows)
+from blochsim.subspace import gram
 
 
 class DictionaryMatcher:
@@ -225,7 +226,7 @@ class DictionaryMatcher:
         from their Gram matrix (summed over chunks of ``chunk`` atoms in the
         fixed tree, as a cluster sums it): ``rank`` of them, or the fewest
         that keep all but ``tolerance`` of the energy."""
-        return _basis(_levelwise(_gram(unit[a:a + self.chunk]) for a in range(0, len(unit), self.chunk)),
+        return _basis(_levelwise(gram(unit[a:a + self.chunk]) for a in range(0, len(unit), self.chunk)),
                       tolerance, rank)
 
     def _keep(self, unit, norms, params, contrasts, basis):

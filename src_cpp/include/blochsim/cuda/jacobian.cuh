@@ -156,6 +156,8 @@ __global__ void __launch_bounds__(warp_block, jacobian_min_blocks) jacobian_kern
 // (ws dual elements per problem and group of directions).  The grid's y
 // index is the group of directions, as in jacobian_kernel.
 constexpr int jacobian_block_threads = 256;
+// floats a thread passes to its neighbour at once: a dual of jacobian_dirs
+constexpr int jacobian_exchange_width = jacobian_dirs + 1;
 
 template <bool Complex, bool Tail>
 __global__ void __launch_bounds__(jacobian_block_threads)
@@ -167,7 +169,7 @@ __global__ void __launch_bounds__(jacobian_block_threads)
   constexpr int R = jacobian_orders<Complex>();
   extern __shared__ __align__(16) unsigned char shared[];
   const int tid = threadIdx.x;
-  const BlockShared sm{shared, window, static_cast<int>(blockDim.x), ND + 1};
+  const BlockShared sm{shared, window, static_cast<int>(blockDim.x), jacobian_exchange_width};
   Seat at;
   if (Tail) {
     T = blockDim.x;
@@ -209,7 +211,7 @@ inline int launch_jacobian_blocks(const EventStream& ds, const Tissue& t, const 
   if (T <= jacobian_block_threads) {
     const int per = jacobian_block_threads / T;
     const int threads = (per * T + 31) / 32 * 32;
-    const size_t smem = BlockShared::bytes(w, threads, 0, jacobian_dirs + 1);
+    const size_t smem = BlockShared::bytes(w, threads, 0, jacobian_exchange_width);
     const dim3 grid(static_cast<unsigned>((t.n + per - 1) / per), groups);
     BLOCHSIM_CUDA(allow_shared(jacobian_block_kernel<Complex, false>, smem), "cudaFuncSetAttribute");
     jacobian_block_kernel<Complex, false><<<grid, threads, smem, st>>>(ds, t, dirs, out, jac, T, per, nullptr, 0, 0, w);
@@ -218,7 +220,7 @@ inline int launch_jacobian_blocks(const EventStream& ds, const Tissue& t, const 
   }
   constexpr int TT = jacobian_block_threads;
   const int64_t ws = epg::TailStore<D, R, Complex, BlockTeam>::workspace(ds.states, TT);
-  const size_t smem = BlockShared::bytes(w, TT, 0, jacobian_dirs + 1);
+  const size_t smem = BlockShared::bytes(w, TT, 0, jacobian_exchange_width);
   BLOCHSIM_CUDA(allow_shared(jacobian_block_kernel<Complex, true>, smem), "cudaFuncSetAttribute");
   return tail_chunks(t.n, ws * static_cast<int64_t>(sizeof(D)) * groups, st, err, n,
                      [&](int64_t first, int64_t count, void* scratch) {

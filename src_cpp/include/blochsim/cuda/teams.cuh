@@ -134,38 +134,31 @@ struct BlockTeam {
   float* buf;  // shared, blockDim.x floats (times a dual's components)
   SharedRecords records;
   BLOCHSIM_HD int members() const { return T; }
-  BLOCHSIM_HD float from_below(float x) const {
-#if defined(__CUDA_ARCH__)
-    __syncthreads();
-    buf[tid] = x;
-    __syncthreads();
-    return rank > 0 ? buf[tid - 1] : 0.0f;
-#else
-    return x * 0.0f;
-#endif
-  }
-  BLOCHSIM_HD float from_above(float x) const {
-#if defined(__CUDA_ARCH__)
-    __syncthreads();
-    buf[tid] = x;
-    __syncthreads();
-    return last ? 0.0f : buf[tid + 1];
-#else
-    return x * 0.0f;
-#endif
-  }
-  // A dual's components pass together, component c at buf[c * blockDim.x +
-  // tid]: one barrier pair for the dual (the block's exchange is
-  // BlockShared::width = N + 1 floats a thread).
-  template <int N>
-  BLOCHSIM_HD Dual<float, N> from_below(const Dual<float, N>& x) const {
+  // The value x of the member below or above: a float, or a dual whose
+  // components pass together (component c at buf[c * blockDim.x + tid]), so
+  // that a whole value costs one barrier pair (the block's exchange is
+  // BlockShared::width floats a thread).
+  template <class X>
+  BLOCHSIM_HD X from_below(const X& x) const {
     return pass(x, tid - 1, rank > 0);
   }
-  template <int N>
-  BLOCHSIM_HD Dual<float, N> from_above(const Dual<float, N>& x) const {
+  template <class X>
+  BLOCHSIM_HD X from_above(const X& x) const {
     return pass(x, tid + 1, !last);
   }
   // every thread's x into the exchange; thread `from`'s back where `keep`
+  BLOCHSIM_HD float pass(float x, int from, bool keep) const {
+#if defined(__CUDA_ARCH__)
+    __syncthreads();
+    buf[tid] = x;
+    __syncthreads();
+    return keep ? buf[from] : 0.0f;
+#else
+    (void)from;
+    (void)keep;
+    return x * 0.0f;
+#endif
+  }
   template <int N>
   BLOCHSIM_HD Dual<float, N> pass(const Dual<float, N>& x, int from, bool keep) const {
     Dual<float, N> r;
