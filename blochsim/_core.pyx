@@ -17,8 +17,9 @@ from libcpp.vector cimport vector
 import numpy as np
 
 from blochsim._events cimport (EventStream, Pools, Property, Tissue, cuda_error_base, field_pooled_direction,
-                              field_single_pool_direction, field_table, interrupted, lineshape_g, out_of_memory,
-                              pool_field_count, pool_property, status_message, tissue_fields, tissue_property)
+                              field_single_pool_direction, field_table, interrupted, lineshape_g,
+                              max_transmit_settings, out_of_memory, pool_field_count, pool_property, status_message,
+                              tissue_fields, tissue_property)
 from blochsim._calls cimport (Call, CallEntry, call_adjoint, call_adjoint2, call_forward, call_jacobian, call_pooled,
                               call_pooled_adjoint, on_device, on_host, through_device)
 from blochsim._host cimport (Interrupt, KeyedProgram, MatchProblem, MatchResult, NoiseKey, PerkModel, host_available_memory,
@@ -264,6 +265,7 @@ cdef class PackedStream:
         cdef const float[::1] rfp = getattr(stream, "rf_power", None)
         cdef const int32_t[::1] drv = getattr(stream, "driven", None)
         cdef const double[:, ::1] drt = getattr(stream, "driven_table", None)
+        cdef const int32_t[::1] tx = getattr(stream, "transmit", None)
         cdef int64_t ne = interval.shape[0]
         if (flags.shape[0] != ne or sb.shape[0] != ne or sa.shape[0] != ne or flip.shape[0] != ne
                 or phase.shape[0] != ne or rx.shape[0] != ne or slot.shape[0] != ne):
@@ -275,7 +277,9 @@ cdef class PackedStream:
             raise ValueError("blochsim internal error: pulse arrays differ in length from the events")
         if drv is not None and (drv.shape[0] != ne or drt is None or drt.shape[1] != 4):
             raise ValueError("blochsim internal error: driven pulse arrays")
-        self.refs = (interval, flags, sb, sa, flip, phase, rx, slot, dur, rft, rfd, rfo, rfp, drv, drt)
+        if tx is not None and tx.shape[0] != ne:
+            raise ValueError("blochsim internal error: transmit settings differ in length from the events")
+        self.refs = (interval, flags, sb, sa, flip, phase, rx, slot, dur, rft, rfd, rfo, rfp, drv, drt, tx)
         self.s.n_events = ne
         if ne > 0:
             self.s.interval = &interval[0]
@@ -294,6 +298,8 @@ cdef class PackedStream:
                 self.s.rf_offset_hz = &rfo[0]
             if rfp is not None:
                 self.s.rf_power = &rfp[0]
+            if tx is not None:
+                self.s.transmit = &tx[0]
             if drv is not None:
                 self.s.driven = &drv[0]
                 self.s.n_driven = drt.shape[0]
@@ -323,13 +329,31 @@ cdef class PackedStream:
 
 
 cdef object _host_tissue(Tissue* t, tuple tissue, int64_t n):
-    """Point t at float32 host arrays (length n or 1, or None)."""
+    """Point t at float32 host arrays (length n or 1, or None), one per
+    TISSUE_FIELDS entry; an optional last entry (planes, seeded) holds the
+    transmit settings: float32 planes (n or 1, settings, 2) of |B| and
+    arg B (rad), and the setting the B1 directions move (-1: none)."""
+    cdef const float[:, :, ::1] planes
     cdef const float[::1] view
     cdef Property* p
     refs = []
-    if len(tissue) != tissue_fields:
+    if len(tissue) not in (tissue_fields, tissue_fields + 1):
         raise ValueError("blochsim internal error: tissue tuple has the wrong length")
     t.n = n
+    t.transmit.settings = 0
+    t.transmit.b1 = NULL
+    t.transmit.stride = 0
+    t.transmit.seeded = -1
+    if len(tissue) > tissue_fields and tissue[tissue_fields] is not None:
+        planes, seeded = tissue[tissue_fields]
+        if planes.shape[2] != 2 or planes.shape[0] not in (1, n) or planes.shape[1] < 1:
+            raise ValueError("blochsim internal error: transmit planes must be (n or 1, settings, 2)")
+        refs.append(planes)
+        t.transmit.settings = planes.shape[1]
+        t.transmit.b1 = &planes[0, 0, 0]
+        t.transmit.stride = 0 if planes.shape[0] == 1 else 2 * planes.shape[1]
+        t.transmit.seeded = seeded
+        tissue = tissue[:tissue_fields]
     for i in range(tissue_fields):
         p = &tissue_property(t[0], i)
         p.data = NULL
@@ -785,9 +809,22 @@ def forward_cuda_streamed(PackedStream ps, tuple tissue, int64_t n, float comple
 
 cdef int _device_tissue(Tissue* t, tuple tissue, int64_t n) except -1:
     """Point t at device float32 planes: one (pointer, stride) pair or None
-    per TISSUE_FIELDS entry."""
+    per TISSUE_FIELDS entry; an optional last entry (pointer, stride,
+    settings, seeded) holds the transmit settings (as _host_tissue's, the
+    stride in floats between problems)."""
     cdef Property* p
     t.n = n
+    t.transmit.settings = 0
+    t.transmit.b1 = NULL
+    t.transmit.stride = 0
+    t.transmit.seeded = -1
+    if len(tissue) > tissue_fields and tissue[tissue_fields] is not None:
+        ptr, stride, settings, seeded = tissue[tissue_fields]
+        t.transmit.settings = settings
+        t.transmit.b1 = <const float*> <uintptr_t> ptr
+        t.transmit.stride = stride
+        t.transmit.seeded = seeded
+        tissue = tissue[:tissue_fields]
     for i in range(tissue_fields):
         p = &tissue_property(t[0], i)
         p.data = NULL
@@ -825,6 +862,9 @@ def cuda_bytes_per_problem(PackedStream ps):
     cdef Tissue t
     return L.bytes_per_problem(ps.s, t)
 
+
+#: the most transmit settings (distinct channel drives) a stream's pulses may name (events.hpp)
+MAX_TRANSMIT_SETTINGS = max_transmit_settings
 
 ENTRIES = ("forward", "jacobian", "adjoint", "adjoint2", "pooled", "pooled_adjoint")
 

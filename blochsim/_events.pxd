@@ -16,6 +16,7 @@ cdef extern from "blochsim/events.hpp" namespace "blochsim" nogil:
     cdef uint32_t event_spoil
     cdef uint32_t event_saturation
     cdef uint32_t event_driven
+    const int32_t max_transmit_settings
 
     cdef cppclass EventStream:
         int64_t n_events
@@ -27,6 +28,7 @@ cdef extern from "blochsim/events.hpp" namespace "blochsim" nogil:
         const float* phase_rad
         const float* rx_phase_rad
         const int32_t* slot
+        const int32_t* transmit
         int64_t n_intervals
         const double* duration_s
         const float* rf_table
@@ -48,8 +50,15 @@ cdef extern from "blochsim/events.hpp" namespace "blochsim" nogil:
         int64_t stride
         float fallback
 
+    cdef cppclass Transmit:
+        int32_t settings
+        const float* b1
+        int64_t stride
+        int32_t seeded
+
     cdef cppclass Tissue:
         int64_t n
+        Transmit transmit
 
     Property& tissue_property(Tissue& t, int f)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from blochsim import steady
-from blochsim._engine import pools as _pools, reverse as _reverse
+from blochsim._engine import pools as _pools, reverse as _reverse, transmit as _transmit
 from blochsim._arrays import validate as V
 from blochsim._arrays.device import Interface, array_module, astype, host_as
 from blochsim._protocol import SliceProfile, check_diff_values, check_order, checked_key
@@ -109,7 +109,12 @@ class _Transmit:
         raw_shim = _given(sim, values, "shim")
         b1 = values.get("B1")
         if raw_shim is None and not _complex(b1):
-            return None
+            if not self._drives_channels(sim, values):
+                return None
+            if b1 is None:
+                raise ValueError(f"{type(sim).__name__}: the sequence's pulses drive transmit channels "
+                                 f"(Pulse.channels, a waveform per channel): pass B1 as the channels' complex "
+                                 f"sensitivities, shape (channels, *voxels)")
         if "B1" not in sim.tissue_properties:
             raise TypeError(f"shim weights act through B1, which {type(sim).__name__} does not model")
         if b1 is None:
@@ -133,6 +138,9 @@ class _Transmit:
             raise ValueError("B1 (the channels' sensitivities) must be finite")
         channels = S.shape[0]
         w_host = np.ones(channels, np.complex128) if raw_shim is None else V.shim_weights(raw_shim, channels)
+        dynamic = self._dynamic(sim, values, S, raw_shim, w_host, given_complex)
+        if dynamic is not None:
+            return dynamic
         w = host_as(w_host, S).reshape((channels,) + (1,) * (S.ndim - 1))
         B = (w * S).sum(0)
         mag = abs(B)
@@ -142,7 +150,53 @@ class _Transmit:
         played["shim"] = None
         return S, w, mag, u, played, given_complex
 
+    @staticmethod
+    def _checked(sim, values):
+        """(the checked protocol of the call, played with no shim, its tissue)."""
+        played = {k: v for k, v in values.items() if k not in ("shim", "B1")}
+        proto, tissue = sim._split({**played, "shim": None})
+        return sim._protocol_values(proto), tissue
+
+    def _drives_channels(self, sim, values):
+        """Whether a played simulator's pulses drive channels of their own."""
+        if not hasattr(sim, "_packed"):
+            return False
+        p, _ = self._checked(sim, values)
+        return sim._packed({**p, "repetitions": 1} if p["repetitions"] == "auto" else p).channels is not None
+
+    def _dynamic(self, sim, values, S, raw_shim, w, given_complex):
+        """The state of a call with per-pulse transmit settings (a shim
+        per pulse, or pulses with their own channel drive), or None."""
+        if not hasattr(sim, "_packed"):
+            if w.ndim == 2:
+                raise ValueError(f"{type(sim).__name__} is a closed form, whose pulses share one shim: shim must "
+                                 f"have shape (channels,), got {w.shape}")
+            return None
+        p, tissue = self._checked(sim, values)
+        if p["repetitions"] == "auto" and w.ndim == 2:
+            raise ValueError("a shim per pulse needs a known number of pulses: repetitions='auto' is not taken "
+                             "with it")
+        if p["repetitions"] == "auto" or p["slice_profile"] is not None:
+            if _transmit.needed(sim._packed({**p, "repetitions": 1}) if p["repetitions"] == "auto"
+                                else sim._packed(p), raw_shim):
+                which = "repetitions='auto'" if p["repetitions"] == "auto" else "slice_profile"
+                raise ValueError(f"per-pulse transmit settings do not combine with {which}")
+            return None
+        s = sim._packed(p)
+        if not _transmit.needed(s, raw_shim):
+            return None
+        if V.is_device_array(S) or sim.device == "cuda":
+            raise ValueError(f"{type(sim).__name__}: per-pulse transmit settings (a shim per pulse or a waveform "
+                             f"per channel) play on the host: pass B1 and the tissue as NumPy arrays and "
+                             f"device='cpu'")
+        st = _transmit.settings(s, raw_shim if raw_shim is not None else None, S.shape[0])
+        streams = sim._streams(p)
+        play = _transmit.Play(streams, tissue, np.asarray(S), st, sim.threads)
+        return _Dynamic(play, w, given_complex, sim._host_variant)
+
     def simulate(self, sim, state):
+        if isinstance(state, _Dynamic):
+            return state.simulate()
         S, w, mag, u, played, _ = state
         s0 = sim.simulate(**played)
         return astype(u[..., None] * s0, s0.dtype)
@@ -162,11 +216,13 @@ class _Transmit:
     def jacobian(self, sim, state, diff, order):
         """The played Jacobian times u; "B1" becomes 2 * channels columns,
         d/dRe S_c and d/dIm S_c channel by channel."""
-        S, w, mag, u, played, _ = state
         names = _names(diff)
         check_order(order)
         if "shim" in names:
             raise ValueError("jacobian differentiates tissue properties; shim is a protocol parameter (use vjp)")
+        if isinstance(state, _Dynamic):
+            return state.jacobian(names, isinstance(diff, str))
+        S, w, mag, u, played, _ = state
         s0, J0 = sim.jacobian(names, order, **played)
         J0 = J0[..., None, :] if isinstance(diff, str) else J0
         cols = []
@@ -182,6 +238,8 @@ class _Transmit:
         """The played pullback of conj(u) * cotangent; the field's share
         through |B| (the played B1 gradient) and arg(B) (the signal's own),
         then through the channels' maps and the shim weights."""
+        if isinstance(state, _Dynamic):
+            return state.vjp(sim, names)
         S, w, mag, u, played, given_complex = state
         field = any(k in ("B1", "shim") for k in names)
         inner = tuple(k for k in names if k not in ("B1", "shim")) + (("B1",) if field else ())
@@ -224,6 +282,102 @@ class _Transmit:
                 out["shim"] = np.array([complex(float(through(S[c]).sum()), float(through(1j * S[c]).sum()))
                                         for c in range(S.shape[0])])
             return out
+
+        return signal, pullback
+
+
+class _Dynamic:
+    """A call with per-pulse transmit settings, played on the host by
+    :class:`blochsim._engine.transmit.Play`; derivatives along the
+    channels' maps and the shim weights by the chain rule through each
+    setting's field (blochsim/_engine/transmit.py)."""
+
+    def __init__(self, play, shim, given_complex, variant):
+        self.play, self.shim, self.given_complex, self.variant = play, shim, given_complex, variant
+
+    def simulate(self):
+        return self.play.simulate(self.variant)
+
+    def _through(self, names, cot=None):
+        """Per setting pass: (g, signal, J of ``names``, and either the
+        Jacobian columns of Re, Im S_c (cot None) or, with a cotangent
+        (n, samples), the loss's gradient along |B_g| and arg B_g."""
+        u, mag = self.play.unit_field()
+        for g, signal, Jn, Jm, Jt in self.play.setting_passes(names, self.variant):
+            yield g, signal, Jn, Jm, Jt, u[:, g], mag[:, g]
+
+    def jacobian(self, names, one):
+        play = self.play
+        other = tuple(k for k in names if k != "B1")
+        C = play.S.shape[0]
+        n, k = play.n, play.ps.n_samples
+        cols = {c: np.zeros((n, k), np.complex128) for c in range(2 * C)} if "B1" in names else {}
+        signal, Jo = None, None
+        for g, sig, Jn, Jm, Jt, ug, mg in self._through(other):
+            if signal is None:
+                signal, Jo = sig, Jn
+            for c in range(C) if cols else ():
+                for part, dB in ((0, play.st.drive[g, c]), (1, 1j * play.st.drive[g, c])):
+                    q = np.conj(ug) * dB
+                    cols[2 * c + part] += Jm * q.real[:, None] + Jt * _over(q.imag, mg)[:, None]
+        J = []
+        for name in names:
+            if name == "B1":
+                J += [cols[i] for i in range(2 * C)]
+            else:
+                J.append(Jo[:, other.index(name)])
+        J = np.stack(J, 1).astype(np.complex64).reshape(play.shape + (len(J), k))
+        signal = signal.reshape(play.shape + (k,))
+        return signal, (J[..., 0, :] if one and J.shape[-2] == 1 else J)
+
+    def vjp(self, sim, names):
+        play = self.play
+        protocol = [k for k in names if k not in sim.tissue_properties and k != "shim"]
+        if protocol:
+            raise ValueError(f"{type(sim).__name__}.vjp with per-pulse transmit settings reaches the tissue, the "
+                             f"channels' maps (B1) and the shim weights; not the protocol parameter "
+                             f"{protocol[0]!r}")
+        other = tuple(k for k in names if k not in ("B1", "shim"))
+        check_diff_values(other, play.arrays, "vjp")
+        signal = self.play.simulate(self.variant)
+
+        def pullback(cotangent):
+            cot = _reverse.cotangent(cotangent, signal.shape, dtype=np.complex128).reshape(play.n, -1)
+            C = play.S.shape[0]
+            maps = play.S.shape[1:]
+            out = {}
+            gS = np.zeros((C,) + tuple(maps), np.complex128)
+            gw = np.zeros(self.shim.shape, np.complex128)
+            for g, _, Jn, Jm, Jt, ug, mg in self._through(other):
+                if Jn is not None:
+                    for j, name in enumerate(other):
+                        dx = np.real(np.conj(cot) * Jn[:, j]).sum(-1).reshape(play.shape)
+                        out[name] = _reverse.reduce_to(dx, np.shape(play.arrays[name]))
+                g_mag = np.real(np.conj(cot) * Jm).sum(-1)
+                g_arg = _over(np.real(np.conj(cot) * Jt).sum(-1), mg)
+
+                def through(dB):  # dL for a change dB of setting g's field, per voxel
+                    q = np.conj(ug) * dB
+                    return g_mag * q.real + g_arg * q.imag
+
+                for c in range(C):
+                    d = play.st.drive[g, c]
+                    part = (through(d) + 1j * through(1j * d)).reshape(play.shape)
+                    gS[c] += _reverse.reduce_to(part.real, maps) + 1j * _reverse.reduce_to(part.imag, maps)
+                rows = np.flatnonzero(play.st.shim_rows == g)
+                if rows.size and "shim" in names:
+                    Sflat = np.broadcast_to(play.S, (C,) + play.shape).reshape(C, -1)
+                    grad = np.array([complex(through(Sflat[c]).sum(), through(1j * Sflat[c]).sum())
+                                     for c in range(C)])
+                    if self.shim.ndim == 2:
+                        gw[rows] = grad
+                    else:
+                        gw += grad
+            if "B1" in names:
+                out["B1"] = gS if self.given_complex else gS[0].real
+            if "shim" in names:
+                out["shim"] = gw
+            return {k: out[k] for k in names}
 
         return signal, pullback
 

@@ -223,7 +223,7 @@ int forward_streamed(const EventStream& s, const Tissue& t, float* out, std::siz
 
 int forward_streamed_unguarded(const EventStream& s, const Tissue& t, float* out, std::size_t budget_bytes,
                                char* err, int n) {
-  const int v = validate(s, t);
+  const int v = validate(s, t, false, false);
   if (v != ok) return say(v, err, n);
   if (t.n == 0 || s.n_samples == 0) return ok;
   size_t free_b = 0, total_b = 0;

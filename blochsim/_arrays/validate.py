@@ -258,21 +258,20 @@ def into(out, s):
 
 
 def shim_weights(raw, channels):
-    """The shim weights of static parallel transmission, complex128
-    (channels,); ``channels`` -1 takes any count."""
+    """The shim weights of parallel transmission, complex128: (channels,)
+    for every pulse, or (pulses, channels) one row per RF pulse;
+    ``channels`` -1 takes any count."""
     if is_device_array(raw):
         raise TypeError("shim is a protocol parameter and must be a host value, not a device array")
     w = np.asarray(raw)
     if w.dtype.kind not in "biufc":
         raise TypeError(f"shim must be complex numbers, one per channel, got dtype {w.dtype}")
     w = w.astype(np.complex128)
-    if w.ndim == 2:
-        raise ValueError("shim weights per pulse (shape (pulses, channels)) are not supported: one shim setting "
-                         "for all pulses (shape (channels,)) is")
-    if w.ndim != 1:
-        raise ValueError(f"shim must have shape (channels,), got {w.shape}")
-    if channels >= 0 and w.shape[0] != channels:
-        raise ValueError(f"shim has {w.shape[0]} weights but B1 has {channels} channel(s) on its first axis")
+    if w.ndim not in (1, 2) or w.shape[-1] == 0 or (w.ndim == 2 and w.shape[0] == 0):
+        raise ValueError(f"shim must have shape (channels,) or (pulses, channels), got {w.shape}")
+    if channels >= 0 and w.shape[-1] != channels:
+        raise ValueError(f"shim has {w.shape[-1]} weights per pulse but B1 has {channels} channel(s) on its first "
+                         f"axis")
     if not np.all(np.isfinite(w)):
         raise ValueError("shim must be finite")
     return w

@@ -129,6 +129,13 @@ class Pulse(Operator):
     power_factor : float, optional
         p = duration * integral(b^2 dt) / (integral(b dt))^2 of the pulse
         shape b(t): 1 for a rectangle (see :func:`power_factor`).
+    channels : sequence of complex, optional
+        Parallel transmission: this pulse's complex drive of each transmit
+        channel (its own shim).  With ``B1`` given as the channels'
+        sensitivities S_c (complex, shape ``(channels, *voxels)``) the
+        pulse plays in each voxel with flip ``flip * abs(B)`` and phase
+        ``phase + angle(B)``, B = sum_c S_c channels[c].  None (default):
+        the simulator's ``shim`` (or B1 as one map).
     """
 
     flip: float
@@ -136,9 +143,12 @@ class Pulse(Operator):
     duration: float = 0.0
     offset: float = 0.0
     power_factor: float = 1.0
+    channels: tuple | None = None
 
     def __post_init__(self):
         _check_pulse_fields(self, ("flip", "phase", "duration", "offset", "power_factor"))
+        if self.channels is not None:
+            object.__setattr__(self, "channels", _channel_weights(self.channels))
 
 
 class Excitation(Pulse):
@@ -149,8 +159,21 @@ class Refocusing(Pulse):
     """A refocusing pulse (a :class:`Pulse`; default flip 180°)."""
 
     def __init__(self, flip: float = 180.0, phase: float = 0.0, duration: float = 0.0, offset: float = 0.0,
-                 power_factor: float = 1.0):
-        super().__init__(flip, phase, duration, offset, power_factor)
+                 power_factor: float = 1.0, channels=None):
+        super().__init__(flip, phase, duration, offset, power_factor, channels)
+
+
+def _channel_weights(raw):
+    """A pulse's channel drive as a tuple of Python complex numbers,
+    checked (1-D, numeric, finite, not all zero)."""
+    w = np.asarray(raw)
+    if w.dtype == object or w.dtype.kind not in "biufc":
+        raise TypeError(f"channels of a Pulse must be numbers, one per transmit channel, got dtype {w.dtype}")
+    if w.ndim != 1 or w.size == 0:
+        raise ValueError(f"channels of a Pulse must be a non-empty 1-D sequence, got shape {w.shape}")
+    if not np.all(np.isfinite(w)):
+        raise ValueError(f"channels of a Pulse must be finite, got {w.tolist()!r}")
+    return tuple(complex(x) for x in w.astype(np.complex128))
 
 
 @dataclass(frozen=True)
@@ -319,8 +342,13 @@ class SampledPulse(Sequence):
 
     Parameters
     ----------
-    waveform : array_like, µT, shape (n,)
-        B1 samples; complex values carry the RF phase.
+    waveform : array_like, µT, shape (n,) or (channels, n)
+        B1 samples; complex values carry the RF phase.  Two dimensions:
+        dynamic parallel transmission, one waveform per transmit channel;
+        with ``B1`` given as the channels' complex sensitivities S_c (shape
+        ``(channels, *voxels)``) sample j plays in each voxel as the field
+        sum_c S_c waveform[c, j] (the channels' sensitivities relative to a
+        channel driven at 1 µT).
     dwell : float, µs
         Duration of one sample.
     phase : float, optional
@@ -334,14 +362,23 @@ class SampledPulse(Sequence):
 
     def __init__(self, waveform, dwell: float, phase: float = 0.0):
         w = np.asarray(waveform)
-        if w.ndim == 2:
-            raise ValueError(f"waveform of shape {w.shape}: one waveform per transmit channel (dynamic parallel "
-                             "transmission) is not supported; a static shim is (the simulator's shim= with B1 as "
-                             "the channels' maps)")
-        traced = w.dtype == object  # a traced protocol waveform (Simulator.vjp)
-        values = _waveform_values("waveform", w)
         d = _dwell_us(dwell)
         deg_per_uT = np.degrees(GAMMA_RAD_PER_S_PER_T * 1e-6 * d * 1e-6)  # flip = gamma |B1| dwell
+        if w.ndim == 2:
+            if w.dtype == object:
+                raise TypeError("a waveform per transmit channel cannot be traced (Simulator.vjp); the pullback "
+                                "reaches the channels' maps (B1) and the simulator's shim weights")
+            values = _waveform_values("waveform", w, ndim=2)
+            half = Delay(0.5 * d * 1e-3)
+            ops = []
+            for j in range(values.shape[1]):
+                ops += [half, Pulse(deg_per_uT, phase, channels=values[:, j]), half]
+            super().__init__(ops)
+            self.waveform = values
+            self.dwell = d
+            return
+        traced = w.dtype == object  # a traced protocol waveform (Simulator.vjp)
+        values = _waveform_values("waveform", w)
         samples = [_modulus_and_angle(x) for x in (w if traced else values)]
         super().__init__(_dwell_ops([deg_per_uT * m for m, _ in samples],
                                     [np.degrees(1.0) * a + phase for _, a in samples], d))
@@ -387,16 +424,17 @@ class SampledPulse(Sequence):
     @property
     def duration(self) -> float:
         """Length of the pulse, ms."""
-        return self.waveform.size * self.dwell * 1e-3
+        return self.waveform.shape[-1] * self.dwell * 1e-3
 
 
-def _waveform_values(name, w):
-    """The numbers of a (possibly traced) 1-D waveform, checked."""
+def _waveform_values(name, w, ndim=1):
+    """The numbers of a (possibly traced) waveform of ``ndim`` dimensions, checked."""
     traced = w.dtype == object
     values = np.array([complex(x) if isinstance(x, TracedComplex) else _value(x) for x in w.reshape(-1)]
                       ).reshape(w.shape) if traced else w
-    if w.ndim != 1 or w.size == 0:
-        raise ValueError(f"{name} must be a non-empty 1-D array, got shape {w.shape}")
+    if w.ndim != ndim or w.size == 0:
+        want = "a non-empty 1-D array" if ndim == 1 else "a non-empty array of shape (channels, samples)"
+        raise ValueError(f"{name} must be {want}, got shape {w.shape}")
     if not (np.issubdtype(values.dtype, np.floating) or np.issubdtype(values.dtype, np.complexfloating)):
         raise TypeError(f"{name} must be float or complex, got dtype {values.dtype}")
     if not np.all(np.isfinite(values)):

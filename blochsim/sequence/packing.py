@@ -19,7 +19,7 @@ class EventStream:
     __slots__ = ("interval", "flags", "shift_before", "shift_after", "flip_rad", "phase_rad",
                  "rx_phase_rad", "slot", "duration_s", "n_samples", "total_shifts", "rf_table",
                  "rf_duration_s", "rf_offset_hz", "rf_power", "driven", "driven_table", "moments",
-                 "moment_step")
+                 "moment_step", "channels", "transmit")
 
     @property
     def n_events(self):
@@ -262,6 +262,23 @@ def _unitary_rotation_terms(flip_rad):
         c2[small], ca[small] = diffused(c2[small]), diffused(ca[small])
     return c2, s2, np.sin(flip_rad), ca
 
+def _channel_drives(drives, rf_op, flags, n_ops):
+    """(n_events, channels) complex128 channel drive of each RF event's
+    pulse (NaN for a pulse without its own), or None when no pulse has one."""
+    if not drives:
+        return None
+    counts = {len(w) for w in drives.values()}
+    if len(counts) > 1:
+        raise ValueError(f"pulses drive different numbers of transmit channels: {sorted(counts)}")
+    table = np.full((n_ops + 1, counts.pop()), np.nan, dtype=np.complex128)
+    for j, w in drives.items():
+        table[j] = w
+    out = table[rf_op]
+    if np.any((flags & EV_DRIVEN) != 0) and not np.all(np.isnan(out[(flags & EV_DRIVEN) != 0])):
+        raise ValueError("blochsim internal error: channel drives on exact rectangular pulses")
+    return out
+
+
 def _pack(preparation, repetition, repetitions, keep_zero):
     """pack(), also returning the operators and their layout; with
     keep_zero every event with a Delay keeps an interval of its length."""
@@ -283,8 +300,11 @@ def _pack(preparation, repetition, repetitions, keep_zero):
     rf_dur = np.zeros(len(ops) + 1, dtype=np.float64)
     rf_off = np.zeros(len(ops) + 1, dtype=np.float64)
     rf_pow = np.ones(len(ops) + 1, dtype=np.float64)
+    drives = {}  # op index: a pulse's channel drive (Pulse.channels)
     for j, op in enumerate(ops):
         if isinstance(op, (Pulse, Saturation, RectPulse)):
+            if isinstance(op, Pulse) and op.channels is not None:
+                drives[j] = op.channels
             flips[j] = op.flip
             phases[j] = op.phase if isinstance(op, (Pulse, RectPulse)) else 0.0
             rf_dur[j] = op.duration
@@ -342,6 +362,8 @@ def _pack(preparation, repetition, repetitions, keep_zero):
     interval[has_iv] = inv.astype(np.int32)
     s.interval = interval
     s.duration_s = np.ascontiguousarray(uniq, dtype=np.float64)
+    s.channels = _channel_drives(drives, lay.rf_op, lay.flags, len(ops))
+    s.transmit = None  # per-pulse transmit settings: blochsim._modifiers fills them for a call
     s.moments, s.moment_step = None, 0.0
     if lay.moment_op.size:
         m = np.zeros((2 * n, 3))

@@ -150,7 +150,7 @@ int host_keyed_pooled_dispatch(const EventStream& s, const KeyedProgram& k, cons
 int host_keyed_jacobian_dispatch(const EventStream& s, const KeyedProgram& k, const Tissue& t, const int* fields,
                                  int n_dirs, float* out, float* jac, int threads, const float* seeds) noexcept {
   return guarded([&]() -> int {
-    int v = validate(s, t);
+    int v = validate(s, t, false, false);
     if (v == ok) v = validate_keyed(s, k);
     if (v == ok) v = keyed_plays(k, t);
     if (v == ok) v = validate_directions(fields, n_dirs);

@@ -89,6 +89,7 @@ enum Status : int {
   out_of_memory = 13,         // the call's workspace does not fit the memory available
   interrupted = 14,           // the caller's poll (host/interrupt.hpp) asked the call to stop
   internal_error = 15,        // an unexpected C++ exception, caught at the entry
+  bad_transmit = 16,          // a pulse's transmit setting outside the tissue's, or settings where the kernel takes none
 };
 
 // Launchers return cuda_error_base + the cudaError_t value for CUDA errors.
@@ -115,6 +116,9 @@ inline const char* status_message(int status) {
       return "the call's workspace does not fit the memory available (fewer states, threads or problems a call)";
     case interrupted: return "interrupted";
     case internal_error: return "internal error: an unexpected C++ exception was caught";
+    case bad_transmit:
+      return "transmit settings: a pulse names a setting the tissue does not hold, or this kernel plays none "
+             "(the pooled, moment-keyed and adjoint kernels take one B1 per problem)";
     default: return "unknown blochsim status";
   }
 }

@@ -25,6 +25,11 @@ enum EventFlag : uint32_t {
   event_driven = 32u,      // an exact rectangular pulse (driven_table; pooled kernels only)
 };
 
+// The bits of an event record's flags above the EventFlag bits hold its
+// pulse's transmit setting plus one (0: none; EventStream::transmit).
+constexpr int transmit_flag_shift = 16;
+constexpr int32_t max_transmit_settings = 65535;
+
 // Columns of EventStream::rf_table for a pulse of flip a and phase phi.
 enum RfTableField : int {
   rft_cos2_half,  // cos^2(a/2)
@@ -61,6 +66,11 @@ struct EventStream {
   const float* phase_rad = nullptr;       // (n_events,) RF phase (plus the transmit phase)
   const float* rx_phase_rad = nullptr;    // (n_events,) receiver phase
   const int32_t* slot = nullptr;          // (n_events,) output slot of a readout
+
+  // Optional (n_events,) the transmit setting of each pulse (Tissue::
+  // transmit), or -1; read only when the tissue holds settings, and then
+  // every RF pulse names one.
+  const int32_t* transmit = nullptr;
 
   int64_t n_intervals = 0;
   const double* duration_s = nullptr;     // (n_intervals,) distinct interval lengths
@@ -123,6 +133,14 @@ BLOCHSIM_HD inline bool simple_event(const EventStream& s, int64_t e) {
          s.shift_after[e] == 1;
 }
 
+// The flags of event e as its record holds them: with its pulse's transmit
+// setting in the bits above the EventFlag bits.
+BLOCHSIM_HD inline uint32_t record_flags(const EventStream& s, int64_t e) {
+  const uint32_t f = s.flags[e];
+  if (!s.transmit || !(f & event_rf) || s.transmit[e] < 0) return f;
+  return f | (static_cast<uint32_t>(s.transmit[e] + 1) << transmit_flag_shift);
+}
+
 // Fills out (n_events + 1,) with the records of the stream
 // (EventStream::records), the last a sentinel that does nothing, so that a
 // kernel may fetch the record after the last event.
@@ -134,8 +152,10 @@ inline void pack_events(const EventStream& s, EventRecord* out) {
   out[s.n_events] = EventRecord{-1, 0, 0, 0, 0, 0u, 0.0f, 0.0f, {}};
   int32_t run = 0;
   for (int64_t e = s.n_events - 1; e >= 0; --e) {
+    // a run keeps one transmit setting: the player loads it at the run's start
     const bool same = e + 1 < s.n_events && s.interval[e + 1] == s.interval[e] &&
-                      ((s.flags[e + 1] ^ s.flags[e]) & event_readout) == 0;
+                      ((record_flags(s, e + 1) ^ record_flags(s, e)) &
+                       (event_readout | ~((1u << transmit_flag_shift) - 1u))) == 0;
     if (!simple_event(s, e))
       run = 0;
     else
@@ -146,7 +166,7 @@ inline void pack_events(const EventStream& s, EventRecord* out) {
     r.shift_after = s.shift_after[e];
     r.slot = s.slot[e];
     r.run = run;
-    r.flags = s.flags[e];
+    r.flags = record_flags(s, e);
     r.flip_rad = s.flip_rad[e];
     r.phase_rad = s.phase_rad[e];
     if (s.rf_table) {
@@ -277,12 +297,35 @@ struct Property {
   BLOCHSIM_HD bool present() const { return data != nullptr; }
 };
 
+// Per-pulse transmit settings (parallel transmission with a shim per pulse
+// or per waveform sample): setting g of problem i is the field magnitude
+// |B_g| (a scale of the nominal flip, as B1) and phase arg B_g (rad, added
+// to the pulse's, as B1phase) at b1[i * stride + 2 g + {0, 1}] (stride 0:
+// every problem alike).  A pulse naming setting g plays with these in place
+// of the tissue's B1 and B1phase.  For the Jacobian, the directions along
+// B1 and B1phase are those of |B_seeded| and arg B_seeded (no setting's
+// when seeded is -1).
+struct Transmit {
+  int32_t settings = 0;
+  const float* b1 = nullptr;
+  int64_t stride = 0;
+  int32_t seeded = -1;
+
+  BLOCHSIM_HD float magnitude(int64_t i, int g) const { return b1[i * stride + 2 * g]; }
+  BLOCHSIM_HD float phase(int64_t i, int g) const { return b1[i * stride + 2 * g + 1]; }
+};
+
+// The setting of the pulse of an event whose record flags are f, or -1.
+BLOCHSIM_HD inline int transmit_setting(uint32_t f) { return static_cast<int>(f >> transmit_flag_shift) - 1; }
+
 // The tissue: one Property per TissueField, indexed by field
-// (t[field_T1]), each absent with its fallback until set.
+// (t[field_T1]), each absent with its fallback until set; and the transmit
+// settings, if any.
 #define BLOCHSIM_ABSENT(id, name, unit, fallback, flags) {nullptr, 0, fallback},
 struct Tissue {
   int64_t n = 0;  // problems (voxels or atoms)
   Property field[tissue_fields] = {BLOCHSIM_TISSUE_FIELDS(BLOCHSIM_ABSENT)};
+  Transmit transmit;
 
   BLOCHSIM_HD Property& operator[](int f) { return field[f]; }
   BLOCHSIM_HD const Property& operator[](int f) const { return field[f]; }
@@ -297,8 +340,9 @@ inline Property& tissue_property(Tissue& t, int f) { return t[f]; }
 
 // Checks the stream against itself; kernels assume it passed.  Exact
 // rectangular pulses (event_driven) are refused unless `pooled` (the kernels
-// that play them).
-inline int validate(const EventStream& s, const Tissue& t, bool pooled = false) {
+// that play them); transmit settings unless `transmit` (the single-pool
+// forward and Jacobian).
+inline int validate(const EventStream& s, const Tissue& t, bool pooled = false, bool transmit = true) {
   if (s.states < 1) return bad_states;
   if (s.n_events < 0 || s.n_intervals < 0 || s.n_samples < 0 || t.n < 0) return bad_shape;
   if (s.n_events >= INT32_MAX) return too_many_events;
@@ -306,7 +350,13 @@ inline int validate(const EventStream& s, const Tissue& t, bool pooled = false) 
                          !s.flip_rad || !s.phase_rad || !s.rx_phase_rad || !s.slot))
     return bad_shape;
   if (s.n_intervals > 0 && !s.duration_s) return bad_shape;
+  const Transmit& tx = t.transmit;
+  if (tx.settings < 0 || tx.settings > max_transmit_settings || (tx.settings > 0 && (pooled || !transmit)) || (tx.settings > 0 && (!tx.b1 || !s.transmit)) ||
+      tx.seeded < -1 || tx.seeded >= tx.settings)
+    return bad_transmit;
   for (int64_t e = 0; e < s.n_events; ++e) {
+    if (tx.settings > 0 && (s.flags[e] & event_rf) && (s.transmit[e] < 0 || s.transmit[e] >= tx.settings))
+      return bad_transmit;
     if (s.interval[e] < -1 || s.interval[e] >= s.n_intervals) return bad_interval_index;
     if ((s.flags[e] & event_readout) && (s.slot[e] < 0 || s.slot[e] >= s.n_samples))
       return bad_output_slot;

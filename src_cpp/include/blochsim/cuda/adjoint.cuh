@@ -192,7 +192,7 @@ template <int Unused = 0>
 inline int adjoint_device(const EventStream& s, const Tissue& t, const int* fields, int n_tdirs, const float* cot,
                           double* ev_grad, float* tgrad, cudaStream_t stream, char* err = nullptr, int n = 0) {
   using namespace detail;
-  const int v = validate(s, t);
+  const int v = validate(s, t, false, false);
   if (v != ok) return say(v, err, n);
   const int dv = n_tdirs == 0 ? static_cast<int>(ok) : validate_directions(fields, n_tdirs);
   if (dv != ok) return say(dv, err, n);
@@ -234,7 +234,7 @@ inline int adjoint2_device(const EventStream& s, const Tissue& t, int outer_fiel
                            int64_t cot_stride, double* ev_grad, cudaStream_t stream, char* err = nullptr,
                            int n = 0) {
   using namespace detail;
-  const int v = validate(s, t);
+  const int v = validate(s, t, false, false);
   if (v != ok) return say(v, err, n);
   if (outer_field < 0 || outer_field >= tissue_fields || cot_stride < s.n_samples) return say(bad_shape, err, n);
   const bool local = s.states <= adjoint_local_states;

@@ -25,13 +25,13 @@ __global__ void __launch_bounds__(warp_block, Complex ? warp_min_blocks_complex 
     // issue-bound (many warps of 128 registers): the stage's instructions
     // and registers cost more than the stores' stalls
     DeviceSink sink{row, at.writer};
-    epg::play<float, Complex>(s, t, lt, st, sink);
+    epg::play<float, Complex>(s, t, lt, st, sink, epg::LaneProblems{at.problem, 0});
   } else {
     const int lane = static_cast<int>(threadIdx.x % 32);
     WarpStage<1>* stage = sm.stage<1>(static_cast<int>(threadIdx.x / 32));
     stage->row[lane] = at.writer ? row : nullptr;
     StagedSink sink{{stage, lane, 0}};
-    epg::play<float, Complex>(s, t, lt, st, sink);
+    epg::play<float, Complex>(s, t, lt, st, sink, epg::LaneProblems{at.problem, 0});
     if (sink.count > 0) sink.flush();
   }
 }
@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(block_threads(R)) block_kernel(EventStream s, 
   epg::RegisterStore<float, R, Complex, BlockTeam> st;
   st.init(s, lt, BlockTeam{at.rank, T, at.rank * R, tid, at.last, sm.exchange(), sm.records()});
   DeviceSink sink{reinterpret_cast<float2*>(out) + at.problem * s.n_samples, at.writer};
-  epg::play<float, Complex>(s, t, lt, st, sink);
+  epg::play<float, Complex>(s, t, lt, st, sink, epg::LaneProblems{at.problem, 0});
 }
 
 template <bool Complex, int R>
@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(block_threads(R)) tail_kernel(EventStream s, T
   st.init(s, lt, BlockTeam{tid, T, tid * R, tid, tid == T - 1, sm.exchange(), sm.records()},
           scratch + blockIdx.x * ws);
   DeviceSink sink{reinterpret_cast<float2*>(out) + p * s.n_samples, tid == 0};
-  epg::play<float, Complex>(s, t, lt, st, sink);
+  epg::play<float, Complex>(s, t, lt, st, sink, epg::LaneProblems{p, 0});
 }
 
 enum Kind { warp_kind, block_kind, tail_kind };

@@ -141,11 +141,11 @@ __global__ void __launch_bounds__(warp_block, jacobian_min_blocks) jacobian_kern
     const int lane = static_cast<int>(threadIdx.x % 32);
     JacobianStagedSink sink{{sm.stage<jacobian_rows>(static_cast<int>(threadIdx.x / 32)), lane, 0}, m0, dirs.m0_seed};
     sink.rows(row, jrow, s.n_samples, dirs, first, at.writer, blockIdx.y == 0);
-    epg::play<D, Complex>(s, t, lt, st, sink);
+    epg::play<D, Complex>(s, t, lt, st, sink, epg::LaneProblems{at.problem, 0});
     if (sink.count > 0) sink.flush();
   } else {
     JacobianDeviceSink sink{row, jrow, s.n_samples, &dirs, first, m0, at.writer, blockIdx.y == 0};
-    epg::play<D, Complex>(s, t, lt, st, sink);
+    epg::play<D, Complex>(s, t, lt, st, sink, epg::LaneProblems{at.problem, 0});
   }
 }
 
@@ -190,12 +190,12 @@ __global__ void __launch_bounds__(jacobian_block_threads)
     epg::SplitStore<epg::TailStore<D, R, Complex, BlockTeam>, float, ND, Complex> st;
     st.directions(dirs.field + first, count);
     st.init(s, lt, team, scratch + (static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x) * ws);
-    epg::play<D, Complex>(s, t, lt, st, sink);
+    epg::play<D, Complex>(s, t, lt, st, sink, epg::LaneProblems{at.problem, 0});
   } else {
     epg::SplitStore<epg::RegisterStore<D, R, Complex, BlockTeam>, float, ND, Complex> st;
     st.directions(dirs.field + first, count);
     st.init(s, lt, team);
-    epg::play<D, Complex>(s, t, lt, st, sink);
+    epg::play<D, Complex>(s, t, lt, st, sink, epg::LaneProblems{at.problem, 0});
   }
 }
 

@@ -63,7 +63,7 @@ template <int Unused = 0>
 inline int keyed_device(const EventStream& s, const KeyedProgram& k, const Tissue& t, float* out,
                         cudaStream_t stream, char* err = nullptr, int n = 0) {
   using detail::fail;
-  int v = validate(s, t);
+  int v = validate(s, t, false, false);
   if (v == ok) v = validate_keyed(s, k);
   if (v == ok) v = keyed_plays(k, t);
   if (v != ok) return detail::say(v, err, n);

@@ -177,7 +177,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE EventRecord load_event(const EventStream& s, in
   r.shift_after = s.shift_after[e];
   r.slot = s.slot[e];
   r.run = 0;
-  r.flags = s.flags[e];
+  r.flags = record_flags(s, e);
   r.flip_rad = s.flip_rad[e];
   r.phase_rad = s.phase_rad[e];
   if (s.rf_table) {
@@ -203,9 +203,16 @@ enum PulseFrom : int {
 // is the same for every lane and comes from the stream's rows if any.
 // (c0, s0) = (cos, sin) of the stream's common phase (real path).  From
 // (a PulseFrom) fixes at compile time where the rotation comes from.
+// The transmit field the pulses play at, per lane: B1 (a scale of the
+// nominal flip) and B1phase (rad).
+template <class V>
+struct PulseField {
+  V b1, b1phase;
+};
+
 template <class V, bool Complex, int From = pulse_decided>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE Op<V> pulse_op(const EventStream& s, const EventRecord& ev, bool uniform,
-                                                const LaneTissue<V>& lt, float c0, float s0) {
+                                                const PulseField<V>& pf, float c0, float s0) {
   using LT = Lanes<V>;
   using S = typename LT::Scalar;
   using std::cos;
@@ -226,8 +233,8 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE Op<V> pulse_op(const EventStream& s, const Even
       cp = r[rft_cos_phase];
       sp = r[rft_sin_phase];
     } else {
-      const S alpha = ev.flip_rad * LT::get(lt[field_B1], l);
-      const S phi = ev.phase_rad + LT::get(lt[field_B1phase], l);
+      const S alpha = ev.flip_rad * LT::get(pf.b1, l);
+      const S phi = ev.phase_rad + LT::get(pf.b1phase, l);
       const S ch = cos(0.5f * alpha), sh = sin(0.5f * alpha);
       c2 = ch * ch;
       s2 = sh * sh;
@@ -266,6 +273,13 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE Op<V> pulse_op(const EventStream& s, const Even
     }
   }
   return o;
+}
+
+// The pulse at the tissue's B1 and B1phase.
+template <class V, bool Complex, int From = pulse_decided>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE Op<V> pulse_op(const EventStream& s, const EventRecord& ev, bool uniform,
+                                                const LaneTissue<V>& lt, float c0, float s0) {
+  return pulse_op<V, Complex, From>(s, ev, uniform, PulseField<V>{lt[field_B1], lt[field_B1phase]}, c0, s0);
 }
 
 template <class V>
@@ -744,13 +758,14 @@ struct PlayContext {
 // relaxation, or a shift before the pulse) is applied here.
 template <class V, bool Complex, class Store>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE bool event_op(const EventStream& s, const EventRecord& ev,
-                                               const LaneTissue<V>& lt, const PlayContext<V>& cx, Store& st,
-                                               int band, typename Store::OpT& o) {
+                                               const LaneTissue<V>& lt, const PulseField<V>& pf,
+                                               const PlayContext<V>& cx, Store& st, int band,
+                                               typename Store::OpT& o) {
   const uint32_t f = ev.flags;
   Op<V> p = identity_op<V>();
   bool apply = (f & (event_rf | event_inversion)) != 0;
   if (f & event_rf)
-    p = pulse_op<V, Complex>(s, ev, cx.rf_uniform, lt, cx.c0, cx.s0);
+    p = pulse_op<V, Complex>(s, ev, cx.rf_uniform, pf, cx.c0, cx.s0);
   else if (f & event_inversion)
     p = inversion_op<V>(lt);
   if (ev.interval >= 0 && !cx.per_order && ev.shift_before == 0) {
@@ -802,7 +817,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void take_readout(const EventStream& s, int64_t
 // come from (pulse_rows or pulse_lanes); Trunc whether the store must drop
 // orders pushed past K - 1.
 template <class V, bool Complex, int From, bool Trunc, class Store, class Sink>
-BLOCHSIM_HD BLOCHSIM_FORCEINLINE void fast_run(const EventStream& s, const LaneTissue<V>& lt,
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE void fast_run(const EventStream& s, const PulseField<V>& pf,
                                                const PlayContext<V>& cx, Store& st, Sink& sink, int32_t e,
                                                int band, EventRecord& ev) {
   // the identity interval folds in exactly (x 1, sources 0)
@@ -811,7 +826,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void fast_run(const EventStream& s, const LaneT
   EventRecord next;
   auto op = [&](int u) {
     next = st.record(s, e + u + 1);  // fast runs come from records, which end with a sentinel
-    return st.fused(pulse_op<V, Complex, From>(s, ev, cx.rf_uniform, lt, cx.c0, cx.s0), c);
+    return st.fused(pulse_op<V, Complex, From>(s, ev, cx.rf_uniform, pf, cx.c0, cx.s0), c);
   };
   auto take = [&](int u, const V& r, const V& i) {
     if (readout) take_readout<V, Complex, true>(s, e + u, ev, cx, r, i, sink);
@@ -824,7 +839,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void fast_run(const EventStream& s, const LaneT
 // real planes (SlidingPlaneStore::pipelined_run): the events' operators
 // first, then the sweep, then their readouts.
 template <class V, bool Complex, int From, class Store, class Sink>
-BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pipelined_fast_run(const EventStream& s, const LaneTissue<V>& lt,
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pipelined_fast_run(const EventStream& s, const PulseField<V>& pf,
                                                          const PlayContext<V>& cx, Store& st, Sink& sink,
                                                          int32_t e, int band, EventRecord& ev) {
   constexpr int U = Store::unroll;
@@ -834,7 +849,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pipelined_fast_run(const EventStream& s, c
   typename Store::OpT o[U];
 BLOCHSIM_UNROLL
   for (int u = 0; u < U; ++u) {
-    o[u] = st.fused(pulse_op<V, Complex, From>(s, evs[u], cx.rf_uniform, lt, cx.c0, cx.s0), c);
+    o[u] = st.fused(pulse_op<V, Complex, From>(s, evs[u], cx.rf_uniform, pf, cx.c0, cx.s0), c);
     evs[u + 1] = st.record(s, e + u + 1);  // fast runs come from records, which end with a sentinel
   }
   V f0[U] = {};
@@ -851,11 +866,56 @@ struct PipelinedStore : std::false_type {};
 template <class S>
 struct PipelinedStore<S, std::void_t<decltype(S::pipelined)>> : std::bool_constant<S::pipelined> {};
 
+// The problems of a lane vector: lane l plays problem first + l step (the
+// last problem past t.n); step 0 for a team, whose members share one.
+struct LaneProblems {
+  int64_t first = 0;
+  int step = 1;
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE int64_t at(int l, int64_t n) const {
+    const int64_t i = first + l * step;
+    return i < n ? i : n - 1;
+  }
+};
+
+// The value of a lane scalar: a float, or a dual's value part.
+template <class S>
+BLOCHSIM_HD BLOCHSIM_FORCEINLINE void set_value(S& x, float v) {
+  if constexpr (std::is_arithmetic_v<S>)
+    x = v;
+  else
+    x.v = v;
+}
+
+// Transmit setting g of the lanes' problems (Tissue::transmit) into pf.
+// On duals the directions seeded along B1 and B1phase (as `seeded` holds
+// them) move setting t.transmit.seeded only.
+template <class V>
+BLOCHSIM_HD void load_transmit(PulseField<V>& pf, const LaneTissue<V>& seeded, const Tissue& t,
+                               const LaneProblems& lanes, int g) {
+  using LT = Lanes<V>;
+  using S = typename LT::Scalar;
+  const bool moves = g == t.transmit.seeded;
+  for (int l = 0; l < LT::width; ++l) {
+    const int64_t i = lanes.at(l, t.n);
+    S m = moves ? LT::get(seeded[field_B1], l) : S(0.0f);
+    S p = moves ? LT::get(seeded[field_B1phase], l) : S(0.0f);
+    set_value(m, t.transmit.magnitude(i, g));
+    set_value(p, t.transmit.phase(i, g));
+    LT::set(pf.b1, l, m);
+    LT::set(pf.b1phase, l, p);
+  }
+}
+
+// Plays the stream for the lanes' problems (`lanes`: which they are, for
+// the per-pulse transmit settings of t.transmit).
 template <class V, bool Complex, class Store, class Sink>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE void play(const EventStream& s, const Tissue& t, const LaneTissue<V>& lt,
-                                           Store& st, Sink& sink) {
+                                           Store& st, Sink& sink, LaneProblems lanes = {}) {
+  const bool transmit = t.transmit.settings > 0;
+  PulseField<V> pf{lt[field_B1], lt[field_B1phase]};
+  int setting = -1;  // the transmit setting in pf
   PlayContext<V> cx;
-  cx.rf_uniform = !t[field_B1].present() && !t[field_B1phase].present();
+  cx.rf_uniform = !transmit && !t[field_B1].present() && !t[field_B1phase].present();
   cx.per_order = t[field_D].present() || t[field_v].present();
   cx.c0 = std::cos(s.common_phase_rad);
   cx.s0 = std::sin(s.common_phase_rad);
@@ -871,6 +931,11 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void play(const EventStream& s, const Tissue& t
   for (int32_t e = 0; e < n;) {
     // the records of events e .. e + U are at hand (the store may stage them)
     st.advance(s, e, U + 1);
+    if (transmit && (ev.flags & event_rf) && transmit_setting(ev.flags) != setting) {
+      // a run of events keeps one setting (pack_events)
+      setting = transmit_setting(ev.flags);
+      load_transmit(pf, lt, t, lanes, setting);
+    }
     if constexpr (U > 1) {
       // U events of one operator and one shift up each, the shifts done by
       // renaming registers (RegisterStore::apply_shift_run); the run counts
@@ -879,17 +944,17 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void play(const EventStream& s, const Tissue& t
         const bool rows = cx.rf_uniform;  // the records carry the rows
         if constexpr (PipelinedStore<Store>::value) {
           if (rows)
-            pipelined_fast_run<V, Complex, pulse_rows>(s, lt, cx, st, sink, e, band, ev);
+            pipelined_fast_run<V, Complex, pulse_rows>(s, pf, cx, st, sink, e, band, ev);
           else
-            pipelined_fast_run<V, Complex, pulse_lanes>(s, lt, cx, st, sink, e, band, ev);
+            pipelined_fast_run<V, Complex, pulse_lanes>(s, pf, cx, st, sink, e, band, ev);
         } else if (rows && st.truncate)
-          fast_run<V, Complex, pulse_rows, true>(s, lt, cx, st, sink, e, band, ev);
+          fast_run<V, Complex, pulse_rows, true>(s, pf, cx, st, sink, e, band, ev);
         else if (rows)
-          fast_run<V, Complex, pulse_rows, false>(s, lt, cx, st, sink, e, band, ev);
+          fast_run<V, Complex, pulse_rows, false>(s, pf, cx, st, sink, e, band, ev);
         else if (st.truncate)
-          fast_run<V, Complex, pulse_lanes, true>(s, lt, cx, st, sink, e, band, ev);
+          fast_run<V, Complex, pulse_lanes, true>(s, pf, cx, st, sink, e, band, ev);
         else
-          fast_run<V, Complex, pulse_lanes, false>(s, lt, cx, st, sink, e, band, ev);
+          fast_run<V, Complex, pulse_lanes, false>(s, pf, cx, st, sink, e, band, ev);
         e += U;
         band = band + U < K ? band + U : K;
         continue;
@@ -899,7 +964,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void play(const EventStream& s, const Tissue& t
     const EventRecord next = st.record(s, e + 1 < n ? e + 1 : e);
     const uint32_t f = ev.flags;
     typename Store::OpT o;
-    const bool apply = event_op<V, Complex>(s, ev, lt, cx, st, band, o);
+    const bool apply = event_op<V, Complex>(s, ev, lt, pf, cx, st, band, o);
     const int32_t sb = ev.shift_before, sa = ev.shift_after;
     for (int i = 0; i < (sb > 0 ? sb : -sb); ++i) {
       st.shift_once(sb > 0 ? 1 : -1, band);
@@ -956,7 +1021,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE int forward_block(const EventStream& s, const T
   SlidingPlaneStore<V, Complex, Complex ? 1 : 2> st;
   st.template init<M>(s, lt, work);
   LaneSink<V> sink{out, first, t.n, s.n_samples};
-  play<V, Complex>(s, t, lt, st, sink);
+  play<V, Complex>(s, t, lt, st, sink, LaneProblems{first, 1});
   sink.flush();
   return ok;
 }

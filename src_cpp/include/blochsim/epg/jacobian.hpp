@@ -441,7 +441,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE int jacobian_block(const EventStream& s, const 
   st.template init<double>(s, lt, work);
   JacobianSink<V, N> sink{out, jac, first, t.n, s.n_samples, n_dirs,
                           ds.m0_col, ds.slot, m0, ds.m0_seed, jac_dirs, first_dir};
-  play<T, Complex>(s, t, lt, st, sink);
+  play<T, Complex>(s, t, lt, st, sink, LaneProblems{first, 1});
   sink.flush();
   return ok;
 }
@@ -546,7 +546,7 @@ inline int jacobian_registers_host(const EventStream& s, const Tissue& t, const 
       st.init(sr, lt, Team{});
     }
     TeamJacobianSink<V, N> sink{out, jac, p, s.n_samples, n_dirs, ds.m0_col, ds.slot, m0, ds.m0_seed};
-    play<T, Complex>(sr, t, lt, st, sink);
+    play<T, Complex>(sr, t, lt, st, sink, LaneProblems{p, 0});
   }
   return ok;
 }

@@ -572,7 +572,7 @@ inline int forward_registers_host(const EventStream& s, const Tissue& t, float* 
       st.init(sr, lt, Team{});
     }
     TeamLaneSink<V> sink{out, p, s.n_samples};
-    play<V, Complex>(sr, t, lt, st, sink);
+    play<V, Complex>(sr, t, lt, st, sink, LaneProblems{p, 0});
   }
   return ok;
 }

@@ -252,7 +252,7 @@ inline int adjoint_partitioned(const EventStream& s, const Tissue& t, int thread
 inline int adjoint_status(const EventStream& s, const Tissue& t, const int* fields, int n_tdirs, const float* cot,
                           double* ev_grad, float* tgrad, int threads, AdjointRangeFn fn = &adjoint_range_any) noexcept {
   return guarded([&]() -> int {
-    const int v = validate(s, t);
+    const int v = validate(s, t, false, false);
     if (v != ok) return v;
     const int d = validate_adjoint_directions(fields, n_tdirs);
     if (d != ok) return d;
@@ -293,7 +293,7 @@ inline int adjoint2_status(const EventStream& s, const Tissue& t, int outer_fiel
                            int64_t cot_stride, double* ev_grad, int threads,
                            Adjoint2RangeFn fn = &adjoint2_range_any) noexcept {
   return guarded([&]() -> int {
-    const int v = validate(s, t);
+    const int v = validate(s, t, false, false);
     if (v != ok) return v;
     if (outer_field < 0 || outer_field >= tissue_fields || cot_stride < s.n_samples) return bad_shape;
     std::vector<int32_t> band(static_cast<std::size_t>(s.n_events + 1));

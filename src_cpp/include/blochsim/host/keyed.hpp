@@ -31,7 +31,7 @@ inline int keyed_range_any(const EventStream& s, const KeyedProgram& k, const Ti
 inline int keyed_status(const EventStream& s, const KeyedProgram& k, const Tissue& t, float* out, int threads,
                         KeyedRangeFn fn = &keyed_range_any) noexcept {
   return guarded([&]() -> int {
-    int v = validate(s, t);
+    int v = validate(s, t, false, false);
     if (v == ok) v = validate_keyed(s, k);
     if (v == ok) v = keyed_plays(k, t);
     if (v != ok) return v;

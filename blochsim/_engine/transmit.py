@@ -1,0 +1,216 @@
+"""Per-pulse transmit settings (parallel transmission with a shim per pulse,
+or a waveform per channel): the settings of a call, the stream that names
+them, the per-voxel field of each setting, and the host's plays of
+``simulate``, ``jacobian`` and ``vjp`` with them.
+
+Pulse e of the stream drives the channels with w_e (its own
+``Pulse.channels``, the shim's row for that pulse, or the static shim), so
+that its field in a voxel with sensitivities S_c is B_e = sum_c S_c w_ec.
+The pulses are grouped into settings g, each a drive U_g with B_e = a_e B_g
+for a complex scale a_e that the stream's flip (|a_e|) and phase (arg a_e)
+take; the kernels then play pulse e at flip * |B_g| and phase + arg B_g
+(Tissue::transmit in events.hpp).  Drives that are multiples of one another
+share a setting; the rows of a per-pulse shim and the static shim are
+settings of their own, so that the derivatives along a setting's field are
+those of the protocol's weights.
+
+Derivatives (SPEC §4).  With u_g = B_g / |B_g|, a change dB_g of a setting's
+field moves |B_g| by Re(conj(u_g) dB_g) and arg B_g by Im(conj(u_g) dB_g) /
+|B_g|.  The kernels give ds/d|B_g| and ds/d arg B_g, one setting a pass
+(the Jacobian's B1 and B1phase directions moving setting Transmit::seeded),
+and the chain rule takes them to the channels' maps (dB_g = U_gc for Re S_c,
+i U_gc for Im S_c) and to the shim weights (dB_g = S_c, i S_c).
+"""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+
+from blochsim import _core
+from blochsim._arrays import validate as V
+from blochsim._engine import dispatch, memory, reverse
+from blochsim.sequence.packing import EV_DRIVEN, EV_RF, _unitary_rotation_terms
+
+_B1, _B1PHASE = _core.TISSUE_FIELDS.index("B1"), _core.TISSUE_FIELDS.index("B1phase_rad")
+
+
+class Settings:
+    """The transmit settings of one call: ``drive`` (G, channels) complex128,
+    the stream that plays them (``stream``: flips and phases scaled per
+    pulse, ``transmit`` naming each pulse's setting), and for the shim's
+    gradient ``shim_rows``: the setting of each row of a per-pulse shim
+    (P,) or of the static shim (1,)."""
+
+    def __init__(self, stream, drive, shim_rows):
+        self.stream = stream
+        self.drive = drive
+        self.shim_rows = shim_rows
+
+    @property
+    def count(self):
+        return self.drive.shape[0]
+
+
+def needed(s, shim) -> bool:
+    """Whether a call plays per-pulse settings: a pulse with its own channel
+    drive, or a shim per pulse."""
+    return s.channels is not None or (shim is not None and np.ndim(shim) == 2)
+
+
+def settings(s, shim, channels) -> Settings:
+    """The settings of stream ``s`` for ``channels`` transmit channels and
+    the shim (None: 1 on every channel; (channels,): static; (pulses,
+    channels): one row per RF pulse of the stream, in played order)."""
+    rf = np.flatnonzero((s.flags & EV_RF) != 0)
+    if np.any((s.flags & EV_DRIVEN) != 0):
+        raise ValueError("per-pulse transmit settings do not combine with exact rectangular pulses (RectPulse), "
+                         "which the pooled kernels play with one B1 per voxel")
+    own = np.zeros(s.n_events, dtype=bool)
+    drives = np.zeros((s.n_events, channels), dtype=np.complex128)
+    if s.channels is not None:
+        if s.channels.shape[1] != channels:
+            raise ValueError(f"the sequence's pulses drive {s.channels.shape[1]} transmit channel(s) but B1 has "
+                             f"{channels} on its first axis")
+        own = ~np.isnan(s.channels[:, 0])
+        drives[own] = s.channels[own]
+    rest = rf[~own[rf]]
+    setting = np.full(s.n_events, -1, dtype=np.int64)
+    scale = np.ones(s.n_events, dtype=np.complex128)
+    rows = []
+    if shim is not None and np.ndim(shim) == 2:
+        w = np.asarray(shim, dtype=np.complex128)
+        if w.shape != (rf.size, channels):
+            raise ValueError(f"shim per pulse must have shape (pulses, channels) = ({rf.size}, {channels}): one row "
+                             f"per RF pulse the sequence plays, got {w.shape}")
+        per_pulse = w[np.searchsorted(rf, rest)]
+        rows = list(per_pulse)
+        setting[rest] = np.arange(rest.size)
+        shim_rows = np.arange(rest.size)
+        if own[rf].any():
+            shim_rows = np.full(rf.size, -1)
+            shim_rows[~own[rf]] = np.arange(rest.size)  # a pulse with its own drive takes no shim row
+    else:
+        static = np.ones(channels, np.complex128) if shim is None else np.asarray(shim, np.complex128)
+        shim_rows = np.zeros(1, dtype=np.int64) if rest.size else np.full(1, -1)
+        if rest.size:
+            rows = [static]
+            setting[rest] = 0
+    # pulses with their own drive: multiples of one drive share its setting
+    mine = np.flatnonzero(own)
+    if mine.size:
+        w = drives[mine]
+        mag = np.abs(w)
+        k = np.argmax(mag, axis=1)
+        peak = w[np.arange(mine.size), k]
+        norm = np.linalg.norm(w, axis=1)
+        a = np.where(norm > 0, norm * np.exp(1j * np.angle(peak)), 0.0)
+        u = np.where(norm[:, None] > 0, w / np.where(a == 0, 1.0, a)[:, None], 0.0)
+        u[norm == 0, 0] = 1.0
+        key = np.round(np.concatenate([u.real, u.imag], axis=1) * 1e12)
+        _, first, inverse = np.unique(key, axis=0, return_index=True, return_inverse=True)
+        setting[mine] = len(rows) + inverse.reshape(-1)
+        scale[mine] = a
+        rows += list(u[first])
+    out = copy.copy(s)
+    flip = s.flip_rad.astype(np.float64) * np.abs(scale)
+    phase = s.phase_rad.astype(np.float64) + np.angle(scale)
+    out.flip_rad = flip.astype(np.float32)
+    out.phase_rad = phase.astype(np.float32)
+    rx = s.rx_phase_rad.astype(np.float64)
+    out.rf_table = np.ascontiguousarray(np.stack([*_unitary_rotation_terms(flip), np.cos(phase), np.sin(phase),
+                                                  np.cos(rx), np.sin(rx)], axis=1), dtype=np.float32)
+    out.transmit = np.ascontiguousarray(setting, dtype=np.int32)
+    drive = np.array(rows, dtype=np.complex128).reshape(-1, channels)
+    if drive.shape[0] > _core.MAX_TRANSMIT_SETTINGS:
+        raise ValueError(f"the sequence's pulses need {drive.shape[0]} transmit settings (distinct channel "
+                         f"drives); at most {_core.MAX_TRANSMIT_SETTINGS} are played")
+    return Settings(out, drive, np.asarray(shim_rows))
+
+
+def fields(S, drive):
+    """B_g of each voxel: (*maps, G) complex128 from S (channels, *maps)."""
+    return np.tensordot(np.moveaxis(S, 0, -1), drive.T, axes=1)
+
+
+def planes(B, shape):
+    """The kernels' planes (n, G, 2) float32 of |B_g| and arg B_g at the
+    voxel shape ``shape`` (n its size; one row when every voxel is alike)."""
+    if B.ndim == 1 or all(d == 1 for d in B.shape[:-1]):
+        flat = B.reshape(1, -1)
+    else:
+        flat = np.broadcast_to(B, tuple(shape) + B.shape[-1:]).reshape(-1, B.shape[-1])
+    out = np.empty(flat.shape + (2,), dtype=np.float32)
+    out[..., 0] = np.abs(flat)
+    out[..., 1] = np.angle(flat)
+    if np.any(out[..., 0] > V.MAGNITUDE_BOUNDS.get("B1", np.inf)):
+        raise ValueError(f"the transmit field |sum_c B1[c] w_c| reaches {float(out[..., 0].max()):g}, beyond what "
+                         f"single precision carries for B1")
+    return np.ascontiguousarray(out)
+
+
+class Play:
+    """The host's plays of one call with transmit settings.
+
+    ``streams`` the protocol's (blochsim._protocol.Streams), ``tissue`` the
+    call's tissue without B1 (public names), ``S`` the channels'
+    sensitivities (channels, *maps) complex128 and ``st`` the Settings."""
+
+    def __init__(self, streams, tissue, S, st, threads):
+        from blochsim._engine import pools as _pools
+
+        if _pools.any_pool(tissue):
+            raise ValueError(f"{streams.name}: per-pulse transmit settings (a shim per pulse or a waveform per "
+                             f"channel) play on the single-pool kernels; pools are not combined with them")
+        self.streams = streams
+        self.arrays, shape = streams.tissue(tissue)
+        self.shape = tuple(np.broadcast_shapes(shape, S.shape[1:]))
+        self.n = int(np.prod(self.shape, dtype=np.int64))
+        present = set(tissue) | {"B1", "B1phase"}  # per-voxel phases: the complex path
+        _, self.ps, _, _ = streams.stream(present, stream=st.stream)
+        self.S, self.st = S, st
+        self.threads = dispatch.call_threads(threads)
+        self.B = fields(S, st.drive)
+        self.planes = planes(self.B, self.shape)
+        self.si = V.si_planes(self.arrays, self.shape, _core.TISSUE_FIELDS)
+        memory.check_call(f"{streams.name}", self.ps, self.shape, self.arrays, "jacobian", self.threads, [_B1, _B1PHASE],
+                          outputs=3)
+
+    def _tissue(self, seeded=-1):
+        return self.si + ((self.planes, seeded),)
+
+    def simulate(self, variant=0):
+        out = _core.new_result(self.shape + (self.ps.n_samples,), np.complex64)
+        if self.n:
+            _core.forward_host(self.ps, self._tissue(), self.n, out.reshape(self.n, -1), self.threads, variant)
+        return out
+
+    def _pass(self, g, fields, scale, variant):
+        """(signal, J (n, len(fields), samples)) with the B1 and B1phase
+        directions moving setting g."""
+        n, k = self.n, self.ps.n_samples
+        signal = _core.new_result((n, k), np.complex64)
+        jac = _core.new_result((n, len(fields), k), np.complex64)
+        if n:
+            _core.jacobian_host(self.ps, self._tissue(g), n, fields, scale, signal, jac, self.threads, variant)
+        return signal, jac
+
+    def setting_passes(self, names, variant=0):
+        """Yields (g, signal, J_names, dS/d|B_g|, dS/d arg B_g) per setting:
+        J_names (n, len(names), samples) along the tissue ``names`` (other
+        than B1) in the first pass only, None after."""
+        other, scale = reverse.fields_and_scale(names)
+        for g in range(self.st.count):
+            first = g == 0 and len(other) > 0
+            fields = (list(other) if first else []) + [_B1, _B1PHASE]
+            seeds = np.concatenate([scale, [1.0, 1.0]]) if first else np.ones(2)
+            signal, jac = self._pass(g, fields, seeds, variant)
+            m = len(fields) - 2
+            yield g, signal, (jac[:, :m] if first else None), jac[:, m], jac[:, m + 1]
+
+    def unit_field(self):
+        """u_g = B_g / |B_g| (1 where the field is 0) and |B_g|, flat (n or 1, G)."""
+        B = self.B.reshape(-1, self.B.shape[-1]) if self.planes.shape[0] == 1 else \
+            np.broadcast_to(self.B, self.shape + self.B.shape[-1:]).reshape(self.n, -1)
+        mag = np.abs(B)
+        return np.where(mag > 0, B / np.where(mag > 0, mag, 1.0), 1.0), mag
