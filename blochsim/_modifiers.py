@@ -14,9 +14,9 @@ from __future__ import annotations
 import numpy as np
 
 from blochsim import steady
-from blochsim._engine import pools as _pools, reverse as _reverse, transmit as _transmit
+from blochsim._engine import dispatch, pools as _pools, reverse as _reverse, transmit as _transmit
 from blochsim._arrays import validate as V
-from blochsim._arrays.device import Interface, array_module, astype, host_as
+from blochsim._arrays.device import Interface, array_module, astype, host_as, to_library
 from blochsim._protocol import SliceProfile, check_diff_values, check_order, checked_key
 from blochsim.sequence import Readout, Traced, trace
 
@@ -185,14 +185,12 @@ class _Transmit:
         s = sim._packed(p)
         if not _transmit.needed(s, raw_shim):
             return None
-        if V.is_device_array(S) or sim.device == "cuda":
-            raise ValueError(f"{type(sim).__name__}: per-pulse transmit settings (a shim per pulse or a waveform "
-                             f"per channel) play on the host: pass B1 and the tissue as NumPy arrays and "
-                             f"device='cpu'")
+        route = dispatch.route(sim.device, sim.threads, {**tissue, "B1": S})
+        device = route.device == "cuda"
+        libraries = {k: _library(v) for k, v in {"B1": S, **tissue}.items() if V.is_device_array(v)}
         st = _transmit.settings(s, raw_shim if raw_shim is not None else None, S.shape[0])
-        streams = sim._streams(p)
-        play = _transmit.Play(streams, tissue, np.asarray(S), st, sim.threads)
-        return _Dynamic(play, w, given_complex, sim._host_variant)
+        play = _transmit.Play(sim._streams(p), tissue, _host_copy(S), st, sim.threads, device=device)
+        return _Dynamic(play, w, given_complex, sim._host_variant, libraries)
 
     def simulate(self, sim, state):
         if isinstance(state, _Dynamic):
@@ -292,11 +290,19 @@ class _Dynamic:
     channels' maps and the shim weights by the chain rule through each
     setting's field (blochsim/_engine/transmit.py)."""
 
-    def __init__(self, play, shim, given_complex, variant):
+    def __init__(self, play, shim, given_complex, variant, libraries):
         self.play, self.shim, self.given_complex, self.variant = play, shim, given_complex, variant
+        #: the array library of each input passed as a device array
+        self.libraries = libraries
+        #: the library results go back in (None: NumPy)
+        self.library = next(iter(libraries.values()), None)
+
+    def _out(self, a, library=None):
+        library = library or self.library
+        return a if library is None else to_library(a, library)
 
     def simulate(self):
-        return self.play.simulate(self.variant)
+        return self._out(self.play.simulate(self.variant))
 
     def _through(self, names, cot=None):
         """Per setting pass: (g, signal, J of ``names``, and either the
@@ -328,7 +334,7 @@ class _Dynamic:
                 J.append(Jo[:, other.index(name)])
         J = np.stack(J, 1).astype(np.complex64).reshape(play.shape + (len(J), k))
         signal = signal.reshape(play.shape + (k,))
-        return signal, (J[..., 0, :] if one and J.shape[-2] == 1 else J)
+        return self._out(signal), self._out(J[..., 0, :] if one and J.shape[-2] == 1 else J)
 
     def vjp(self, sim, names):
         play = self.play
@@ -342,7 +348,7 @@ class _Dynamic:
         signal = self.play.simulate(self.variant)
 
         def pullback(cotangent):
-            cot = _reverse.cotangent(cotangent, signal.shape, dtype=np.complex128).reshape(play.n, -1)
+            cot = _reverse.cotangent(_host_copy(cotangent), signal.shape, dtype=np.complex128).reshape(play.n, -1)
             C = play.S.shape[0]
             maps = play.S.shape[1:]
             out = {}
@@ -377,9 +383,23 @@ class _Dynamic:
                 out["B1"] = gS if self.given_complex else gS[0].real
             if "shim" in names:
                 out["shim"] = gw
-            return {k: out[k] for k in names}
+            return {k: (self._out(out[k], self.libraries[k]) if k in self.libraries else out[k]) for k in names}
 
-        return signal, pullback
+        return self._out(signal), pullback
+
+
+def _library(a):
+    """The array library of a device array: "cupy", "torch" or "blochsim"."""
+    return type(a).__module__.split(".")[0]
+
+
+def _host_copy(a):
+    """A NumPy copy of a NumPy or device array (CuPy, PyTorch, blochsim)."""
+    if not V.is_device_array(a):
+        return np.asarray(a)
+    if hasattr(a, "get"):
+        return np.asarray(a.get())
+    return a.detach().cpu().numpy()
 
 
 def _over(x, mag):

@@ -846,3 +846,30 @@ def test_static_ptx_on_device_arrays():
     assert isinstance(g1["B1"], cp.ndarray) and isinstance(g1["shim"], np.ndarray)
     assert rel(cp.asnumpy(g1["B1"]), g0["B1"]) <= 1e-4 and rel(g1["shim"], g0["shim"]) <= 1e-4
     assert rel(cp.asnumpy(g1["T2"]), g0["T2"]) <= 1e-4
+
+
+def test_dynamic_ptx_on_the_device():
+    """Per-pulse transmit settings on the card: a shim per pulse with CuPy
+    maps and a kT-points train (a waveform per channel) with NumPy inputs
+    and device='cuda': signal, Jacobian along the maps and the pullback to
+    maps and shim weights as the host plays them, in the inputs' library."""
+    cp = pytest.importorskip("cupy")
+    import test_ptx_dynamic as D
+
+    sim = D._sim()
+    ref = sim.simulate(T1=D.T1, T2=D.T2, B1=D.MAPS, shim=D.SHIMS)
+    got = sim.simulate(T1=D.T1, T2=cp.asarray(np.full(4, D.T2)), B1=cp.asarray(D.MAPS), shim=D.SHIMS)
+    assert isinstance(got, cp.ndarray) and rel(cp.asnumpy(got), ref) <= RTOL
+    s0, J0 = sim.jacobian(("T2", "B1"), T1=D.T1, T2=D.T2, B1=D.MAPS, shim=D.SHIMS)
+    s1, J1 = sim.jacobian(("T2", "B1"), T1=D.T1, T2=D.T2, B1=cp.asarray(D.MAPS), shim=D.SHIMS)
+    assert isinstance(J1, cp.ndarray) and rel(cp.asnumpy(J1), J0) <= 1e-5
+    w = np.exp(1j * np.arange(ref.size) / 5.0).reshape(ref.shape)
+    g0 = sim.vjp(("B1", "shim"), T1=D.T1, T2=D.T2, B1=D.MAPS, shim=D.SHIMS)[1](w)
+    g1 = sim.vjp(("B1", "shim"), T1=D.T1, T2=D.T2, B1=cp.asarray(D.MAPS), shim=D.SHIMS)[1](cp.asarray(w))
+    assert isinstance(g1["B1"], cp.ndarray) and isinstance(g1["shim"], np.ndarray)
+    assert rel(cp.asnumpy(g1["B1"]), g0["B1"]) <= 1e-4 and rel(g1["shim"], g0["shim"]) <= 1e-4
+    kt = D._KTPoints(states=4)
+    host = kt.simulate(T1=D.KT_T1, T2=D.KT_T2, B0=D.KT_B0, B1=D.KT_MAPS)
+    dev = D._KTPoints(states=4, device="cuda").simulate(T1=D.KT_T1, T2=D.KT_T2, B0=D.KT_B0, B1=D.KT_MAPS)
+    assert isinstance(dev, np.ndarray) and np.max(np.abs(dev - D._kt_oracle())) <= 2e-5
+    assert rel(dev, host) <= RTOL

@@ -150,20 +150,32 @@ def planes(B, shape):
 
 
 class Play:
-    """The host's plays of one call with transmit settings.
+    """The plays of one call with transmit settings, on the host or the GPU.
 
     ``streams`` the protocol's (blochsim._protocol.Streams), ``tissue`` the
-    call's tissue without B1 (public names), ``S`` the channels'
-    sensitivities (channels, *maps) complex128 and ``st`` the Settings."""
+    call's tissue without B1 (public names; host values, or device arrays
+    with ``device``), ``S`` the channels' sensitivities (channels, *maps)
+    complex128 NumPy and ``st`` the Settings.  With ``device`` the kernels
+    run on the GPU (the tissue resident there, the settings' planes copied
+    to it) and the signal and Jacobian come back to the host for the chain
+    rule; ``library`` is the array library the caller's results go back in
+    (None: NumPy)."""
 
-    def __init__(self, streams, tissue, S, st, threads):
+    def __init__(self, streams, tissue, S, st, threads, device=False, library=None):
         from blochsim._engine import pools as _pools
 
         if _pools.any_pool(tissue):
             raise ValueError(f"{streams.name}: per-pulse transmit settings (a shim per pulse or a waveform per "
                              f"channel) play on the single-pool kernels; pools are not combined with them")
-        self.streams = streams
-        self.arrays, shape = streams.tissue(tissue)
+        self.streams, self.device, self.library = streams, device, library
+        if device:
+            from blochsim._arrays.device import device_inputs
+
+            on_device = any(V.is_device_array(v) for v in tissue.values())
+            self.intake = device_inputs(tissue, on_device)
+            _, self.ifaces, self.arrays, shape = self.intake
+        else:
+            self.arrays, shape = streams.tissue(tissue)
         self.shape = tuple(np.broadcast_shapes(shape, S.shape[1:]))
         self.n = int(np.prod(self.shape, dtype=np.int64))
         present = set(tissue) | {"B1", "B1phase"}  # per-voxel phases: the complex path
@@ -172,14 +184,40 @@ class Play:
         self.threads = dispatch.call_threads(threads)
         self.B = fields(S, st.drive)
         self.planes = planes(self.B, self.shape)
-        self.si = V.si_planes(self.arrays, self.shape, _core.TISSUE_FIELDS)
-        memory.check_call(f"{streams.name}", self.ps, self.shape, self.arrays, "jacobian", self.threads, [_B1, _B1PHASE],
-                          outputs=3)
+        if device:
+            per = self.n * (8 * self.ps.n_samples * 3 + 4 * len(tissue)) + self.planes.nbytes
+            memory.check_device(streams.name, self.n, per)
+        else:
+            self.si = V.si_planes(self.arrays, self.shape, _core.TISSUE_FIELDS)
+            memory.check_call(f"{streams.name}", self.ps, self.shape, self.arrays, "jacobian", self.threads,
+                              [_B1, _B1PHASE], outputs=3)
+
+    def _device_call(self, run, seeded=-1):
+        """run(tissue, out pointer, stream) on the GPU with the call's
+        resident tissue and the settings' planes; returns what it returns."""
+        from blochsim._arrays.device import DeviceArray, resident_tissue, work_stream
+
+        own, stream = work_stream([i.stream for i in self.ifaces.values() if i.stream is not None])
+        dev, keep = resident_tissue(self.arrays, self.ifaces, self.shape, self.n, own, stream)
+        tx = DeviceArray.from_numpy(self.planes)
+        stride = 0 if self.planes.shape[0] == 1 else 2 * self.planes.shape[1]
+        result = run(tuple(dev) + ((tx.ptr, stride, self.planes.shape[1], seeded),), stream)
+        _core.stream_synchronize(stream)
+        del keep, tx
+        return result
 
     def _tissue(self, seeded=-1):
         return self.si + ((self.planes, seeded),)
 
     def simulate(self, variant=0):
+        """The signal (*shape, samples) complex64 NumPy."""
+        if self.device:
+            from blochsim._arrays.device import DeviceArray
+
+            out = DeviceArray((self.n, self.ps.n_samples), np.complex64)
+            if self.n:
+                self._device_call(lambda dev, stream: _core.forward_cuda(self.ps, dev, self.n, out.ptr, stream))
+            return out.get().reshape(self.shape + (self.ps.n_samples,))
         out = _core.new_result(self.shape + (self.ps.n_samples,), np.complex64)
         if self.n:
             _core.forward_host(self.ps, self._tissue(), self.n, out.reshape(self.n, -1), self.threads, variant)
@@ -189,6 +227,15 @@ class Play:
         """(signal, J (n, len(fields), samples)) with the B1 and B1phase
         directions moving setting g."""
         n, k = self.n, self.ps.n_samples
+        if self.device:
+            from blochsim._arrays.device import DeviceArray
+
+            signal = DeviceArray((n, k), np.complex64)
+            jac = DeviceArray((n, len(fields), k), np.complex64)
+            if n:
+                self._device_call(lambda dev, stream: _core.jacobian_cuda(
+                    self.ps, dev, n, list(fields), list(scale), signal.ptr, jac.ptr, stream), g)
+            return signal.get(), jac.get()
         signal = _core.new_result((n, k), np.complex64)
         jac = _core.new_result((n, len(fields), k), np.complex64)
         if n:

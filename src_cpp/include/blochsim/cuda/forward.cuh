@@ -273,6 +273,7 @@ inline int upload_stream(const EventStream& s, DeviceStream& d, cudaStream_t st,
   const size_t o_rfp = s.rf_power ? put(h, s.rf_power, ne) : 0;
   const size_t o_drv = s.driven ? put(h, s.driven, ne) : 0;
   const size_t o_drt = s.driven ? put(h, s.driven_table, s.n_driven * driven_fields) : 0;
+  const size_t o_tx = s.transmit ? put(h, s.transmit, ne) : 0;
   std::vector<EventRecord> records(static_cast<size_t>(ne + 1));
   pack_events(s, records.data());
   const size_t o_rec = put(h, records.data(), ne + 1);
@@ -307,6 +308,7 @@ inline int upload_stream(const EventStream& s, DeviceStream& d, cudaStream_t st,
   d.ds.rf_power = s.rf_power ? reinterpret_cast<const float*>(b + o_rfp) : nullptr;
   d.ds.driven = s.driven ? reinterpret_cast<const int32_t*>(b + o_drv) : nullptr;
   d.ds.driven_table = s.driven ? reinterpret_cast<const double*>(b + o_drt) : nullptr;
+  d.ds.transmit = s.transmit ? reinterpret_cast<const int32_t*>(b + o_tx) : nullptr;
   d.ds.records = reinterpret_cast<const EventRecord*>(b + o_rec);
   return ok;
 }
