@@ -257,7 +257,7 @@ class _Transmit:
                 if tuple(cot.shape) != tuple(signal.shape):
                     raise ValueError(f"cotangent must have the signal's shape {tuple(signal.shape)}, got "
                                      f"{tuple(cot.shape)}")
-            grads = pull(u.conj()[..., None] * cot)
+            grads = pull(astype(u.conj()[..., None] * cot, np.complex64))
             out = {k: grads[k] for k in names if k not in ("B1", "shim")}
             if not field:
                 return out

@@ -62,17 +62,21 @@ class Simulator(Played):
         the slice as multiples ``scales`` of the nominal (times B1) with
         their ``weights`` (normalised to sum 1); the signal is the weighted
         average over them.  Needs a simulator modelling B1; host arrays.
-    shim : array_like, complex, shape (channels,), optional
-        Static parallel transmission: the complex weight of each transmit
-        channel, for all pulses.  ``B1`` is then given as the channels'
-        complex relative sensitivities, shape ``(channels, *voxels)``, and
-        every pulse plays with the voxel's field B = sum_c B1[c] shim[c]
-        (flip times abs(B), phase plus angle(B)).  A complex ``B1`` without
-        ``shim`` drives every channel with weight 1.  ``jacobian`` with
-        respect to ``"B1"`` gives 2 * channels columns (d/dRe and d/dIm of
-        each channel's map); ``vjp`` reaches ``"B1"`` (complex, shaped as
-        the maps) and ``"shim"`` (complex, dL/dRe + i dL/dIm).  NumPy or
-        device maps (combined in their library).
+    shim : array_like, complex, shape (channels,) or (pulses, channels), optional
+        Parallel transmission: the complex weight of each transmit channel,
+        for all pulses, or one row per RF pulse the stream plays (in
+        order).  ``B1`` is then given as the channels' complex relative
+        sensitivities, shape ``(channels, *voxels)``, and each pulse plays
+        with the voxel's field B = sum_c B1[c] shim[c] (flip times abs(B),
+        phase plus angle(B)).  A complex ``B1`` without ``shim`` drives
+        every channel with weight 1; pulses with their own drive
+        (``Pulse.channels``, a ``SampledPulse`` waveform per channel) take
+        theirs.  ``jacobian`` with respect to ``"B1"`` gives 2 * channels
+        columns (d/dRe and d/dIm of each channel's map); ``vjp`` reaches
+        ``"B1"`` (complex, shaped as the maps) and ``"shim"`` (complex,
+        dL/dRe + i dL/dIm, shaped as given).  NumPy or device maps.  A shim
+        per pulse or pulses with their own drive play on the single-pool
+        kernels (no pools, no ``repetitions="auto"`` or slice profile).
     repetitions : int or "auto", optional
         Playings of the repetition; only the last is recorded.  "auto"
         gives the periodic steady state for the tissue of the call: exactly,

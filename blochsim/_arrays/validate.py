@@ -248,7 +248,19 @@ def jacobian_out_shapes(out, shape, count, samples, one):
 
 
 def into(out, s):
-    """``s`` as complex64, written into ``out`` when one is given (and checked)."""
+    """``s`` as complex64, written into ``out`` when one is given (and
+    checked); a device array stays one, of its library."""
+    if is_device_array(s):
+        from blochsim._arrays.device import astype
+
+        if getattr(s, "dtype", None) != np.complex64:
+            s = astype(s, np.complex64)
+        if out is None:
+            return s
+        if not is_device_array(out) or tuple(out.shape) != tuple(s.shape) or out.dtype != s.dtype:
+            raise ValueError(f"out must be a complex64 device array of shape {tuple(s.shape)}")
+        out[...] = s
+        return out
     s = np.asarray(s).astype(np.complex64)
     if out is None:
         return s
