@@ -16,10 +16,10 @@ from libcpp.vector cimport vector
 
 import numpy as np
 
-from blochsim._events cimport (EventStream, Pools, Property, Tissue, cuda_error_base, field_pooled_direction,
-                              field_single_pool_direction, field_table, interrupted, lineshape_g,
-                              max_transmit_settings, out_of_memory, pool_field_count, pool_property, status_message,
-                              tissue_fields, tissue_property)
+from blochsim._events cimport (EventStream, Pools, Property, Tissue, Transmit, cuda_error_base,
+                              field_pooled_direction, field_single_pool_direction, field_table, interrupted,
+                              lineshape_g, max_transmit_settings, out_of_memory, pool_field_count, pool_property,
+                              status_message, tissue_fields, tissue_property)
 from blochsim._calls cimport (Call, CallEntry, call_adjoint, call_adjoint2, call_forward, call_jacobian, call_pooled,
                               call_pooled_adjoint, on_device, on_host, through_device)
 from blochsim._host cimport (Interrupt, KeyedProgram, MatchProblem, MatchResult, NoiseKey, PerkModel, host_available_memory,
@@ -330,28 +330,32 @@ cdef class PackedStream:
 
 cdef object _host_tissue(Tissue* t, tuple tissue, int64_t n):
     """Point t at float32 host arrays (length n or 1, or None), one per
-    TISSUE_FIELDS entry; an optional last entry (planes, seeded) holds the
-    transmit settings: float32 planes (n or 1, settings, 2) of |B| and
-    arg B (rad), and the setting the B1 directions move (-1: none)."""
-    cdef const float[:, :, ::1] planes
+    TISSUE_FIELDS entry; an optional last entry (sensitivity, drive, seeded)
+    holds the transmit settings (events.hpp Transmit): float32 (n or 1,
+    channels, 2) Re, Im of each channel's sensitivity, float32 (settings,
+    channels, 2) Re, Im of each setting's drive, and the setting the B1
+    directions move (-1: none)."""
+    cdef const float[:, :, ::1] sens
+    cdef const float[:, :, ::1] drive
     cdef const float[::1] view
     cdef Property* p
     refs = []
     if len(tissue) not in (tissue_fields, tissue_fields + 1):
         raise ValueError("blochsim internal error: tissue tuple has the wrong length")
     t.n = n
-    t.transmit.settings = 0
-    t.transmit.b1 = NULL
-    t.transmit.stride = 0
-    t.transmit.seeded = -1
+    t.transmit = Transmit()
     if len(tissue) > tissue_fields and tissue[tissue_fields] is not None:
-        planes, seeded = tissue[tissue_fields]
-        if planes.shape[2] != 2 or planes.shape[0] not in (1, n) or planes.shape[1] < 1:
-            raise ValueError("blochsim internal error: transmit planes must be (n or 1, settings, 2)")
-        refs.append(planes)
-        t.transmit.settings = planes.shape[1]
-        t.transmit.b1 = &planes[0, 0, 0]
-        t.transmit.stride = 0 if planes.shape[0] == 1 else 2 * planes.shape[1]
+        sens, drive, seeded = tissue[tissue_fields]
+        if (sens.shape[2] != 2 or drive.shape[2] != 2 or sens.shape[0] not in (1, n) or sens.shape[1] < 1
+                or drive.shape[1] != sens.shape[1] or drive.shape[0] < 1):
+            raise ValueError("blochsim internal error: transmit sensitivities (n or 1, channels, 2) and drives "
+                             "(settings, channels, 2)")
+        refs += [sens, drive]
+        t.transmit.settings = drive.shape[0]
+        t.transmit.channels = drive.shape[1]
+        t.transmit.sensitivity = &sens[0, 0, 0]
+        t.transmit.stride = 0 if sens.shape[0] == 1 else 2 * sens.shape[1]
+        t.transmit.drive = &drive[0, 0, 0]
         t.transmit.seeded = seeded
         tissue = tissue[:tissue_fields]
     for i in range(tissue_fields):
@@ -809,20 +813,20 @@ def forward_cuda_streamed(PackedStream ps, tuple tissue, int64_t n, float comple
 
 cdef int _device_tissue(Tissue* t, tuple tissue, int64_t n) except -1:
     """Point t at device float32 planes: one (pointer, stride) pair or None
-    per TISSUE_FIELDS entry; an optional last entry (pointer, stride,
-    settings, seeded) holds the transmit settings (as _host_tissue's, the
-    stride in floats between problems)."""
+    per TISSUE_FIELDS entry; an optional last entry (sensitivity pointer,
+    stride, drive pointer, settings, channels, seeded) holds the transmit
+    settings (as _host_tissue's, device memory, the stride in floats
+    between problems)."""
     cdef Property* p
     t.n = n
-    t.transmit.settings = 0
-    t.transmit.b1 = NULL
-    t.transmit.stride = 0
-    t.transmit.seeded = -1
+    t.transmit = Transmit()
     if len(tissue) > tissue_fields and tissue[tissue_fields] is not None:
-        ptr, stride, settings, seeded = tissue[tissue_fields]
+        sens, stride, drive, settings, channels, seeded = tissue[tissue_fields]
         t.transmit.settings = settings
-        t.transmit.b1 = <const float*> <uintptr_t> ptr
+        t.transmit.channels = channels
+        t.transmit.sensitivity = <const float*> <uintptr_t> sens
         t.transmit.stride = stride
+        t.transmit.drive = <const float*> <uintptr_t> drive
         t.transmit.seeded = seeded
         tissue = tissue[:tissue_fields]
     for i in range(tissue_fields):

@@ -51,9 +51,12 @@ cdef extern from "blochsim/events.hpp" namespace "blochsim" nogil:
         float fallback
 
     cdef cppclass Transmit:
+        Transmit()
         int32_t settings
-        const float* b1
+        int32_t channels
+        const float* sensitivity
         int64_t stride
+        const float* drive
         int32_t seeded
 
     cdef cppclass Tissue:

@@ -308,9 +308,8 @@ class _Dynamic:
         """Per setting pass: (g, signal, J of ``names``, and either the
         Jacobian columns of Re, Im S_c (cot None) or, with a cotangent
         (n, samples), the loss's gradient along |B_g| and arg B_g."""
-        u, mag = self.play.unit_field()
         for g, signal, Jn, Jm, Jt in self.play.setting_passes(names, self.variant):
-            yield g, signal, Jn, Jm, Jt, u[:, g], mag[:, g]
+            yield (g, signal, Jn, Jm, Jt) + self.play.unit_field(g)
 
     def jacobian(self, names, one):
         play = self.play

@@ -133,20 +133,9 @@ def fields(S, drive):
     return np.tensordot(np.moveaxis(S, 0, -1), drive.T, axes=1)
 
 
-def planes(B, shape):
-    """The kernels' planes (n, G, 2) float32 of |B_g| and arg B_g at the
-    voxel shape ``shape`` (n its size; one row when every voxel is alike)."""
-    if B.ndim == 1 or all(d == 1 for d in B.shape[:-1]):
-        flat = B.reshape(1, -1)
-    else:
-        flat = np.broadcast_to(B, tuple(shape) + B.shape[-1:]).reshape(-1, B.shape[-1])
-    out = np.empty(flat.shape + (2,), dtype=np.float32)
-    out[..., 0] = np.abs(flat)
-    out[..., 1] = np.angle(flat)
-    if np.any(out[..., 0] > V.MAGNITUDE_BOUNDS.get("B1", np.inf)):
-        raise ValueError(f"the transmit field |sum_c B1[c] w_c| reaches {float(out[..., 0].max()):g}, beyond what "
-                         f"single precision carries for B1")
-    return np.ascontiguousarray(out)
+def interleaved(a):
+    """A complex array (..., channels) as the kernels' float32 (..., channels, 2)."""
+    return np.ascontiguousarray(np.stack([a.real, a.imag], axis=-1), dtype=np.float32)
 
 
 class Play:
@@ -182,10 +171,20 @@ class Play:
         _, self.ps, _, _ = streams.stream(present, stream=st.stream)
         self.S, self.st = S, st
         self.threads = dispatch.call_threads(threads)
-        self.B = fields(S, st.drive)
-        self.planes = planes(self.B, self.shape)
+        bound = float(np.abs(S).sum(0).max(initial=0.0)) * float(np.abs(st.drive).max(initial=0.0))
+        if not bound < V.MAGNITUDE_BOUNDS["B1"]:
+            raise ValueError(f"the transmit field |sum_c B1[c] w_c| may reach {bound:g}, beyond "
+                             f"{V.MAGNITUDE_BOUNDS['B1']:g} (single precision carries no more)")
+        # each channel's sensitivity per voxel (one row when every voxel is
+        # alike) and each setting's drive: the kernels form B_g per pulse
+        maps = np.moveaxis(S, 0, -1)  # (*maps, channels)
+        if all(d == 1 for d in maps.shape[:-1]):
+            self.sensitivity = interleaved(maps.reshape(1, -1))
+        else:
+            self.sensitivity = interleaved(np.broadcast_to(maps, self.shape + maps.shape[-1:]).reshape(self.n, -1))
+        self.drive = interleaved(st.drive)
         if device:
-            per = self.n * (8 * self.ps.n_samples * 3 + 4 * len(tissue)) + self.planes.nbytes
+            per = self.n * (8 * self.ps.n_samples * 3 + 4 * len(tissue)) + self.sensitivity.nbytes
             memory.check_device(streams.name, self.n, per)
         else:
             self.si = V.si_planes(self.arrays, self.shape, _core.TISSUE_FIELDS)
@@ -199,15 +198,16 @@ class Play:
 
         own, stream = work_stream([i.stream for i in self.ifaces.values() if i.stream is not None])
         dev, keep = resident_tissue(self.arrays, self.ifaces, self.shape, self.n, own, stream)
-        tx = DeviceArray.from_numpy(self.planes)
-        stride = 0 if self.planes.shape[0] == 1 else 2 * self.planes.shape[1]
-        result = run(tuple(dev) + ((tx.ptr, stride, self.planes.shape[1], seeded),), stream)
+        sens, drive = DeviceArray.from_numpy(self.sensitivity), DeviceArray.from_numpy(self.drive)
+        stride = 0 if self.sensitivity.shape[0] == 1 else 2 * self.sensitivity.shape[1]
+        tx = (sens.ptr, stride, drive.ptr, self.drive.shape[0], self.drive.shape[1], seeded)
+        result = run(tuple(dev) + (tx,), stream)
         _core.stream_synchronize(stream)
-        del keep, tx
+        del keep, sens, drive
         return result
 
     def _tissue(self, seeded=-1):
-        return self.si + ((self.planes, seeded),)
+        return self.si + ((self.sensitivity, self.drive, seeded),)
 
     def simulate(self, variant=0):
         """The signal (*shape, samples) complex64 NumPy."""
@@ -255,9 +255,10 @@ class Play:
             m = len(fields) - 2
             yield g, signal, (jac[:, :m] if first else None), jac[:, m], jac[:, m + 1]
 
-    def unit_field(self):
-        """u_g = B_g / |B_g| (1 where the field is 0) and |B_g|, flat (n or 1, G)."""
-        B = self.B.reshape(-1, self.B.shape[-1]) if self.planes.shape[0] == 1 else \
-            np.broadcast_to(self.B, self.shape + self.B.shape[-1:]).reshape(self.n, -1)
+    def unit_field(self, g):
+        """u_g = B_g / |B_g| (1 where the field is 0) and |B_g| of setting
+        g, flat (n or 1,)."""
+        B = np.tensordot(np.moveaxis(self.S, 0, -1), self.st.drive[g], axes=1)
+        B = B.reshape(1) if B.size == 1 else np.broadcast_to(B, self.shape).reshape(-1)
         mag = np.abs(B)
         return np.where(mag > 0, B / np.where(mag > 0, mag, 1.0), 1.0), mag

@@ -298,21 +298,35 @@ struct Property {
 };
 
 // Per-pulse transmit settings (parallel transmission with a shim per pulse
-// or per waveform sample): setting g of problem i is the field magnitude
-// |B_g| (a scale of the nominal flip, as B1) and phase arg B_g (rad, added
-// to the pulse's, as B1phase) at b1[i * stride + 2 g + {0, 1}] (stride 0:
-// every problem alike).  A pulse naming setting g plays with these in place
-// of the tissue's B1 and B1phase.  For the Jacobian, the directions along
-// B1 and B1phase are those of |B_seeded| and arg B_seeded (no setting's
-// when seeded is -1).
+// or per waveform sample).  Problem i has the complex relative transmit
+// sensitivity S_c of each channel c at sensitivity[i * stride + 2 c + {0,
+// 1}] (Re, Im; stride 0: every problem alike); setting g drives the
+// channels with U_gc at drive[2 (g channels + c) + {0, 1}].  A pulse
+// naming setting g plays at the field B = sum_c S_c U_gc: |B| scales its
+// flip (as B1) and arg B adds to its phase (as B1phase), in place of the
+// tissue's B1 and B1phase.  For the Jacobian, the directions along B1 and
+// B1phase are those of |B| and arg B of setting `seeded` (of none when it
+// is -1).
 struct Transmit {
   int32_t settings = 0;
-  const float* b1 = nullptr;
+  int32_t channels = 0;
+  const float* sensitivity = nullptr;
   int64_t stride = 0;
+  const float* drive = nullptr;
   int32_t seeded = -1;
 
-  BLOCHSIM_HD float magnitude(int64_t i, int g) const { return b1[i * stride + 2 * g]; }
-  BLOCHSIM_HD float phase(int64_t i, int g) const { return b1[i * stride + 2 * g + 1]; }
+  // |B| and arg B of setting g for problem i.
+  BLOCHSIM_HD void field(int64_t i, int g, float& magnitude, float& phase) const {
+    float re = 0.0f, im = 0.0f;
+    const float* s = sensitivity + i * stride;
+    const float* u = drive + 2 * static_cast<int64_t>(g) * channels;
+    for (int c = 0; c < channels; ++c) {
+      re += s[2 * c] * u[2 * c] - s[2 * c + 1] * u[2 * c + 1];
+      im += s[2 * c] * u[2 * c + 1] + s[2 * c + 1] * u[2 * c];
+    }
+    magnitude = std::sqrt(re * re + im * im);
+    phase = std::atan2(im, re);
+  }
 };
 
 // The setting of the pulse of an event whose record flags are f, or -1.
@@ -351,8 +365,9 @@ inline int validate(const EventStream& s, const Tissue& t, bool pooled = false, 
     return bad_shape;
   if (s.n_intervals > 0 && !s.duration_s) return bad_shape;
   const Transmit& tx = t.transmit;
-  if (tx.settings < 0 || tx.settings > max_transmit_settings || (tx.settings > 0 && (pooled || !transmit)) || (tx.settings > 0 && (!tx.b1 || !s.transmit)) ||
-      tx.seeded < -1 || tx.seeded >= tx.settings)
+  if (tx.settings < 0 || tx.settings > max_transmit_settings || tx.seeded < -1 || tx.seeded >= tx.settings)
+    return bad_transmit;
+  if (tx.settings > 0 && (pooled || !transmit || tx.channels < 1 || !tx.sensitivity || !tx.drive || !s.transmit))
     return bad_transmit;
   for (int64_t e = 0; e < s.n_events; ++e) {
     if (tx.settings > 0 && (s.flags[e] & event_rf) && (s.transmit[e] < 0 || s.transmit[e] >= tx.settings))

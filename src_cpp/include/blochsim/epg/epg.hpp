@@ -899,8 +899,10 @@ BLOCHSIM_HD void load_transmit(PulseField<V>& pf, const LaneTissue<V>& seeded, c
     const int64_t i = lanes.at(l, t.n);
     S m = moves ? LT::get(seeded[field_B1], l) : S(0.0f);
     S p = moves ? LT::get(seeded[field_B1phase], l) : S(0.0f);
-    set_value(m, t.transmit.magnitude(i, g));
-    set_value(p, t.transmit.phase(i, g));
+    float magnitude, phase;
+    t.transmit.field(i, g, magnitude, phase);
+    set_value(m, magnitude);
+    set_value(p, phase);
     LT::set(pf.b1, l, m);
     LT::set(pf.b1phase, l, p);
   }
