@@ -138,7 +138,7 @@ class _Transmit:
             raise ValueError("B1 (the channels' sensitivities) must be finite")
         channels = S.shape[0]
         w_host = np.ones(channels, np.complex128) if raw_shim is None else V.shim_weights(raw_shim, channels)
-        dynamic = self._dynamic(sim, values, S, raw_shim, w_host, given_complex)
+        dynamic = self._dynamic(sim, values, S, raw_shim, w_host, given_complex, wrt)
         if dynamic is not None:
             return dynamic
         w = host_as(w_host, S).reshape((channels,) + (1,) * (S.ndim - 1))
@@ -155,16 +155,16 @@ class _Transmit:
         """(the checked protocol of the call, played with no shim, its tissue)."""
         played = {k: v for k, v in values.items() if k not in ("shim", "B1")}
         proto, tissue = sim._split({**played, "shim": None})
-        return sim._protocol_values(proto), tissue
+        return sim._protocol_values(proto), tissue, proto
 
     def _drives_channels(self, sim, values):
         """Whether a played simulator's pulses drive channels of their own."""
         if not hasattr(sim, "_packed"):
             return False
-        p, _ = self._checked(sim, values)
+        p, _, _ = self._checked(sim, values)
         return sim._packed({**p, "repetitions": 1} if p["repetitions"] == "auto" else p).channels is not None
 
-    def _dynamic(self, sim, values, S, raw_shim, w, given_complex):
+    def _dynamic(self, sim, values, S, raw_shim, w, given_complex, wrt=()):
         """The state of a call with per-pulse transmit settings (a shim
         per pulse, or pulses with their own channel drive), or None."""
         if not hasattr(sim, "_packed"):
@@ -172,7 +172,7 @@ class _Transmit:
                 raise ValueError(f"{type(sim).__name__} is a closed form, whose pulses share one shim: shim must "
                                  f"have shape (channels,), got {w.shape}")
             return None
-        p, tissue = self._checked(sim, values)
+        p, tissue, proto = self._checked(sim, values)
         if p["repetitions"] == "auto" and w.ndim == 2:
             raise ValueError("a shim per pulse needs a known number of pulses: repetitions='auto' is not taken "
                              "with it")
@@ -188,9 +188,23 @@ class _Transmit:
         route = dispatch.route(sim.device, sim.threads, {**tissue, "B1": S})
         device = route.device == "cuda"
         libraries = {k: _library(v) for k, v in {"B1": S, **tissue}.items() if V.is_device_array(v)}
-        st = _transmit.settings(s, raw_shim if raw_shim is not None else None, S.shape[0])
+        traced = None
+        protocol_names = [k for k in wrt if k not in sim.tissue_properties and k != "shim"]
+        if protocol_names:
+            protocol_names, _ = sim._vjp_names(protocol_names, p)
+            s, prov, pshapes = sim._traced_stream(p, proto, protocol_names)
+            reached = [k for k in protocol_names if k in prov]
+            if reached:
+                raise ValueError(f"{type(sim).__name__}.vjp with per-pulse transmit settings reaches the tissue, the "
+                                 f"channels' maps (B1), the shim weights and the pulses' channel drives (a "
+                                 f"waveform per channel); {reached[0]!r} also reaches flips, phases or durations, "
+                                 f"which it does not")
+        st = _transmit.settings(s, raw_shim if raw_shim is not None else None, S.shape[0],
+                                by_pulse=bool(protocol_names))
+        if protocol_names:
+            traced = (s.drive_sources or [], st.pulse, protocol_names, p, pshapes)
         play = _transmit.Play(sim._streams(p), tissue, _host_copy(S), st, sim.threads, device=device)
-        return _Dynamic(play, w, given_complex, sim._host_variant, libraries)
+        return _Dynamic(play, w, given_complex, sim._host_variant, libraries, traced)
 
     def simulate(self, sim, state):
         if isinstance(state, _Dynamic):
@@ -290,8 +304,12 @@ class _Dynamic:
     channels' maps and the shim weights by the chain rule through each
     setting's field (blochsim/_engine/transmit.py)."""
 
-    def __init__(self, play, shim, given_complex, variant, libraries):
+    def __init__(self, play, shim, given_complex, variant, libraries, traced=None):
         self.play, self.shim, self.given_complex, self.variant = play, shim, given_complex, variant
+        #: for vjp of protocol parameters traced into the pulses' drives:
+        #: (each driven pulse's traced drive, its setting, the names, the
+        #: checked protocol, the gradients' shapes)
+        self.traced = traced
         #: the array library of each input passed as a device array
         self.libraries = libraries
         #: the library results go back in (None: NumPy)
@@ -308,8 +326,7 @@ class _Dynamic:
         """Per setting pass: (g, signal, J of ``names``, and either the
         Jacobian columns of Re, Im S_c (cot None) or, with a cotangent
         (n, samples), the loss's gradient along |B_g| and arg B_g."""
-        for g, signal, Jn, Jm, Jt in self.play.setting_passes(names, self.variant):
-            yield (g, signal, Jn, Jm, Jt) + self.play.unit_field(g)
+        yield from self.play.setting_passes(names, self.variant)
 
     def jacobian(self, names, one):
         play = self.play
@@ -318,13 +335,15 @@ class _Dynamic:
         n, k = play.n, play.ps.n_samples
         cols = {c: np.zeros((n, k), np.complex128) for c in range(2 * C)} if "B1" in names else {}
         signal, Jo = None, None
-        for g, sig, Jn, Jm, Jt, ug, mg in self._through(other):
+        for g, sig, Jn, Jm, Jt, ug, mg, Q in self._through(other):
             if signal is None:
                 signal, Jo = sig, Jn
             for c in range(C) if cols else ():
                 for part, dB in ((0, play.st.drive[g, c]), (1, 1j * play.st.drive[g, c])):
                     q = np.conj(ug) * dB
                     cols[2 * c + part] += Jm * q.real[:, None] + Jt * _over(q.imag, mg)[:, None]
+                    if Q is not None:  # a null field turns about the axis of dB
+                        cols[2 * c + part] += Q * np.where(mg == 0, np.imag(dB), 0.0)[:, None]
         J = []
         for name in names:
             if name == "B1":
@@ -337,12 +356,8 @@ class _Dynamic:
 
     def vjp(self, sim, names):
         play = self.play
-        protocol = [k for k in names if k not in sim.tissue_properties and k != "shim"]
-        if protocol:
-            raise ValueError(f"{type(sim).__name__}.vjp with per-pulse transmit settings reaches the tissue, the "
-                             f"channels' maps (B1) and the shim weights; not the protocol parameter "
-                             f"{protocol[0]!r}")
-        other = tuple(k for k in names if k not in ("B1", "shim"))
+        protocol = self.traced[2] if self.traced else []
+        other = tuple(k for k in names if k not in ("B1", "shim") and k not in protocol)
         check_diff_values(other, play.arrays, "vjp")
         signal = self.play.simulate(self.variant)
 
@@ -353,38 +368,65 @@ class _Dynamic:
             out = {}
             gS = np.zeros((C,) + tuple(maps), np.complex128)
             gw = np.zeros(self.shim.shape, np.complex128)
-            for g, _, Jn, Jm, Jt, ug, mg in self._through(other):
+            for g, _, Jn, Jm, Jt, ug, mg, Q in self._through(other):
                 if Jn is not None:
                     for j, name in enumerate(other):
                         dx = np.real(np.conj(cot) * Jn[:, j]).sum(-1).reshape(play.shape)
                         out[name] = _reverse.reduce_to(dx, np.shape(play.arrays[name]))
                 g_mag = np.real(np.conj(cot) * Jm).sum(-1)
                 g_arg = _over(np.real(np.conj(cot) * Jt).sum(-1), mg)
+                # a null field turns about the axis of dB (Play.setting_passes)
+                g_quarter = 0.0 if Q is None else np.where(mg == 0, np.real(np.conj(cot) * Q).sum(-1), 0.0)
 
                 def through(dB):  # dL for a change dB of setting g's field, per voxel
                     q = np.conj(ug) * dB
-                    return g_mag * q.real + g_arg * q.imag
+                    return g_mag * q.real + g_arg * q.imag + g_quarter * np.imag(dB)
 
                 for c in range(C):
                     d = play.st.drive[g, c]
                     part = (through(d) + 1j * through(1j * d)).reshape(play.shape)
                     gS[c] += _reverse.reduce_to(part.real, maps) + 1j * _reverse.reduce_to(part.imag, maps)
                 rows = np.flatnonzero(play.st.shim_rows == g)
-                if rows.size and "shim" in names:
+                pulses = np.flatnonzero(self.traced[1] == g) if self.traced and self.traced[1] is not None else ()
+                if (rows.size and "shim" in names) or len(pulses):
                     Sflat = np.broadcast_to(play.S, (C,) + play.shape).reshape(C, -1)
                     grad = np.array([complex(through(Sflat[c]).sum(), through(1j * Sflat[c]).sum())
                                      for c in range(C)])
-                    if self.shim.ndim == 2:
+                    if rows.size and "shim" in names and self.shim.ndim == 2:
                         gw[rows] = grad
-                    else:
+                    elif rows.size and "shim" in names:
                         gw += grad
+                    for k in pulses:
+                        _drive_gradient(out, self.traced, k, grad)
             if "B1" in names:
                 out["B1"] = gS if self.given_complex else gS[0].real
             if "shim" in names:
                 out["shim"] = gw
+            for k in protocol:
+                g = out.get(k, np.zeros(np.shape(self.traced[3][k]), np.complex128))
+                g = g if np.iscomplexobj(self.traced[3][k]) else g.real
+                out[k] = g.sum().reshape(()) if self.traced[4][k] == () and g.shape != () else g
             return {k: (self._out(out[k], self.libraries[k]) if k in self.libraries else out[k]) for k in names}
 
         return self._out(signal), pullback
+
+
+def _drive_gradient(out, traced, k, grad):
+    """Adds to ``out`` (protocol name -> complex128 gradient of its
+    entries, dL/dRe + i dL/dIm) the share of driven pulse k, whose drive's
+    gradient is ``grad`` (channels,): through the traced entries of its
+    drive (a real entry takes dL/dRe of its channel, a complex one both)."""
+    from blochsim.sequence.traced import Traced, TracedComplex
+
+    sources, _, names, p, _ = traced
+    for c, x in enumerate(sources[k]):
+        parts = ((x.re, grad[c].real), (x.im, grad[c].imag)) if isinstance(x, TracedComplex) else \
+            ((x, grad[c].real),) if isinstance(x, Traced) else ()
+        for t, dl in parts:
+            for (name, index, part), coef in t.terms.items():
+                if name in names:
+                    g = out.setdefault(name, np.zeros(np.shape(p[name]), np.complex128))
+                    g[index] += coef * dl * (1j if part else 1.0)
 
 
 def _library(a):

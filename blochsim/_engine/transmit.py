@@ -58,10 +58,14 @@ def needed(s, shim) -> bool:
     return s.channels is not None or (shim is not None and np.ndim(shim) == 2)
 
 
-def settings(s, shim, channels) -> Settings:
+def settings(s, shim, channels, by_pulse=False) -> Settings:
     """The settings of stream ``s`` for ``channels`` transmit channels and
     the shim (None: 1 on every channel; (channels,): static; (pulses,
-    channels): one row per RF pulse of the stream, in played order)."""
+    channels): one row per RF pulse of the stream, in played order).  With
+    ``by_pulse`` each pulse with its own drive is a setting of its own (its
+    playings share it), so that the derivatives along a setting are those
+    along that pulse's drive (``Settings.pulse``: the setting of each of
+    ``s.drive_sources``)."""
     rf = np.flatnonzero((s.flags & EV_RF) != 0)
     if np.any((s.flags & EV_DRIVEN) != 0):
         raise ValueError("per-pulse transmit settings do not combine with exact rectangular pulses (RectPulse), "
@@ -98,7 +102,15 @@ def settings(s, shim, channels) -> Settings:
             setting[rest] = 0
     # pulses with their own drive: multiples of one drive share its setting
     mine = np.flatnonzero(own)
-    if mine.size:
+    pulse = None
+    if mine.size and by_pulse:
+        numbers = s.drive_op[mine]
+        distinct = np.unique(numbers)
+        pulse = np.full(len(s.drive_sources), -1, dtype=np.int64)
+        pulse[distinct] = len(rows) + np.arange(distinct.size)
+        setting[mine] = pulse[numbers]
+        rows += [drives[mine][np.flatnonzero(numbers == k)[0]] for k in distinct]
+    elif mine.size:
         w = drives[mine]
         mag = np.abs(w)
         k = np.argmax(mag, axis=1)
@@ -112,20 +124,27 @@ def settings(s, shim, channels) -> Settings:
         setting[mine] = len(rows) + inverse.reshape(-1)
         scale[mine] = a
         rows += list(u[first])
-    out = copy.copy(s)
-    flip = s.flip_rad.astype(np.float64) * np.abs(scale)
-    phase = s.phase_rad.astype(np.float64) + np.angle(scale)
-    out.flip_rad = flip.astype(np.float32)
-    out.phase_rad = phase.astype(np.float32)
-    rx = s.rx_phase_rad.astype(np.float64)
-    out.rf_table = np.ascontiguousarray(np.stack([*_unitary_rotation_terms(flip), np.cos(phase), np.sin(phase),
-                                                  np.cos(rx), np.sin(rx)], axis=1), dtype=np.float32)
+    out = _with_pulses(s, s.flip_rad.astype(np.float64) * np.abs(scale),
+                       s.phase_rad.astype(np.float64) + np.angle(scale))
     out.transmit = np.ascontiguousarray(setting, dtype=np.int32)
     drive = np.array(rows, dtype=np.complex128).reshape(-1, channels)
     if drive.shape[0] > _core.MAX_TRANSMIT_SETTINGS:
         raise ValueError(f"the sequence's pulses need {drive.shape[0]} transmit settings (distinct channel "
                          f"drives); at most {_core.MAX_TRANSMIT_SETTINGS} are played")
-    return Settings(out, drive, np.asarray(shim_rows))
+    st = Settings(out, drive, np.asarray(shim_rows))
+    st.pulse = pulse
+    return st
+
+
+def _with_pulses(s, flip, phase):
+    """A copy of stream s with these flips and phases (rad, float64)."""
+    out = copy.copy(s)
+    out.flip_rad = flip.astype(np.float32)
+    out.phase_rad = phase.astype(np.float32)
+    rx = s.rx_phase_rad.astype(np.float64)
+    out.rf_table = np.ascontiguousarray(np.stack([*_unitary_rotation_terms(flip), np.cos(phase), np.sin(phase),
+                                                  np.cos(rx), np.sin(rx)], axis=1), dtype=np.float32)
+    return out
 
 
 def fields(S, drive):
@@ -167,8 +186,8 @@ class Play:
             self.arrays, shape = streams.tissue(tissue)
         self.shape = tuple(np.broadcast_shapes(shape, S.shape[1:]))
         self.n = int(np.prod(self.shape, dtype=np.int64))
-        present = set(tissue) | {"B1", "B1phase"}  # per-voxel phases: the complex path
-        _, self.ps, _, _ = streams.stream(present, stream=st.stream)
+        self.present = set(tissue) | {"B1", "B1phase"}  # per-voxel phases: the complex path
+        _, self.ps, _, _ = streams.stream(self.present, stream=st.stream)
         self.S, self.st = S, st
         self.threads = dispatch.call_threads(threads)
         bound = float(np.abs(S).sum(0).max(initial=0.0)) * float(np.abs(st.drive).max(initial=0.0))
@@ -223,10 +242,11 @@ class Play:
             _core.forward_host(self.ps, self._tissue(), self.n, out.reshape(self.n, -1), self.threads, variant)
         return out
 
-    def _pass(self, g, fields, scale, variant):
+    def _pass(self, g, fields, scale, variant, ps=None):
         """(signal, J (n, len(fields), samples)) with the B1 and B1phase
-        directions moving setting g."""
+        directions moving setting g (of ``ps``, default the call's stream)."""
         n, k = self.n, self.ps.n_samples
+        ps = self.ps if ps is None else ps
         if self.device:
             from blochsim._arrays.device import DeviceArray
 
@@ -234,18 +254,24 @@ class Play:
             jac = DeviceArray((n, len(fields), k), np.complex64)
             if n:
                 self._device_call(lambda dev, stream: _core.jacobian_cuda(
-                    self.ps, dev, n, list(fields), list(scale), signal.ptr, jac.ptr, stream), g)
+                    ps, dev, n, list(fields), list(scale), signal.ptr, jac.ptr, stream), g)
             return signal.get(), jac.get()
         signal = _core.new_result((n, k), np.complex64)
         jac = _core.new_result((n, len(fields), k), np.complex64)
         if n:
-            _core.jacobian_host(self.ps, self._tissue(g), n, fields, scale, signal, jac, self.threads, variant)
+            _core.jacobian_host(ps, self._tissue(g), n, fields, scale, signal, jac, self.threads, variant)
         return signal, jac
 
     def setting_passes(self, names, variant=0):
-        """Yields (g, signal, J_names, dS/d|B_g|, dS/d arg B_g) per setting:
-        J_names (n, len(names), samples) along the tissue ``names`` (other
-        than B1) in the first pass only, None after."""
+        """Yields (g, signal, J_names, dS/d|B_g|, dS/d arg B_g, u_g, |B_g|,
+        Q) per setting: J_names (n, len(names), samples) along the tissue
+        ``names`` (other than B1) in the first pass only, None after; u_g
+        and |B_g| as unit_field gives them.  Where the field is 0 (a gap
+        of a waveform, channels that cancel) a change dB of it turns the
+        pulses about the axis of dB: dS = dS/d|B| Re dB + Q Im dB, with
+        dS/d|B| at arg B = 0 and Q (n, samples) at arg B = pi/2 (a second
+        pass with the setting's pulses turned by a quarter; None when no
+        voxel's field is 0)."""
         other, scale = reverse.fields_and_scale(names)
         for g in range(self.st.count):
             first = g == 0 and len(other) > 0
@@ -253,7 +279,16 @@ class Play:
             seeds = np.concatenate([scale, [1.0, 1.0]]) if first else np.ones(2)
             signal, jac = self._pass(g, fields, seeds, variant)
             m = len(fields) - 2
-            yield g, signal, (jac[:, :m] if first else None), jac[:, m], jac[:, m + 1]
+            u, mag = self.unit_field(g)
+            quarter = None
+            if np.any(mag == 0):
+                s = self.st.stream
+                turned = _with_pulses(s, s.flip_rad.astype(np.float64),
+                                      s.phase_rad.astype(np.float64) + np.where(s.transmit == g, np.pi / 2, 0.0))
+                turned.transmit = s.transmit
+                _, ps, _, _ = self.streams.stream(self.present, stream=turned)
+                quarter = self._pass(g, [_B1], np.ones(1), variant, ps)[1][:, 0]
+            yield g, signal, (jac[:, :m] if first else None), jac[:, m], jac[:, m + 1], u, mag, quarter
 
     def unit_field(self, g):
         """u_g = B_g / |B_g| (1 where the field is 0) and |B_g| of setting

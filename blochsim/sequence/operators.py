@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from blochsim._arrays import validate as V
-from blochsim.sequence.traced import TracedComplex, _modulus_and_angle, _value
+from blochsim.sequence.traced import Traced, TracedComplex, _modulus_and_angle, _value
 
 
 #: The proton gyromagnetic ratio, rad/s/T (2π × 42.577 MHz/T).
@@ -164,16 +164,39 @@ class Refocusing(Pulse):
 
 
 def _channel_weights(raw):
-    """A pulse's channel drive as a tuple of Python complex numbers,
-    checked (1-D, numeric, finite, not all zero)."""
-    w = np.asarray(raw)
-    if w.dtype == object or w.dtype.kind not in "biufc":
-        raise TypeError(f"channels of a Pulse must be numbers, one per transmit channel, got dtype {w.dtype}")
+    """A pulse's channel drive as a tuple, checked (1-D, numeric, finite):
+    Python complex numbers, or the traced entries of a protocol waveform
+    (:class:`Traced`, :class:`TracedComplex`) as given."""
+    w = np.asarray(raw, dtype=object if _is_traced(raw) else None)
     if w.ndim != 1 or w.size == 0:
         raise ValueError(f"channels of a Pulse must be a non-empty 1-D sequence, got shape {w.shape}")
-    if not np.all(np.isfinite(w)):
-        raise ValueError(f"channels of a Pulse must be finite, got {w.tolist()!r}")
-    return tuple(complex(x) for x in w.astype(np.complex128))
+    if w.dtype == object:
+        if not all(isinstance(x, (Traced, TracedComplex)) for x in w):
+            raise TypeError("channels of a Pulse must be numbers, one per transmit channel, got objects")
+        values = np.array([drive_value(x) for x in w])
+    elif w.dtype.kind not in "biufc":
+        raise TypeError(f"channels of a Pulse must be numbers, one per transmit channel, got dtype {w.dtype}")
+    else:
+        values = w.astype(np.complex128)
+    if not np.all(np.isfinite(values)):
+        raise ValueError(f"channels of a Pulse must be finite, got {values.tolist()!r}")
+    return tuple(w) if w.dtype == object else tuple(complex(x) for x in values)
+
+
+def _is_traced(raw):
+    try:
+        return any(isinstance(x, (Traced, TracedComplex)) for x in np.asarray(raw, dtype=object).reshape(-1))
+    except (TypeError, ValueError):
+        return False
+
+
+def drive_value(x) -> complex:
+    """The complex number of one channel's drive (plain or traced)."""
+    if isinstance(x, TracedComplex):
+        return complex(x)
+    if isinstance(x, Traced):
+        return complex(x.value)
+    return complex(x)
 
 
 @dataclass(frozen=True)
@@ -365,14 +388,12 @@ class SampledPulse(Sequence):
         d = _dwell_us(dwell)
         deg_per_uT = np.degrees(GAMMA_RAD_PER_S_PER_T * 1e-6 * d * 1e-6)  # flip = gamma |B1| dwell
         if w.ndim == 2:
-            if w.dtype == object:
-                raise TypeError("a waveform per transmit channel cannot be traced (Simulator.vjp); the pullback "
-                                "reaches the channels' maps (B1) and the simulator's shim weights")
+            # (a traced waveform keeps its entries as each sample's drive: Simulator.vjp reaches them)
             values = _waveform_values("waveform", w, ndim=2)
             half = Delay(0.5 * d * 1e-3)
             ops = []
             for j in range(values.shape[1]):
-                ops += [half, Pulse(deg_per_uT, phase, channels=values[:, j]), half]
+                ops += [half, Pulse(deg_per_uT, phase, channels=(w if w.dtype == object else values)[:, j]), half]
             super().__init__(ops)
             self.waveform = values
             self.dwell = d

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from blochsim.sequence.operators import (Delay, Dephase, Inversion, Pulse, Readout, RectPulse, Saturation, Spoil,
-                                         _Moment)
+                                         _Moment, drive_value)
 from blochsim.sequence.traced import Traced
 
 # Event flag bits (events.hpp).
@@ -19,7 +19,7 @@ class EventStream:
     __slots__ = ("interval", "flags", "shift_before", "shift_after", "flip_rad", "phase_rad",
                  "rx_phase_rad", "slot", "duration_s", "n_samples", "total_shifts", "rf_table",
                  "rf_duration_s", "rf_offset_hz", "rf_power", "driven", "driven_table", "moments",
-                 "moment_step", "channels", "transmit")
+                 "moment_step", "channels", "drive_op", "drive_sources", "transmit")
 
     @property
     def n_events(self):
@@ -262,21 +262,27 @@ def _unitary_rotation_terms(flip_rad):
         c2[small], ca[small] = diffused(c2[small]), diffused(ca[small])
     return c2, s2, np.sin(flip_rad), ca
 
-def _channel_drives(drives, rf_op, flags, n_ops):
+def _channel_drives(drives, pulses, rf_op, flags, n_ops):
     """(n_events, channels) complex128 channel drive of each RF event's
-    pulse (NaN for a pulse without its own), or None when no pulse has one."""
+    pulse (NaN for a pulse without its own) and (n_events,) the number of
+    the pulse that drives it (its place in ``pulses``, the distinct pulses
+    with their own drive; -1 for none); (None, None) when no pulse has one.
+    ``drives`` maps an operator's index to its pulse's number."""
     if not drives:
-        return None
-    counts = {len(w) for w in drives.values()}
+        return None, None
+    counts = {len(op.channels) for op in pulses}
     if len(counts) > 1:
         raise ValueError(f"pulses drive different numbers of transmit channels: {sorted(counts)}")
-    table = np.full((n_ops + 1, counts.pop()), np.nan, dtype=np.complex128)
-    for j, w in drives.items():
-        table[j] = w
-    out = table[rf_op]
-    if np.any((flags & EV_DRIVEN) != 0) and not np.all(np.isnan(out[(flags & EV_DRIVEN) != 0])):
+    values = np.array([[drive_value(x) for x in op.channels] for op in pulses], dtype=np.complex128)
+    number = np.full(n_ops + 1, -1, dtype=np.int64)
+    for j, k in drives.items():
+        number[j] = k
+    per_event = number[rf_op]
+    out = np.full((per_event.size, values.shape[1]), np.nan, dtype=np.complex128)
+    out[per_event >= 0] = values[per_event[per_event >= 0]]
+    if np.any((flags & EV_DRIVEN) != 0) and np.any(per_event[(flags & EV_DRIVEN) != 0] >= 0):
         raise ValueError("blochsim internal error: channel drives on exact rectangular pulses")
-    return out
+    return out, per_event
 
 
 def _pack(preparation, repetition, repetitions, keep_zero):
@@ -301,10 +307,11 @@ def _pack(preparation, repetition, repetitions, keep_zero):
     rf_off = np.zeros(len(ops) + 1, dtype=np.float64)
     rf_pow = np.ones(len(ops) + 1, dtype=np.float64)
     drives = {}  # op index: a pulse's channel drive (Pulse.channels)
+    sources = {}  # id of a pulse with its own drive: (its number, the pulse)
     for j, op in enumerate(ops):
         if isinstance(op, (Pulse, Saturation, RectPulse)):
             if isinstance(op, Pulse) and op.channels is not None:
-                drives[j] = op.channels
+                drives[j] = sources.setdefault(id(op), (len(sources), op))[0]
             flips[j] = op.flip
             phases[j] = op.phase if isinstance(op, (Pulse, RectPulse)) else 0.0
             rf_dur[j] = op.duration
@@ -362,7 +369,9 @@ def _pack(preparation, repetition, repetitions, keep_zero):
     interval[has_iv] = inv.astype(np.int32)
     s.interval = interval
     s.duration_s = np.ascontiguousarray(uniq, dtype=np.float64)
-    s.channels = _channel_drives(drives, lay.rf_op, lay.flags, len(ops))
+    pulses = [op for _, op in sorted(sources.values(), key=lambda x: x[0])]
+    s.channels, s.drive_op = _channel_drives(drives, pulses, lay.rf_op, lay.flags, len(ops))
+    s.drive_sources = [op.channels for op in pulses] or None
     s.transmit = None  # per-pulse transmit settings: blochsim._modifiers fills them for a call
     s.moments, s.moment_step = None, 0.0
     if lay.moment_op.size:
