@@ -138,11 +138,14 @@ class _Transmit:
             raise ValueError("B1 (the channels' sensitivities) must be finite")
         channels = S.shape[0]
         w_host = np.ones(channels, np.complex128) if raw_shim is None else V.shim_weights(raw_shim, channels)
-        dynamic = self._dynamic(sim, values, S, raw_shim, w_host, given_complex, wrt)
+        w = host_as(w_host, S).reshape((channels,) + (1,) * (S.ndim - 1)) if w_host.ndim == 1 else None
+        B = (w * S).sum(0) if w is not None else None
+        # where the field is null a change of it turns the pulses about its
+        # own axis, which |B| alone does not carry: the kernels' settings do
+        null = B is not None and bool((B == 0).any())
+        dynamic = self._dynamic(sim, values, S, raw_shim, w_host, given_complex, wrt, null)
         if dynamic is not None:
             return dynamic
-        w = host_as(w_host, S).reshape((channels,) + (1,) * (S.ndim - 1))
-        B = (w * S).sum(0)
         mag = abs(B)
         u = xp.where(mag > 0, B / xp.where(mag > 0, mag, 1.0), 1.0 + 0j)
         played = {k: v for k, v in values.items() if k != "shim"}
@@ -164,7 +167,7 @@ class _Transmit:
         p, _, _ = self._checked(sim, values)
         return sim._packed({**p, "repetitions": 1} if p["repetitions"] == "auto" else p).channels is not None
 
-    def _dynamic(self, sim, values, S, raw_shim, w, given_complex, wrt=()):
+    def _dynamic(self, sim, values, S, raw_shim, w, given_complex, wrt=(), null=False):
         """The state of a call with per-pulse transmit settings (a shim
         per pulse, or pulses with their own channel drive), or None."""
         if not hasattr(sim, "_packed"):
@@ -176,6 +179,12 @@ class _Transmit:
         if p["repetitions"] == "auto" and w.ndim == 2:
             raise ValueError("a shim per pulse needs a known number of pulses: repetitions='auto' is not taken "
                              "with it")
+        if null and not (w.ndim == 2 or self._drives_channels(sim, values)):
+            # a static shim with a null field plays on the settings where they take the call
+            plain = [k for k in wrt if k not in sim.tissue_properties and k != "shim"]
+            if (plain or _pools.any_pool(tissue) or p["repetitions"] == "auto" or p["slice_profile"] is not None
+                    or sim._packed(p).driven is not None):
+                return None
         if p["repetitions"] == "auto" or p["slice_profile"] is not None:
             if _transmit.needed(sim._packed({**p, "repetitions": 1}) if p["repetitions"] == "auto"
                                 else sim._packed(p), raw_shim):
@@ -183,7 +192,7 @@ class _Transmit:
                 raise ValueError(f"per-pulse transmit settings do not combine with {which}")
             return None
         s = sim._packed(p)
-        if not _transmit.needed(s, raw_shim):
+        if not (_transmit.needed(s, raw_shim) or null):
             return None
         route = dispatch.route(sim.device, sim.threads, {**tissue, "B1": S})
         device = route.device == "cuda"
