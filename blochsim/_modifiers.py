@@ -220,7 +220,7 @@ class _Transmit:
             return state.simulate()
         S, w, mag, u, played, _ = state
         s0 = sim.simulate(**played)
-        return astype(u[..., None] * s0, s0.dtype)
+        return astype(u, s0.dtype)[..., None] * s0  # the phase in the signal's precision
 
     def _field_columns(self, state, J0, s0):
         """d s / d Re S_c and d s / d Im S_c per channel c, from the played

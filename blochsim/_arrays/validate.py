@@ -251,10 +251,13 @@ def into(out, s):
     """``s`` as complex64, written into ``out`` when one is given (and
     checked); a device array stays one, of its library."""
     if is_device_array(s):
-        from blochsim._arrays.device import astype
-
         if getattr(s, "dtype", None) != np.complex64:
-            s = astype(s, np.complex64)
+            if hasattr(s, "astype"):
+                s = s.astype(np.complex64)
+            else:  # a PyTorch tensor
+                import torch
+
+                s = s.to(torch.complex64)
         if out is None:
             return s
         if not is_device_array(out) or tuple(out.shape) != tuple(s.shape) or out.dtype != s.dtype:
