@@ -330,13 +330,15 @@ cdef class PackedStream:
 
 cdef object _host_tissue(Tissue* t, tuple tissue, int64_t n):
     """Point t at float32 host arrays (length n or 1, or None), one per
-    TISSUE_FIELDS entry; an optional last entry (sensitivity, drive, seeded)
-    holds the transmit settings (events.hpp Transmit): float32 (n or 1,
-    channels, 2) Re, Im of each channel's sensitivity, float32 (settings,
-    channels, 2) Re, Im of each setting's drive, and the setting the B1
-    directions move (-1: none)."""
+    TISSUE_FIELDS entry; an optional last entry (sensitivity, drive, seeded,
+    gradient) holds the transmit settings (events.hpp Transmit): float32
+    (n or 1, channels, 2) Re, Im of each channel's sensitivity, float32
+    (settings, channels, 2) Re, Im of each setting's drive, the setting the
+    B1 directions move (-1: none), and None or a zeroed float32 (n,
+    settings, 2) the adjoint adds dL/d|B| and dL/d arg B into."""
     cdef const float[:, :, ::1] sens
     cdef const float[:, :, ::1] drive
+    cdef float[:, :, ::1] grad
     cdef const float[::1] view
     cdef Property* p
     refs = []
@@ -345,7 +347,7 @@ cdef object _host_tissue(Tissue* t, tuple tissue, int64_t n):
     t.n = n
     t.transmit = Transmit()
     if len(tissue) > tissue_fields and tissue[tissue_fields] is not None:
-        sens, drive, seeded = tissue[tissue_fields]
+        sens, drive, seeded, gradient = tissue[tissue_fields]
         if (sens.shape[2] != 2 or drive.shape[2] != 2 or sens.shape[0] not in (1, n) or sens.shape[1] < 1
                 or drive.shape[1] != sens.shape[1] or drive.shape[0] < 1):
             raise ValueError("blochsim internal error: transmit sensitivities (n or 1, channels, 2) and drives "
@@ -357,6 +359,13 @@ cdef object _host_tissue(Tissue* t, tuple tissue, int64_t n):
         t.transmit.stride = 0 if sens.shape[0] == 1 else 2 * sens.shape[1]
         t.transmit.drive = &drive[0, 0, 0]
         t.transmit.seeded = seeded
+        if gradient is not None:
+            grad = gradient
+            if grad.shape[0] != n or grad.shape[1] != drive.shape[0] or grad.shape[2] != 2:
+                raise ValueError("blochsim internal error: transmit gradient must be (n, settings, 2)")
+            refs.append(grad)
+            if n > 0:
+                t.transmit.gradient = &grad[0, 0, 0]
         tissue = tissue[:tissue_fields]
     for i in range(tissue_fields):
         p = &tissue_property(t[0], i)
@@ -814,20 +823,21 @@ def forward_cuda_streamed(PackedStream ps, tuple tissue, int64_t n, float comple
 cdef int _device_tissue(Tissue* t, tuple tissue, int64_t n) except -1:
     """Point t at device float32 planes: one (pointer, stride) pair or None
     per TISSUE_FIELDS entry; an optional last entry (sensitivity pointer,
-    stride, drive pointer, settings, channels, seeded) holds the transmit
+    stride, drive pointer, settings, channels, seeded, gradient) holds the transmit
     settings (as _host_tissue's, device memory, the stride in floats
-    between problems)."""
+    between problems), and the adjoint's gradient pointer (0: none)."""
     cdef Property* p
     t.n = n
     t.transmit = Transmit()
     if len(tissue) > tissue_fields and tissue[tissue_fields] is not None:
-        sens, stride, drive, settings, channels, seeded = tissue[tissue_fields]
+        sens, stride, drive, settings, channels, seeded, gradient = tissue[tissue_fields]
         t.transmit.settings = settings
         t.transmit.channels = channels
         t.transmit.sensitivity = <const float*> <uintptr_t> sens
         t.transmit.stride = stride
         t.transmit.drive = <const float*> <uintptr_t> drive
         t.transmit.seeded = seeded
+        t.transmit.gradient = <float*> <uintptr_t> gradient
         tissue = tissue[:tissue_fields]
     for i in range(tissue_fields):
         p = &tissue_property(t[0], i)

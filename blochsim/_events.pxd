@@ -58,6 +58,7 @@ cdef extern from "blochsim/events.hpp" namespace "blochsim" nogil:
         int64_t stride
         const float* drive
         int32_t seeded
+        float* gradient
 
     cdef cppclass Tissue:
         int64_t n

@@ -16,7 +16,7 @@ import numpy as np
 from blochsim import steady
 from blochsim._engine import dispatch, pools as _pools, reverse as _reverse, transmit as _transmit
 from blochsim._arrays import validate as V
-from blochsim._arrays.device import Interface, array_module, astype, host_as, to_library
+from blochsim._arrays.device import Interface, array_module, astype, host_as
 from blochsim._protocol import SliceProfile, check_diff_values, check_order, checked_key
 from blochsim.sequence import Readout, Traced, trace
 
@@ -202,21 +202,21 @@ class _Transmit:
         if protocol_names:
             protocol_names, _ = sim._vjp_names(protocol_names, p)
             s, prov, pshapes = sim._traced_stream(p, proto, protocol_names)
-            reached = [k for k in protocol_names if k in prov]
-            if reached:
+            flips = [k for k in protocol_names if k in prov and np.any(np.asarray(prov[k][1]) == 1)]
+            if flips:
                 raise ValueError(f"{type(sim).__name__}.vjp with per-pulse transmit settings reaches the tissue, the "
-                                 f"channels' maps (B1), the shim weights and the pulses' channel drives (a "
-                                 f"waveform per channel); {reached[0]!r} also reaches flips, phases or durations, "
-                                 f"which it does not")
+                                 f"channels' maps (B1), the shim weights, the pulses' channel drives (a waveform "
+                                 f"per channel), durations and phases; {flips[0]!r} also reaches the pulses' "
+                                 f"nominal flips, which it does not")
         st = _transmit.settings(s, raw_shim if raw_shim is not None else None, S.shape[0],
                                 by_pulse=bool(protocol_names))
         if protocol_names:
-            traced = (s.drive_sources or [], st.pulse, protocol_names, p, pshapes)
-        play = _transmit.Play(sim._streams(p), tissue, _host_copy(S), st, sim.threads, device=device)
-        return _Dynamic(play, w, given_complex, sim._host_variant, libraries, traced)
+            traced = (s.drive_sources or [], st.pulse, protocol_names, p, pshapes, prov)
+        play = _transmit.Play(sim._streams(p), tissue, _transmit._host_copy(S), st, sim.threads, device=device)
+        return _transmit.Call(play, w, given_complex, sim._host_variant, libraries, traced)
 
     def simulate(self, sim, state):
-        if isinstance(state, _Dynamic):
+        if isinstance(state, _transmit.Call):
             return state.simulate()
         S, w, mag, u, played, _ = state
         s0 = sim.simulate(**played)
@@ -241,7 +241,7 @@ class _Transmit:
         check_order(order)
         if "shim" in names:
             raise ValueError("jacobian differentiates tissue properties; shim is a protocol parameter (use vjp)")
-        if isinstance(state, _Dynamic):
+        if isinstance(state, _transmit.Call):
             return state.jacobian(names, isinstance(diff, str))
         S, w, mag, u, played, _ = state
         s0, J0 = sim.jacobian(names, order, **played)
@@ -259,7 +259,7 @@ class _Transmit:
         """The played pullback of conj(u) * cotangent; the field's share
         through |B| (the played B1 gradient) and arg(B) (the signal's own),
         then through the channels' maps and the shim weights."""
-        if isinstance(state, _Dynamic):
+        if isinstance(state, _transmit.Call):
             return state.vjp(sim, names)
         S, w, mag, u, played, given_complex = state
         field = any(k in ("B1", "shim") for k in names)
@@ -307,149 +307,9 @@ class _Transmit:
         return signal, pullback
 
 
-class _Dynamic:
-    """A call with per-pulse transmit settings, played on the host by
-    :class:`blochsim._engine.transmit.Play`; derivatives along the
-    channels' maps and the shim weights by the chain rule through each
-    setting's field (blochsim/_engine/transmit.py)."""
-
-    def __init__(self, play, shim, given_complex, variant, libraries, traced=None):
-        self.play, self.shim, self.given_complex, self.variant = play, shim, given_complex, variant
-        #: for vjp of protocol parameters traced into the pulses' drives:
-        #: (each driven pulse's traced drive, its setting, the names, the
-        #: checked protocol, the gradients' shapes)
-        self.traced = traced
-        #: the array library of each input passed as a device array
-        self.libraries = libraries
-        #: the library results go back in (None: NumPy)
-        self.library = next(iter(libraries.values()), None)
-
-    def _out(self, a, library=None):
-        library = library or self.library
-        return a if library is None else to_library(a, library)
-
-    def simulate(self):
-        return self._out(self.play.simulate(self.variant))
-
-    def _through(self, names, cot=None):
-        """Per setting pass: (g, signal, J of ``names``, and either the
-        Jacobian columns of Re, Im S_c (cot None) or, with a cotangent
-        (n, samples), the loss's gradient along |B_g| and arg B_g."""
-        yield from self.play.setting_passes(names, self.variant)
-
-    def jacobian(self, names, one):
-        play = self.play
-        other = tuple(k for k in names if k != "B1")
-        C = play.S.shape[0]
-        n, k = play.n, play.ps.n_samples
-        cols = {c: np.zeros((n, k), np.complex128) for c in range(2 * C)} if "B1" in names else {}
-        signal, Jo = None, None
-        for g, sig, Jn, Jm, Jt, ug, mg, Q in self._through(other):
-            if signal is None:
-                signal, Jo = sig, Jn
-            for c in range(C) if cols else ():
-                for part, dB in ((0, play.st.drive[g, c]), (1, 1j * play.st.drive[g, c])):
-                    q = np.conj(ug) * dB
-                    cols[2 * c + part] += Jm * q.real[:, None] + Jt * _over(q.imag, mg)[:, None]
-                    if Q is not None:  # a null field turns about the axis of dB
-                        cols[2 * c + part] += Q * np.where(mg == 0, np.imag(dB), 0.0)[:, None]
-        J = []
-        for name in names:
-            if name == "B1":
-                J += [cols[i] for i in range(2 * C)]
-            else:
-                J.append(Jo[:, other.index(name)])
-        J = np.stack(J, 1).astype(np.complex64).reshape(play.shape + (len(J), k))
-        signal = signal.reshape(play.shape + (k,))
-        return self._out(signal), self._out(J[..., 0, :] if one and J.shape[-2] == 1 else J)
-
-    def vjp(self, sim, names):
-        play = self.play
-        protocol = self.traced[2] if self.traced else []
-        other = tuple(k for k in names if k not in ("B1", "shim") and k not in protocol)
-        check_diff_values(other, play.arrays, "vjp")
-        signal = self.play.simulate(self.variant)
-
-        def pullback(cotangent):
-            cot = _reverse.cotangent(_host_copy(cotangent), signal.shape, dtype=np.complex128).reshape(play.n, -1)
-            C = play.S.shape[0]
-            maps = play.S.shape[1:]
-            out = {}
-            gS = np.zeros((C,) + tuple(maps), np.complex128)
-            gw = np.zeros(self.shim.shape, np.complex128)
-            for g, _, Jn, Jm, Jt, ug, mg, Q in self._through(other):
-                if Jn is not None:
-                    for j, name in enumerate(other):
-                        dx = np.real(np.conj(cot) * Jn[:, j]).sum(-1).reshape(play.shape)
-                        out[name] = _reverse.reduce_to(dx, np.shape(play.arrays[name]))
-                g_mag = np.real(np.conj(cot) * Jm).sum(-1)
-                g_arg = _over(np.real(np.conj(cot) * Jt).sum(-1), mg)
-                # a null field turns about the axis of dB (Play.setting_passes)
-                g_quarter = 0.0 if Q is None else np.where(mg == 0, np.real(np.conj(cot) * Q).sum(-1), 0.0)
-
-                def through(dB):  # dL for a change dB of setting g's field, per voxel
-                    q = np.conj(ug) * dB
-                    return g_mag * q.real + g_arg * q.imag + g_quarter * np.imag(dB)
-
-                for c in range(C):
-                    d = play.st.drive[g, c]
-                    part = (through(d) + 1j * through(1j * d)).reshape(play.shape)
-                    gS[c] += _reverse.reduce_to(part.real, maps) + 1j * _reverse.reduce_to(part.imag, maps)
-                rows = np.flatnonzero(play.st.shim_rows == g)
-                pulses = np.flatnonzero(self.traced[1] == g) if self.traced and self.traced[1] is not None else ()
-                if (rows.size and "shim" in names) or len(pulses):
-                    Sflat = np.broadcast_to(play.S, (C,) + play.shape).reshape(C, -1)
-                    grad = np.array([complex(through(Sflat[c]).sum(), through(1j * Sflat[c]).sum())
-                                     for c in range(C)])
-                    if rows.size and "shim" in names and self.shim.ndim == 2:
-                        gw[rows] = grad
-                    elif rows.size and "shim" in names:
-                        gw += grad
-                    for k in pulses:
-                        _drive_gradient(out, self.traced, k, grad)
-            if "B1" in names:
-                out["B1"] = gS if self.given_complex else gS[0].real
-            if "shim" in names:
-                out["shim"] = gw
-            for k in protocol:
-                g = out.get(k, np.zeros(np.shape(self.traced[3][k]), np.complex128))
-                g = g if np.iscomplexobj(self.traced[3][k]) else g.real
-                out[k] = g.sum().reshape(()) if self.traced[4][k] == () and g.shape != () else g
-            return {k: (self._out(out[k], self.libraries[k]) if k in self.libraries else out[k]) for k in names}
-
-        return self._out(signal), pullback
-
-
-def _drive_gradient(out, traced, k, grad):
-    """Adds to ``out`` (protocol name -> complex128 gradient of its
-    entries, dL/dRe + i dL/dIm) the share of driven pulse k, whose drive's
-    gradient is ``grad`` (channels,): through the traced entries of its
-    drive (a real entry takes dL/dRe of its channel, a complex one both)."""
-    from blochsim.sequence.traced import Traced, TracedComplex
-
-    sources, _, names, p, _ = traced
-    for c, x in enumerate(sources[k]):
-        parts = ((x.re, grad[c].real), (x.im, grad[c].imag)) if isinstance(x, TracedComplex) else \
-            ((x, grad[c].real),) if isinstance(x, Traced) else ()
-        for t, dl in parts:
-            for (name, index, part), coef in t.terms.items():
-                if name in names:
-                    g = out.setdefault(name, np.zeros(np.shape(p[name]), np.complex128))
-                    g[index] += coef * dl * (1j if part else 1.0)
-
-
 def _library(a):
     """The array library of a device array: "cupy", "torch" or "blochsim"."""
     return type(a).__module__.split(".")[0]
-
-
-def _host_copy(a):
-    """A NumPy copy of a NumPy or device array (CuPy, PyTorch, blochsim)."""
-    if not V.is_device_array(a):
-        return np.asarray(a)
-    if hasattr(a, "get"):
-        return np.asarray(a.get())
-    return a.detach().cpu().numpy()
 
 
 def _over(x, mag):

@@ -19,14 +19,14 @@ RNG = np.random.default_rng(7)
 SHIMS = (0.7 + 0.6 * RNG.random((N_TR, 2))) * np.exp(1j * RNG.uniform(-np.pi, np.pi, (N_TR, 2)))
 
 
-def _train(B, t2=T2, n_iso=256):
+def _train(B, t2=T2, n_iso=256, tr=TR):
     """The spoiled train's samples for a voxel whose field at pulse j is
     B[j] (complex): the mean of n_iso isochromats dephased evenly by each
     shift, float64."""
     theta = 2 * np.pi * np.arange(n_iso) / n_iso
     M = np.zeros((3, n_iso))
     M[2] = 1.0
-    E1, E2 = np.exp(-TR / T1), np.exp(-TR / t2)
+    E1, E2 = np.exp(-tr / T1), np.exp(-tr / t2)
     out = []
     for a, ph, b in zip(FLIPS, PHASES, B):
         M = _rotation(np.deg2rad(a) * abs(b), np.deg2rad(ph) + np.angle(b)) @ M
@@ -36,9 +36,9 @@ def _train(B, t2=T2, n_iso=256):
     return np.array(out)
 
 
-def _train_oracle(S, shims, t2=T2):
+def _train_oracle(S, shims, t2=T2, tr=TR):
     B = shims @ S  # (pulses, voxels)
-    return np.stack([_train(B[:, v], t2) for v in range(S.shape[1])])
+    return np.stack([_train(B[:, v], t2, tr=tr) for v in range(S.shape[1])])
 
 
 def test_shim_per_pulse_against_isochromats():
@@ -123,9 +123,18 @@ def test_jacobian_and_pullback_with_a_shim_per_pulse():
         return float(np.sum(np.abs(_train_oracle(S, shims, t2) - target) ** 2))
 
     t2 = np.array([55.0, 60.0, 65.0, 70.0])
-    s, pullback = sim.vjp(("B1", "shim", "T2"), T1=T1, T2=t2, B1=MAPS, shim=SHIMS)
+    s, pullback = sim.vjp(("B1", "shim", "T2", "TR", "phases"), T1=T1, T2=t2, B1=MAPS, shim=SHIMS)
     g = pullback(2 * (s - target))
     assert g["shim"].shape == (N_TR, 2) and g["B1"].shape == MAPS.shape and g["T2"].shape == (4,)
+    # the protocol's timing and phases, beside the transmit settings
+
+    def voxel_tr(tr):
+        B = SHIMS @ MAPS
+        return float(sum(np.sum(np.abs(_train(B[:, v], t2[v], tr=tr) - target[v]) ** 2) for v in range(4)))
+
+    fd = _central(voxel_tr, TR, 1e-4)
+    assert np.shape(g["TR"]) == () and abs(g["TR"] - fd) <= 1e-3 * abs(fd) + 1e-6
+    assert g["phases"].shape == (N_TR,)
 
     def voxelwise(S, shims, t2):
         B = shims @ S
@@ -321,8 +330,9 @@ def test_refusals():
                                                                                    shim=SHIMS)
     with pytest.raises(ValueError, match="B1: device array with a null pointer"):
         sim.simulate(T1=T1, T2=T2, B1=_FakeDeviceArray(), shim=SHIMS)
-    with pytest.raises(ValueError, match="'TR' also reaches flips, phases or durations, which it does not"):
-        sim.vjp(("TR", "shim"), T1=T1, T2=T2, B1=MAPS, shim=SHIMS)
+    with pytest.raises(ValueError, match="'flip' also reaches the pulses' nominal flips, which it does not"):
+        from blochsim.simulators import MRFSimulator
+        MRFSimulator(flip=FLIPS[:10], TR=TR).vjp(("flip", "shim"), T1=T1, T2=T2, B1=MAPS, shim=SHIMS[:10])
     with pytest.raises(ValueError, match="a shim per pulse needs a known number of pulses"):
         sim.simulate(T1=T1, T2=T2, B1=MAPS, shim=SHIMS, repetitions="auto")
     with pytest.raises(ValueError, match="jacobian_vjp does not take a multi-channel B1"):

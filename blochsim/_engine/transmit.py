@@ -210,6 +210,48 @@ class Play:
             memory.check_call(f"{streams.name}", self.ps, self.shape, self.arrays, "jacobian", self.threads,
                               [_B1, _B1PHASE], outputs=3)
 
+    def adjoint(self, names, cot, turned=()):
+        """One adjoint sweep: (dL/d tissue ``names`` per public unit (n,
+        len(names)), the per-event gradients (n_events, 4) as the adjoint
+        gives them (a transmit pulse's flip column holds dL/d|B| there),
+        dL/d|B_g| and dL/d arg B_g (n, G, 2)); ``cot`` (n, samples)
+        complex64.  The pulses of the settings ``turned`` play a quarter
+        turn on (for fields that are null everywhere: Play.setting_passes)."""
+        fields, scale = reverse.fields_and_scale(names)
+        ps = self.ps if not len(turned) else self._turned(np.isin(self.st.stream.transmit, turned))
+        n, G = self.n, self.drive.shape[0]
+        ev = np.zeros((self.st.stream.n_events, 4), np.float64)
+        if self.device:
+            from blochsim._arrays.device import DeviceArray
+
+            c = DeviceArray.from_numpy(np.ascontiguousarray(cot, np.complex64))
+            tg = DeviceArray((n, len(fields)), np.float32)
+            txg = DeviceArray.from_numpy(np.zeros((n, G, 2), np.float32))
+
+            def run(dev, stream):
+                dev = dev[:-1] + (dev[-1][:-1] + (txg.ptr,),)
+                _core.adjoint_cuda(ps, dev, n, list(fields), c.ptr, ev, tg.ptr, stream)
+
+            if n:
+                self._device_call(run)
+            tg, txg = tg.get(), txg.get()
+        else:
+            tg = np.zeros((n, len(fields)), np.float32)
+            txg = np.zeros((n, G, 2), np.float32)
+            if n:
+                _core.adjoint_host(ps, self.si + ((self.sensitivity, self.drive, -1, txg),), n, list(fields),
+                                   np.ascontiguousarray(cot, np.complex64), ev, tg, self.threads)
+        return tg.astype(np.float64) * scale, ev, txg.astype(np.float64)
+
+    def _turned(self, where):
+        """The call's packed stream with the pulses at ``where`` (n_events,
+        bool) a quarter turn on."""
+        s = self.st.stream
+        turned = _with_pulses(s, s.flip_rad.astype(np.float64),
+                              s.phase_rad.astype(np.float64) + np.where(where, np.pi / 2, 0.0))
+        turned.transmit = s.transmit
+        return self.streams.stream(self.present, stream=turned)[1]
+
     def _device_call(self, run, seeded=-1):
         """run(tissue, out pointer, stream) on the GPU with the call's
         resident tissue and the settings' planes; returns what it returns."""
@@ -219,14 +261,14 @@ class Play:
         dev, keep = resident_tissue(self.arrays, self.ifaces, self.shape, self.n, own, stream)
         sens, drive = DeviceArray.from_numpy(self.sensitivity), DeviceArray.from_numpy(self.drive)
         stride = 0 if self.sensitivity.shape[0] == 1 else 2 * self.sensitivity.shape[1]
-        tx = (sens.ptr, stride, drive.ptr, self.drive.shape[0], self.drive.shape[1], seeded)
+        tx = (sens.ptr, stride, drive.ptr, self.drive.shape[0], self.drive.shape[1], seeded, 0)
         result = run(tuple(dev) + (tx,), stream)
         _core.stream_synchronize(stream)
         del keep, sens, drive
         return result
 
     def _tissue(self, seeded=-1):
-        return self.si + ((self.sensitivity, self.drive, seeded),)
+        return self.si + ((self.sensitivity, self.drive, seeded, None),)
 
     def simulate(self, variant=0):
         """The signal (*shape, samples) complex64 NumPy."""
@@ -262,7 +304,7 @@ class Play:
             _core.jacobian_host(ps, self._tissue(g), n, fields, scale, signal, jac, self.threads, variant)
         return signal, jac
 
-    def setting_passes(self, names, variant=0):
+    def setting_passes(self, names, variant=0, only=None):
         """Yields (g, signal, J_names, dS/d|B_g|, dS/d arg B_g, u_g, |B_g|,
         Q) per setting: J_names (n, len(names), samples) along the tissue
         ``names`` (other than B1) in the first pass only, None after; u_g
@@ -273,7 +315,7 @@ class Play:
         pass with the setting's pulses turned by a quarter; None when no
         voxel's field is 0)."""
         other, scale = reverse.fields_and_scale(names)
-        for g in range(self.st.count):
+        for g in (range(self.st.count) if only is None else only):
             first = g == 0 and len(other) > 0
             fields = (list(other) if first else []) + [_B1, _B1PHASE]
             seeds = np.concatenate([scale, [1.0, 1.0]]) if first else np.ones(2)
@@ -282,12 +324,7 @@ class Play:
             u, mag = self.unit_field(g)
             quarter = None
             if np.any(mag == 0):
-                s = self.st.stream
-                turned = _with_pulses(s, s.flip_rad.astype(np.float64),
-                                      s.phase_rad.astype(np.float64) + np.where(s.transmit == g, np.pi / 2, 0.0))
-                turned.transmit = s.transmit
-                _, ps, _, _ = self.streams.stream(self.present, stream=turned)
-                quarter = self._pass(g, [_B1], np.ones(1), variant, ps)[1][:, 0]
+                quarter = self._pass(g, [_B1], np.ones(1), variant, self._turned(self.st.stream.transmit == g))[1][:, 0]
             yield g, signal, (jac[:, :m] if first else None), jac[:, m], jac[:, m + 1], u, mag, quarter
 
     def unit_field(self, g):
@@ -297,3 +334,169 @@ class Play:
         B = B.reshape(1) if B.size == 1 else np.broadcast_to(B, self.shape).reshape(-1)
         mag = np.abs(B)
         return np.where(mag > 0, B / np.where(mag > 0, mag, 1.0), 1.0), mag
+
+
+def _over(x, mag):
+    """x / |B| where |B| > 0, else 0."""
+    return np.where(mag > 0, x / np.where(mag > 0, mag, 1.0), 0.0)
+
+
+class Call:
+    """A public call with per-pulse transmit settings: the signal, the
+    Jacobian along the channels' maps (one forward-mode pass a setting) and
+    the pullback to the tissue, the maps, the shim weights, the pulses'
+    traced channel drives, durations and phases (one adjoint sweep, plus one
+    with the null settings' pulses a quarter turn on); results in the
+    inputs' array library.
+
+    ``traced``: for protocol parameters of vjp, (each driven pulse's traced
+    drive, its setting, the names, the checked protocol, the gradients'
+    shapes, the provenance of the traced stream)."""
+
+    def __init__(self, play, shim, given_complex, variant, libraries, traced=None):
+        self.play, self.shim, self.given_complex, self.variant = play, shim, given_complex, variant
+        #: the array library of each input passed as a device array
+        self.libraries = libraries
+        #: the library results go back in (None: NumPy)
+        self.library = next(iter(libraries.values()), None)
+        self.traced = traced
+
+    def _out(self, a, library=None):
+        from blochsim._arrays.device import to_library
+
+        library = library or self.library
+        return a if library is None else to_library(a, library)
+
+    def simulate(self):
+        return self._out(self.play.simulate(self.variant))
+
+    def jacobian(self, names, one):
+        play = self.play
+        other = tuple(k for k in names if k != "B1")
+        C = play.S.shape[0]
+        n, k = play.n, play.ps.n_samples
+        cols = {c: np.zeros((n, k), np.complex128) for c in range(2 * C)} if "B1" in names else {}
+        signal, Jo = None, None
+        for g, sig, Jn, Jm, Jt, ug, mg, Q in play.setting_passes(other, self.variant):
+            if signal is None:
+                signal, Jo = sig, Jn
+            for c in range(C) if cols else ():
+                for part, dB in ((0, play.st.drive[g, c]), (1, 1j * play.st.drive[g, c])):
+                    q = np.conj(ug) * dB
+                    cols[2 * c + part] += Jm * q.real[:, None] + Jt * _over(q.imag, mg)[:, None]
+                    if Q is not None:  # a null field turns about the axis of dB
+                        cols[2 * c + part] += Q * np.where(mg == 0, np.imag(dB), 0.0)[:, None]
+        J = []
+        for name in names:
+            if name == "B1":
+                J += [cols[i] for i in range(2 * C)]
+            else:
+                J.append(Jo[:, other.index(name)])
+        J = np.stack(J, 1).astype(np.complex64).reshape(play.shape + (len(J), k))
+        signal = signal.reshape(play.shape + (k,))
+        return self._out(signal), self._out(J[..., 0, :] if one and J.shape[-2] == 1 else J)
+
+    def _field_gradients(self, cot):
+        """Per setting g: (u_g, |B_g|, dL/d|B_g|, dL/d arg B_g, dL/d Im B_g
+        where B_g is null) per voxel, and the adjoint's (tissue, events)."""
+        play, other = self.play, self._other
+        tg, ev, txg = play.adjoint(other, cot)
+        null = np.flatnonzero(~np.any(play.st.drive != 0, axis=1))  # drives of no channel: null everywhere
+        quarter = play.adjoint((), cot, turned=null)[2][:, :, 0] if null.size else None
+        per = {}
+        for g in range(play.st.count):
+            u, mag = play.unit_field(g)
+            q = quarter[:, g] if quarter is not None and g in null else np.zeros_like(mag)
+            per[g] = [u, mag, txg[:, g, 0], txg[:, g, 1], q]
+        partial = [g for g in range(play.st.count) if g not in null and np.any(per[g][1] == 0)]
+        for g, _, _, Jm, Jt, u, mag, Q in play.setting_passes((), self.variant, only=partial):
+            # fields null in some voxels only: those voxels from one forward-mode pass and a quarter turn
+            at = mag == 0
+            per[g][2] = np.where(at, np.real(np.conj(cot) * Jm).sum(-1), per[g][2])
+            per[g][4] = np.where(at, np.real(np.conj(cot) * Q).sum(-1), 0.0)
+        return per, tg, ev
+
+    def vjp(self, sim, names):
+        from blochsim._protocol import check_diff_values
+
+        play = self.play
+        protocol = self.traced[2] if self.traced else []
+        self._other = tuple(k for k in names if k not in ("B1", "shim") and k not in protocol)
+        check_diff_values(self._other, play.arrays, "vjp")
+        signal = play.simulate(self.variant)
+
+        def pullback(cotangent):
+            cot = reverse.cotangent(_host_copy(cotangent), signal.shape, dtype=np.complex128).reshape(play.n, -1)
+            C = play.S.shape[0]
+            maps = play.S.shape[1:]
+            per, tg, ev = self._field_gradients(cot)
+            out = {name: reverse.reduce_to(tg[:, j].reshape(play.shape), np.shape(play.arrays[name]))
+                   for j, name in enumerate(self._other)}
+            gS = np.zeros((C,) + tuple(maps), np.complex128)
+            gw = np.zeros(self.shim.shape, np.complex128)
+            Sflat = np.broadcast_to(play.S, (C,) + play.shape).reshape(C, -1)
+            for g, (u, mag, g_mag, g_arg, g_quarter) in per.items():
+                g_arg = _over(g_arg, mag)
+
+                def through(dB):  # dL for a change dB of setting g's field, per voxel
+                    q = np.conj(u) * dB
+                    return g_mag * q.real + g_arg * q.imag + np.where(mag == 0, g_quarter * np.imag(dB), 0.0)
+
+                for c in range(C):
+                    d = play.st.drive[g, c]
+                    part = (through(d) + 1j * through(1j * d)).reshape(play.shape)
+                    gS[c] += reverse.reduce_to(part.real, maps) + 1j * reverse.reduce_to(part.imag, maps)
+                rows = np.flatnonzero(play.st.shim_rows == g) if "shim" in names else ()
+                pulses = np.flatnonzero(self.traced[1] == g) if self.traced and self.traced[1] is not None else ()
+                if len(rows) or len(pulses):
+                    grad = np.array([complex(through(Sflat[c]).sum(), through(1j * Sflat[c]).sum())
+                                     for c in range(C)])
+                    if len(rows):
+                        if self.shim.ndim == 2:
+                            gw[rows] = grad
+                        else:
+                            gw += grad
+                    for k in pulses:
+                        _drive_gradient(out, self.traced, k, grad)
+            if "B1" in names:
+                out["B1"] = gS if self.given_complex else gS[0].real
+            if "shim" in names:
+                out["shim"] = gw
+            if protocol:
+                _, _, _, p, pshapes, prov = self.traced
+                timing = reverse.assemble(protocol, p, prov, {k: np.shape(p[k]) for k in protocol}, ev, None, None,
+                                          (), play.shape, {})
+                for k in protocol:
+                    g = out.get(k, np.zeros(np.shape(p[k]), np.complex128)) + timing[k]
+                    g = g if np.iscomplexobj(p[k]) else g.real
+                    out[k] = g.sum().reshape(()) if pshapes[k] == () and g.shape != () else g
+            return {k: (self._out(out[k], self.libraries[k]) if k in self.libraries else out[k]) for k in names}
+
+        return self._out(signal), pullback
+
+
+def _drive_gradient(out, traced, k, grad):
+    """Adds to ``out`` (protocol name -> complex128 gradient of its
+    entries, dL/dRe + i dL/dIm) the share of driven pulse k, whose drive's
+    gradient is ``grad`` (channels,): through the traced entries of its
+    drive (a real entry takes dL/dRe of its channel, a complex one both)."""
+    from blochsim.sequence.traced import Traced, TracedComplex
+
+    sources, _, names, p = traced[:4]
+    for c, x in enumerate(sources[k]):
+        parts = ((x.re, grad[c].real), (x.im, grad[c].imag)) if isinstance(x, TracedComplex) else \
+            ((x, grad[c].real),) if isinstance(x, Traced) else ()
+        for t, dl in parts:
+            for (name, index, part), coef in t.terms.items():
+                if name in names:
+                    g = out.setdefault(name, np.zeros(np.shape(p[name]), np.complex128))
+                    g[index] += coef * dl * (1j if part else 1.0)
+
+
+def _host_copy(a):
+    """A NumPy copy of a NumPy or device array (CuPy, PyTorch, blochsim)."""
+    if not V.is_device_array(a):
+        return np.asarray(a)
+    if hasattr(a, "get"):
+        return np.asarray(a.get())
+    return a.detach().cpu().numpy()

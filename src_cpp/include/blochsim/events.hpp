@@ -306,7 +306,9 @@ struct Property {
 // flip (as B1) and arg B adds to its phase (as B1phase), in place of the
 // tissue's B1 and B1phase.  For the Jacobian, the directions along B1 and
 // B1phase are those of |B| and arg B of setting `seeded` (of none when it
-// is -1).
+// is -1).  The adjoint adds dL/d|B| and dL/d arg B of setting g for problem
+// i into gradient[(i settings + g) * 2 + {0, 1}] when it is given (the
+// caller zeroes it; one problem is one thread's, so no two write a row).
 struct Transmit {
   int32_t settings = 0;
   int32_t channels = 0;
@@ -314,6 +316,7 @@ struct Transmit {
   int64_t stride = 0;
   const float* drive = nullptr;
   int32_t seeded = -1;
+  float* gradient = nullptr;
 
   // |B| and arg B of setting g for problem i.
   BLOCHSIM_HD void field(int64_t i, int g, float& magnitude, float& phase) const {

@@ -192,7 +192,7 @@ template <int Unused = 0>
 inline int adjoint_device(const EventStream& s, const Tissue& t, const int* fields, int n_tdirs, const float* cot,
                           double* ev_grad, float* tgrad, cudaStream_t stream, char* err = nullptr, int n = 0) {
   using namespace detail;
-  const int v = validate(s, t, false, false);
+  const int v = validate(s, t);
   if (v != ok) return say(v, err, n);
   const int dv = n_tdirs == 0 ? static_cast<int>(ok) : validate_directions(fields, n_tdirs);
   if (dv != ok) return say(dv, err, n);

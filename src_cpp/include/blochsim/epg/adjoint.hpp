@@ -248,12 +248,19 @@ BLOCHSIM_HD inline int adjoint_block(const EventStream& s, const Tissue& t, cons
       dual_of[j] = adjoint_event_dirs + nd++;
     }
   }
+  const bool transmit = t.transmit.settings > 0;
   PlayContext<V> cx;
-  cx.rf_uniform = !t[field_B1].present() && !t[field_B1phase].present();
+  cx.rf_uniform = !transmit && !t[field_B1].present() && !t[field_B1phase].present();
   cx.per_order = t[field_D].present() || t[field_v].present();
   cx.c0 = 1.0f;
   cx.s0 = 0.0f;
   cx.m0 = lt[field_M0];
+  // the field event ev's pulse plays at: its transmit setting's, or the tissue's
+  auto field_of = [&](const EventRecord& ev) {
+    PulseField<V> pf{lt[field_B1], lt[field_B1phase]};
+    if (transmit && (ev.flags & event_rf)) load_transmit(pf, lt, t, LaneProblems{first, 1}, transmit_setting(ev.flags));
+    return pf;
+  };
 
   V* const x = hot;
   V* const lam = hot + plane;
@@ -289,7 +296,7 @@ BLOCHSIM_HD inline int adjoint_block(const EventStream& s, const Tissue& t, cons
       cp = &c;
     }
     if (ev.flags & event_rf) {
-      o = pulse_op<V, true>(s, ev, cx.rf_uniform, lt, 1.0f, 0.0f);
+      o = pulse_op<V, true>(s, ev, cx.rf_uniform, field_of(ev), 1.0f, 0.0f);
       op = &o;
     } else if (ev.flags & event_inversion) {
       o = inversion_op<V>(lt);
@@ -339,8 +346,19 @@ BLOCHSIM_HD inline int adjoint_block(const EventStream& s, const Tissue& t, cons
         // alpha = flip B1 and phi = phase + B1phase through the per-lane
         // pulse, with the flip and the phase seeded
         LaneTissue<T> lp = ltd;
-        lp[field_B1] = ltd[field_B1] * ev.flip_rad;
-        lp[field_B1].d[grad_flip] = ltd[field_B1].v;
+        if (transmit) {
+          // the flip direction carries d alpha / d|B| = flip: its lanes
+          // are dL/d|B| of the setting (Transmit::gradient), not dL/d flip
+          const PulseField<V> pf = field_of(ev);
+          lp[field_B1] = T{};
+          lp[field_B1].v = pf.b1 * ev.flip_rad;
+          lp[field_B1].d[grad_flip] = splat<V>(ev.flip_rad);
+          lp[field_B1phase] = T{};
+          lp[field_B1phase].v = pf.b1phase;
+        } else {
+          lp[field_B1] = ltd[field_B1] * ev.flip_rad;
+          lp[field_B1].d[grad_flip] = ltd[field_B1].v;
+        }
         lp[field_B1phase].d[grad_phase] = splat<V>(1.0f);
         EventRecord evp = ev;
         evp.flip_rad = 1.0f;
@@ -401,13 +419,21 @@ BLOCHSIM_HD inline int adjoint_block(const EventStream& s, const Tissue& t, cons
       }
       for (int j = 0; j < n_tdirs; ++j)
         if (dual_of[j] >= 0) tacc[j] += gt[dual_of[j] - adjoint_event_dirs];
+      if (transmit && (ev.flags & event_rf) && t.transmit.gradient) {
+        const int64_t gs = transmit_setting(ev.flags);
+        for (int l = 0; l < W && first + l < t.n; ++l) {
+          float* row = t.transmit.gradient + ((first + l) * t.transmit.settings + gs) * 2;
+          row[0] += value_of(LT::get(g[grad_flip], l));
+          row[1] += value_of(LT::get(g[grad_phase], l));
+        }
+      }
       for (int q = 0; q < event_gradients; ++q) g[q] *= valid;
       acc(e, g);
       // back through the operator, the shifts before and the interval
       Op<V> o;
       bool has_op = false;
       if (ev.flags & event_rf) {
-        o = pulse_op<V, true>(s, ev, cx.rf_uniform, lt, 1.0f, 0.0f);
+        o = pulse_op<V, true>(s, ev, cx.rf_uniform, field_of(ev), 1.0f, 0.0f);
         has_op = true;
       } else if (ev.flags & event_inversion) {
         o = inversion_op<V>(lt);

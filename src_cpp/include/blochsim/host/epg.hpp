@@ -252,7 +252,7 @@ inline int adjoint_partitioned(const EventStream& s, const Tissue& t, int thread
 inline int adjoint_status(const EventStream& s, const Tissue& t, const int* fields, int n_tdirs, const float* cot,
                           double* ev_grad, float* tgrad, int threads, AdjointRangeFn fn = &adjoint_range_any) noexcept {
   return guarded([&]() -> int {
-    const int v = validate(s, t, false, false);
+    const int v = validate(s, t);
     if (v != ok) return v;
     const int d = validate_adjoint_directions(fields, n_tdirs);
     if (d != ok) return d;
