@@ -870,6 +870,13 @@ def test_dynamic_ptx_on_the_device():
     assert rel(cp.asnumpy(g1["B1"]), g0["B1"]) <= 1e-4 and rel(g1["shim"], g0["shim"]) <= 1e-4
     kt = D._KTPoints(states=4)
     host = kt.simulate(T1=D.KT_T1, T2=D.KT_T2, B0=D.KT_B0, B1=D.KT_MAPS)
-    dev = D._KTPoints(states=4, device="cuda").simulate(T1=D.KT_T1, T2=D.KT_T2, B0=D.KT_B0, B1=D.KT_MAPS)
+    on_card = D._KTPoints(states=4, device="cuda")
+    dev = on_card.simulate(T1=D.KT_T1, T2=D.KT_T2, B0=D.KT_B0, B1=D.KT_MAPS)
     assert isinstance(dev, np.ndarray) and np.max(np.abs(dev - D._kt_oracle())) <= 2e-5
     assert rel(dev, host) <= RTOL
+    # the adjoint on the card: the waveform's pullback (its gaps by the quarter turn) and the maps'
+    tissue = dict(T1=D.KT_T1, T2=D.KT_T2, B0=D.KT_B0, B1=D.KT_MAPS)
+    g0 = kt.vjp(("waveform", "B1", "T2"), **tissue)[1](2 * host)
+    g1 = on_card.vjp(("waveform", "B1", "T2"), **tissue)[1](2 * host)
+    for k in ("waveform", "B1", "T2"):
+        assert rel(np.asarray(g1[k]), np.asarray(g0[k])) <= 1e-4, k

@@ -371,7 +371,8 @@ class SampledPulse(Sequence):
         with ``B1`` given as the channels' complex sensitivities S_c (shape
         ``(channels, *voxels)``) sample j plays in each voxel as the field
         sum_c S_c waveform[c, j] (the channels' sensitivities relative to a
-        channel driven at 1 µT).
+        channel driven at 1 µT).  As a protocol parameter it is reached by
+        :meth:`Simulator.vjp` (dL/dRe + i dL/dIm of every sample).
     dwell : float, µs
         Duration of one sample.
     phase : float, optional
