@@ -208,11 +208,11 @@ class _Transmit:
                                  f"channels' maps (B1), the shim weights, the pulses' channel drives (a waveform "
                                  f"per channel), durations and phases; {flips[0]!r} also reaches the pulses' "
                                  f"nominal flips, which it does not")
-        st = _transmit.settings(s, raw_shim if raw_shim is not None else None, S.shape[0],
+        st = _transmit.settings(s, raw_shim, S.shape[0],
                                 by_pulse=bool(protocol_names))
         if protocol_names:
             traced = (s.drive_sources or [], st.pulse, protocol_names, p, pshapes, prov)
-        play = _transmit.Play(sim._streams(p), tissue, _transmit._host_copy(S), st, sim.threads, device=device)
+        play = _transmit.Play(sim._streams(p), tissue, _transmit.host_copy(S), st, sim.threads, device=device)
         return _transmit.Call(play, w, given_complex, sim._host_variant, libraries, traced)
 
     def simulate(self, sim, state):

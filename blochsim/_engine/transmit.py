@@ -1,25 +1,30 @@
 """Per-pulse transmit settings (parallel transmission with a shim per pulse,
 or a waveform per channel): the settings of a call, the stream that names
-them, the per-voxel field of each setting, and the host's plays of
-``simulate``, ``jacobian`` and ``vjp`` with them.
+them, and its plays of ``simulate``, ``jacobian`` and ``vjp`` on the host
+or the GPU with the chain rule to the channels' maps, the shim weights and
+the traced channel drives.
 
 Pulse e of the stream drives the channels with w_e (its own
 ``Pulse.channels``, the shim's row for that pulse, or the static shim), so
 that its field in a voxel with sensitivities S_c is B_e = sum_c S_c w_ec.
 The pulses are grouped into settings g, each a drive U_g with B_e = a_e B_g
 for a complex scale a_e that the stream's flip (|a_e|) and phase (arg a_e)
-take; the kernels then play pulse e at flip * |B_g| and phase + arg B_g
+take; the kernels then play pulse e at flip * |B_g| and phase + arg B_g,
+forming B_g from the voxel's sensitivities and the setting's drive
 (Tissue::transmit in events.hpp).  Drives that are multiples of one another
-share a setting; the rows of a per-pulse shim and the static shim are
-settings of their own, so that the derivatives along a setting's field are
-those of the protocol's weights.
+share a setting; the rows of a per-pulse shim, the static shim and (for a
+pullback to them) each traced pulse's drive are settings of their own, so
+that the derivatives along a setting's field are those of its weights.
 
 Derivatives (SPEC §4).  With u_g = B_g / |B_g|, a change dB_g of a setting's
 field moves |B_g| by Re(conj(u_g) dB_g) and arg B_g by Im(conj(u_g) dB_g) /
-|B_g|.  The kernels give ds/d|B_g| and ds/d arg B_g, one setting a pass
-(the Jacobian's B1 and B1phase directions moving setting Transmit::seeded),
-and the chain rule takes them to the channels' maps (dB_g = U_gc for Re S_c,
-i U_gc for Im S_c) and to the shim weights (dB_g = S_c, i S_c).
+|B_g|; at a null field the pulses turn about the axis of dB_g itself (the
+derivative along Re dB at arg B = 0, along Im dB a quarter turn on).  The
+kernels give ds/d|B_g| and ds/d arg B_g one setting a pass (the Jacobian's
+B1 and B1phase directions moving setting Transmit::seeded), or dL/d|B_g|
+and dL/d arg B_g of every setting in one adjoint sweep; the chain rule takes
+them to the channels' maps (dB_g = U_gc for Re S_c, i U_gc for Im S_c) and
+to the weights (dB_g = S_c, i S_c).
 """
 from __future__ import annotations
 
@@ -147,11 +152,6 @@ def _with_pulses(s, flip, phase):
     return out
 
 
-def fields(S, drive):
-    """B_g of each voxel: (*maps, G) complex128 from S (channels, *maps)."""
-    return np.tensordot(np.moveaxis(S, 0, -1), drive.T, axes=1)
-
-
 def interleaved(a):
     """A complex array (..., channels) as the kernels' float32 (..., channels, 2)."""
     return np.ascontiguousarray(np.stack([a.real, a.imag], axis=-1), dtype=np.float32)
@@ -207,7 +207,7 @@ class Play:
             memory.check_device(streams.name, self.n, per)
         else:
             self.si = V.si_planes(self.arrays, self.shape, _core.TISSUE_FIELDS)
-            memory.check_call(f"{streams.name}", self.ps, self.shape, self.arrays, "jacobian", self.threads,
+            memory.check_call(streams.name, self.ps, self.shape, self.arrays, "jacobian", self.threads,
                               [_B1, _B1PHASE], outputs=3)
 
     def adjoint(self, names, cot, turned=()):
@@ -426,7 +426,7 @@ class Call:
         signal = play.simulate(self.variant)
 
         def pullback(cotangent):
-            cot = reverse.cotangent(_host_copy(cotangent), signal.shape, dtype=np.complex128).reshape(play.n, -1)
+            cot = reverse.cotangent(host_copy(cotangent), signal.shape, dtype=np.complex128).reshape(play.n, -1)
             C = play.S.shape[0]
             maps = play.S.shape[1:]
             per, tg, ev = self._field_gradients(cot)
@@ -493,7 +493,7 @@ def _drive_gradient(out, traced, k, grad):
                     g[index] += coef * dl * (1j if part else 1.0)
 
 
-def _host_copy(a):
+def host_copy(a):
     """A NumPy copy of a NumPy or device array (CuPy, PyTorch, blochsim)."""
     if not V.is_device_array(a):
         return np.asarray(a)
