@@ -1,6 +1,6 @@
 """
 A two-channel kT-points excitation designed through the waveform's gradient
-==========================================================================
+===========================================================================
 
 At ultra-high field one transmit channel cannot excite a slice uniformly:
 its sensitivity falls and turns across the head. With two channels driven
