@@ -226,12 +226,15 @@ class _Transmit:
         """d s / d Re S_c and d s / d Im S_c per channel c, from the played
         d s / d B1 (J0) and signal (s0)."""
         S, w, mag, u, played, _ = state
+        xp = array_module(mag)
         cols = []
         for c in range(S.shape[0]):
             for dB in (w[c], 1j * w[c]):  # Re S_c, Im S_c
                 q = u.conj() * dB
                 d_arg = _over(q.imag, mag)
-                cols.append(u[..., None] * (J0 * q.real[..., None] + 1j * s0 * d_arg[..., None]))
+                # where the field is null the pulses turn about the axis of dB: ds = J0 dB (u = 1 there)
+                null = xp.where(mag == 0, xp.imag(dB * xp.ones_like(mag)), 0.0)
+                cols.append(u[..., None] * (J0 * (q.real + 1j * null)[..., None] + 1j * s0 * d_arg[..., None]))
         return cols
 
     def jacobian(self, sim, state, diff, order):
@@ -244,8 +247,7 @@ class _Transmit:
         if isinstance(state, _transmit.Call):
             return state.jacobian(names, isinstance(diff, str))
         S, w, mag, u, played, _ = state
-        s0, J0 = sim.jacobian(names, order, **played)
-        J0 = J0[..., None, :] if isinstance(diff, str) else J0
+        s0, J0 = sim.jacobian(names, order, **played)  # names: a tuple, so J0 has its direction axis
         cols = []
         for j, k in enumerate(names):
             cols += self._field_columns(state, J0[..., j, :], s0) if k == "B1" else [u[..., None] * J0[..., j, :]]
@@ -290,10 +292,15 @@ class _Transmit:
             if xp is np:
                 g_arg = _reverse.reduce_to(g_arg, mag.shape)
             g_arg = _over(g_arg, mag)  # per unit of Im(conj(u) dB)
+            # where the field is null the pulses turn about the axis of dB: dL along i J0 there
+            g_null = 0.0
+            if bool((mag == 0).any()):
+                turned = pull(astype(-1j * u.conj()[..., None] * cot, np.complex64))["B1"]
+                g_null = xp.where(mag == 0, xp.broadcast_to(turned, mag.shape), 0.0)
 
             def through(dB):  # d L for a change dB of the field, per voxel
                 q = u.conj() * dB
-                return g_mag * q.real + g_arg * q.imag
+                return g_mag * q.real + g_arg * q.imag + g_null * xp.imag(dB * xp.ones_like(mag))
 
             if "B1" in names:
                 gS = xp.stack([through(w[c]) + 1j * through(1j * w[c]) for c in range(S.shape[0])])
