@@ -59,12 +59,38 @@ def tree_sum(parts, add=operator.add):
     return parts[0] if isinstance(parts[0], Delayed) else dask.delayed(parts[0])
 
 
+# a multi-channel B1 travels as one voxel-shaped plane per channel, under
+# these names, and is stacked again in each block
+_CHANNEL = "B1 channel "
+
+
+def _channel_planes(values):
+    """The call's values with a multi-channel B1 (complex, (channels,
+    *voxels)) as one plane per channel, and the channel count (0: none)."""
+    b1 = values.get("B1")
+    if b1 is None or np.dtype(getattr(b1, "dtype", np.asarray(b1).dtype)).kind != "c" or np.ndim(b1) == 0:
+        return values, 0
+    values = dict(values)
+    b1 = values.pop("B1")
+    for c in range(b1.shape[0]):
+        values[f"{_CHANNEL}{c}"] = b1[c]
+    return values, b1.shape[0]
+
+
+def _stacked(kw):
+    """kw with the channel planes stacked into B1 (channels, *voxels)."""
+    planes = sorted((k for k in kw if k.startswith(_CHANNEL)), key=lambda k: int(k[len(_CHANNEL):]))
+    if planes:
+        kw["B1"] = np.stack([np.asarray(kw.pop(k)) for k in planes])
+    return kw
+
+
 def _split(sim, values, what):
     """The tissue arrays (Dask or array-like, broadcast and chunked alike as
     Dask arrays over the voxel shape) and the constant values of a call."""
     arrays, consts = {}, {}
     for k, v in values.items():
-        if k in sim.tissue_properties and (isinstance(v, da.Array) or np.ndim(v) > 0):
+        if (k in sim.tissue_properties or k.startswith(_CHANNEL)) and (isinstance(v, da.Array) or np.ndim(v) > 0):
             arrays[k] = v
         else:
             if isinstance(v, da.Array):
@@ -95,14 +121,14 @@ def _probe(sim, name, args, arrays, consts):
         host.device = "cpu"
     kw = dict(consts)
     for k, a in arrays.items():
-        kw[k] = np.full(1, _PROBE.get(k, 1.0), a.dtype if a.dtype.kind == "f" else np.float64)
-    return getattr(host, name)(*args, **kw)
+        kw[k] = np.full(1, _PROBE.get(k, 1.0), a.dtype if a.dtype.kind in "fc" else np.float64)
+    return getattr(host, name)(*args, **_stacked(kw))
 
 
 def _call(sim, name, args, names, consts, *blocks):
     kw = dict(consts)
     kw.update(zip(names, blocks))
-    return getattr(sim, name)(*args, **kw)
+    return getattr(sim, name)(*args, **_stacked(kw))
 
 
 def _simulate_block(sim, name, args, names, consts, *blocks):
@@ -141,13 +167,7 @@ def lazy_call(sim, name, args, values):
     if values.pop("out", None) is not None:
         raise TypeError(f"{what}: out= is not taken with Dask inputs (the result is a lazy Dask array)")
     args = tuple(args)
-    b1 = values.get("B1")
-    if values.get("shim", getattr(sim, "_given", {}).get("shim")) is not None or (
-            b1 is not None and np.dtype(getattr(b1, "dtype", np.asarray(b1).dtype)).kind == "c"):
-        raise ValueError(f"{what}: a multi-channel B1 (or shim weights) is not taken with Dask arrays, whose "
-                         "chunks would split its channel axis; combine the channels per chunk yourself "
-                         "(B = sum_c B1[c] * shim[c]; simulate with B1=abs(B) and multiply by B / abs(B)) or "
-                         "pass NumPy or device arrays")
+    values, channels = _channel_planes(values)
     arrays, consts, shape = _split(sim, values, what)
     names = tuple(arrays)
     lazy = list(arrays.values())
@@ -174,7 +194,11 @@ def lazy_call(sim, name, args, values):
     signal = da.map_blocks(_vjp_signal_block, *common, *lazy, new_axis=[nd], chunks=lazy[0].chunks + ((s0.shape[-1],),),
                            dtype=s0.dtype, meta=np.empty((0,) * (nd + 1), s0.dtype))
     g0 = pull0(np.ones_like(s0))
-    given = {k: np.shape(values[k]) for k in names}
+    given = {k: np.shape(values[k]) for k in names if not k.startswith(_CHANNEL)}
+    if channels:  # the maps' gradient: (channels, *voxels) from each block
+        names = tuple(k for k in names if not k.startswith(_CHANNEL)) + ("B1",)
+        given["B1"] = (channels,) + np.broadcast_shapes(*(np.shape(values[f"{_CHANNEL}{c}"])
+                                                          for c in range(channels)))
 
     def pullback(cotangent):
         """dL/d name for each name of ``wrt`` (Dask arrays): a tissue
@@ -196,9 +220,10 @@ def lazy_call(sim, name, args, values):
             if k not in names:  # a protocol parameter or a scalar tissue value: summed over the chunks
                 out[k] = da.from_delayed(tree_sum([parts[idx][k] for idx in blocks]), shape=g.shape, dtype=g.dtype)
                 continue
+            lead = (channels,) if channels and k == "B1" else ()
             pieces = np.empty(lazy[0].numblocks, dtype=object)
             for idx in blocks:
-                bshape = tuple(c[i] for c, i in zip(lazy[0].chunks, idx))
+                bshape = lead + tuple(c[i] for c, i in zip(lazy[0].chunks, idx))
                 pieces[idx] = da.from_delayed(parts[idx][k], shape=bshape, dtype=g.dtype)
             full = da.block(pieces.tolist()) if nd else pieces[()]
             out[k] = full if given[k] == shape else _sum_to(full, given[k])
