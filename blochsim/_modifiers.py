@@ -109,12 +109,7 @@ class _Transmit:
         raw_shim = _given(sim, values, "shim")
         b1 = values.get("B1")
         if raw_shim is None and not _complex(b1):
-            if not self._drives_channels(sim, values):
-                return None
-            if b1 is None:
-                raise ValueError(f"{type(sim).__name__}: the sequence's pulses drive transmit channels "
-                                 f"(Pulse.channels, a waveform per channel): pass B1 as the channels' complex "
-                                 f"sensitivities, shape (channels, *voxels)")
+            return None  # (a stream whose pulses drive channels is refused when it is played: _protocol)
         if "B1" not in sim.tissue_properties:
             raise TypeError(f"shim weights act through B1, which {type(sim).__name__} does not model")
         if b1 is None:
@@ -160,13 +155,6 @@ class _Transmit:
         proto, tissue = sim._split({**played, "shim": None})
         return sim._protocol_values(proto), tissue, proto
 
-    def _drives_channels(self, sim, values):
-        """Whether a played simulator's pulses drive channels of their own."""
-        if not hasattr(sim, "_packed"):
-            return False
-        p, _, _ = self._checked(sim, values)
-        return sim._packed({**p, "repetitions": 1} if p["repetitions"] == "auto" else p).channels is not None
-
     def _dynamic(self, sim, values, S, raw_shim, w, given_complex, wrt=(), null=False):
         """The state of a call with per-pulse transmit settings (a shim
         per pulse, or pulses with their own channel drive), or None."""
@@ -179,15 +167,15 @@ class _Transmit:
         if p["repetitions"] == "auto" and w.ndim == 2:
             raise ValueError("a shim per pulse needs a known number of pulses: repetitions='auto' is not taken "
                              "with it")
-        if null and not (w.ndim == 2 or self._drives_channels(sim, values)):
+        one = {**p, "repetitions": 1} if p["repetitions"] == "auto" else p
+        if null and not (w.ndim == 2 or sim._packed(one).channels is not None):
             # a static shim with a null field plays on the settings where they take the call
             plain = [k for k in wrt if k not in sim.tissue_properties and k != "shim"]
             if (plain or _pools.any_pool(tissue) or p["repetitions"] == "auto" or p["slice_profile"] is not None
                     or sim._packed(p).driven is not None):
                 return None
         if p["repetitions"] == "auto" or p["slice_profile"] is not None:
-            if _transmit.needed(sim._packed({**p, "repetitions": 1}) if p["repetitions"] == "auto"
-                                else sim._packed(p), raw_shim):
+            if _transmit.needed(sim._packed(one), raw_shim):
                 which = "repetitions='auto'" if p["repetitions"] == "auto" else "slice_profile"
                 raise ValueError(f"per-pulse transmit settings do not combine with {which}")
             return None
@@ -208,8 +196,7 @@ class _Transmit:
                                  f"channels' maps (B1), the shim weights, the pulses' channel drives (a waveform "
                                  f"per channel), durations and phases; {flips[0]!r} also reaches the pulses' "
                                  f"nominal flips, which it does not")
-        st = _transmit.settings(s, raw_shim, S.shape[0],
-                                by_pulse=bool(protocol_names))
+        st = _transmit.settings(s, w if raw_shim is not None else None, S.shape[0], by_pulse=bool(protocol_names))
         if protocol_names:
             traced = (s.drive_sources or [], st.pulse, protocol_names, p, pshapes, prov)
         play = _transmit.Play(sim._streams(p), tissue, _transmit.host_copy(S), st, sim.threads, device=device)

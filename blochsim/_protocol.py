@@ -302,6 +302,10 @@ class Played(Base):
                 f"{which} needs the crusher geometry: pass crusher_dephasing_rad and voxel_size_m "
                 f"to {type(self).__name__} (got crusher_dephasing_rad={p['crusher_dephasing_rad']!r}, "
                 f"voxel_size_m={p['voxel_size_m']!r})")
+        if s.channels is not None and s.transmit is None:
+            raise ValueError(f"{type(self).__name__}: the sequence's pulses drive transmit channels (Pulse.channels, "
+                             f"a waveform per channel): pass B1 as the channels' complex sensitivities, shape "
+                             f"(channels, *voxels)")
         if s.moments is not None and not keyed:
             raise TypeError(f"{type(self).__name__}: this sequence's gradient moments need the moment-keyed EPG "
                             "(states keyed by 3-D moment), which plays simulate, jacobian and vjp with respect "
