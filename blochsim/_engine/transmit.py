@@ -176,6 +176,7 @@ class Play:
             raise ValueError(f"{streams.name}: per-pulse transmit settings (a shim per pulse or a waveform per "
                              f"channel) play on the single-pool kernels; pools are not combined with them")
         self.streams, self.device, self.library = streams, device, library
+        self.tissue = tissue
         if device:
             from blochsim._arrays.device import device_inputs
 
@@ -422,7 +423,7 @@ class Call:
         play = self.play
         protocol = self.traced[2] if self.traced else []
         self._other = tuple(k for k in names if k not in ("B1", "shim") and k not in protocol)
-        check_diff_values(self._other, play.arrays, "vjp")
+        check_diff_values(self._other, play.tissue, "vjp")
         signal = play.simulate(self.variant)
 
         def pullback(cotangent):
@@ -430,7 +431,7 @@ class Call:
             C = play.S.shape[0]
             maps = play.S.shape[1:]
             per, tg, ev = self._field_gradients(cot)
-            out = {name: reverse.reduce_to(tg[:, j].reshape(play.shape), np.shape(play.arrays[name]))
+            out = {name: reverse.reduce_to(tg[:, j].reshape(play.shape), _shape(play.tissue[name]))
                    for j, name in enumerate(self._other)}
             gS = np.zeros((C,) + tuple(maps), np.complex128)
             gw = np.zeros(self.shim.shape, np.complex128)
@@ -491,6 +492,11 @@ def _drive_gradient(out, traced, k, grad):
                 if name in names:
                     g = out.setdefault(name, np.zeros(np.shape(p[name]), np.complex128))
                     g[index] += coef * dl * (1j if part else 1.0)
+
+
+def _shape(a):
+    """The shape of a NumPy value or a device array."""
+    return tuple(a.shape) if hasattr(a, "shape") else np.shape(a)
 
 
 def host_copy(a):
