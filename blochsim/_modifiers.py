@@ -16,7 +16,7 @@ import numpy as np
 from blochsim import steady
 from blochsim._engine import dispatch, pools as _pools, reverse as _reverse, transmit as _transmit
 from blochsim._arrays import validate as V
-from blochsim._arrays.device import Interface, array_module, astype, host_as
+from blochsim._arrays.device import Interface, array_module, astype, host_as, host_copy, library_of
 from blochsim._protocol import SliceProfile, check_diff_values, check_order, checked_key
 from blochsim.sequence import Readout, Traced, trace
 
@@ -184,7 +184,7 @@ class _Transmit:
             return None
         route = dispatch.route(sim.device, sim.threads, {**tissue, "B1": S})
         device = route.device == "cuda"
-        libraries = {k: _library(v) for k, v in {"B1": S, **tissue}.items() if V.is_device_array(v)}
+        libraries = {k: library_of(v) for k, v in {"B1": S, **tissue}.items() if V.is_device_array(v)}
         traced = None
         protocol_names = [k for k in wrt if k not in sim.tissue_properties and k != "shim"]
         if protocol_names:
@@ -199,7 +199,7 @@ class _Transmit:
         st = _transmit.settings(s, w if raw_shim is not None else None, S.shape[0], by_pulse=bool(protocol_names))
         if protocol_names:
             traced = (s.drive_sources or [], st.pulse, protocol_names, p, pshapes, prov)
-        play = _transmit.Play(sim._streams(p), tissue, _transmit.host_copy(S), st, sim.threads, device=device)
+        play = _transmit.Play(sim._streams(p), tissue, host_copy(S), st, sim.threads, device=device)
         return _transmit.Call(play, w, given_complex, sim._host_variant, libraries, traced)
 
     def simulate(self, sim, state):
@@ -218,7 +218,7 @@ class _Transmit:
         for c in range(S.shape[0]):
             for dB in (w[c], 1j * w[c]):  # Re S_c, Im S_c
                 q = u.conj() * dB
-                d_arg = _over(q.imag, mag)
+                d_arg = _transmit.over(q.imag, mag)
                 # where the field is null the pulses turn about the axis of dB: ds = J0 dB (u = 1 there)
                 null = xp.where(mag == 0, xp.imag(dB * xp.ones_like(mag)), 0.0)
                 cols.append(u[..., None] * (J0 * (q.real + 1j * null)[..., None] + 1j * s0 * d_arg[..., None]))
@@ -278,7 +278,7 @@ class _Transmit:
             g_arg = -(cot.conj() * signal).imag.sum(-1)
             if xp is np:
                 g_arg = _reverse.reduce_to(g_arg, mag.shape)
-            g_arg = _over(g_arg, mag)  # per unit of Im(conj(u) dB)
+            g_arg = _transmit.over(g_arg, mag)  # per unit of Im(conj(u) dB)
             # where the field is null the pulses turn about the axis of dB: dL along i J0 there
             g_null = 0.0
             if bool((mag == 0).any()):
@@ -299,18 +299,6 @@ class _Transmit:
             return out
 
         return signal, pullback
-
-
-def _library(a):
-    """The array library of a device array: "cupy", "torch" or "blochsim"."""
-    return type(a).__module__.split(".")[0]
-
-
-def _over(x, mag):
-    """x / |B| where |B| > 0, else 0 (the phase of a null field moves with
-    nothing)."""
-    xp = array_module(mag)
-    return xp.where(mag > 0, x / xp.where(mag > 0, mag, 1.0), 0.0)
 
 
 _TRANSMIT = _Transmit()

@@ -26,7 +26,7 @@ import os
 
 import numpy as np
 
-from blochsim._arrays.device import host_as
+from blochsim._arrays.device import host_as, library_of
 
 __all__ = ["TemporalBasis", "read_cfl", "write_cfl"]
 
@@ -269,7 +269,7 @@ def leading(G, rank=None, tolerance=None):
 def _operand(name, a, want, what):
     """``a`` as an array of its library (array_like -> NumPy), checked to be
     numeric with ``want`` entries on its last axis."""
-    if type(a).__module__.split(".")[0] not in ("cupy", "torch"):
+    if library_of(a) not in ("cupy", "torch"):
         a = np.asarray(a)
         if a.dtype.kind not in "biufc":
             raise TypeError(f"{name} must be numeric, got dtype {a.dtype}")

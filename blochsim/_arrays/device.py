@@ -139,7 +139,7 @@ class Interface:
         self.ptr = int(ptr)
         self.shape = shape
         self.stream = cai.get("stream") if version >= 3 else None
-        self.library = type(obj).__module__.split(".")[0]
+        self.library = library_of(obj)
 
 
 def to_host(name: str, obj, allow_complex64: bool = False) -> np.ndarray:
@@ -174,10 +174,26 @@ def to_library(a: np.ndarray, library: str):
     return DeviceArray.from_numpy(a)
 
 
+def library_of(a) -> str:
+    """The name of the package ``a``'s type comes from: "numpy", "cupy",
+    "torch", "blochsim" (a DeviceArray), ..."""
+    return type(a).__module__.split(".")[0]
+
+
+def host_copy(a) -> np.ndarray:
+    """A NumPy copy of a NumPy value or a device array of CuPy, PyTorch or
+    blochsim (any dtype)."""
+    if library_of(a) == "torch":
+        return a.detach().cpu().numpy()
+    if hasattr(a, "get") and library_of(a) in ("cupy", "blochsim"):
+        return np.asarray(a.get())
+    return np.asarray(a)
+
+
 def array_module(a):
     """The array module of ``a``: numpy (NumPy arrays and anything else),
     cupy or torch, imported only when ``a`` is one of theirs."""
-    module = type(a).__module__.split(".")[0]
+    module = library_of(a)
     if module in ("cupy", "torch"):
         import importlib
         return importlib.import_module(module)

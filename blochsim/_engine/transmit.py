@@ -34,6 +34,7 @@ import numpy as np
 
 from blochsim import _core
 from blochsim._arrays import validate as V
+from blochsim._arrays.device import array_module, host_copy
 from blochsim._engine import dispatch, memory, reverse
 from blochsim.sequence.packing import EV_DRIVEN, EV_RF, _unitary_rotation_terms
 
@@ -45,12 +46,15 @@ class Settings:
     the stream that plays them (``stream``: flips and phases scaled per
     pulse, ``transmit`` naming each pulse's setting), and for the shim's
     gradient ``shim_rows``: the setting of each row of a per-pulse shim
-    (P,) or of the static shim (1,)."""
+    (P,) or of the static shim (1,); ``pulse``: with settings by pulse, the
+    setting of each of the stream's driven pulses (``drive_sources``), else
+    None."""
 
-    def __init__(self, stream, drive, shim_rows):
+    def __init__(self, stream, drive, shim_rows, pulse=None):
         self.stream = stream
         self.drive = drive
         self.shim_rows = shim_rows
+        self.pulse = pulse
 
     @property
     def count(self):
@@ -136,9 +140,7 @@ def settings(s, shim, channels, by_pulse=False) -> Settings:
     if drive.shape[0] > _core.MAX_TRANSMIT_SETTINGS:
         raise ValueError(f"the sequence's pulses need {drive.shape[0]} transmit settings (distinct channel "
                          f"drives); at most {_core.MAX_TRANSMIT_SETTINGS} are played")
-    st = Settings(out, drive, np.asarray(shim_rows))
-    st.pulse = pulse
-    return st
+    return Settings(out, drive, np.asarray(shim_rows), pulse)
 
 
 def _with_pulses(s, flip, phase):
@@ -164,19 +166,17 @@ class Play:
     call's tissue without B1 (public names; host values, or device arrays
     with ``device``), ``S`` the channels' sensitivities (channels, *maps)
     complex128 NumPy and ``st`` the Settings.  With ``device`` the kernels
-    run on the GPU (the tissue resident there, the settings' planes copied
-    to it) and the signal and Jacobian come back to the host for the chain
-    rule; ``library`` is the array library the caller's results go back in
-    (None: NumPy)."""
+    run on the GPU (the tissue resident there, the sensitivities and drives
+    copied to it) and the signal, Jacobian and gradients come back to the
+    host for the chain rule."""
 
-    def __init__(self, streams, tissue, S, st, threads, device=False, library=None):
+    def __init__(self, streams, tissue, S, st, threads, device=False):
         from blochsim._engine import pools as _pools
 
         if _pools.any_pool(tissue):
             raise ValueError(f"{streams.name}: per-pulse transmit settings (a shim per pulse or a waveform per "
                              f"channel) play on the single-pool kernels; pools are not combined with them")
-        self.streams, self.device, self.library = streams, device, library
-        self.tissue = tissue
+        self.streams, self.device, self.tissue = streams, device, tissue
         if device:
             from blochsim._arrays.device import device_inputs
 
@@ -229,12 +229,9 @@ class Play:
             tg = DeviceArray((n, len(fields)), np.float32)
             txg = DeviceArray.from_numpy(np.zeros((n, G, 2), np.float32))
 
-            def run(dev, stream):
-                dev = dev[:-1] + (dev[-1][:-1] + (txg.ptr,),)
-                _core.adjoint_cuda(ps, dev, n, list(fields), c.ptr, ev, tg.ptr, stream)
-
             if n:
-                self._device_call(run)
+                self._device_call(lambda dev, stream: _core.adjoint_cuda(ps, dev, n, list(fields), c.ptr, ev,
+                                                                         tg.ptr, stream), gradient=txg.ptr)
             tg, txg = tg.get(), txg.get()
         else:
             tg = np.zeros((n, len(fields)), np.float32)
@@ -253,20 +250,20 @@ class Play:
         turned.transmit = s.transmit
         return self.streams.stream(self.present, stream=turned)[1]
 
-    def _device_call(self, run, seeded=-1):
-        """run(tissue, out pointer, stream) on the GPU with the call's
-        resident tissue and the settings' planes; returns what it returns."""
+    def _device_call(self, run, seeded=-1, gradient=0):
+        """run(tissue, stream) on the GPU with the call's resident tissue
+        and transmit settings (the B1 directions moving setting ``seeded``;
+        the adjoint's gradient into the device pointer ``gradient``)."""
         from blochsim._arrays.device import DeviceArray, resident_tissue, work_stream
 
         own, stream = work_stream([i.stream for i in self.ifaces.values() if i.stream is not None])
         dev, keep = resident_tissue(self.arrays, self.ifaces, self.shape, self.n, own, stream)
         sens, drive = DeviceArray.from_numpy(self.sensitivity), DeviceArray.from_numpy(self.drive)
         stride = 0 if self.sensitivity.shape[0] == 1 else 2 * self.sensitivity.shape[1]
-        tx = (sens.ptr, stride, drive.ptr, self.drive.shape[0], self.drive.shape[1], seeded, 0)
-        result = run(tuple(dev) + (tx,), stream)
+        tx = (sens.ptr, stride, drive.ptr, self.drive.shape[0], self.drive.shape[1], seeded, gradient)
+        run(tuple(dev) + (tx,), stream)
         _core.stream_synchronize(stream)
         del keep, sens, drive
-        return result
 
     def _tissue(self, seeded=-1):
         return self.si + ((self.sensitivity, self.drive, seeded, None),)
@@ -337,9 +334,11 @@ class Play:
         return np.where(mag > 0, B / np.where(mag > 0, mag, 1.0), 1.0), mag
 
 
-def _over(x, mag):
-    """x / |B| where |B| > 0, else 0."""
-    return np.where(mag > 0, x / np.where(mag > 0, mag, 1.0), 0.0)
+def over(x, mag):
+    """x / |B| where |B| > 0, else 0 (the phase of a null field moves with
+    nothing), in the arrays' library."""
+    xp = array_module(mag)
+    return xp.where(mag > 0, x / xp.where(mag > 0, mag, 1.0), 0.0)
 
 
 class Call:
@@ -378,13 +377,16 @@ class Call:
         n, k = play.n, play.ps.n_samples
         cols = {c: np.zeros((n, k), np.complex128) for c in range(2 * C)} if "B1" in names else {}
         signal, Jo = None, None
-        for g, sig, Jn, Jm, Jt, ug, mg, Q in play.setting_passes(other, self.variant):
+        if not cols:  # the tissue alone: one pass
+            fields, scale = reverse.fields_and_scale(other)
+            signal, Jo = play._pass(-1, fields, scale, self.variant)
+        for g, sig, Jn, Jm, Jt, ug, mg, Q in (play.setting_passes(other, self.variant) if cols else ()):
             if signal is None:
                 signal, Jo = sig, Jn
-            for c in range(C) if cols else ():
+            for c in range(C):
                 for part, dB in ((0, play.st.drive[g, c]), (1, 1j * play.st.drive[g, c])):
                     q = np.conj(ug) * dB
-                    cols[2 * c + part] += Jm * q.real[:, None] + Jt * _over(q.imag, mg)[:, None]
+                    cols[2 * c + part] += Jm * q.real[:, None] + Jt * over(q.imag, mg)[:, None]
                     if Q is not None:  # a null field turns about the axis of dB
                         cols[2 * c + part] += Q * np.where(mg == 0, np.imag(dB), 0.0)[:, None]
         J = []
@@ -437,7 +439,7 @@ class Call:
             gw = np.zeros(self.shim.shape, np.complex128)
             Sflat = np.broadcast_to(play.S, (C,) + play.shape).reshape(C, -1)
             for g, (u, mag, g_mag, g_arg, g_quarter) in per.items():
-                g_arg = _over(g_arg, mag)
+                g_arg = over(g_arg, mag)
 
                 def through(dB):  # dL for a change dB of setting g's field, per voxel
                     q = np.conj(u) * dB
@@ -499,10 +501,3 @@ def _shape(a):
     return tuple(a.shape) if hasattr(a, "shape") else np.shape(a)
 
 
-def host_copy(a):
-    """A NumPy copy of a NumPy or device array (CuPy, PyTorch, blochsim)."""
-    if not V.is_device_array(a):
-        return np.asarray(a)
-    if hasattr(a, "get"):
-        return np.asarray(a.get())
-    return a.detach().cpu().numpy()

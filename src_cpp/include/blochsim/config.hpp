@@ -118,7 +118,7 @@ inline const char* status_message(int status) {
     case internal_error: return "internal error: an unexpected C++ exception was caught";
     case bad_transmit:
       return "transmit settings: a pulse names a setting the tissue does not hold, or this kernel plays none "
-             "(the pooled, moment-keyed and adjoint kernels take one B1 per problem)";
+             "(the pooled, moment-keyed and second-order kernels take one B1 per problem)";
     default: return "unknown blochsim status";
   }
 }

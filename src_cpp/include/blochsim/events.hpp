@@ -328,7 +328,9 @@ struct Transmit {
       im += s[2 * c] * u[2 * c + 1] + s[2 * c + 1] * u[2 * c];
     }
     magnitude = std::sqrt(re * re + im * im);
-    phase = std::atan2(im, re);
+    // a null field's axis is at 0 (atan2 of signed zeros could give pi):
+    // the derivatives there (_engine/transmit.py) count on it
+    phase = magnitude > 0.0f ? std::atan2(im, re) : 0.0f;
   }
 };
 

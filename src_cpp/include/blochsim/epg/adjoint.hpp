@@ -258,7 +258,8 @@ BLOCHSIM_HD inline int adjoint_block(const EventStream& s, const Tissue& t, cons
   // the field event ev's pulse plays at: its transmit setting's, or the tissue's
   auto field_of = [&](const EventRecord& ev) {
     PulseField<V> pf{lt[field_B1], lt[field_B1phase]};
-    if (transmit && (ev.flags & event_rf)) load_transmit(pf, lt, t, LaneProblems{first, 1}, transmit_setting(ev.flags));
+    if (transmit && (ev.flags & event_rf))
+      load_transmit(pf, lt, t, LaneProblems{first, 1}, transmit_setting(ev.flags));
     return pf;
   };
 
@@ -342,6 +343,9 @@ BLOCHSIM_HD inline int adjoint_block(const EventStream& s, const Tissue& t, cons
         cd = load_coef(ivd + 6 * ev.interval);
         cdp = &cd;
       }
+      // the field this event's pulse plays at (formed once for the dual
+      // event and the transposed one)
+      const PulseField<V> pf = field_of(ev);
       if (ev.flags & event_rf) {
         // alpha = flip B1 and phi = phase + B1phase through the per-lane
         // pulse, with the flip and the phase seeded
@@ -349,7 +353,6 @@ BLOCHSIM_HD inline int adjoint_block(const EventStream& s, const Tissue& t, cons
         if (transmit) {
           // the flip direction carries d alpha / d|B| = flip: its lanes
           // are dL/d|B| of the setting (Transmit::gradient), not dL/d flip
-          const PulseField<V> pf = field_of(ev);
           lp[field_B1] = T{};
           lp[field_B1].v = pf.b1 * ev.flip_rad;
           lp[field_B1].d[grad_flip] = splat<V>(ev.flip_rad);
@@ -433,7 +436,7 @@ BLOCHSIM_HD inline int adjoint_block(const EventStream& s, const Tissue& t, cons
       Op<V> o;
       bool has_op = false;
       if (ev.flags & event_rf) {
-        o = pulse_op<V, true>(s, ev, cx.rf_uniform, field_of(ev), 1.0f, 0.0f);
+        o = pulse_op<V, true>(s, ev, cx.rf_uniform, pf, 1.0f, 0.0f);
         has_op = true;
       } else if (ev.flags & event_inversion) {
         o = inversion_op<V>(lt);

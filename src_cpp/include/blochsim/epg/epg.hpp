@@ -198,11 +198,6 @@ enum PulseFrom : int {
   pulse_lanes = 2,    // per lane, from flip_rad B1 and phase_rad + B1phase
 };
 
-// The pulse of event e for every lane (B1 scales the flip, B1phase adds to
-// the phase).  With `uniform` (no per-problem B1 or B1phase) the rotation
-// is the same for every lane and comes from the stream's rows if any.
-// (c0, s0) = (cos, sin) of the stream's common phase (real path).  From
-// (a PulseFrom) fixes at compile time where the rotation comes from.
 // The transmit field the pulses play at, per lane: B1 (a scale of the
 // nominal flip) and B1phase (rad).
 template <class V>
@@ -210,6 +205,12 @@ struct PulseField {
   V b1, b1phase;
 };
 
+// The pulse of event e for every lane at the field pf (B1 scales the flip,
+// B1phase adds to the phase).  With `uniform` (no per-problem B1 or
+// B1phase) the rotation is the same for every lane and comes from the
+// stream's rows if any.  (c0, s0) = (cos, sin) of the stream's common phase
+// (real path).  From (a PulseFrom) fixes at compile time where the
+// rotation comes from.
 template <class V, bool Complex, int From = pulse_decided>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE Op<V> pulse_op(const EventStream& s, const EventRecord& ev, bool uniform,
                                                 const PulseField<V>& pf, float c0, float s0) {
