@@ -262,7 +262,8 @@ def _unitary_rotation_terms(flip_rad):
         c2[small], ca[small] = diffused(c2[small]), diffused(ca[small])
     return c2, s2, np.sin(flip_rad), ca
 
-def _channel_drives(drives, pulses, rf_op, flags, n_ops):
+
+def _channel_drives(drives, pulses, rf_op, n_ops):
     """(n_events, channels) complex128 channel drive of each RF event's
     pulse (NaN for a pulse without its own) and (n_events,) the number of
     the pulse that drives it (its place in ``pulses``, the distinct pulses
@@ -280,8 +281,6 @@ def _channel_drives(drives, pulses, rf_op, flags, n_ops):
     per_event = number[rf_op]
     out = np.full((per_event.size, values.shape[1]), np.nan, dtype=np.complex128)
     out[per_event >= 0] = values[per_event[per_event >= 0]]
-    if np.any((flags & EV_DRIVEN) != 0) and np.any(per_event[(flags & EV_DRIVEN) != 0] >= 0):
-        raise ValueError("blochsim internal error: channel drives on exact rectangular pulses")
     return out, per_event
 
 
@@ -370,7 +369,7 @@ def _pack(preparation, repetition, repetitions, keep_zero):
     s.interval = interval
     s.duration_s = np.ascontiguousarray(uniq, dtype=np.float64)
     pulses = [op for _, op in sorted(sources.values(), key=lambda x: x[0])]
-    s.channels, s.drive_op = _channel_drives(drives, pulses, lay.rf_op, lay.flags, len(ops))
+    s.channels, s.drive_op = _channel_drives(drives, pulses, lay.rf_op, len(ops))
     s.drive_sources = [op.channels for op in pulses] or None
     s.transmit = None  # per-pulse transmit settings: blochsim._modifiers fills them for a call
     s.moments, s.moment_step = None, 0.0
