@@ -16,7 +16,7 @@ from libcpp.vector cimport vector
 
 import numpy as np
 
-from blochsim._events cimport (EventStream, Pools, Property, Tissue, Transmit, cuda_error_base,
+from blochsim._events cimport (EventStream, field_bound_T1D_s, field_bound2_T1D_s, Pools, Property, Tissue, Transmit, cuda_error_base,
                               field_pooled_direction, field_single_pool_direction, field_table, interrupted,
                               lineshape_g, max_transmit_settings, out_of_memory, pool_field_count, pool_property,
                               status_message, tissue_fields, tissue_property)
@@ -448,13 +448,14 @@ cdef object _keyed_program(KeyedProgram* k, PackedStream ps, program):
     return (slots, first, dst, src, k2, k2_first, reach)
 
 
-cdef list _host_pools(Pools* p, tuple pools, int n_exchanging, bint bound, int lineshape):
+cdef list _host_pools(Pools* p, tuple pools, int n_exchanging, int bound, int lineshape):
     """Point p at float32 host arrays (length n or 1, or None) in POOL_FIELDS order."""
     cdef Property* q
     cdef const float[::1] view
     keep = []
     p.n_exchanging = n_exchanging
-    p.bound = 1 if bound else 0
+    p.bound = 1 if bound > 0 else 0
+    p.bound2 = 1 if bound > 1 else 0
     p.lineshape = lineshape
     for i in range(len(POOL_FIELDS)):
         q = &pool_property(p[0], tissue_fields + i)
@@ -472,7 +473,7 @@ cdef list _host_pools(Pools* p, tuple pools, int n_exchanging, bint bound, int l
     return keep
 
 
-def pooled(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bint bound, int lineshape,
+def pooled(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, int bound, int lineshape,
            int64_t n, fields, seeds, float complex[:, ::1] out, jac, int threads, bint gpu=False,
            bint registers=False, program=None):
     """Signal (and Jacobian) of a packed stream with pools: on the host, or
@@ -527,14 +528,15 @@ def pooled(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bint bo
     _run(call_pooled, c)
 
 
-cdef int _device_pools(Pools* p, tuple pools, int n_exchanging, bint bound, int lineshape) except -1:
+cdef int _device_pools(Pools* p, tuple pools, int n_exchanging, int bound, int lineshape) except -1:
     """Point p at device float32 planes: one (pointer, stride) pair or None
     per POOL_FIELDS entry."""
     cdef Property* q
     if len(pools) != len(POOL_FIELDS):
         raise ValueError("blochsim internal error: pools tuple has the wrong length")
     p.n_exchanging = n_exchanging
-    p.bound = 1 if bound else 0
+    p.bound = 1 if bound > 0 else 0
+    p.bound2 = 1 if bound > 1 else 0
     p.lineshape = lineshape
     for i in range(len(POOL_FIELDS)):
         q = &pool_property(p[0], tissue_fields + i)
@@ -547,7 +549,7 @@ cdef int _device_pools(Pools* p, tuple pools, int n_exchanging, bint bound, int 
     return 0
 
 
-def pooled_cuda(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bint bound, int lineshape,
+def pooled_cuda(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, int bound, int lineshape,
                 int64_t n, uintptr_t out_ptr, uintptr_t stream, fields=(), seeds=(), uintptr_t jac_ptr=0):
     """The pooled signal of device tissue and pool planes (one (pointer,
     stride) pair or None per TISSUE_FIELDS and POOL_FIELDS entry, float32 SI
@@ -574,7 +576,7 @@ def pooled_cuda(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bi
     _run(call_pooled, c)
 
 
-def pooled_adjoint_cuda(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bint bound, int lineshape,
+def pooled_adjoint_cuda(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, int bound, int lineshape,
                         int64_t n, fields, uintptr_t cot_ptr, double[:, ::1] ev_grad, uintptr_t tgrad_ptr,
                         unsigned mask, uintptr_t stream):
     """Reverse mode with pools of device tissue and pool planes (as
@@ -600,7 +602,7 @@ def pooled_adjoint_cuda(PackedStream ps, tuple tissue, tuple pools, int n_exchan
     _run(call_pooled_adjoint, c)
 
 
-def pooled_adjoint(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, bint bound, int lineshape,
+def pooled_adjoint(PackedStream ps, tuple tissue, tuple pools, int n_exchanging, int bound, int lineshape,
                    int64_t n, fields, const float complex[:, ::1] cot, double[:, ::1] ev_grad,
                    float[:, ::1] tgrad, int threads, unsigned mask=31, bint gpu=False):
     """Reverse mode of a packed stream with pools: on the host, or with
@@ -884,20 +886,27 @@ ENTRIES = ("forward", "jacobian", "adjoint", "adjoint2", "pooled", "pooled_adjoi
 
 
 def workspace_bytes(str entry, PackedStream ps, int64_t n, int threads, fields=(), int n_exchanging=0,
-                    bint bound=False, unsigned mask=31):
+                    int bound=0, int dipolar=0, unsigned mask=31):
     """Bytes the host entry ``entry`` (ENTRIES) allocates beyond its inputs
     and outputs for n problems on ``threads`` threads (host/epg.hpp
     workspace_bytes); ``fields`` its directions (indices as the entry's),
-    the pool counts for the pooled entries."""
+    the pool counts for the pooled entries: exchanging pools, semisolid
+    pools, and how many of those carry dipolar order."""
     cdef Pools p
+    cdef float one = 1.0
     cdef vector[int] cf
     cdef int nd = len(fields)
     if nd > pool_field_count:
         raise ValueError("blochsim internal error: too many directions")
     cf = [int(f) for f in fields]
     p.n_exchanging = n_exchanging
-    p.bound = 1 if bound else 0
+    p.bound = 1 if bound > 0 else 0
+    p.bound2 = 1 if bound > 1 else 0
     p.lineshape = 0
+    if dipolar > 0:
+        pool_property(p, field_bound_T1D_s).data = &one
+    if dipolar > 1:
+        pool_property(p, field_bound2_T1D_s).data = &one
     return host_workspace_bytes(ENTRIES.index(entry), ps.s, &p, n, threads, cf.data(), nd, mask)
 
 

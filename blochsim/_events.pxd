@@ -70,6 +70,8 @@ cdef extern from "blochsim/events.hpp" namespace "blochsim" nogil:
 cdef extern from "blochsim/events.hpp" namespace "blochsim" nogil:
     const int tissue_fields
     const int pool_field_count
+    const int field_bound_T1D_s
+    const int field_bound2_T1D_s
     const uint32_t field_single_pool_direction
     const uint32_t field_pooled_direction
 
@@ -87,6 +89,7 @@ cdef extern from "blochsim/pools/pools.hpp" namespace "blochsim" nogil:
         int32_t n_exchanging
         int32_t bound
         int32_t lineshape
+        int32_t bound2
 
     Property& pool_property(Pools& p, int f)
 

@@ -45,7 +45,20 @@ TISSUE_UNITS = {
     "bound_exchange": (1.0, "bound_exchange_hz", 0.0, False),
     "bound_T1": (1e-3, "bound_T1_s", 0.0, True),
     "bound_T2": (1e-3, "bound_T2_s", 0.0, True),
+    # the exchange network beyond the star (SPEC §3): dipolar order (T1D,
+    # ms), a second semisolid pool, a rate constant (Hz) per pair of pools
+    "bound_T1D": (1e-3, "bound_T1D_s", 0.0, True),
+    "bound2_fraction": (1.0, "bound2_fraction", 0.0, False),
+    "bound2_exchange": (1.0, "bound2_exchange_hz", 0.0, False),
+    "bound2_T1": (1e-3, "bound2_T1_s", 0.0, True),
+    "bound2_T2": (1e-3, "bound2_T2_s", 0.0, True),
+    "bound2_T1D": (1e-3, "bound2_T1D_s", 0.0, True),
 }
+#: the pools a pair rate names, in the order its name gives them
+NETWORK_POOLS = ("B", "C", "D", "E", "bound", "bound2")
+PAIR_RATES = tuple(f"exchange_{a}_{b}" for i, a in enumerate(NETWORK_POOLS) for b in NETWORK_POOLS[i + 1:])
+for _k in PAIR_RATES:
+    TISSUE_UNITS[_k] = (1.0, _k + "_hz", 0.0, False)
 for _x in "BCDE":
     TISSUE_UNITS.update({
         f"pool{_x}_fraction": (1.0, f"pool{_x}_fraction", 0.0, False),
@@ -70,7 +83,9 @@ UNIT_NAMES = {
     "T1": "ms", "T2": "ms", "T2star": "ms", "T2prime": "ms", "M0": "", "B1": "", "B0": "Hz",
     "B1phase": "deg", "inv_efficiency": "", "D": "um^2/ms", "v": "m/s", "Dxx": "um^2/ms", "Dyy": "um^2/ms", "Dzz": "um^2/ms",
     "Dxy": "um^2/ms", "Dxz": "um^2/ms", "Dyz": "um^2/ms", "fat_fraction": "", "CBF": "ml/100g/min", "ATT": "ms",
-    "bound_fraction": "", "bound_exchange": "Hz", "bound_T1": "ms", "bound_T2": "ms",
+    "bound_fraction": "", "bound_exchange": "Hz", "bound_T1": "ms", "bound_T2": "ms", "bound_T1D": "ms",
+    "bound2_fraction": "", "bound2_exchange": "Hz", "bound2_T1": "ms", "bound2_T2": "ms", "bound2_T1D": "ms",
+    **{k: "Hz" for k in PAIR_RATES},
 }
 for _x in "BCDE":
     UNIT_NAMES.update({f"pool{_x}_fraction": "", f"pool{_x}_exchange": "Hz", f"pool{_x}_T1": "ms",

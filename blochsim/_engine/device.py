@@ -17,7 +17,7 @@ def resident(owner, ps, arrays, ifaces, shape, want, out, jacobian=None, jac_out
     """The device path for device-array inputs (results stay on the device).
     With ``jacobian`` = (fields, scale, count) it returns (signal, J), J
     into ``jac_out`` = (name, device array, shape) if given.  With
-    ``pools`` = (n_exchanging, bound, lineshape index) the pooled kernels
+    ``pools`` = (n_exchanging, semisolid pools, lineshape index) the pooled kernels
     play it (and its Jacobian along pool and tissue fields); with
     ``keyed`` (a stream of 3-D moments) the moment-keyed EPG.  J is made of
     shape ``jac_shape`` (default (*shape, count, samples))."""

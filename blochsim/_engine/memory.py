@@ -82,15 +82,16 @@ def check_call(owner, ps, shape, arrays, entry, threads, fields=(), outputs=1, p
     memory does not fit: ``outputs`` complex64 rows of samples per voxel,
     the tissue planes and, with ``host_kernels``, the workspaces of the host
     entry ``entry`` (``_core.ENTRIES``) on ``threads`` threads with
-    ``fields`` and the pool counts ``pools`` = (exchanging, bound)."""
+    ``fields`` and the pool counts ``pools`` = (exchanging, semisolid,
+    dipolar)."""
     n = math.prod(shape)
     # each property not a scalar: a float64 broadcast copy, its SI values, and the float32 plane
     planes = sum(1 for a in arrays.values() if getattr(a, "size", 1) != 1)
     per = 8.0 * ps.n_samples * outputs + 20.0 * planes
     fixed = 0.0
     if host_kernels and n:
-        n_exchanging, bound = pools if pools is not None else (0, False)
-        fixed = _core.workspace_bytes(entry, ps, n, threads, list(fields), n_exchanging, bound)
+        n_exchanging, bound, dipolar = pools if pools is not None else (0, 0, 0)
+        fixed = _core.workspace_bytes(entry, ps, n, threads, list(fields), n_exchanging, bound, dipolar)
     check_host(owner, n, per, fixed, f"the workspace of states={ps.states} on {threads} thread(s)",
                "lower states (or threads)")
 

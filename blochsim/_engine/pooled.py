@@ -46,7 +46,8 @@ def play(owner, ps, lineshape, tissue, pools, route, names, out, variant, keyed=
     (signal, J), J (*voxels, len(names), samples) or None without names.
     NumPy in and out (on the GPU when ``route`` says cuda); device arrays
     (inputs or output) are computed on the device (:func:`resident`), J
-    shaped by ``one`` there.  ``pools`` is (exchanging pools, bound pool).
+    shaped by ``one`` there.  ``pools`` is (exchanging pools, semisolid
+    pools, those with dipolar order).
     ``keyed``: the event stream when it carries 3-D moments, played by the
     moment-keyed EPG on the host (device arrays moved through it).  NumPy
     on the GPU runs in chunks of at most ``budget`` bytes of device memory
@@ -80,7 +81,7 @@ def _host_arrays(owner, ps, lineshape, tissue, pools, route, names, out, variant
     """play() of host arrays, into the host ``out`` (checked) if given;
     through the moment-keyed EPG on the host for a ``keyed`` stream."""
     gpu = route.device == "cuda" and keyed is None
-    n_exchanging, bound = pools
+    n_exchanging, bound, dipolar = pools
     arrays, shape = _tissue(tissue)
     n = int(np.prod(shape, dtype=np.int64))
     ns = ps.n_samples
@@ -101,8 +102,8 @@ def _host_arrays(owner, ps, lineshape, tissue, pools, route, names, out, variant
         from blochsim.sequence import keyed as K
         program = K.program_for(call, keyed, host.ranges(arrays, shape), list(_core.TISSUE_FIELDS))
         threads = max(1, min(route.threads, n))
-        # two states of 3 n + bound complex planes over the slots, on duals of up to 4 directions
-        state = (3 * n_exchanging + 3 + bound) * 2 * program.max_slots
+        # two states of 2 n + m complex planes over the slots, on duals of up to 4 directions
+        state = (3 * n_exchanging + 3 + bound + dipolar) * 2 * program.max_slots
         memory.check_host(call, n, 8.0 * ns * (out is None) * (1 + len(names)),
                            8.0 * 2 * state * (1 + min(4, len(names))) * threads,
                            f"the moment-keyed EPG's pooled workspaces ({program.max_slots:,} states)",
@@ -129,7 +130,7 @@ def _host_arrays(owner, ps, lineshape, tissue, pools, route, names, out, variant
             _core.pooled(ps, part[0], part[1], n_exchanging, bound, lineshape, j - i, fields, seeds, flat[i:j],
                          None if jac is None else jac[i:j], route.threads, program=program)
 
-        seconds = program.seconds(n, route.threads) * K.POOLED_SLOWDOWN * (3 * n_exchanging + 3 + bound) / 3
+        seconds = program.seconds(n, route.threads) * K.POOLED_SLOWDOWN * (3 * n_exchanging + 3 + bound + dipolar) / 3
         host.keyed_run(call, program, n, seconds * (1 + len(names)), route.threads, run, stacklevel=5)
     return signal, (jac.reshape(shape + (len(names), ns)) if names else None)
 
@@ -154,7 +155,7 @@ def resident(owner, ps, lineshape, tissue, pools, route, out, names=(), one=Fals
     want = shape + (ps.n_samples,)
     if not names:
         return device.resident(f"{owner}.simulate", ps, arrays, ifaces, shape, want, out,
-                               pools=(*pools, lineshape)), None
+                               pools=(*pools[:2], lineshape)), None
     fields = [_pools.field_index(k) for k in names]
     seeds = [float(V.TISSUE_UNITS[k][0]) for k in names]
     jshape = shape + ((ps.n_samples,) if one else (len(names), ps.n_samples))
@@ -162,7 +163,7 @@ def resident(owner, ps, lineshape, tissue, pools, route, out, names=(), one=Fals
         raise TypeError("out must be a pair of device arrays when tissue properties or out[0] are device arrays")
     return device.resident(f"{owner}.jacobian", ps, arrays, ifaces, shape, want, None if out is None else out[0],
                            jacobian=(fields, seeds, len(names)),
-                           jac_out=None if out is None else ("out[1]", out[1], jshape), pools=(*pools, lineshape),
+                           jac_out=None if out is None else ("out[1]", out[1], jshape), pools=(*pools[:2], lineshape),
                            jac_shape=jshape)
 
 
@@ -197,7 +198,7 @@ def _vjp_resident(owner, s, ps, lineshape, tissue, pools, route, names, tissue_n
     planes, keep_pools = resident_tissue(arrays, ifaces, shape, n, own, st, _core.POOL_FIELDS)
     library = next(iter(ifaces.values())).library if ifaces else "blochsim"
     signal, out_ptr = new_output(shape + (ns,), library)
-    _core.pooled_cuda(ps, tuple(dev), tuple(planes), *pools, lineshape, n, out_ptr, st)
+    _core.pooled_cuda(ps, tuple(dev), tuple(planes), *pools[:2], lineshape, n, out_ptr, st)
     mask = _event_mask(names, prov)
 
     def pullback(cotangent):
@@ -206,7 +207,7 @@ def _vjp_resident(owner, s, ps, lineshape, tissue, pools, route, names, tissue_n
         ev = np.zeros((s.n_events, 6), dtype=np.float64)
         tg = np.zeros((n, len(fields)), dtype=np.float32)
         tbuf = _core.DeviceBuffer(max(tg.nbytes, 8), order)
-        _core.pooled_adjoint_cuda(ps, tuple(dev), tuple(planes), *pools, lineshape, n, fields, cot_ptr, ev, tbuf.ptr,
+        _core.pooled_adjoint_cuda(ps, tuple(dev), tuple(planes), *pools[:2], lineshape, n, fields, cot_ptr, ev, tbuf.ptr,
                                   mask, st)
         if tg.size:
             _core.copy_to_host(tg.reshape(-1).view(np.uint8), tbuf.ptr, st)
@@ -230,7 +231,7 @@ def vjp(owner, s, ps, lineshape, tissue, pools, route, names, tissue_names, p, p
     libraries = device_libraries(route, tissue)
     tissue, library = stage(route, tissue)
     gpu = route.device == "cuda"
-    n_exchanging, bound = pools
+    n_exchanging, bound, dipolar = pools
     arrays, shape = _tissue(tissue)
     n = int(np.prod(shape, dtype=np.int64))
     fields = [_pools.field_index(k) for k in tissue_names]

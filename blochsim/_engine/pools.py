@@ -11,9 +11,20 @@ from blochsim._arrays import validate as V
 POOL_LETTERS = "BCDE"
 _POOL_COLUMNS = ("fraction", "exchange", "T1", "T2", "shift")
 
+#: the network beyond the star: dipolar order, a second semisolid pool,
+#: pair rates ``exchange_X_Y`` (X before Y in B, C, D, E, bound, bound2)
+NETWORK_PROPERTIES = ("bound_T1D", "bound2_fraction", "bound2_exchange", "bound2_T1", "bound2_T2",
+                      "bound2_T1D") + V.PAIR_RATES
+
 #: public names of every pool property
 POOL_PROPERTIES = ("bound_fraction", "bound_exchange", "bound_T1", "bound_T2") + tuple(
-    f"pool{x}_{c}" for x in POOL_LETTERS for c in _POOL_COLUMNS)
+    f"pool{x}_{c}" for x in POOL_LETTERS for c in _POOL_COLUMNS) + NETWORK_PROPERTIES
+
+
+def _pool_of(name: str) -> str:
+    """The prefix whose ``_fraction`` switches on the pool of property
+    ``name`` (not a pair rate)."""
+    return name.rsplit("_", 1)[0]
 
 #: lineshapes of the semisolid pool (the protocol parameter ``lineshape``)
 LINESHAPES = _core.LINESHAPES
@@ -67,16 +78,25 @@ def any_pool(names) -> bool:
 
 
 def configuration(names, owner: str):
-    """(n_exchanging, bound) of a call naming the tissue properties ``names``.
+    """(n_exchanging, semisolid pools, dipolar) of a call naming the tissue
+    properties ``names``: the exchanging pools B-E, the semisolid pools
+    (``bound``, then ``bound2``), and how many of those carry dipolar
+    order (a T1D).
 
-    Refuses a pool property given without its fraction, an exchanging pool
-    named while an earlier letter is missing (pools fill B, C, D, E in
-    order), and diffusion or flow with pools.
+    Refuses a pool property given without its fraction, a pair rate whose
+    pools are not both on, an exchanging pool named while an earlier
+    letter is missing (pools fill B, C, D, E in order), a second semisolid
+    pool without the first, and diffusion or flow with pools.
     """
     names = set(names)
     for k in names:
-        if k in POOL_PROPERTIES and not k.endswith("_fraction"):
-            frac = k.rsplit("_", 1)[0] + "_fraction"
+        if k in V.PAIR_RATES:
+            for x in k.split("_")[1:]:
+                frac = (x if x.startswith("bound") else f"pool{x}") + "_fraction"
+                if frac not in names:
+                    raise ValueError(f"{k} was given without {frac}: a pair rate links two pools that are on")
+        elif k in POOL_PROPERTIES and not k.endswith("_fraction"):
+            frac = _pool_of(k) + "_fraction"
             if frac not in names:
                 raise ValueError(f"{k} was given without {frac}: a pool is switched on by its fraction")
     n = 0
@@ -86,12 +106,17 @@ def configuration(names, owner: str):
                 raise ValueError(f"pool{x}_fraction was given without pool{POOL_LETTERS[n]}_fraction: "
                                  f"exchanging pools are named in order (B, C, D, E)")
             n += 1
-    bound = "bound_fraction" in names
+    bound = int("bound_fraction" in names)
+    if "bound2_fraction" in names:
+        if not bound:
+            raise ValueError("bound2_fraction was given without bound_fraction: semisolid pools are named in "
+                             "order (bound, bound2)")
+        bound = 2
     for k in ("D", "v"):
         if k in names and (n or bound):
             raise ValueError(f"{owner}: {k} is not modelled together with pools (SPEC §3); "
                              f"simulate the pools without {k}")
-    return n, bound
+    return n, bound, int("bound_T1D" in names) + int("bound2_T1D" in names)
 
 
 def check_fractions(arrays: dict, shape) -> None:
@@ -143,6 +168,9 @@ def drop_idle(tissue: dict, names, owner: str) -> dict:
         # single-pool ones to round-off) rather than coming back to the host
         return tissue
     names = set(names)
+    if any(k in NETWORK_PROPERTIES for k in tissue):
+        # a network's pools stay as named (a pair rate names both of its pools)
+        return tissue
 
     def idle(prefix):
         frac = host.get(prefix + "_fraction")

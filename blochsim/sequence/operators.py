@@ -216,15 +216,25 @@ class Saturation(Operator):
         Pulse frequency relative to the water resonance, Hz.
     power_factor : float, optional
         As for :class:`Pulse` (1 for a rectangle).
+    dual : bool, optional
+        A dual-offset pulse (inhomogeneous MT): its power is split evenly
+        between +offset and -offset (a cosine-modulated pulse of the same
+        energy), so that a semisolid pool with dipolar order (``bound_T1D``)
+        is saturated as in Varma et al. 2015 (JMR 260:67); without dipolar
+        order the two halves add as one pulse would at a symmetric
+        lineshape.
     """
 
     flip: float
     duration: float
     offset: float = 0.0
     power_factor: float = 1.0
+    dual: bool = False
 
     def __post_init__(self):
         _check_pulse_fields(self, ("flip", "duration", "offset", "power_factor"))
+        if not isinstance(self.dual, (bool, np.bool_)):
+            raise TypeError(f"dual of a Saturation must be a bool, got {self.dual!r}")
         if float(_value(self.duration)) <= 0:
             raise ValueError(f"duration of a Saturation must be > 0 ms, got {_value(self.duration)!r}")
 

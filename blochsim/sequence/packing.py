@@ -9,7 +9,7 @@ from blochsim.sequence.operators import (Delay, Dephase, Inversion, Pulse, Reado
 from blochsim.sequence.traced import Traced
 
 # Event flag bits (events.hpp).
-EV_RF, EV_INVERSION, EV_READOUT, EV_SPOIL, EV_SATURATION, EV_DRIVEN = 1, 2, 4, 8, 16, 32
+EV_RF, EV_INVERSION, EV_READOUT, EV_SPOIL, EV_SATURATION, EV_DRIVEN, EV_DUAL = 1, 2, 4, 8, 16, 32, 64
 
 
 class EventStream:
@@ -42,6 +42,8 @@ class EventStream:
 def _structure_key(op):
     if isinstance(op, Dephase):
         return (Dephase, int(op.orders))
+    if isinstance(op, Saturation):
+        return (Saturation, bool(op.dual))
     return type(op) if not isinstance(op, Pulse) else Pulse
 
 
@@ -112,7 +114,7 @@ class _Layout:
                     cur["flags"] |= EV_RF
                     cur["rf"] = j
                 elif isinstance(op, Saturation):
-                    cur["flags"] |= EV_SATURATION
+                    cur["flags"] |= EV_SATURATION | (EV_DUAL if op.dual else 0)
                     cur["rf"] = j
                 elif isinstance(op, RectPulse):
                     cur["flags"] |= EV_DRIVEN

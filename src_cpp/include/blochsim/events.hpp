@@ -23,6 +23,7 @@ enum EventFlag : uint32_t {
   event_spoil = 8u,      // F+, F- <- 0 at every order (wins over shift_after)
   event_saturation = 16u,  // an RF pulse that saturates the semisolid pool only (pools/pools.hpp)
   event_driven = 32u,      // an exact rectangular pulse (driven_table; pooled kernels only)
+  event_dual = 64u,        // its saturation splits the power between +offset and -offset (pools/pools.hpp)
 };
 
 // The bits of an event record's flags above the EventFlag bits hold its
@@ -228,6 +229,25 @@ enum DrivenField : int { drv_duration_s, drv_flip_rad, drv_phase_rad, drv_offset
   X(T2_s, "pool" L "_T2_s", "s", 0.0f, P)           \
   X(shift_hz, "pool" L "_shift_hz", "Hz", 0.0f, P)
 #define BLOCHSIM_EXCHANGING_POOLS(X) X("B") X("C") X("D") X("E")
+// The exchange network beyond the star (pools/pools.hpp): the first
+// semisolid pool's dipolar order (its T1D; absent: none), a second
+// semisolid pool, and one rate constant per pair of the pools after free
+// water (free water's own pairs are the star's poolL_exchange_hz,
+// bound_exchange_hz and bound2_exchange_hz).  A pair's pools are named in
+// the order B, C, D, E, bound, bound2.
+#define BLOCHSIM_NETWORK_FIELDS(X)                            \
+  X(bound_T1D_s, "bound_T1D_s", "s", 0.0f, P)                 \
+  X(bound2_fraction, "bound2_fraction", "", 0.0f, P)          \
+  X(bound2_exchange_hz, "bound2_exchange_hz", "Hz", 0.0f, P)  \
+  X(bound2_T1_s, "bound2_T1_s", "s", 1.0f, P)                 \
+  X(bound2_T2_s, "bound2_T2_s", "s", 12.0e-6f, P)             \
+  X(bound2_T1D_s, "bound2_T1D_s", "s", 0.0f, P)
+// X(first pool, second pool) per pair, the pools as network codes
+// (PoolCode: 1-4 the exchanging pools B-E, 5 bound, 6 bound2).
+#define BLOCHSIM_PAIR_RATES(X)                                                                     \
+  X(B, C) X(B, D) X(B, E) X(B, bound) X(B, bound2) X(C, D) X(C, E) X(C, bound) X(C, bound2) X(D, E) \
+  X(D, bound) X(D, bound2) X(E, bound) X(E, bound2) X(bound, bound2)
+#define BLOCHSIM_PAIR_FIELD(a, b, X) X(exchange_##a##_##b##_hz, "exchange_" #a "_" #b "_hz", "Hz", 0.0f, P)
 
 #define BLOCHSIM_FIELD_ENUM(id, name, unit, fallback, flags) field_##id,
 #define BLOCHSIM_COLUMN_ENUM(id, name, unit, fallback, flags) pool_##id,
@@ -247,8 +267,22 @@ enum PoolField : int {
   field_before_pools = tissue_fields - 1,
   BLOCHSIM_BOUND_FIELDS(BLOCHSIM_FIELD_ENUM)
   field_pool_first,  // pool j (0 = B): field_pool_first + pool_columns * j + PoolColumn
-  pool_field_count = field_pool_first + pool_columns * max_exchanging_pools
+  field_pool_last = field_pool_first + pool_columns * max_exchanging_pools - 1,
+  BLOCHSIM_NETWORK_FIELDS(BLOCHSIM_FIELD_ENUM)
+#define BLOCHSIM_PAIR_ENUM(a, b) BLOCHSIM_PAIR_FIELD(a, b, BLOCHSIM_FIELD_ENUM)
+  BLOCHSIM_PAIR_RATES(BLOCHSIM_PAIR_ENUM)
+#undef BLOCHSIM_PAIR_ENUM
+  pool_field_count
 };
+// The first pair rate's field; pair j is field_pair_first + j.
+constexpr int field_pair_first = field_exchange_B_C_hz;
+// Pool codes of the network (BLOCHSIM_PAIR_RATES).
+enum PoolCode : int { code_B = 1, code_C, code_D, code_E, code_bound, code_bound2 };
+// The two pools of each pair rate, in the field order.
+#define BLOCHSIM_PAIR_CODES(a, b) {code_##a, code_##b},
+inline constexpr int pair_codes[][2] = {BLOCHSIM_PAIR_RATES(BLOCHSIM_PAIR_CODES)};
+#undef BLOCHSIM_PAIR_CODES
+constexpr int pair_rates = pool_field_count - field_pair_first;
 #undef BLOCHSIM_FIELD_ENUM
 #undef BLOCHSIM_COLUMN_ENUM
 #undef BLOCHSIM_COUNT_POOL
@@ -276,6 +310,10 @@ inline constexpr FieldInfo field_table[pool_field_count] = {
     BLOCHSIM_TISSUE_FIELDS(BLOCHSIM_FIELD_INFO)
     BLOCHSIM_BOUND_FIELDS(BLOCHSIM_FIELD_INFO)
     BLOCHSIM_EXCHANGING_POOLS(BLOCHSIM_POOL_INFO)
+    BLOCHSIM_NETWORK_FIELDS(BLOCHSIM_FIELD_INFO)
+#define BLOCHSIM_PAIR_INFO(a, b) BLOCHSIM_PAIR_FIELD(a, b, BLOCHSIM_FIELD_INFO)
+    BLOCHSIM_PAIR_RATES(BLOCHSIM_PAIR_INFO)
+#undef BLOCHSIM_PAIR_INFO
 };
 #undef BLOCHSIM_POOL_INFO
 #undef BLOCHSIM_FIELD_INFO

@@ -14,8 +14,9 @@
 //     lambda_Z <- L^T lambda_Z;
 //   - hard pulse, per pool: the 3 × 3 rotation's conjugate transpose;
 //   - exact pulse, per order: M^H of its d × d matrix;
-//   - semisolid saturation and inversion: real scalings, their own
-//     transposes;
+//   - semisolid saturation: a real symmetric map per order (a scaling, or
+//     2 × 2 with dipolar order), its own transpose; inversion: a real
+//     scaling;
 //   - shifts and spoils: as epg/adjoint.hpp.
 // The gradient with respect to a parameter of event e is
 // <lambda_{e+1}, d x_{e+1} / dp> plus its readout's Re(conj(g) ds/dp): the
@@ -271,7 +272,7 @@ BLOCHSIM_HD inline void pooled_adjoint_problem(const EventStream& s, const Tissu
             mh[2 * (a * d + l) + 1] = -Md[l * d + a].im;
           }
         lp.each([&](int, Order& o) {
-          pool_drive<false>([&](int a) { return mh[a]; }, [](int) { return 0.0; }, false, o, n, fw.q.bound);
+          pool_drive<false>([&](int a) { return mh[a]; }, [](int) { return 0.0; }, false, o, n, m);
         });
       }
       if (f & event_rf) {
@@ -280,8 +281,8 @@ BLOCHSIM_HD inline void pooled_adjoint_problem(const EventStream& s, const Tissu
           for (int j = 0; j < n; ++j) R.transpose(o.ar[j], o.ai[j], o.br[j], o.bi[j], o.cr[j], o.ci[j]);
         });
       }
-      double decay;
-      if (fw.saturation(e, decay)) lp.each([&](int, Order& o) { o.cr[n] *= decay; });
+      SemisolidSaturation<double> sat;  // symmetric: its own transpose
+      if (fw.saturation(e, sat)) lp.each([&](int, Order& o) { sat.template apply<false>(o, n); });
       const int32_t sb = s.shift_before[e];
       for (int c = 0; c < (sb > 0 ? sb : -sb); ++c) shift_transpose(sb > 0 ? 1 : -1);
       if (s.interval[e] >= 0) {  // P^H on F+ (so P^T on F-), L^T on Z

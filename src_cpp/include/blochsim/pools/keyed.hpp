@@ -12,10 +12,10 @@
 namespace blochsim {
 
 // Scalars of one problem's keyed pooled state: F+, F-, Z of each liquid
-// pool and the semisolid Z over max_slots slots, complex.
+// pool and the other longitudinal families over max_slots slots, complex.
 BLOCHSIM_HD inline int64_t keyed_pool_state_size(const KeyedProgram& k, const Pools& p) {
-  const int64_t n = 1 + p.n_exchanging;
-  return (3 * n + (p.bound ? 1 : 0)) * 2 * static_cast<int64_t>(k.max_slots);
+  const PoolLayout l = pool_layout(p);
+  return static_cast<int64_t>(2 * l.n + l.m) * 2 * static_cast<int64_t>(k.max_slots);
 }
 
 // Scalars per problem of keyed_pooled_problem's workspace: two states (a

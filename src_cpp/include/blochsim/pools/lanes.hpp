@@ -30,7 +30,8 @@ BLOCHSIM_HD inline int64_t pool_row_length(const EventStream& s) {
 // Vector lanes of pooled_block's workspace (V units, per lane vector) for
 // the pools of p over the stream s.
 inline int64_t pool_block_workspace(const EventStream& s, const Pools& p) {
-  const int64_t n = 1 + p.n_exchanging, m = n + (p.bound ? 1 : 0), d = 3 * n + (p.bound ? 1 : 0);
+  const PoolLayout l = pool_layout(p);
+  const int64_t n = l.n, m = l.m, d = 2 * n + m;
   const int64_t states = 4 * n * pool_row_length(s) + 2 * m * static_cast<int64_t>(s.states);
   const int64_t per_interval = 1 + 2 * n * n + m * m + m;
   const int64_t per_driven = 1 + 2 * d * (d + 1);
@@ -58,11 +59,12 @@ inline int64_t pool_block_workspace(const EventStream& s, const Pools& p) {
 // planes are computed; the others stay zero.  The complex planes are
 // framed (pools/play.hpp).
 //
-// The pool counts are template parameters (N liquid pools, Bound), so that
-// the loops over pools unroll (Fixed); or, for the rarer counts (four
-// liquid pools or more), N and Bound are the most the store holds and the
-// counts are read from p at run time (PoolCounts), one instantiation for
-// all of them instead of one each.  WS > 0 is the workspace stride at compile
+// The pool counts are template parameters (N liquid pools, Bound: the
+// star's one semisolid pool), so that the loops over pools unroll (Fixed);
+// or, for the rarer counts (four liquid pools or more) and every network
+// beyond the star (PoolLayout::network), N and M are the most the store
+// holds and the counts are read from p at run time (PoolCounts), one
+// instantiation for all of them instead of one each.  WS > 0 is the workspace stride at compile
 // time, WS = 0 takes it from ws.  ls: the super-Lorentzian table in memory
 // the caller can read (host_lineshape_table() on the host).
 //
@@ -70,18 +72,19 @@ inline int64_t pool_block_workspace(const EventStream& s, const Pools& p) {
 // derivatives along jo's directions (the per-lane operators are formed on
 // Dual<double, D>) and writes them to jo.jac.
 template <class V_, int N_, bool Bound, int64_t WS, bool Real_, bool Fixed_ = true>
-struct PoolLanes : PoolCounts<N_, N_ + (Bound ? 1 : 0), Fixed_> {
-  using Counts = PoolCounts<N_, N_ + (Bound ? 1 : 0), Fixed_>;
+struct PoolLanes : PoolCounts<N_, Fixed_ ? N_ + (Bound ? 1 : 0) : max_longitudinal_pools, Fixed_> {
+  using Counts = PoolCounts<N_, Fixed_ ? N_ + (Bound ? 1 : 0) : max_longitudinal_pools, Fixed_>;
   using Counts::m;
   using Counts::n;
   using V = V_;
   using C = V;
   using Scale = V;
+  using Sat = typename std::conditional<Fixed_, SingleSaturation<V>, SemisolidSaturation<V>>::type;
   using LT = Lanes<V>;
   using Sc = typename LT::Scalar;                    // one lane's value
   using QS = typename LT::template Wide<double>;  // one lane's value in double precision
   static constexpr int W = LT::width;
-  static constexpr int N = N_, M = N_ + (Bound ? 1 : 0), D = 3 * N_ + (Bound ? 1 : 0);
+  static constexpr int N = N_, M = Counts::m_max, D = 2 * N + M;
   static constexpr bool fixed = Fixed_, real = Real_, framed = !Real_;
   using Order = PoolOrder<V, N, M>;
   using Step = PoolStep<V, V, N, M, Real_, Fixed_>;
@@ -105,7 +108,7 @@ struct PoolLanes : PoolCounts<N_, N_ + (Bound ? 1 : 0), Fixed_> {
   int64_t R, bp, bm, fpr, fpi, fmr, fmi, zr, zi, ops, drv;
   // operator scalars of an interval and of an exact pulse (d components)
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE int64_t per_interval() const { return 1 + 2 * n * n + m * m + m; }
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE int d() const { return 3 * n + (m > n ? 1 : 0); }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE int d() const { return 2 * n + m; }
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE int64_t per_driven() const { return 1 + 2 * d() * (d() + 1); }
   // T2b G(offset - B0) per lane for the last pulse offset seen
   float g_offset = 0.0f;
@@ -120,7 +123,8 @@ struct PoolLanes : PoolCounts<N_, N_ + (Bound ? 1 : 0), Fixed_> {
       const int64_t i = first + l < t.n ? first + l : t.n - 1;
       q[l] = pool_tissue<QS>(t, p, i, jo.fields, jo.n_dirs, jo.seeds);
     }
-    Counts::set(1 + p.n_exchanging, 1 + p.n_exchanging + (p.bound ? 1 : 0));
+    const PoolLayout lay = pool_layout(p);
+    Counts::set(lay.n, lay.m);
     K = s.states;
     for (int l = 0; l < W; ++l) {
       LT::set(M0, l, static_cast<Sc>(q[l].M0));
@@ -290,12 +294,34 @@ struct PoolLanes : PoolCounts<N_, N_ + (Bound ? 1 : 0), Fixed_> {
     for (int i = 0; i < m; ++i) step.z0[i] = at(Rr + i);
   }
 
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE bool saturation(int64_t e, V& decay) {
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE bool saturation(int64_t e, Sat& sat) {
     if (!(m > n && s.rf_duration_s != nullptr && (s.flags[e] & (event_rf | event_saturation)) &&
           s.rf_duration_s[e] > 0.0f))
       return false;
     const double tau_rf = s.rf_duration_s[e];
     const float offset = s.rf_offset_hz ? s.rf_offset_hz[e] : 0.0f;
+    if constexpr (!fixed) {
+      if (q[0].nb > 1 || q[0].dipolar[0] >= 0 || (s.flags[e] & event_dual)) {
+        const double power = s.rf_power ? s.rf_power[e] : 1.0;
+        for (int l = 0; l < W; ++l) {
+          SemisolidSaturation<QS> one;
+          semisolid_saturation(q[l], p.lineshape, ls, QS(tau_rf), q[l].B1 * static_cast<double>(s.flip_rad[e]), power,
+                               QS(static_cast<double>(offset)), (s.flags[e] & event_dual) != 0, one);
+          sat.count = one.count;
+          for (int j = 0; j < one.count; ++j) {
+            sat.z[j] = one.z[j];
+            sat.dz[j] = one.dz[j];
+            LT::set(sat.a[j], l, static_cast<Sc>(one.a[j]));
+            LT::set(sat.b[j], l, static_cast<Sc>(one.b[j]));
+            LT::set(sat.c[j], l, static_cast<Sc>(one.c[j]));
+          }
+        }
+        return true;
+      }
+      sat.count = 1;
+      sat.z[0] = n;
+      sat.dz[0] = -1;
+    }
     if (!g_ready || offset != g_offset) {
       for (int l = 0; l < W; ++l) {
         double g, dg;
@@ -310,7 +336,11 @@ struct PoolLanes : PoolCounts<N_, N_ + (Bound ? 1 : 0), Fixed_> {
     for (int l = 0; l < W; ++l) {
       const QS a = q[l].B1 * static_cast<double>(s.flip_rad[e]);
       using std::exp;
-      LT::set(decay, l, static_cast<Sc>(exp(-(pi * power / tau_rf) * g_lane[l] * (a * a))));
+      const Sc decay = static_cast<Sc>(exp(-(pi * power / tau_rf) * g_lane[l] * (a * a)));
+      if constexpr (fixed)
+        LT::set(sat.decay, l, decay);
+      else
+        LT::set(sat.a[0], l, decay);
     }
     return true;
   }
@@ -377,7 +407,7 @@ struct PoolLanes : PoolCounts<N_, N_ + (Bound ? 1 : 0), Fixed_> {
     const PoolLanes* self = this;
     return [self, Mo, Co](Order& x, bool zero) BLOCHSIM_LAMBDA_INLINE {
       pool_drive<fixed>([&](int i) -> const V& { return self->at(Mo + i); },
-                        [&](int i) -> const V& { return self->at(Co + i); }, zero, x, self->n, self->m > self->n);
+                        [&](int i) -> const V& { return self->at(Co + i); }, zero, x, self->n, self->m);
     };
   }
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE V inversion() const { return -eta; }
@@ -420,7 +450,7 @@ BLOCHSIM_HD inline int pooled_block_of(const EventStream& s, const Tissue& t, co
 template <class V, int64_t WS = 0>
 BLOCHSIM_HD inline int pooled_block(const EventStream& s, const Tissue& t, const Pools& p, const LineshapeTable& ls,
                                     int64_t first, V* work, int64_t ws, float* out) {
-  const int key = 2 * p.n_exchanging + (p.bound ? 1 : 0);
+  const int key = pool_layout(p).network ? -1 : 2 * p.n_exchanging + (p.bound ? 1 : 0);
   switch (key) {
     case 0: return pooled_block_of<V, 1, false, WS>(s, t, p, ls, first, work, ws, out);
     case 1: return pooled_block_of<V, 1, true, WS>(s, t, p, ls, first, work, ws, out);
@@ -447,6 +477,7 @@ BLOCHSIM_HD inline bool pooled_real_path(const EventStream& s, const Tissue& t, 
   if (std::sin(ph) > 1e-6 || std::sin(ph) < -1e-6) return false;
   for (int j = 0; j < p.n_exchanging; ++j)
     if (p.exchanging(j)[pool_shift_hz].present()) return false;
+  if (pool_layout(p).network) return false;
   return (p.n_exchanging == 0 && p.bound) || (p.n_exchanging == 1 && !p.bound);
 }
 
@@ -463,6 +494,7 @@ inline int pooled_block_host(const EventStream& s, const Tissue& t, const Pools&
 // Whether pooled_jacobian_block plays these pools: the semisolid pool
 // alone, or one exchanging pool with or without it.
 BLOCHSIM_HD inline bool pooled_lane_jacobian(const Pools& p) {
+  if (pool_layout(p).network) return false;
   return p.n_exchanging == 1 || (p.n_exchanging == 0 && p.bound);
 }
 

@@ -8,9 +8,10 @@
 // A player is a Store: where the orders live and how the per-problem
 // operators are formed.  pooled_event asks it for
 //   types    V (a state element), C (an operator coefficient), Scale (a
-//            per-problem factor: the semisolid decay, the inversion
-//            efficiency), Order (PoolOrder<V, N, M>), Step
-//            (PoolStep<C, V, N, M, Real, Fixed>);
+//            per-problem factor: the inversion efficiency), Sat (the
+//            semisolid saturation: SingleSaturation<Scale> for the star's
+//            one pool, SemisolidSaturation<Scale> for any), Order
+//            (PoolOrder<V, N, M>), Step (PoolStep<C, V, N, M, Real, Fixed>);
 //   flags    N, M (the most pools an order holds), fixed (n = N and m = M
 //            at compile time: unrolled loops, registers on the device),
 //            real (the real planes of pooled_real_path), framed (the
@@ -24,7 +25,7 @@
 //            likewise, out stored (f writes all of it); at_zero(k):
 //            whether k is order 0 (its sources apply); shift(dir);
 //            order_zero(o);
-//   operators  interval(iv, step), saturation(e, decay) (false without
+//   operators  interval(iv, step), saturation(e, sat) (false without
 //            one), pulse(e, cos a, sin a, cos phi, sin phi),
 //            rotations(ca, sa, cp, sp, f) (calls f with the pulse's
 //            PoolRotation: a store may pick a cheaper coefficient type),
@@ -100,8 +101,8 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pooled_event([[maybe_unused]] const EventS
   const int32_t iv = st.interval_of(e);
   typename St::Step step;
   if (iv >= 0) st.interval(iv, step);
-  typename St::Scale decay{};
-  const bool sat = bound && st.saturation(e, decay);
+  typename St::Sat saturation{};
+  const bool sat = bound && st.saturation(e, saturation);
   const bool rf = (f & event_rf) != 0;
   C ca = C{} + 1.0f, sa{}, cp = C{} + 1.0f, sp{};
   if (rf) st.pulse(e, ca, sa, cp, sp);
@@ -129,10 +130,7 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pooled_event([[maybe_unused]] const EventS
     // calls it with constants (Constant<true>: a compile-time true), so
     // that its body has no branches between the orders
     auto finish = [&](Order& o, auto saturate, auto turn, auto in_phase) BLOCHSIM_LAMBDA_INLINE {
-      if (saturate) {
-        o.cr[n] = o.cr[n] * decay;
-        if constexpr (!Real) o.ci[n] = o.ci[n] * decay;
-      }
+      if (saturate) saturation.template apply<Real>(o, n);
       if (turn)
         each_index<N, Fixed>(n, [&](int j) BLOCHSIM_LAMBDA_INLINE {
           if constexpr (Real) {

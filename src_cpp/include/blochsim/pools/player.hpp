@@ -34,7 +34,7 @@ struct PoolPlayer {
     n = q.n;
     m = q.m;
     K = s.states;
-    d = 3 * n + (q.bound ? 1 : 0);
+    d = 2 * n + m;
     per_interval = 2 * n * n + m * m + m + 1;
     per_driven = 1 + 2 * d * (d + 1);
   }
@@ -77,22 +77,31 @@ struct PoolPlayer {
       o[0] = S(1.0);
     }
   }
-  // The semisolid pool's decay under the pulse of event e (1 without one):
+  // The semisolid pools' saturation by the pulse of event e, when it
+  // saturates them (saturates()): the star's one pool decays by
   // exp(-pi G(df) (B1 alpha)^2 p / tau_rf), df the pulse's offset from this
-  // voxel's water resonance.
-  BLOCHSIM_HD S saturation(int64_t e) const {
-    if (!(q.bound && s.rf_duration_s != nullptr) || !(s.flags[e] & (event_rf | event_saturation)) ||
-        !(s.rf_duration_s[e] > 0.0f))
-      return S(1.0);
+  // voxel's water resonance; more pools, dipolar order or a dual offset
+  // take semisolid_saturation.
+  BLOCHSIM_HD bool saturation(int64_t e, SemisolidSaturation<S>& sat) const {
+    if (!saturates(s, q, e)) return false;
     const S tau_rf = seeded<S>(s.rf_duration_s[e], es.rf_duration);
     const S alpha = q.B1 * seeded<S>(s.flip_rad[e], es.flip);
     const double power = s.rf_power ? s.rf_power[e] : 1.0;
     const S offset = seeded<S>(s.rf_offset_hz ? s.rf_offset_hz[e] : 0.0, es.rf_offset);
+    const bool dual = (s.flags[e] & event_dual) != 0;
+    if (q.nb > 1 || q.dipolar[0] >= 0 || dual) {
+      semisolid_saturation(q, p.lineshape, ls, tau_rf, alpha, power, offset, dual, sat);
+      return true;
+    }
     const S xg = (offset - q.B0) * q.T2b * (2.0 * pi);
     double g, dg;
     lineshape_eval(p.lineshape, value_of(xg), ls, g, dg);
     using std::exp;
-    return exp(-((pi * power) / tau_rf) * (q.T2b * lift(xg, g, dg)) * (alpha * alpha));
+    sat.count = 1;
+    sat.z[0] = n;
+    sat.dz[0] = -1;
+    sat.a[0] = exp(-((pi * power) / tau_rf) * (q.T2b * lift(xg, g, dg)) * (alpha * alpha));
+    return true;
   }
   // The hard pulse of event e (SPEC §2), at this problem's B1 and B1phase.
   BLOCHSIM_HD PoolRotation<S> rotation(int64_t e) const {
@@ -120,6 +129,7 @@ struct PoolPlayer {
   using V = S;
   using C = S;
   using Scale = S;
+  using Sat = SemisolidSaturation<S>;
   static constexpr int N = max_liquid_pools, M = max_longitudinal_pools;
   static constexpr bool fixed = false, real = false, framed = false;
   using Order = PoolOrder<S, N, M>;
@@ -183,13 +193,6 @@ struct PoolPlayer {
     for (int i = 0; i < m * m; ++i) st.L[i] = L[i];
     for (int i = 0; i < m; ++i) st.z0[i] = r[i];
   }
-  BLOCHSIM_HD bool saturation(int64_t e, S& decay) const {
-    if (!(q.bound && s.rf_duration_s != nullptr) || !(s.flags[e] & (event_rf | event_saturation)) ||
-        !(s.rf_duration_s[e] > 0.0f))
-      return false;
-    decay = saturation(e);
-    return true;
-  }
   BLOCHSIM_HD void pulse(int64_t e, S& ca, S& sa, S& cp, S& sp) const {
     using std::cos;
     using std::sin;
@@ -209,11 +212,10 @@ struct PoolPlayer {
     driven_ops(s.driven[e], Mx, cx);
     const S* mat = reinterpret_cast<const S*>(Mx);
     const S* src = reinterpret_cast<const S*>(cx);
-    const int nn = n;
-    const bool bound = q.bound;
-    return [mat, src, nn, bound](Order& o, bool zero) {
+    const int nn = n, mm = m;
+    return [mat, src, nn, mm](Order& o, bool zero) {
       pool_drive<false>([&](int i) -> const S& { return mat[i]; }, [&](int i) -> const S& { return src[i]; }, zero,
-                        o, nn, bound);
+                        o, nn, mm);
     };
   }
   BLOCHSIM_HD S inversion() const { return -q.eta; }

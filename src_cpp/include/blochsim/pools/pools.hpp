@@ -36,6 +36,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "../dual.hpp"
 #include "../events.hpp"
@@ -44,10 +45,14 @@
 namespace blochsim {
 
 constexpr int max_liquid_pools = 1 + max_exchanging_pools;
-constexpr int max_longitudinal_pools = max_liquid_pools + 1;
+constexpr int max_semisolid_pools = 2;
+// longitudinal families: the liquid pools, the semisolid pools, and the
+// dipolar order of each semisolid pool that has a T1D
+constexpr int max_longitudinal_pools = max_liquid_pools + 2 * max_semisolid_pools;
 // components of one order under an exact rectangular pulse: F+, F-, Z of
-// each liquid pool, the semisolid Z, and a constant 1 for recovery
-constexpr int max_driven_size = 3 * max_liquid_pools + 2;
+// each liquid pool, the other longitudinal families, and a constant 1 for
+// recovery
+constexpr int max_driven_size = 3 * max_liquid_pools + 2 * max_semisolid_pools + 1;
 
 // Directions of pooled_block_of on duals (a Jacobian pass): pooled_status's
 // fields and seeds, and where the derivatives go: jac (t.n, jac_dirs,
@@ -73,10 +78,14 @@ struct Pools {
   int32_t n_exchanging = 0;  // pools B, C, ... with transverse states (0 .. 4)
   int32_t bound = 0;         // 1: the semisolid pool is on
   int32_t lineshape = lineshape_super_lorentzian;
+  int32_t bound2 = 0;        // 1: a second semisolid pool (with the first)
 #define BLOCHSIM_POOL_ABSENT(L) BLOCHSIM_POOL_COLUMNS(BLOCHSIM_ABSENT, L)
+#define BLOCHSIM_PAIR_ABSENT(a, b) BLOCHSIM_PAIR_FIELD(a, b, BLOCHSIM_ABSENT)
   // the pool fields in their order, tissue_fields <= f < pool_field_count
   Property field[pool_field_count - tissue_fields] = {
-      BLOCHSIM_BOUND_FIELDS(BLOCHSIM_ABSENT) BLOCHSIM_EXCHANGING_POOLS(BLOCHSIM_POOL_ABSENT)};
+      BLOCHSIM_BOUND_FIELDS(BLOCHSIM_ABSENT) BLOCHSIM_EXCHANGING_POOLS(BLOCHSIM_POOL_ABSENT)
+          BLOCHSIM_NETWORK_FIELDS(BLOCHSIM_ABSENT) BLOCHSIM_PAIR_RATES(BLOCHSIM_PAIR_ABSENT)};
+#undef BLOCHSIM_PAIR_ABSENT
 #undef BLOCHSIM_POOL_ABSENT
 
   // pool field f (tissue_fields <= f < pool_field_count)
@@ -91,6 +100,34 @@ struct Pools {
 
 // The Property of pool field f (tissue_fields <= f < pool_field_count).
 inline Property& pool_property(Pools& p, int f) { return p[f]; }
+
+// The longitudinal families of a call's pools: n liquid pools (free water
+// first), then nb semisolid pools, then the dipolar order of each
+// semisolid pool with a T1D (nd of them): m in all.  network: anything
+// beyond the star with one semisolid pool (a second semisolid pool,
+// dipolar order, a pair rate), which only the run-time-count players play.
+struct PoolLayout {
+  int n = 1, nb = 0, nd = 0, m = 1;
+  bool network = false;
+};
+BLOCHSIM_HD inline PoolLayout pool_layout(const Pools& p) {
+  PoolLayout l;
+  l.n = 1 + p.n_exchanging;
+  l.nb = p.bound ? (p.bound2 ? 2 : 1) : 0;
+  if (p.bound && p[field_bound_T1D_s].present()) ++l.nd;
+  if (p.bound2 && p[field_bound2_T1D_s].present()) ++l.nd;
+  l.m = l.n + l.nb + l.nd;
+  l.network = p.bound2 != 0 || l.nd > 0;
+  for (int j = 0; j < pair_rates; ++j) l.network = l.network || p[field_pair_first + j].present();
+  return l;
+}
+// The longitudinal family of network pool code c (PoolCode), or -1 when
+// the pool is off.
+BLOCHSIM_HD inline int pool_family(const PoolLayout& l, int c) {
+  if (c >= code_B && c <= code_E) return c < l.n ? c : -1;
+  const int b = c - code_bound;
+  return b < l.nb ? l.n + b : -1;
+}
 
 inline namespace BLOCHSIM_ISA {
 
@@ -208,14 +245,22 @@ BLOCHSIM_HD inline void expm(const T* a, int n, T* e) {
 }
 
 // One problem's tissue and pool values in S (SI), seeded for derivatives.
+// Families as PoolLayout orders them; f and R1 of a dipolar family are 0
+// and 1/T1D, and its k is 0 (it exchanges nothing).
 template <class S>
 struct PoolTissue {
   int n = 1;      // liquid pools: free water and the exchanging pools
-  int m = 1;      // longitudinal families: the liquid pools, then the semisolid pool if on
+  int m = 1;      // longitudinal families (PoolLayout)
+  int nb = 0;     // semisolid pools, families n .. n + nb - 1
   bool bound = false;
+  int dipolar[max_semisolid_pools] = {-1, -1};  // semisolid pool b's dipolar family, or -1
+  int pairs = 0;                                 // pair rates beyond the star
+  int pair_a[pair_rates], pair_b[pair_rates];    // their families
   S M0, B1, B1phase, B0, eta, T2b;
-  S f[max_longitudinal_pools], k[max_longitudinal_pools];  // k[0] unused
+  S T2s[max_semisolid_pools];                    // T2 of each semisolid pool (T2s[0] = T2b)
+  S f[max_longitudinal_pools], k[max_longitudinal_pools];  // k[0] unused; k[j]: j with free water
   S R1[max_longitudinal_pools], R2[max_liquid_pools], shift[max_liquid_pools];
+  S pair_k[pair_rates];
 };
 
 // How a value of tissue field `field` enters S: plain for double; for a dual,
@@ -242,9 +287,11 @@ BLOCHSIM_HD inline PoolTissue<S> pool_tissue(const Tissue& t, const Pools& p, in
     return Seeder<S>::make(v, field, fields, n_dirs, seeds);
   };
   PoolTissue<S> q;
-  q.n = 1 + p.n_exchanging;
+  const PoolLayout lay = pool_layout(p);
+  q.n = lay.n;
   q.bound = p.bound != 0;
-  q.m = q.n + (q.bound ? 1 : 0);
+  q.nb = lay.nb;
+  q.m = lay.m;
   const S T1 = get(t[field_T1], field_T1, t[field_T1].fallback), T2 = get(t[field_T2], field_T2, t[field_T2].fallback);
   q.M0 = get(t[field_M0], field_M0, t[field_M0].fallback);
   q.B1 = get(t[field_B1], field_B1, t[field_B1].fallback);
@@ -270,7 +317,34 @@ BLOCHSIM_HD inline PoolTissue<S> pool_tissue(const Tissue& t, const Pools& p, in
     q.k[q.n] = get(p[field_bound_exchange_hz], field_bound_exchange_hz, p[field_bound_exchange_hz].fallback);
     q.R1[q.n] = S(1.0) / get(p[field_bound_T1_s], field_bound_T1_s, p[field_bound_T1_s].fallback);
     q.T2b = get(p[field_bound_T2_s], field_bound_T2_s, p[field_bound_T2_s].fallback);
+    q.T2s[0] = q.T2b;
     rest = rest - q.f[q.n];
+  }
+  if (q.nb > 1) {
+    const int b = q.n + 1;
+    q.f[b] = get(p[field_bound2_fraction], field_bound2_fraction, 0.0);
+    q.k[b] = get(p[field_bound2_exchange_hz], field_bound2_exchange_hz, 0.0);
+    q.R1[b] = S(1.0) / get(p[field_bound2_T1_s], field_bound2_T1_s, p[field_bound2_T1_s].fallback);
+    q.T2s[1] = get(p[field_bound2_T2_s], field_bound2_T2_s, p[field_bound2_T2_s].fallback);
+    rest = rest - q.f[b];
+  }
+  int d = q.n + q.nb;
+  for (int b = 0; b < q.nb; ++b) {
+    const int field = b == 0 ? field_bound_T1D_s : field_bound2_T1D_s;
+    if (!p[field].present()) continue;
+    q.dipolar[b] = d;
+    q.f[d] = S(0.0);
+    q.k[d] = S(0.0);
+    q.R1[d] = S(1.0) / get(p[field], field, 1.0);
+    ++d;
+  }
+  for (int j = 0; j < pair_rates; ++j) {
+    const Property& prop = p[field_pair_first + j];
+    if (!prop.present()) continue;
+    q.pair_a[q.pairs] = pool_family(lay, pair_codes[j][0]);
+    q.pair_b[q.pairs] = pool_family(lay, pair_codes[j][1]);
+    q.pair_k[q.pairs] = get(prop, field_pair_first + j, 0.0);
+    ++q.pairs;
   }
   q.f[0] = rest;
   return q;
@@ -296,7 +370,7 @@ BLOCHSIM_HD BLOCHSIM_NOINLINE void pool_interval(const PoolTissue<S>& q, const S
     a[j * n + j].im = -((q.B0 + q.shift[j]) * w);
   }
   for (int j = 0; j < m; ++j) b[j * m + j] = -(q.R1[j] * tau);
-  for (int j = 1; j < m; ++j) {
+  for (int j = 1; j < q.n + q.nb; ++j) {
     const S out_of_free = q.k[j] * q.f[j] * tau, into_free = q.k[j] * q.f[0] * tau;
     b[0] = b[0] - out_of_free;
     b[j * m + j] = b[j * m + j] - into_free;
@@ -307,6 +381,21 @@ BLOCHSIM_HD BLOCHSIM_NOINLINE void pool_interval(const PoolTissue<S>& q, const S
       a[j * n + j].re = a[j * n + j].re - into_free;
       a[j * n].re = out_of_free;
       a[j].re = into_free;
+    }
+  }
+  // the pairs beyond the star: a -> b at k f_b, b -> a at k f_a
+  for (int j = 0; j < q.pairs; ++j) {
+    const int x = q.pair_a[j], y = q.pair_b[j];
+    const S out_of_x = q.pair_k[j] * q.f[y] * tau, into_x = q.pair_k[j] * q.f[x] * tau;
+    b[x * m + x] = b[x * m + x] - out_of_x;
+    b[y * m + y] = b[y * m + y] - into_x;
+    b[y * m + x] = b[y * m + x] + out_of_x;
+    b[x * m + y] = b[x * m + y] + into_x;
+    if (y < n) {
+      a[x * n + x].re = a[x * n + x].re - out_of_x;
+      a[y * n + y].re = a[y * n + y].re - into_x;
+      a[y * n + x].re = a[y * n + x].re + out_of_x;
+      a[x * n + y].re = a[x * n + y].re + into_x;
     }
   }
   expm(a, n, P);
@@ -321,16 +410,17 @@ BLOCHSIM_HD BLOCHSIM_NOINLINE void pool_interval(const PoolTissue<S>& q, const S
 // Scalars of one problem's pooled state (F+, F-, Z of each liquid pool and
 // the semisolid Z over K orders, complex).
 BLOCHSIM_HD inline int64_t pool_state_size(const EventStream& s, const Pools& p) {
-  const int64_t n = 1 + p.n_exchanging;
-  return (3 * n + (p.bound ? 1 : 0)) * 2 * static_cast<int64_t>(s.states);
+  const PoolLayout l = pool_layout(p);
+  return (2 * l.n + l.m) * 2 * static_cast<int64_t>(s.states);
 }
 
 // Scalars of one problem's operator tables: per distinct interval a flag,
 // P, L and r; per distinct exact pulse a flag, M and c.
 BLOCHSIM_HD inline int64_t pool_operator_size(const EventStream& s, const Pools& p) {
-  const int64_t n = 1 + p.n_exchanging, m = n + (p.bound ? 1 : 0);
+  const PoolLayout l = pool_layout(p);
+  const int64_t n = l.n, m = l.m;
   const int64_t per_interval = 2 * n * n + m * m + m + 1;
-  const int64_t d = 3 * n + (p.bound ? 1 : 0);
+  const int64_t d = 2 * n + m;
   const int64_t per_driven = 1 + 2 * d * (d + 1);
   return per_interval * s.n_intervals + per_driven * (s.driven ? s.n_driven : 0);
 }
@@ -371,22 +461,29 @@ BLOCHSIM_HD inline DrivenPulse<S> driven_pulse(const double* row, const EventSee
           seeded<S>(row[drv_phase_rad], es.phase), seeded<S>(row[drv_offset_hz], es.rf_offset)};
 }
 
+// The ratio of a semisolid pool's local dipolar field D (rad/s) to 1/T2:
+// D = 1 / (sqrt(15) T2), the super-Lorentzian's (Varma et al. 2015, JMR
+// 260:67), for every lineshape.
+constexpr double dipolar_field_factor = 0.2581988897471611;  // 1/sqrt(15)
+
 // The operator of an exact rectangular pulse (duration tau, flip alpha,
 // phase phi, offset df from water, all nominal) for one problem: the d × d
-// matrix M and the order-0 recovery c (d = 3n + 1 with a semisolid pool,
-// 3n without) over the components (F+, F-, Z) of each liquid pool and the
-// semisolid Z.  The Bloch–McConnell equations with the RF field are solved
+// matrix M and the order-0 recovery c (d = 2n + m) over the components
+// (F+, F-, Z) of each liquid pool and the other longitudinal families (the
+// semisolid pools' Z, their dipolar orders).  The Bloch–McConnell equations with the RF field are solved
 // in the frame of the pulse (where it is static and every pool is off
 // resonance by B0 + shift - df) by the exponential of their augmented
 // generator, then taken back to the water frame (F+ turned by
 // exp(-2 pi i df tau)).  The RF terms are the hard pulse's rotation per unit
-// angle (SPEC §2) at w1 = B1 alpha / tau; the semisolid pool saturates at
-// W = pi w1^2 G(df - B0).
+// angle (SPEC §2) at w1 = B1 alpha / tau; a semisolid pool saturates at
+// W = pi w1^2 G(df - B0), and with dipolar order (Provotorov's equations,
+// as Varma et al. 2015) its Z^b and dipolar order Z^d, scaled to Z's units,
+// move by W [[-1, x], [x, -x^2]], x = 2 pi (df - B0) / D.
 // (Not inlined on the host, as pool_interval.)
 template <class S>
 BLOCHSIM_HD BLOCHSIM_NOINLINE void pool_driven(const PoolTissue<S>& q, int lineshape, const LineshapeTable& ls,
                                                const DrivenPulse<S>& pulse, Cx<S>* M, Cx<S>* c) {
-  const int n = q.n, d = 3 * n + (q.bound ? 1 : 0), D = d + 1;
+  const int n = q.n, d = 2 * n + q.m, D = d + 1;
   const S tau = pulse.tau, df = pulse.df;
   const S zero = S(0.0);
   Cx<S> g[max_driven_size * max_driven_size], e[max_driven_size * max_driven_size];
@@ -421,26 +518,46 @@ BLOCHSIM_HD BLOCHSIM_NOINLINE void pool_driven(const PoolTissue<S>& q, int lines
       at(b, b).re = at(b, b).re - into_free;
       at(a, b).re = at(a, b).re + into_free;
     }
-  if (q.bound) {
-    const int B = 3 * n;
-    const S x = (df - q.B0) * q.T2b * (2.0 * pi);
+  for (int b = 0; b < q.nb; ++b) {
+    const int B = 3 * n + b, jb = n + b;
+    const S x = (df - q.B0) * q.T2s[b] * (2.0 * pi);
     double gv, dg;
     lineshape_eval(lineshape, value_of(x), ls, gv, dg);
-    const S W = (S(pi) / tau) * (q.T2b * lift(x, gv, dg)) * (w1t * w1t);  // W tau
-    const S r1 = q.R1[n] * tau;
-    const S out_of_free = q.k[n] * q.f[n] * tau, into_free = q.k[n] * q.f[0] * tau;
+    const S W = (S(pi) / tau) * (q.T2s[b] * lift(x, gv, dg)) * (w1t * w1t);  // W tau
+    const S r1 = q.R1[jb] * tau;
+    const S out_of_free = q.k[jb] * q.f[jb] * tau, into_free = q.k[jb] * q.f[0] * tau;
     at(B, B).re = -(r1 + W + into_free);
-    at(B, d).re = r1 * q.f[n];
+    at(B, d).re = r1 * q.f[jb];
     at(2, 2).re = at(2, 2).re - out_of_free;
     at(B, 2).re = out_of_free;
     at(2, B).re = into_free;
+    if (q.dipolar[b] >= 0) {
+      const int Dd = 2 * n + q.dipolar[b];
+      const S xd = x * (1.0 / dipolar_field_factor);
+      at(B, Dd).re = W * xd;
+      at(Dd, B).re = W * xd;
+      at(Dd, Dd).re = -(q.R1[q.dipolar[b]] * tau + W * (xd * xd));
+    }
+  }
+  // the pairs beyond the star (the longitudinal family j >= n is
+  // component 2n + j)
+  for (int j = 0; j < q.pairs; ++j) {
+    const int x = q.pair_a[j], y = q.pair_b[j];
+    const S out_of_x = q.pair_k[j] * q.f[y] * tau, into_x = q.pair_k[j] * q.f[x] * tau;
+    for (int comp = (y < n ? 0 : 2); comp < 3; ++comp) {
+      const int a = x < n ? 3 * x + comp : 2 * n + x, c = y < n ? 3 * y + comp : 2 * n + y;
+      at(a, a).re = at(a, a).re - out_of_x;
+      at(c, a).re = at(c, a).re + out_of_x;
+      at(c, c).re = at(c, c).re - into_x;
+      at(a, c).re = at(a, c).re + into_x;
+    }
   }
   expm<max_driven_size>(g, D, e);
   // back to the water frame
   const S turn = (df * tau) * (-2.0 * pi);
   const Cx<S> rot{cos(turn), sin(turn)};
   for (int i = 0; i < d; ++i) {
-    const int comp = i < 3 * n ? i % 3 : 2;
+    const int comp = i < 3 * n ? i % 3 : 2;  // the families after the liquid pools: longitudinal
     for (int j = 0; j <= d; ++j) {
       Cx<S> v = e[i * D + j];
       if (comp == 0) v = v * rot;
@@ -449,6 +566,117 @@ BLOCHSIM_HD BLOCHSIM_NOINLINE void pool_driven(const PoolTissue<S>& q, int lines
         M[i * d + j] = v;
       else
         c[i] = v;
+    }
+  }
+}
+
+// exp of the symmetric 2 × 2 matrix [[p, q], [q, r]] as [[a, b], [b, c]]:
+// with h = (p + r) / 2, g = (p - r) / 2 and d = sqrt(g^2 + q^2),
+// exp = e^h (cosh(d) I + sinh(d) / d [[g, q], [q, -g]]); e^{h +- d} are
+// formed apart (cosh(d) alone may overflow), and near d = 0 cosh(d) and
+// sinh(d) / d come from their series in d^2 (smooth there, as the
+// derivatives need).
+template <class S>
+BLOCHSIM_HD inline void symmetric_expm2(const S& p, const S& q, const S& r, S& a, S& b, S& c) {
+  using std::exp;
+  using std::sqrt;
+  const S h = (p + r) * 0.5, g = (p - r) * 0.5;
+  const S d2 = g * g + q * q;
+  S ch, sh;  // e^h cosh(d), e^h sinh(d) / d
+  if (value_of(d2) < 1e-4) {
+    const S e = exp(h);
+    ch = e * (1.0 + d2 * (1.0 / 2) * (1.0 + d2 * (1.0 / 12) * (1.0 + d2 * (1.0 / 30) * (1.0 + d2 * (1.0 / 56)))));
+    sh = e * (1.0 + d2 * (1.0 / 6) * (1.0 + d2 * (1.0 / 20) * (1.0 + d2 * (1.0 / 42) * (1.0 + d2 * (1.0 / 72)))));
+  } else {
+    const S d = sqrt(d2), ep = exp(h + d), em = exp(h - d);
+    ch = (ep + em) * 0.5;
+    sh = (ep - em) * 0.5 / d;
+  }
+  a = ch + sh * g;
+  c = ch - sh * g;
+  b = sh * q;
+}
+
+// The semisolid pools' saturation by one pulse, per order: each semisolid
+// pool's Z^b (family z[j]) and, with dipolar order, its Z^d (family dz[j],
+// else -1) by the symmetric [[a, b], [b, c]]; a pool without dipolar order
+// by a alone.  The star's one semisolid pool is SingleSaturation.
+template <class Sc>
+struct SemisolidSaturation {
+  int count = 0;
+  int z[max_semisolid_pools] = {}, dz[max_semisolid_pools] = {-1, -1};
+  Sc a[max_semisolid_pools] = {}, b[max_semisolid_pools] = {}, c[max_semisolid_pools] = {};
+  template <bool Real, class Order>
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void apply(Order& o, int) const {
+    for (int j = 0; j < count; ++j) {
+      if (dz[j] < 0) {
+        o.cr[z[j]] = o.cr[z[j]] * a[j];
+        if constexpr (!Real) o.ci[z[j]] = o.ci[z[j]] * a[j];
+      } else {
+        const auto zr = o.cr[z[j]], dr = o.cr[dz[j]];
+        o.cr[z[j]] = zr * a[j] + dr * b[j];
+        o.cr[dz[j]] = zr * b[j] + dr * c[j];
+        if constexpr (!Real) {
+          const auto zi = o.ci[z[j]], di = o.ci[dz[j]];
+          o.ci[z[j]] = zi * a[j] + di * b[j];
+          o.ci[dz[j]] = zi * b[j] + di * c[j];
+        }
+      }
+    }
+  }
+};
+// The one semisolid pool of the star (family n): Z^b times decay.
+template <class Sc>
+struct SingleSaturation {
+  Sc decay{};
+  template <bool Real, class Order>
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void apply(Order& o, int n) const {
+    o.cr[n] = o.cr[n] * decay;
+    if constexpr (!Real) o.ci[n] = o.ci[n] * decay;
+  }
+};
+
+// Whether event e saturates the semisolid pools of q: an RF pulse (or a
+// saturation) of positive duration.
+template <class S>
+BLOCHSIM_HD inline bool saturates(const EventStream& s, const PoolTissue<S>& q, int64_t e) {
+  return q.bound && s.rf_duration_s != nullptr && (s.flags[e] & (event_rf | event_saturation)) &&
+         s.rf_duration_s[e] > 0.0f;
+}
+
+// The saturation of q's semisolid pools by a pulse of duration tau_rf (s),
+// effective flip alpha (rad, B1 included), power factor power and offset
+// from water (Hz), dual: the power split evenly between +offset and
+// -offset.  A component at offset o saturates pool j at
+// W tau = pi power alpha^2 T2 G(o - B0) / tau_rf (SPEC §3), and moves its
+// dipolar order through x = 2 pi (o - B0) / D (symmetric_expm2 of the sum
+// of the components' generators).  Pool 0 of the star alone (no dipolar
+// order, one offset) is the SingleSaturation's exp(-W tau).
+template <class S>
+BLOCHSIM_HD inline void semisolid_saturation(const PoolTissue<S>& q, int lineshape, const LineshapeTable& ls,
+                                             const S& tau_rf, const S& alpha, double power, const S& offset,
+                                             bool dual, SemisolidSaturation<S>& out) {
+  using std::exp;
+  out.count = q.nb;
+  for (int j = 0; j < q.nb; ++j) {
+    out.z[j] = q.n + j;
+    out.dz[j] = q.dipolar[j];
+    S p = S(0.0), qq = S(0.0), r = S(0.0);
+    for (int side = 0; side < (dual ? 2 : 1); ++side) {
+      const S at = side == 0 ? offset - q.B0 : S(0.0) - offset - q.B0;
+      const S xg = at * q.T2s[j] * (2.0 * pi);
+      double g, dg;
+      lineshape_eval(lineshape, value_of(xg), ls, g, dg);
+      const S Wt = ((pi * (dual ? 0.5 * power : power)) / tau_rf) * (q.T2s[j] * lift(xg, g, dg)) * (alpha * alpha);
+      const S x = xg * (1.0 / dipolar_field_factor);
+      p = p - Wt;
+      qq = qq + Wt * x;
+      r = r - Wt * (x * x);
+    }
+    if (out.dz[j] < 0) {
+      out.a[j] = exp(p);
+    } else {
+      symmetric_expm2(p, qq, r, out.a[j], out.b[j], out.c[j]);
     }
   }
 }
@@ -477,11 +705,12 @@ struct PoolOrder {
 // the problem's pools.
 template <int N, int M, bool Fixed>
 struct PoolCounts {
-  static constexpr int n = N, m = M;
+  static constexpr int n = N, m = M, m_max = M;
   BLOCHSIM_HD void set(int, int) {}
 };
 template <int N, int M>
 struct PoolCounts<N, M, false> {
+  static constexpr int m_max = M;
   int n = N, m = M;
   BLOCHSIM_HD void set(int n_, int m_) {
     n = n_;
@@ -574,25 +803,25 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pool_copy(const PoolOrder<V, N, M>& o, Poo
 
 // One order o under an exact rectangular pulse (pool_driven): the d × d
 // complex matrix on its components (F+, F-, Z of each of the n liquid
-// pools, then the semisolid Z: d = 3 n + bound), plus at order 0 (order0)
-// the source.  mat(i) and src(i) read entry i of the matrix and of the
-// source as (re, im) pairs, wherever the player keeps them.  Fixed: n = N
-// and bound = M > N.
+// pools, then the other m - n longitudinal families: d = 2 n + m), plus at
+// order 0 (order0) the source.  mat(i) and src(i) read entry i of the
+// matrix and of the source as (re, im) pairs, wherever the player keeps
+// them.  Fixed: n = N and m = M.
 template <bool Fixed, class V, int N, int M, class Mat, class Src>
 BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pool_drive(const Mat& mat, const Src& src, bool order0, PoolOrder<V, N, M>& o,
-                                                 int n = N, bool bound = M > N) {
-  constexpr int D = 3 * N + (M > N ? 1 : 0);
+                                                 int n = N, int m = M) {
+  constexpr int D = 2 * N + M;
   if constexpr (Fixed) {
     n = N;
-    bound = M > N;
+    m = M;
   }
-  const int d = 3 * n + (bound ? 1 : 0);
+  const int d = 2 * n + m;
   auto re = [&](int i) BLOCHSIM_LAMBDA_INLINE -> V& {
-    const int j = i < 3 * n ? i / 3 : n, comp = i < 3 * n ? i % 3 : 2;
+    const int j = i < 3 * n ? i / 3 : i - 2 * n, comp = i < 3 * n ? i % 3 : 2;
     return comp == 0 ? o.ar[j] : comp == 1 ? o.br[j] : o.cr[j];
   };
   auto im = [&](int i) BLOCHSIM_LAMBDA_INLINE -> V& {
-    const int j = i < 3 * n ? i / 3 : n, comp = i < 3 * n ? i % 3 : 2;
+    const int j = i < 3 * n ? i / 3 : i - 2 * n, comp = i < 3 * n ? i % 3 : 2;
     return comp == 0 ? o.ai[j] : comp == 1 ? o.bi[j] : o.ci[j];
   };
   V vr[D], vi[D];
@@ -682,8 +911,15 @@ struct PoolRotation {
 // properties, whose values the caller checks.
 inline int validate_pool_config(const EventStream& s, const Tissue& t, const Pools& p) {
   if (p.n_exchanging < 0 || p.n_exchanging > max_exchanging_pools || p.lineshape < 0 ||
-      p.lineshape >= lineshape_count)
+      p.lineshape >= lineshape_count || (p.bound2 && !p.bound))
     return bad_pools;
+  // a T1D or a pair rate of a pool that is off
+  if ((!p.bound && p[field_bound_T1D_s].present()) || (!p.bound2 && p[field_bound2_T1D_s].present())) return bad_pools;
+  const PoolLayout lay = pool_layout(p);
+  for (int j = 0; j < pair_rates; ++j)
+    if (p[field_pair_first + j].present() &&
+        (pool_family(lay, pair_codes[j][0]) < 0 || pool_family(lay, pair_codes[j][1]) < 0))
+      return bad_pools;
   if (t[field_D].present() || t[field_v].present()) return pools_without_motion;
   if (s.n_events > 0 && s.rf_duration_s) {
     for (int64_t e = 0; e < s.n_events; ++e)
@@ -710,6 +946,16 @@ inline int validate_pools(const EventStream& s, const Tissue& t, const Pools& p)
         return bad_pool_fraction;
       sum += fb;
     }
+    if (p.bound2) {
+      const double fb = p[field_bound2_fraction].at(i), kb = p[field_bound2_exchange_hz].at(i);
+      if (!(fb >= 0.0) || !(kb >= 0.0) || !(p[field_bound2_T1_s].at(i) > 0.0) || !(p[field_bound2_T2_s].at(i) > 0.0))
+        return bad_pool_fraction;
+      sum += fb;
+    }
+    for (int f : {field_bound_T1D_s, field_bound2_T1D_s})
+      if (p[f].present() && !(p[f].at(i) > 0.0)) return bad_pool_fraction;
+    for (int j = 0; j < pair_rates; ++j)
+      if (p[field_pair_first + j].present() && !(p[field_pair_first + j].at(i) >= 0.0)) return bad_pool_fraction;
     if (sum > 1.0 + 1e-6) return bad_pool_fraction;
   }
   return ok;

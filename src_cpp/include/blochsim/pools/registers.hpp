@@ -85,6 +85,7 @@ struct PooledTeam {
   using V = V_;
   using C = float;
   using Scale = float;
+  using Sat = SingleSaturation<float>;
   static constexpr int N = N_, M = N_ + (Bound ? 1 : 0), D = 3 * N_ + (Bound ? 1 : 0);
   static constexpr bool fixed = true, real = Real_, framed = false;
   static constexpr int n = N, m = M, d = D;
@@ -240,7 +241,7 @@ BLOCHSIM_UNROLL
 BLOCHSIM_UNROLL
     for (int a = 0; a < m; ++a) step.z0[a] = first * Rv[a];
   }
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE bool saturation(int64_t e, float& decay) {
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE bool saturation(int64_t e, Sat& sat) {
     using std::exp;
     const EventStream& s = *es;
     if (!(saturating && (rec.flags & (event_rf | event_saturation)) && s.rf_duration_s[e] > 0.0f))
@@ -256,7 +257,7 @@ BLOCHSIM_UNROLL
     }
     const double power = s.rf_power ? s.rf_power[e] : 1.0;
     const double a = B1 * rec.flip_rad;
-    decay = exp(static_cast<float>(-(pi * power / tau_rf) * g_T2b * a * a));
+    sat.decay = exp(static_cast<float>(-(pi * power / tau_rf) * g_T2b * a * a));
     return true;
   }
   // A problem at B1 = 1 with no transmit phase takes each pulse's cos and
@@ -371,6 +372,7 @@ BLOCHSIM_UNROLL
 // Which PooledTeam the pools p play on (0: none; the other configurations
 // take pooled_block): 1 the semisolid pool, 2 one exchanging pool, 3 both.
 BLOCHSIM_HD inline int pooled_team_kind(const Pools& p) {
+  if (pool_layout(p).network) return 0;
   if (p.n_exchanging == 0 && p.bound) return 1;
   if (p.n_exchanging == 1) return p.bound ? 3 : 2;
   return 0;
