@@ -1,0 +1,203 @@
+"""Exchange networks beyond the star and dipolar order (SPEC §3), against a
+float64 Bloch–McConnell(–Provotorov) integration written in the tests
+(network_oracles.py): pair rates between any pools, a second semisolid
+pool, single- and dual-offset saturation of a pool with T1D, exact
+rectangular pulses, their Jacobians and protocol gradients."""
+import numpy as np
+import pytest
+
+from blochsim import Delay, Pulse, Readout, RectPulse, Saturation, Simulator, Spoil
+from blochsim.sequence import Sequence
+from network_oracles import NetworkOracle
+from pool_oracles import _central
+
+
+class NetworkTrain(Simulator):
+    """Saturating pulses (alternating offsets, or dual), then hard pulses
+    with readouts, an exact rectangular pulse and a spoiler."""
+    protocol = {"dual": False, "offset": 4000.0, "sat_flip": 300.0, "n_sat": 4, "TR": 5.0, "alternate": True}
+
+    def preparation(self, p):
+        ops = []
+        for i in range(p["n_sat"]):
+            sign = (-1) ** i if p["alternate"] else 1
+            ops += [Saturation(p["sat_flip"], 4.0, offset=p["offset"] * sign, dual=p["dual"]), Delay(4.0)]
+        return Sequence(ops)
+
+    def repetition(self, p):
+        ops = []
+        for i in range(6):
+            ops += [Pulse(30.0 + 7 * i, phase=(29.0 * i * i) % 360), Readout(), Delay(p["TR"] + i)]
+            if i == 2:
+                ops += [RectPulse(120.0, 2.0, phase=30.0, offset=150.0), Readout(), Spoil(), Delay(3.0)]
+        return Sequence(ops)
+
+
+def train_oracle(o, p, M0=1.0):
+    x = o.equilibrium()
+    for i in range(p["n_sat"]):
+        x = o.saturate(x, p["sat_flip"], 4.0, offset=p["offset"] * (-1) ** i, dual=p["dual"])
+        x = o.evolve(x, 4.0)
+    out = []
+    for i in range(6):
+        x = o.rotate(x, 30.0 + 7 * i, (29.0 * i * i) % 360)
+        out.append(o.transverse(x))
+        x = o.evolve(x, p["TR"] + i)
+        if i == 2:
+            x = o.rect(x, 120.0, 2.0, 30.0, 150.0)
+            out.append(o.transverse(x))
+            x = o.evolve(o.spoil(x), 3.0)
+    return M0 * np.array(out)
+
+
+# Networks of 3 to 5 pools, each (tissue, oracle arguments).
+NETWORKS = {
+    # three liquid pools, B and C exchanging with each other too
+    "liquid-chain": (dict(T1=1100.0, T2=80.0, B0=4.0, poolB_fraction=0.15, poolB_T1=500.0, poolB_T2=20.0,
+                          poolB_shift=25.0, poolB_exchange=5.0, poolC_fraction=0.1, poolC_T1=700.0, poolC_T2=40.0,
+                          poolC_shift=-40.0, poolC_exchange=0.0, exchange_B_C=30.0),
+                     dict(liquid=[(0.15, 500.0, 20.0, 25.0), (0.1, 700.0, 40.0, -40.0)],
+                          rates={("A", "B"): 5.0, ("A", "C"): 0.0, ("B", "C"): 30.0})),
+    # the white-matter shape: water, myelin water, two semisolid pools, ihMT in the first
+    "four-pool": (dict(T1=1000.0, T2=70.0, B0=6.0, B1=0.93, poolB_fraction=0.12, poolB_T1=400.0, poolB_T2=15.0,
+                       poolB_shift=20.0, poolB_exchange=2.0, bound_fraction=0.1, bound_T1=900.0, bound_T2=0.012,
+                       bound_exchange=0.0, bound2_fraction=0.06, bound2_T1=700.0, bound2_T2=0.009,
+                       bound2_exchange=15.0, exchange_B_bound=40.0, exchange_bound_bound2=8.0, exchange_B_bound2=3.0,
+                       bound_T1D=6.0),
+                  dict(liquid=[(0.12, 400.0, 15.0, 20.0)],
+                       semisolid=[(0.1, 900.0, 0.012, 6.0), (0.06, 700.0, 0.009, None)],
+                       rates={("A", "B"): 2.0, ("A", "bound"): 0.0, ("A", "bound2"): 15.0, ("B", "bound"): 40.0,
+                              ("bound", "bound2"): 8.0, ("B", "bound2"): 3.0}, B1=0.93)),
+    # five pools: three liquid, two semisolid, both with dipolar order, every kind of pair
+    "five-pool": (dict(T1=1200.0, T2=90.0, B0=-9.0, poolB_fraction=0.08, poolB_T1=450.0, poolB_T2=18.0,
+                       poolB_exchange=12.0, poolC_fraction=0.05, poolC_T1=800.0, poolC_T2=30.0, poolC_shift=60.0,
+                       poolC_exchange=4.0, bound_fraction=0.09, bound_T1=1000.0, bound_T2=0.011, bound_exchange=25.0,
+                       bound2_fraction=0.04, bound2_T1=600.0, bound2_T2=0.014, bound2_exchange=6.0,
+                       bound_T1D=4.0, bound2_T1D=9.0, exchange_B_C=20.0, exchange_C_bound=7.0,
+                       exchange_B_bound2=11.0, exchange_bound_bound2=3.0),
+                  dict(liquid=[(0.08, 450.0, 18.0, 0.0), (0.05, 800.0, 30.0, 60.0)],
+                       semisolid=[(0.09, 1000.0, 0.011, 4.0), (0.04, 600.0, 0.014, 9.0)],
+                       rates={("A", "B"): 12.0, ("A", "C"): 4.0, ("A", "bound"): 25.0, ("A", "bound2"): 6.0,
+                              ("B", "C"): 20.0, ("C", "bound"): 7.0, ("B", "bound2"): 11.0,
+                              ("bound", "bound2"): 3.0})),
+}
+
+
+def _oracle(tissue, args):
+    return NetworkOracle(tissue["T1"], tissue["T2"], tissue.get("B0", 0.0), **args)
+
+
+@pytest.mark.parametrize("dual", [False, True])
+@pytest.mark.parametrize("name", sorted(NETWORKS))
+def test_networks_against_bloch_mcconnell_provotorov(name, dual):
+    """3-5 pools with arbitrary pair rates, dipolar order under single- and
+    dual-offset saturation: within 1e-5 of M0, one voxel (the one-problem
+    player) and a block of voxels (the lanes)."""
+    tissue, args = NETWORKS[name]
+    sim = NetworkTrain(dual=dual)
+    ref = train_oracle(_oracle(tissue, args), {**NetworkTrain.protocol, "dual": dual})
+    np.testing.assert_allclose(sim.simulate(**tissue), ref, atol=1e-5)
+    block = sim.simulate(**{k: np.full(19, v) for k, v in tissue.items()})
+    np.testing.assert_allclose(block, np.broadcast_to(ref, block.shape), atol=1e-5)
+
+
+def test_dipolar_order_makes_single_and_dual_saturation_differ():
+    """ihMT's premise: with dipolar order, dual-offset saturation of the same
+    energy saturates more than single-offset (the first read's signal,
+    -i times the saturated Z, is smaller); without it, the same."""
+    base = dict(T1=1000.0, T2=70.0, bound_fraction=0.12, bound_exchange=30.0, bound_T1=1000.0, bound_T2=0.012)
+    z = {}
+    for t1d in (None, 20.0):
+        t = base if t1d is None else {**base, "bound_T1D": t1d}
+        z[t1d] = [-NetworkTrain(dual=d, n_sat=20, alternate=False).simulate(**t)[0].imag for d in (False, True)]
+    assert abs(z[None][0] - z[None][1]) < 1e-5
+    assert z[20.0][0] - z[20.0][1] > 5e-3
+
+
+def test_zero_rates_and_absent_pools_give_the_star():
+    """A network whose extra pair rates are zero plays the star's physics
+    (through the network players), within float32 round-off."""
+    star = dict(T1=900.0, T2=60.0, poolB_fraction=0.1, poolB_exchange=20.0, poolB_T2=10.0, bound_fraction=0.1,
+                bound_exchange=25.0)
+    a = NetworkTrain().simulate(**star)
+    b = NetworkTrain().simulate(**star, exchange_B_bound=0.0)
+    np.testing.assert_allclose(b, a, atol=2e-6)
+
+
+JAC_NAMES = ("exchange_B_bound", "exchange_bound_bound2", "exchange_B_bound2", "bound_T1D", "bound2_fraction",
+             "bound2_exchange", "bound2_T1", "bound2_T2", "bound_T2", "poolB_exchange", "T1")
+
+
+def test_network_jacobian_against_oracle_differences():
+    """jacobian() along every pair rate and the new pool properties, against
+    central differences of the float64 oracle."""
+    tissue, args = NETWORKS["four-pool"]
+    p = {**NetworkTrain.protocol, "dual": False}
+    sim = NetworkTrain()
+    s, J = sim.jacobian(JAC_NAMES, **tissue)
+    for i, k in enumerate(JAC_NAMES):
+        h = 1e-4 * abs(tissue[k])
+
+        def at(v):
+            t = {**tissue, k: v}
+            return train_oracle(_oracle(t, _args_of(t)), p)
+
+        fd = (at(tissue[k] + h) - at(tissue[k] - h)) / (2 * h)
+        np.testing.assert_allclose(J[i], fd, rtol=2e-3, atol=2e-6 * max(np.abs(fd).max(), 1e-3), err_msg=k)
+
+
+def _args_of(t):
+    """The four-pool oracle's arguments for the tissue t."""
+    return dict(liquid=[(t["poolB_fraction"], t["poolB_T1"], t["poolB_T2"], t["poolB_shift"])],
+                semisolid=[(t["bound_fraction"], t["bound_T1"], t["bound_T2"], t["bound_T1D"]),
+                           (t["bound2_fraction"], t["bound2_T1"], t["bound2_T2"], None)],
+                rates={("A", "B"): t["poolB_exchange"], ("A", "bound"): t["bound_exchange"],
+                       ("A", "bound2"): t["bound2_exchange"], ("B", "bound"): t["exchange_B_bound"],
+                       ("bound", "bound2"): t["exchange_bound_bound2"], ("B", "bound2"): t["exchange_B_bound2"]},
+                B1=t["B1"])
+
+
+@pytest.mark.parametrize("dual", [False, True])
+def test_network_vjp_against_oracle_differences(dual):
+    """vjp() along the protocol (saturation flip and offset, TR) and the
+    network's rates, in one adjoint sweep, against central differences of
+    the oracle."""
+    tissue, _ = NETWORKS["four-pool"]
+    p = {**NetworkTrain.protocol, "dual": dual}
+    sim = NetworkTrain(dual=dual)
+    names = ("sat_flip", "offset", "TR", "exchange_B_bound", "bound_T1D")
+    s, pullback = sim.vjp(names, **tissue)
+    rng = np.random.default_rng(5)
+    w = (rng.standard_normal(s.shape) + 1j * rng.standard_normal(s.shape)).astype(np.complex64)
+    g = pullback(w)
+
+    def loss(pp, tt):
+        return float(np.sum(np.real(np.conj(w) * train_oracle(_oracle(tt, _args_of(tt)), pp))))
+
+    for k in names:
+        if k in p:
+            h = 1e-4 * abs(p[k])
+            fd = (loss({**p, k: p[k] + h}, tissue) - loss({**p, k: p[k] - h}, tissue)) / (2 * h)
+        else:
+            h = 1e-4 * abs(tissue[k])
+            fd = (loss(p, {**tissue, k: tissue[k] + h}) - loss(p, {**tissue, k: tissue[k] - h})) / (2 * h)
+        np.testing.assert_allclose(g[k], fd, rtol=2e-3, atol=1e-6, err_msg=k)
+
+
+@pytest.mark.parametrize("tissue, message", [
+    (dict(bound_fraction=0.1, exchange_B_bound=3.0), "exchange_B_bound was given without poolB_fraction"),
+    (dict(bound2_fraction=0.1), "bound2_fraction was given without bound_fraction"),
+    (dict(bound_T1D=5.0), "bound_T1D was given without bound_fraction"),
+    (dict(bound_fraction=0.1, bound_T1D=0.0), "bound_T1D must be > 0"),
+    (dict(bound_fraction=0.1, bound_T1D=np.nan), "bound_T1D"),
+    (dict(poolB_fraction=0.1, bound_fraction=0.1, exchange_B_bound=-1.0), "exchange_B_bound must be >= 0"),
+    (dict(bound_fraction=0.6, bound2_fraction=0.5), "pool fractions sum to 1.1"),
+])
+def test_network_refusals(tissue, message):
+    with pytest.raises(ValueError, match=message):
+        NetworkTrain().simulate(T1=1000.0, T2=80.0, **tissue)
+
+
+def test_dual_must_be_a_bool():
+    with pytest.raises(TypeError, match="dual of a Saturation must be a bool"):
+        Saturation(300.0, 4.0, offset=5000.0, dual="yes")
