@@ -159,9 +159,11 @@ def _write_api(root):
           _entries("blochsim.estimators", est.__all__))
     _page(os.path.join(api, "optim.rst"), "Protocol design and steady states",
           "Fisher information, Cramér–Rao bounds and sequence design (``blochsim.optim``); the exact periodic "
-          "steady state (``blochsim.steady``); the numerical phantom (``blochsim.phantom``).",
+          "steady state (``blochsim.steady``); the numerical phantom (``blochsim.phantom``); tissue presets "
+          "(``blochsim.presets``).",
           _entries("blochsim.optim", _public("blochsim.optim")) + _entries("blochsim.steady", _public("blochsim.steady"))
-          + _entries("blochsim.phantom", ["TISSUES", "brain_phantom"]))
+          + _entries("blochsim.phantom", ["TISSUES", "brain_phantom"])
+          + _entries("blochsim.presets", _public("blochsim.presets")))
     _page(os.path.join(api, "distributed.rst"), "Dask", "Lazy simulation and estimation on a Dask scheduler "
           "(``pip install \"blochsim[distributed]\"``); see :doc:`../cluster`.",
           _entries("blochsim.distributed", ["lazy_call", "tree_sum"]))

@@ -321,6 +321,16 @@ class MTSimulator(Simulator):
     exc_duration : float, ms, optional
         Duration of the excitation, through which it saturates the
         semisolid pool too (default 0: no saturation by the excitation).
+    mt_mode : {"single", "dual"}, optional
+        ``"single"`` (default): the MT pulse at ``mt_offset``.  ``"dual"``:
+        the same pulse (same amplitude and energy) in ``mt_segments`` equal
+        parts alternating between +``mt_offset`` and -``mt_offset``, each
+        played exactly, the RF phase continuous across them: the
+        frequency-alternating dual saturation of inhomogeneous MT (ihMT;
+        Varma et al. 2015, MRM 73:614), where a semisolid pool with dipolar
+        order (``bound_T1D``) is saturated more than by the single pulse.
+    mt_segments : int, optional
+        Parts of a dual MT pulse (default 16, even).
     n_tr : int, optional
         TRs played (default 300), enough to reach the steady state at
         common T1 and TR.
@@ -336,7 +346,7 @@ class MTSimulator(Simulator):
     """
 
     protocol = {"flip": None, "TR": None, "mt_flip": 500.0, "mt_duration": 8.0, "mt_offset": 1500.0,
-                "exc_duration": 0.0, "n_tr": 300}
+                "exc_duration": 0.0, "n_tr": 300, "mt_mode": "single", "mt_segments": 16}
     tissue_properties = ("T1", "T2", "M0", "B1", "B0")
 
     def check_protocol(self, p):
@@ -347,6 +357,12 @@ class MTSimulator(Simulator):
                                      ("mt_offset", None, False, "Hz"), ("exc_duration", 0.0, False, "ms")):
             p[k] = float(V.protocol_array(k, p[k], low=low, strict=strict, unit=unit, ndim_max=0))
         p["n_tr"] = V.positive_int("n_tr", p["n_tr"])
+        if p["mt_mode"] not in ("single", "dual"):
+            raise ValueError(f"mt_mode must be 'single' or 'dual', got {p['mt_mode']!r}")
+        p["mt_segments"] = V.positive_int("mt_segments", p["mt_segments"])
+        if p["mt_segments"] % 2:
+            raise ValueError(f"mt_segments must be even (as many parts at +mt_offset as at -mt_offset), got "
+                             f"{p['mt_segments']}")
         if p["mt_flip"] > 0 and p["mt_duration"] >= p["TR"]:
             raise ValueError(f"mt_duration must be < TR = {p['TR']:g} ms, got {p['mt_duration']:g}")
         if p["repetitions"] != 1:
@@ -368,8 +384,16 @@ class MTSimulator(Simulator):
         mt = p["mt_flip"] > 0
         one = [Pulse(p["flip"], duration=p["exc_duration"]), Readout(-90.0), Spoil(),
                Delay(p["TR"] - (p["mt_duration"] if mt else 0.0))]
-        if mt:
+        if mt and p["mt_mode"] == "single":
             one += [RectPulse(p["mt_flip"], p["mt_duration"], offset=p["mt_offset"]), Spoil()]
+        elif mt:
+            n = p["mt_segments"]
+            part, phase = p["mt_duration"] / n, 0.0
+            for k in range(n):
+                offset = p["mt_offset"] * (1 - 2 * (k % 2))
+                one.append(RectPulse(p["mt_flip"] / n, part, phase=phase % 360.0, offset=offset))
+                phase += 360.0 * offset * part * 1e-3
+            one.append(Spoil())
         return one
 
 

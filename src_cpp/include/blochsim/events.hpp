@@ -278,11 +278,14 @@ enum PoolField : int {
 constexpr int field_pair_first = field_exchange_B_C_hz;
 // Pool codes of the network (BLOCHSIM_PAIR_RATES).
 enum PoolCode : int { code_B = 1, code_C, code_D, code_E, code_bound, code_bound2 };
-// The two pools of each pair rate, in the field order.
-#define BLOCHSIM_PAIR_CODES(a, b) {code_##a, code_##b},
-inline constexpr int pair_codes[][2] = {BLOCHSIM_PAIR_RATES(BLOCHSIM_PAIR_CODES)};
-#undef BLOCHSIM_PAIR_CODES
 constexpr int pair_rates = pool_field_count - field_pair_first;
+// Pool `side` (0 or 1) of pair rate j, as a PoolCode.
+#define BLOCHSIM_PAIR_CODES(a, b) {code_##a, code_##b},
+BLOCHSIM_HD constexpr int pair_code(int j, int side) {
+  const int codes[][2] = {BLOCHSIM_PAIR_RATES(BLOCHSIM_PAIR_CODES)};
+  return codes[j][side];
+}
+#undef BLOCHSIM_PAIR_CODES
 #undef BLOCHSIM_FIELD_ENUM
 #undef BLOCHSIM_COLUMN_ENUM
 #undef BLOCHSIM_COUNT_POOL

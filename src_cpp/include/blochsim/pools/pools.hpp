@@ -341,8 +341,8 @@ BLOCHSIM_HD inline PoolTissue<S> pool_tissue(const Tissue& t, const Pools& p, in
   for (int j = 0; j < pair_rates; ++j) {
     const Property& prop = p[field_pair_first + j];
     if (!prop.present()) continue;
-    q.pair_a[q.pairs] = pool_family(lay, pair_codes[j][0]);
-    q.pair_b[q.pairs] = pool_family(lay, pair_codes[j][1]);
+    q.pair_a[q.pairs] = pool_family(lay, pair_code(j, 0));
+    q.pair_b[q.pairs] = pool_family(lay, pair_code(j, 1));
     q.pair_k[q.pairs] = get(prop, field_pair_first + j, 0.0);
     ++q.pairs;
   }
@@ -918,7 +918,7 @@ inline int validate_pool_config(const EventStream& s, const Tissue& t, const Poo
   const PoolLayout lay = pool_layout(p);
   for (int j = 0; j < pair_rates; ++j)
     if (p[field_pair_first + j].present() &&
-        (pool_family(lay, pair_codes[j][0]) < 0 || pool_family(lay, pair_codes[j][1]) < 0))
+        (pool_family(lay, pair_code(j, 0)) < 0 || pool_family(lay, pair_code(j, 1)) < 0))
       return bad_pools;
   if (t[field_D].present() || t[field_v].present()) return pools_without_motion;
   if (s.n_events > 0 && s.rf_duration_s) {
