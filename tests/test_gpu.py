@@ -554,6 +554,24 @@ def _pool_cases():
          {**offres, "poolB_fraction": 0.01, "poolB_exchange": 500.0, "poolB_shift": 447.0, "bound_fraction": 0.1,
           "bound_exchange": 25.0}),
         ("mt-saturating", MTSimulator(flip=10.0, TR=30.0, n_tr=50, exc_duration=1.0), {**offres, "bound_fraction": 0.15, "bound_exchange": 30.0}),
+    ] + _network_cases(pooled, offres)
+
+
+def _network_cases(pooled, offres):
+    """Exchange networks beyond the star (tests/test_networks.py): the
+    four-pool white matter with dipolar order on the MRF train, a dual-offset
+    saturation train, and MTSimulator's frequency-alternating ihMT pulse."""
+    from blochsim.presets import white_matter_four_pool
+    from blochsim.simulators import MTSimulator
+    from test_networks import NETWORKS, NetworkTrain
+
+    five = {k: v for k, v in NETWORKS["five-pool"][0].items() if k not in ("T1", "T2", "B0")}
+    return [
+        ("mrf-four-pool-ihmt", MRFSimulator(flip=FLIPS[:120], TR=10.0, states=24),
+         {**white_matter_four_pool(), **pooled}),
+        ("network-five-pool-dual", NetworkTrain(dual=True, states=8), {**five, **offres}),
+        ("mt-dual-ihmt", MTSimulator(flip=10.0, TR=30.0, n_tr=30, mt_offset=6000.0, mt_mode="dual"),
+         {**white_matter_four_pool(), **offres}),
     ]
 
 
@@ -683,10 +701,13 @@ def test_pools_at_2048_states_on_device():
     assert rel(fse.simulate(**t), ref) <= RTOL
 
 
-@pytest.mark.parametrize("name,sim,tissue", _pool_cases()[:5], ids=[c[0] for c in _pool_cases()[:5]])
+_JACOBIAN_CASES = _pool_cases()[:5] + _pool_cases()[-3:-1]
+
+
+@pytest.mark.parametrize("name,sim,tissue", _JACOBIAN_CASES, ids=[c[0] for c in _JACOBIAN_CASES])
 def test_pools_jacobian_parity_with_host(name, sim, tissue):
-    names = [k for k in ("T1", "T2", "B1", "bound_fraction", "bound_exchange", "poolB_exchange", "poolB_shift")
-             if k in tissue]
+    names = [k for k in ("T1", "T2", "B1", "bound_fraction", "bound_exchange", "poolB_exchange", "poolB_shift",
+                         "exchange_B_bound", "bound_T1D", "bound2_fraction", "exchange_bound_bound2") if k in tissue]
     s0, J0 = sim.jacobian(names, **tissue)
     sim.device = "cuda"
     s1, J1 = sim.jacobian(names, **tissue)
@@ -699,14 +720,16 @@ def test_pools_jacobian_parity_with_host(name, sim, tissue):
 
 _POOL_PROTOCOL = {"mrf-bound": ("flip", "TR"), "mrf-poolB": ("flip", "TR"), "mrf-4pools-bound": ("flip",),
                   "fse-bound": ("flip", "ESP"), "cest": ("B1sat", "pulse_duration", "offsets"),
-                  "mt-saturating": ("flip", "TR", "mt_flip", "mt_offset", "exc_duration")}
+                  "mt-saturating": ("flip", "TR", "mt_flip", "mt_offset", "exc_duration"),
+                  "mrf-four-pool-ihmt": ("flip", "TR"), "network-five-pool-dual": ("sat_flip", "offset", "TR"),
+                  "mt-dual-ihmt": ("flip", "mt_flip")}
 
 
 @pytest.mark.parametrize("name,sim,tissue", _pool_cases(), ids=[c[0] for c in _pool_cases()])
 def test_pools_vjp_parity_with_host(name, sim, tissue):
     names = _POOL_PROTOCOL[name] + tuple(
-        k for k in ("T1", "T2", "B1", "B0", "bound_fraction", "bound_exchange", "poolB_exchange", "poolB_shift")
-        if k in tissue)
+        k for k in ("T1", "T2", "B1", "B0", "bound_fraction", "bound_exchange", "poolB_exchange", "poolB_shift",
+                    "exchange_B_bound", "bound_T1D", "bound2_T1D") if k in tissue)
     s0, pb0 = sim.vjp(names, **tissue)
     rng = np.random.default_rng(11)
     w = (rng.standard_normal(s0.shape) + 1j * rng.standard_normal(s0.shape)).astype(np.complex64)

@@ -245,3 +245,5 @@ def test_mt_mode_refusals():
         MTSimulator(flip=10.0, TR=30.0, mt_mode="both")
     with pytest.raises(ValueError, match="mt_segments must be even"):
         MTSimulator(flip=10.0, TR=30.0, mt_mode="dual", mt_segments=3)
+    with pytest.raises(ValueError, match="must hold whole cycles of the offset, got 1.5"):
+        MTSimulator(flip=10.0, TR=30.0, mt_mode="dual", mt_offset=1500.0, mt_duration=8.0, mt_segments=8)

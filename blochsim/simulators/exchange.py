@@ -330,7 +330,9 @@ class MTSimulator(Simulator):
         Varma et al. 2015, MRM 73:614), where a semisolid pool with dipolar
         order (``bound_T1D``) is saturated more than by the single pulse.
     mt_segments : int, optional
-        Parts of a dual MT pulse (default 16, even).
+        Parts of a dual MT pulse (default 8, even), each a whole number of
+        cycles of ``mt_offset`` (else the alternating pulse carries a
+        component at the water resonance, and is refused).
     n_tr : int, optional
         TRs played (default 300), enough to reach the steady state at
         common T1 and TR.
@@ -346,7 +348,7 @@ class MTSimulator(Simulator):
     """
 
     protocol = {"flip": None, "TR": None, "mt_flip": 500.0, "mt_duration": 8.0, "mt_offset": 1500.0,
-                "exc_duration": 0.0, "n_tr": 300, "mt_mode": "single", "mt_segments": 16}
+                "exc_duration": 0.0, "n_tr": 300, "mt_mode": "single", "mt_segments": 8}
     tissue_properties = ("T1", "T2", "M0", "B1", "B0")
 
     def check_protocol(self, p):
@@ -363,6 +365,12 @@ class MTSimulator(Simulator):
         if p["mt_segments"] % 2:
             raise ValueError(f"mt_segments must be even (as many parts at +mt_offset as at -mt_offset), got "
                              f"{p['mt_segments']}")
+        cycles = p["mt_offset"] * p["mt_duration"] * 1e-3 / p["mt_segments"]
+        if p["mt_mode"] == "dual" and p["mt_flip"] > 0 and abs(cycles - round(cycles)) > 1e-6:
+            raise ValueError(f"a dual MT pulse's part ({p['mt_duration'] / p['mt_segments']:g} ms at mt_offset = "
+                             f"{p['mt_offset']:g} Hz) must hold whole cycles of the offset, got {cycles:g}: the "
+                             f"alternating pulse would carry a component at the water resonance; choose "
+                             f"mt_segments, mt_duration or mt_offset to make it whole")
         if p["mt_flip"] > 0 and p["mt_duration"] >= p["TR"]:
             raise ValueError(f"mt_duration must be < TR = {p['TR']:g} ms, got {p['mt_duration']:g}")
         if p["repetitions"] != 1:

@@ -12,8 +12,8 @@ ihMTR = (S_single − S_dual) / S_0.
 
 Here :class:`blochsim.simulators.MTSimulator` plays a spoiled gradient echo
 with an 8 ms MT pulse at 7 kHz every 30 ms, once at +7 kHz and once
-frequency-alternating (``mt_mode="dual"``: 16 exact parts alternating
-between ±7 kHz), with the white-matter network of
+frequency-alternating (``mt_mode="dual"``: 8 exact parts of 1 ms, 7
+whole cycles each, alternating between ±7 kHz), with the white-matter network of
 :func:`blochsim.presets.white_matter_four_pool` and a range of T1D. The
 ratio grows with power until direct saturation catches up, and vanishes as
 T1D shortens (the dipolar reservoir relaxes before it can hold anything
