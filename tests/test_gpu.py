@@ -715,7 +715,8 @@ def test_pools_jacobian_parity_with_host(name, sim, tissue):
     assert J1.shape == J0.shape
     assert rel(s1, s0) <= RTOL
     for i in range(len(names)):
-        assert rel(J1[..., i, :], J0[..., i, :]) <= RTOL, names[i]
+        # (a column that is 0, as bound_T1D's without saturating pulses, is 0 on both)
+        assert np.max(np.abs(J1[..., i, :] - J0[..., i, :])) <= RTOL * np.max(np.abs(J0[..., i, :])) + 1e-12, names[i]
 
 
 _POOL_PROTOCOL = {"mrf-bound": ("flip", "TR"), "mrf-poolB": ("flip", "TR"), "mrf-4pools-bound": ("flip",),
