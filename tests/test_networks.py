@@ -247,3 +247,22 @@ def test_mt_mode_refusals():
         MTSimulator(flip=10.0, TR=30.0, mt_mode="dual", mt_segments=3)
     with pytest.raises(ValueError, match="must hold whole cycles of the offset, got 1.5"):
         MTSimulator(flip=10.0, TR=30.0, mt_mode="dual", mt_offset=1500.0, mt_duration=8.0, mt_segments=8)
+
+
+def test_white_matter_preset_is_a_network_and_plays():
+    """The preset's pools: free water holds 0.75 of M0, myelin water
+    exchanges with the myelin semisolid, which free water does not touch;
+    it plays through the oracle's physics on the train."""
+    from blochsim.presets import white_matter_four_pool
+
+    wm = white_matter_four_pool()
+    assert 1 - wm["poolB_fraction"] - wm["bound_fraction"] - wm["bound2_fraction"] == pytest.approx(0.75)
+    assert wm["bound_exchange"] == 0.0 and wm["exchange_B_bound"] > 0 and "bound_T1D" in wm
+    assert "bound_T1D" not in white_matter_four_pool(ihmt=False)
+    o = NetworkOracle(wm["T1"], wm["T2"], liquid=[(wm["poolB_fraction"], wm["poolB_T1"], wm["poolB_T2"], 0.0)],
+                      semisolid=[(wm["bound_fraction"], wm["bound_T1"], wm["bound_T2"], wm["bound_T1D"]),
+                                 (wm["bound2_fraction"], wm["bound2_T1"], wm["bound2_T2"], None)],
+                      rates={("A", "B"): wm["poolB_exchange"], ("B", "bound"): wm["exchange_B_bound"],
+                             ("A", "bound2"): wm["bound2_exchange"]})
+    p = dict(NetworkTrain.protocol)
+    np.testing.assert_allclose(NetworkTrain().simulate(**wm), train_oracle(o, p), atol=1e-5)
