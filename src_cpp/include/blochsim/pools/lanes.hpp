@@ -492,10 +492,10 @@ inline int pooled_block_host(const EventStream& s, const Tissue& t, const Pools&
 }
 
 // Whether pooled_jacobian_block plays these pools: the semisolid pool
-// alone, or one exchanging pool with or without it.
+// alone, one exchanging pool with or without it, or a network (at run-time
+// counts).
 BLOCHSIM_HD inline bool pooled_lane_jacobian(const Pools& p) {
-  if (pool_layout(p).network) return false;
-  return p.n_exchanging == 1 || (p.n_exchanging == 0 && p.bound);
+  return pool_layout(p).network || p.n_exchanging == 1 || (p.n_exchanging == 0 && p.bound);
 }
 
 // Whether a Jacobian pass along jo's directions turns the transverse states
@@ -518,6 +518,8 @@ inline int pooled_jacobian_block(const EventStream& s, const Tissue& t, const Po
                                  int64_t first, V* work, int64_t ws, float* out, bool real,
                                  const PooledJacobianOut& jo) {
   if (!pooled_lane_jacobian(p)) return bad_pools;
+  if (pool_layout(p).network)
+    return pooled_block_of<V, max_liquid_pools, true, WS, false, false>(s, t, p, ls, first, work, ws, out, jo);
   if (p.n_exchanging == 0) {
     return real ? pooled_block_of<V, 1, true, WS, true>(s, t, p, ls, first, work, ws, out, jo)
                 : pooled_block_of<V, 1, true, WS>(s, t, p, ls, first, work, ws, out, jo);
