@@ -9,7 +9,7 @@ coupled to its Z by W [[-1, x], [x, -x^2]], x = 2 pi df sqrt(15) T2
 import numpy as np
 from scipy.linalg import expm
 
-from pool_oracles import oracle_lineshape
+from pool_oracles import oracle_lineshape, rotation
 
 LIQUID_NAMES = "ABCDE"
 
@@ -130,10 +130,8 @@ class NetworkOracle:
         return expm(G * t_ms * 1e-3) @ x
 
     def rotate(self, x, flip_deg, phase_deg=0.0):
-        a, phi = self.B1 * np.radians(flip_deg), np.radians(phase_deg)
-        u = np.array([np.cos(phi), np.sin(phi), 0.0])
-        K = np.array([[0, -u[2], u[1]], [u[2], 0, -u[0]], [-u[1], u[0], 0]])
-        R = np.eye(3) + np.sin(a) * K + (1 - np.cos(a)) * K @ K
+        """A hard pulse (B1 included) on every liquid pool."""
+        R = rotation(self.B1 * np.radians(flip_deg), np.radians(phase_deg))
         y = x.copy()
         for j in range(self.n):
             y[3 * j:3 * j + 3] = R @ x[3 * j:3 * j + 3]

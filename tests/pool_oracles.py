@@ -20,6 +20,13 @@ GAMMA_HZ_PER_T = 42.57747892e6
 # semisolid pool Mz only; a last component holds the constant 1 for the
 # recovery terms.
 
+def rotation(a, phi):
+    """The 3 × 3 rotation of (Mx, My, Mz) by a (rad) about (cos phi, sin phi, 0)."""
+    u = np.array([np.cos(phi), np.sin(phi), 0.0])
+    K = np.array([[0, -u[2], u[1]], [u[2], 0, -u[0]], [-u[1], u[0], 0]])
+    return np.eye(3) + np.sin(a) * K + (1 - np.cos(a)) * K @ K
+
+
 class Oracle:
     def __init__(self, T1, T2, B0=0.0, pools=(), bound=None):
         """pools: (f, k, T1, T2, shift) per exchanging pool (ms, Hz);
@@ -89,10 +96,7 @@ class Oracle:
 
     def rotate(self, x, flip_deg, phase_deg=0.0):
         """Hard pulse at phase phi: rotation about (cos phi, sin phi, 0)."""
-        a, phi = np.radians(flip_deg), np.radians(phase_deg)
-        u = np.array([np.cos(phi), np.sin(phi), 0.0])
-        K = np.array([[0, -u[2], u[1]], [u[2], 0, -u[0]], [-u[1], u[0], 0]])
-        R = np.eye(3) + np.sin(a) * K + (1 - np.cos(a)) * K @ K
+        R = rotation(np.radians(flip_deg), np.radians(phase_deg))
         y = x.copy()
         for j in range(self.n):
             y[3 * j:3 * j + 3] = R @ x[3 * j:3 * j + 3]
