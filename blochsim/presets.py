@@ -33,22 +33,22 @@ def white_matter_four_pool(ihmt: bool = True) -> dict:
     for simulation, not a fit: take a source's own values for quantitative
     work.
 
-    ===================== ============ ==========================================
-    property              value        meaning
-    ===================== ============ ==========================================
-    T1, T2                1000, 70 ms  IEW
-    poolB_fraction        0.07         MW share of M0
-    poolB_T1, poolB_T2    400, 15 ms   MW
-    poolB_exchange        6 Hz         MW <-> IEW: MW -> IEW at 6 x 0.75 /s
-    bound_fraction        0.11         myelin semisolid
-    bound_T1, bound_T2    1000 ms, 12 us
-    bound_exchange        0 Hz         not in contact with IEW
-    exchange_B_bound      150 Hz       MW <-> myelin semisolid: MW -> at 16.5 /s
-    bound_T1D             6 ms         dipolar order (``ihmt=True`` only)
-    bound2_fraction       0.07         non-myelin semisolid
-    bound2_T1, bound2_T2  1000 ms, 10 us
-    bound2_exchange       30 Hz        IEW <-> non-myelin semisolid: IEW -> at 2.1 /s
-    ===================== ============ ==========================================
+    ======================== ================ ============================================
+    property                 value            meaning
+    ======================== ================ ============================================
+    T1, T2                   1000, 70 ms      IEW
+    poolB_fraction           0.07             MW share of M0
+    poolB_T1, poolB_T2       400, 15 ms       MW
+    poolB_exchange           6 Hz             MW <-> IEW: MW -> IEW at 6 x 0.75 /s
+    bound_fraction           0.11             myelin semisolid
+    bound_T1, bound_T2       1000 ms, 12 us
+    bound_exchange           0 Hz             not in contact with IEW
+    exchange_B_bound         150 Hz           MW <-> myelin semisolid: MW -> at 16.5 /s
+    bound_T1D                6 ms             dipolar order (``ihmt=True`` only)
+    bound2_fraction          0.07             non-myelin semisolid
+    bound2_T1, bound2_T2     1000 ms, 10 us
+    bound2_exchange          30 Hz            IEW <-> non-myelin semisolid: IEW -> at 2.1 /s
+    ======================== ================ ============================================
 
     Parameters
     ----------

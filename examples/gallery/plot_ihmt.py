@@ -1,6 +1,6 @@
 """
 Inhomogeneous MT: ihMTR against the MT pulse's B1 rms and the dipolar T1D
-========================================================================
+=========================================================================
 
 A semisolid pool with dipolar order (its relaxation time T1D) is saturated
 less by a pulse at one offset than by the same energy split between +Δ and

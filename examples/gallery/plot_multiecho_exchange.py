@@ -1,6 +1,6 @@
 """
 Myelin water imaging with exchange: a four-pool white-matter network
-===================================================================
+====================================================================
 
 Multi-echo T2 relaxometry reads the myelin water fraction (MWF) from the
 short-T2 part of a CPMG decay (MacKay et al. 1994, MRM 31:673). In white
