@@ -15,9 +15,12 @@ with an 8 ms MT pulse at 7 kHz every 30 ms, once at +7 kHz and once
 frequency-alternating (``mt_mode="dual"``: 8 exact parts of 1 ms, 7
 whole cycles each, alternating between ±7 kHz), with the white-matter network of
 :func:`blochsim.presets.white_matter_four_pool` and a range of T1D. The
-ratio grows with power until direct saturation catches up, and vanishes as
-T1D shortens (the dipolar reservoir relaxes before it can hold anything
-back).
+ratio grows with power, more slowly as the semisolid pool nears full
+saturation, and vanishes as T1D shortens (the dipolar reservoir relaxes
+before it can hold anything back). It stays at a few per cent here because
+in this network the myelin semisolid, the pool with dipolar order, touches
+only myelin water, which passes its saturation on to the
+intra/extracellular water slowly.
 """
 import matplotlib.pyplot as plt
 import numpy as np
