@@ -13,9 +13,12 @@ Here :class:`blochsim.simulators.FSESimulator` plays a 48-echo CPMG train
 (5 ms spacing, refocusing at 160° to show stimulated echoes) through the
 network, and again with every exchange switched off. A regularised
 non-negative T2 spectrum (Whittall & MacKay 1989, JMR 84:134) fitted to
-each decay, with the refocusing taken as perfect, gives the apparent MWF:
-exchange and the semisolid pools both pull it away from the 0.07 / (1 -
-0.18) of M0's water that the network holds in myelin.
+each decay gives the apparent MWF. The network holds 0.07 / (1 - 0.18) =
+0.085 of its water in myelin; the fit, which takes the refocusing as
+perfect and smooths the spectrum, reads less even with every exchange off,
+and exchange lowers it further: during the train myelin water's
+magnetisation leaks into the intra/extracellular water and, through the
+myelin semisolid, out of sight.
 """
 import matplotlib.pyplot as plt
 import numpy as np
