@@ -958,16 +958,23 @@ def test_keyed_by_moment_plays_exchanging_pools_against_the_pooled_oracle(tmp_pa
     np.testing.assert_allclose(alone, sim.simulate(**TISSUE), atol=1e-6)
 
 
+NETWORK = dict(exchange_B_bound=30.0, bound_T1D=5.0, bound2_fraction=0.05, bound2_exchange=10.0,
+               exchange_bound_bound2=4.0)
+
+
+@pytest.mark.parametrize("network", [False, True])
 @pytest.mark.parametrize("flip", [180.0, 120.0])
-def test_keyed_by_moment_plays_pools_as_the_one_order_path(tmp_path, flip):
+def test_keyed_by_moment_plays_pools_as_the_one_order_path(tmp_path, flip, network):
     """A train one order holds, read keyed on request, with an exchanging
-    and a semisolid pool (saturated by each pulse's power): the samples and
-    the Jacobian the one-order pooled EPG gives."""
+    and a semisolid pool (saturated by each pulse's power), and with them
+    a network (pair rates, a second semisolid pool, dipolar order): the
+    samples and the Jacobian the one-order pooled EPG gives."""
     path = tse(tmp_path / "tse.seq", flip=flip, slice_pos=5.1e-3)
     one, keyed = Simulator.from_pulseq(path), Simulator.from_pulseq(path, dephasing="keyed")
-    kw = dict(**TISSUE, **POOL_B, B0=7.0, bound_fraction=0.1, bound_exchange=20.0, B1=np.array([0.9, 1.05]))
+    kw = dict(**TISSUE, **POOL_B, B0=7.0, bound_fraction=0.1, bound_exchange=20.0, B1=np.array([0.9, 1.05]),
+              **(NETWORK if network else {}))
     np.testing.assert_allclose(keyed.simulate(**kw), one.simulate(**kw), atol=1e-6)
-    names = ["T2", "poolB_exchange", "bound_fraction"]
+    names = ["T2", "poolB_exchange", "bound_fraction"] + (["exchange_B_bound", "bound_T1D"] if network else [])
     s1, J1 = one.jacobian(names, **kw)
     s2, J2 = keyed.jacobian(names, **kw)
     np.testing.assert_allclose(s2, s1, atol=1e-6)
