@@ -3,10 +3,12 @@ finishes (for a device call with a hard time limit): the reference MRF
 train on the two-pool star, the four-pool network and the four-pool
 network with dipolar order; host forward and (T1, T2) Jacobian, device
 forward (NumPy through the card, CuPy-resident) and pullback.  Medians of
-``ROUNDS`` (default 3) after one warm-up.
+``$ROUNDS`` (default 3) after one warm-up; on the device the 1e5-voxel
+forward, the Jacobian and the pullback before the 1e6-voxel forward.
 
 Run: ``python bench/networks_timing.py [host] [device]``.
 """
+import os
 import sys
 import time
 
@@ -19,7 +21,7 @@ from blochsim.simulators import MRFSimulator
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from test_bench_networks import NETWORKS  # noqa: E402
 
-ROUNDS = 3
+ROUNDS = int(os.environ.get("ROUNDS", 3))
 
 
 def timed(label, n, f):
@@ -44,18 +46,21 @@ def host():
         timed(f"host jacobian(T1,T2) {name} 1000", 1_000, lambda: sim.jacobian(("T1", "T2"), T1=T1, T2=T2, **c))
 
 
-def device():
+def resident(n):
     import cupy as cp
-    for n in (100_000, 1_000_000):
-        T1, T2 = reference_tissues(n)
-        dT1, dT2 = cp.asarray(T1, cp.float32), cp.asarray(T2, cp.float32)
-        out = cp.empty((n, 500), cp.complex64)
-        sim = MRFSimulator(flip=reference_flips(500), TR=10.0, states=32)
-        for name, c in NETWORKS.items():
-            def run():
-                sim.simulate(T1=dT1, T2=dT2, out=out, **c)
-                cp.cuda.Device().synchronize()
-            timed(f"device resident forward {name} {n}", n, run)
+    T1, T2 = reference_tissues(n)
+    dT1, dT2 = cp.asarray(T1, cp.float32), cp.asarray(T2, cp.float32)
+    out = cp.empty((n, 500), cp.complex64)
+    sim = MRFSimulator(flip=reference_flips(500), TR=10.0, states=32)
+    for name, c in NETWORKS.items():
+        def run():
+            sim.simulate(T1=dT1, T2=dT2, out=out, **c)
+            cp.cuda.Device().synchronize()
+        timed(f"device resident forward {name} {n}", n, run)
+
+
+def device():
+    resident(100_000)
     T1, T2 = reference_tissues(10_000)
     sim = MRFSimulator(flip=reference_flips(500), TR=10.0, states=32, device="cuda")
     for name, c in NETWORKS.items():
@@ -65,6 +70,7 @@ def device():
             s, pb = sim.vjp(("flip", "TR", "T1", "T2"), T1=T1, T2=T2, **c)
             pb(np.ones_like(s))
         timed(f"device vjp(flip,TR,T1,T2) {name} 10000", 10_000, pull)
+    resident(1_000_000)
 
 
 if __name__ == "__main__":
