@@ -198,12 +198,6 @@ BLOCHSIM_HD BLOCHSIM_FORCEINLINE Dual<S, N> sin(const Dual<S, N>& x) {
   using std::sin;
   return chain(x, static_cast<S>(sin(x.v)), static_cast<S>(cos(x.v)));
 }
-template <class S, int N>
-BLOCHSIM_HD BLOCHSIM_FORCEINLINE Dual<S, N> sqrt(const Dual<S, N>& x) {
-  using std::sqrt;
-  const S r = sqrt(x.v);
-  return chain(x, r, static_cast<S>(0.5 / r));
-}
 // |x| with the derivative of x's sign (+1 at 0: flow at rest washes out
 // forward)
 template <class S, int N>

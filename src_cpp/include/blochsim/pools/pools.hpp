@@ -196,6 +196,19 @@ struct One<Cx<S>> {
   BLOCHSIM_HD static Cx<S> get() { return {S(1.0), S(0.0)}; }
 };
 
+// The square root of a positive value or dual.  (Not an overload of sqrt
+// beside dual.hpp's functions: a sqrt template in the core's namespace
+// would hide ::sqrt from the unqualified calls on doubles in device code.)
+BLOCHSIM_HD inline double root(double x) {
+  using std::sqrt;
+  return sqrt(x);
+}
+template <int N>
+BLOCHSIM_HD inline Dual<double, N> root(const Dual<double, N>& x) {
+  const double r = root(x.v);
+  return chain(x, r, 0.5 / r);
+}
+
 // C = A B for n × n row-major matrices.
 template <class T>
 BLOCHSIM_HD inline void matmul(const T* a, const T* b, T* c, int n) {
@@ -579,7 +592,6 @@ BLOCHSIM_HD BLOCHSIM_NOINLINE void pool_driven(const PoolTissue<S>& q, int lines
 template <class S>
 BLOCHSIM_HD inline void symmetric_expm2(const S& p, const S& q, const S& r, S& a, S& b, S& c) {
   using std::exp;
-  using std::sqrt;
   const S h = (p + r) * 0.5, g = (p - r) * 0.5;
   const S d2 = g * g + q * q;
   S ch, sh;  // e^h cosh(d), e^h sinh(d) / d
@@ -588,7 +600,7 @@ BLOCHSIM_HD inline void symmetric_expm2(const S& p, const S& q, const S& r, S& a
     ch = e * (1.0 + d2 * (1.0 / 2) * (1.0 + d2 * (1.0 / 12) * (1.0 + d2 * (1.0 / 30) * (1.0 + d2 * (1.0 / 56)))));
     sh = e * (1.0 + d2 * (1.0 / 6) * (1.0 + d2 * (1.0 / 20) * (1.0 + d2 * (1.0 / 42) * (1.0 + d2 * (1.0 / 72)))));
   } else {
-    const S d = sqrt(d2), ep = exp(h + d), em = exp(h - d);
+    const S d = pools_detail::root(d2), ep = exp(h + d), em = exp(h - d);
     ch = (ep + em) * 0.5;
     sh = (ep - em) * 0.5 / d;
   }
