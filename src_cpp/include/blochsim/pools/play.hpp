@@ -34,7 +34,7 @@
 //   readout  sample(e, re, im, sink) (F+ summed over the pools at order 0).
 #pragma once
 
-#include "pools.hpp"
+#include "operators.hpp"
 
 namespace blochsim {
 inline namespace BLOCHSIM_ISA {
