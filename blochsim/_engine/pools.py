@@ -26,6 +26,7 @@ def _pool_of(name: str) -> str:
     ``name`` (not a pair rate)."""
     return name.rsplit("_", 1)[0]
 
+
 #: lineshapes of the semisolid pool (the protocol parameter ``lineshape``)
 LINESHAPES = _core.LINESHAPES
 
