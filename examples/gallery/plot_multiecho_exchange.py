@@ -55,4 +55,5 @@ ax[1].set_ylabel("amplitude")
 ax[1].legend(fontsize=8)
 fig.tight_layout()
 plt.show()
-print("myelin water's share of the water:", round(wm["poolB_fraction"] / (1 - wm["bound_fraction"] - wm["bound2_fraction"]), 3))
+water = 1 - wm["bound_fraction"] - wm["bound2_fraction"]
+print("myelin water's share of the water:", round(wm["poolB_fraction"] / water, 3))
