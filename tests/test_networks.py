@@ -266,3 +266,30 @@ def test_white_matter_preset_is_a_network_and_plays():
                              ("A", "bound2"): wm["bound2_exchange"]})
     p = dict(NetworkTrain.protocol)
     np.testing.assert_allclose(NetworkTrain().simulate(**wm), train_oracle(o, p), atol=1e-5)
+
+
+def test_network_jacobian_per_voxel_on_lanes():
+    """A block of voxels with their own T1, pair rate and T1D: each voxel's
+    Jacobian (the lanes of duals carry one voxel a lane) against the
+    oracle's central differences at that voxel."""
+    tissue, _ = NETWORKS["four-pool"]
+    T1 = np.array([700.0, 1000.0, 1400.0])
+    kBb = np.array([10.0, 40.0, 90.0])
+    T1D = np.array([2.0, 6.0, 12.0])
+    t = {**tissue, "T1": T1, "exchange_B_bound": kBb, "bound_T1D": T1D}
+    names = ("T1", "exchange_B_bound", "bound_T1D", "bound2_fraction")
+    s, J = NetworkTrain().jacobian(names, **t)
+    p = dict(NetworkTrain.protocol)
+    for v in range(3):
+        one = {**tissue, "T1": T1[v], "exchange_B_bound": kBb[v], "bound_T1D": T1D[v]}
+        np.testing.assert_allclose(s[v], train_oracle(_oracle(one, _args_of(one)), p), atol=1e-5)
+        for i, k in enumerate(names):
+            h = 1e-4 * abs(one[k])
+
+            def at(x):
+                u = {**one, k: x}
+                return train_oracle(_oracle(u, _args_of(u)), p)
+
+            fd = (at(one[k] + h) - at(one[k] - h)) / (2 * h)
+            np.testing.assert_allclose(J[v, i], fd, rtol=2e-3, atol=2e-6 * max(np.abs(fd).max(), 1e-3),
+                                       err_msg=f"{k} at voxel {v}")
