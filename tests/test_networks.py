@@ -136,7 +136,13 @@ def test_network_jacobian_against_oracle_differences():
     p = {**NetworkTrain.protocol, "dual": False}
     sim = NetworkTrain()
     s, J = sim.jacobian(JAC_NAMES, **tissue)
-    for i, k in enumerate(JAC_NAMES):
+    _check_columns(J, JAC_NAMES, tissue, p)
+
+
+def _check_columns(J, names, tissue, p, where=""):
+    """Each Jacobian column J[i] (one voxel) against the four-pool oracle's
+    central differences at ``tissue`` along names[i]."""
+    for i, k in enumerate(names):
         h = 1e-4 * abs(tissue[k])
 
         def at(v):
@@ -144,7 +150,7 @@ def test_network_jacobian_against_oracle_differences():
             return train_oracle(_oracle(t, _args_of(t)), p)
 
         fd = (at(tissue[k] + h) - at(tissue[k] - h)) / (2 * h)
-        np.testing.assert_allclose(J[i], fd, rtol=2e-3, atol=2e-6 * max(np.abs(fd).max(), 1e-3), err_msg=k)
+        np.testing.assert_allclose(J[i], fd, rtol=2e-3, atol=2e-6 * max(np.abs(fd).max(), 1e-3), err_msg=k + where)
 
 
 def _args_of(t):
@@ -283,13 +289,4 @@ def test_network_jacobian_per_voxel_on_lanes():
     for v in range(3):
         one = {**tissue, "T1": T1[v], "exchange_B_bound": kBb[v], "bound_T1D": T1D[v]}
         np.testing.assert_allclose(s[v], train_oracle(_oracle(one, _args_of(one)), p), atol=1e-5)
-        for i, k in enumerate(names):
-            h = 1e-4 * abs(one[k])
-
-            def at(x):
-                u = {**one, k: x}
-                return train_oracle(_oracle(u, _args_of(u)), p)
-
-            fd = (at(one[k] + h) - at(one[k] - h)) / (2 * h)
-            np.testing.assert_allclose(J[v, i], fd, rtol=2e-3, atol=2e-6 * max(np.abs(fd).max(), 1e-3),
-                                       err_msg=f"{k} at voxel {v}")
+        _check_columns(J[v], names, one, p, f" at voxel {v}")
