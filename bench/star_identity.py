@@ -18,6 +18,8 @@ import sys
 import numpy as np
 out = sys.argv[1]
 from blochsim.simulators import MRFSimulator, FSESimulator, MTSimulator, CESTSimulator
+from blochsim import Delay, Pulse, Readout, Saturation, Simulator, Spoil
+from blochsim.sequence import Sequence
 from blochsim.cli import reference_flips, reference_tissues
 T1, T2 = reference_tissues(300)
 res = {}
@@ -43,5 +45,24 @@ for name, c in configs.items():
     res[f"{name}-fse"] = FSESimulator(ESP=8.0, flip=np.full(20, 150.0)).simulate(T1=T1, T2=T2, **c)
 res["mt-sim"] = MTSimulator(flip=10.0, TR=30.0, n_tr=40, exc_duration=1.0).simulate(T1=T1, T2=T2, **configs["Bmt"])
 res["cest"] = CESTSimulator(offsets=np.linspace(-5, 5, 21)).simulate(T1=T1[:30], T2=T2[:30], **configs["B"], bound_fraction=0.1, bound_exchange=25.0)
+
+
+class SatTrain(Simulator):
+    """Saturation events and hard pulses of finite duration: the semisolid
+    pool's saturation on the lanes and (Jacobian, pullback) the player."""
+    protocol = {"sat_flip": 400.0, "flip": 20.0, "n_tr": 12}
+
+    def repetition(self, p):
+        return Sequence([Saturation(p["sat_flip"], 6.0, offset=1500.0), Delay(2.0),
+                         Pulse(p["flip"], duration=1.0, offset=100.0), Readout(), Delay(6.0), Spoil()])
+
+
+for name in ("mt", "Bmt"):
+    sat = SatTrain()
+    res[f"{name}-sat-sim"] = sat.simulate(T1=T1, T2=T2, B0=np.linspace(-20, 20, 300), **configs[name])
+    res[f"{name}-sat-jac"] = sat.jacobian(("T1", "bound_fraction"), T1=T1[:40], T2=T2[:40], **configs[name])[1]
+    s, pb = sat.vjp(("sat_flip", "flip", "T1"), T1=T1[:20], T2=T2[:20], **configs[name])
+    for kk, v in pb((1.0 - 1.0j) * np.ones_like(s)).items():
+        res[f"{name}-sat-vjp-{kk}"] = np.asarray(v)
 np.savez(out, **res)
 print(len(res), "arrays")

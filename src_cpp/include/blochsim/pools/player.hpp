@@ -78,29 +78,14 @@ struct PoolPlayer {
     }
   }
   // The semisolid pools' saturation by the pulse of event e, when it
-  // saturates them (saturates()): the star's one pool decays by
-  // exp(-pi G(df) (B1 alpha)^2 p / tau_rf), df the pulse's offset from this
-  // voxel's water resonance; more pools, dipolar order or a dual offset
-  // take semisolid_saturation.
+  // saturates them (saturates()).
   BLOCHSIM_HD bool saturation(int64_t e, SemisolidSaturation<S>& sat) const {
     if (!saturates(s, q, e)) return false;
     const S tau_rf = seeded<S>(s.rf_duration_s[e], es.rf_duration);
     const S alpha = q.B1 * seeded<S>(s.flip_rad[e], es.flip);
     const double power = s.rf_power ? s.rf_power[e] : 1.0;
     const S offset = seeded<S>(s.rf_offset_hz ? s.rf_offset_hz[e] : 0.0, es.rf_offset);
-    const bool dual = (s.flags[e] & event_dual) != 0;
-    if (q.nb > 1 || q.dipolar[0] >= 0 || dual) {
-      semisolid_saturation(q, p.lineshape, ls, tau_rf, alpha, power, offset, dual, sat);
-      return true;
-    }
-    const S xg = (offset - q.B0) * q.T2b * (2.0 * pi);
-    double g, dg;
-    lineshape_eval(p.lineshape, value_of(xg), ls, g, dg);
-    using std::exp;
-    sat.count = 1;
-    sat.z[0] = n;
-    sat.dz[0] = -1;
-    sat.a[0] = exp(-((pi * power) / tau_rf) * (q.T2b * lift(xg, g, dg)) * (alpha * alpha));
+    semisolid_saturation(q, p.lineshape, ls, tau_rf, alpha, power, offset, (s.flags[e] & event_dual) != 0, sat);
     return true;
   }
   // The hard pulse of event e (SPEC §2), at this problem's B1 and B1phase.
