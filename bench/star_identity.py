@@ -1,7 +1,10 @@
 """The star networks' results (MT, exchanging pools B-D, both), for the
 check that a change leaves them bit for bit: simulate, (T1, T2) Jacobians
 and (flip, TR, T1) pullbacks of an MRF train on its real and complex
-planes, an FSE train, MTSimulator and CESTSimulator, saved to an .npz.
+planes, an FSE train, MTSimulator, CESTSimulator, and a train of
+saturations and hard pulses of finite duration (simulate, Jacobian,
+pullback: the semisolid pool's saturation on the lanes and the player),
+saved to an .npz.
 
 Run it with two builds and compare every array with ``np.array_equal``;
 an earlier commit's wheel runs beside an editable install with
