@@ -42,7 +42,8 @@ BLOCHSIM_HD inline void symmetric_expm2(const S& p, const S& q, const S& r, S& a
 // The semisolid pools' saturation by one pulse, per order: each semisolid
 // pool's Z^b (family z[j]) and, with dipolar order, its Z^d (family dz[j],
 // else -1) by the symmetric [[a, b], [b, c]]; a pool without dipolar order
-// by a alone.  The star's one semisolid pool is SingleSaturation.
+// by a alone.  The fixed-count lanes and the register teams, which play
+// the star only, keep its one semisolid pool in SingleSaturation.
 template <class Sc>
 struct SemisolidSaturation {
   int count = 0;
@@ -93,7 +94,8 @@ BLOCHSIM_HD inline bool saturates(const EventStream& s, const PoolTissue<S>& q, 
 // W tau = pi power alpha^2 T2 G(o - B0) / tau_rf (SPEC §3), and moves its
 // dipolar order through x = 2 pi (o - B0) / D (symmetric_expm2 of the sum
 // of the components' generators).  Pool 0 of the star alone (no dipolar
-// order, one offset) is the SingleSaturation's exp(-W tau).
+// order, one offset) gets a = exp(-W tau), formed by the same products
+// as the lanes' SingleSaturation.
 template <class S>
 BLOCHSIM_HD inline void semisolid_saturation(const PoolTissue<S>& q, int lineshape, const LineshapeTable& ls,
                                              const S& tau_rf, const S& alpha, double power, const S& offset,
