@@ -53,7 +53,7 @@ res["cest"] = CESTSimulator(offsets=np.linspace(-5, 5, 21)).simulate(T1=T1[:30],
 class SatTrain(Simulator):
     """Saturation events and hard pulses of finite duration: the semisolid
     pool's saturation on the lanes and (Jacobian, pullback) the player."""
-    protocol = {"sat_flip": 400.0, "flip": 20.0, "n_tr": 12}
+    protocol = {"sat_flip": 400.0, "flip": 20.0}
 
     def repetition(self, p):
         return Sequence([Saturation(p["sat_flip"], 6.0, offset=1500.0), Delay(2.0),
