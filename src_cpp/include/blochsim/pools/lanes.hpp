@@ -41,9 +41,10 @@ inline int64_t pool_block_workspace(const EventStream& s, const Pools& p) {
 // The forward pooled EPG of problems [first, first + width) of t in the
 // lanes of V (16 problems a SIMD vector on the host, one a thread on the
 // device), in single precision: pools/play.hpp's event on a Store whose
-// per-problem operators (interval exponentials, exact pulses, the
-// semisolid saturation) are formed per lane in double precision the first
-// time an event uses them and applied to the lanes at once.  Lanes past
+// per-problem operators are formed per lane in double precision (interval
+// exponentials and exact pulses the first time an event uses them, a
+// network's saturation when it is not among the last two formed) and
+// applied to the lanes at once.  Lanes past
 // t.n replay the last problem and write nothing.  work holds
 // pool_block_workspace(s, p) lane vectors, element i at work[i * ws].
 //
@@ -71,6 +72,40 @@ inline int64_t pool_block_workspace(const EventStream& s, const Pools& p) {
 // On lanes of duals (V = Dual<lanes, D>) the same pass carries the
 // derivatives along jo's directions (the per-lane operators are formed on
 // Dual<double, D>) and writes them to jo.jac.
+// The last two distinct saturations a network's lanes formed (a train that
+// alternates saturating pulses forms each once), keyed by the event values
+// that form them: duration (s), flip (rad), power factor, offset (Hz) and
+// dual.  The block's tissue does not change, so an equal key is an equal
+// operator.  Least recently used goes first.
+template <class Sat>
+struct SaturationCache {
+  struct Key {
+    float duration, flip, power, offset;
+    bool dual;
+  };
+  Key key[2] = {};
+  Sat sat[2];
+  int filled = 0, next = 0;
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE const Sat* find(const Key& k) {
+    for (int i = 0; i < filled; ++i)
+      if (key[i].duration == k.duration && key[i].flip == k.flip && key[i].power == k.power &&
+          key[i].offset == k.offset && key[i].dual == k.dual) {
+        next = 1 - i;
+        return &sat[i];
+      }
+    return nullptr;
+  }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void put(const Key& k, const Sat& v) {
+    key[next] = k;
+    sat[next] = v;
+    next = 1 - next;
+    if (filled < 2) ++filled;
+  }
+};
+// The fixed-count lanes play the star, whose saturation caches its lineshape
+// (PoolLanes::saturation).
+struct NoSaturationCache {};
+
 template <class V_, int N_, bool Bound, int64_t WS, bool Real_, bool Fixed_ = true>
 struct PoolLanes : PoolCounts<N_, Fixed_ ? N_ + (Bound ? 1 : 0) : max_longitudinal_pools, Fixed_> {
   using Counts = PoolCounts<N_, Fixed_ ? N_ + (Bound ? 1 : 0) : max_longitudinal_pools, Fixed_>;
@@ -114,6 +149,7 @@ struct PoolLanes : PoolCounts<N_, Fixed_ ? N_ + (Bound ? 1 : 0) : max_longitudin
   float g_offset = 0.0f;
   bool g_ready = false;
   QS g_lane[W];
+  typename std::conditional<Fixed_, NoSaturationCache, SaturationCache<Sat>>::type sat_cache;
   V frame_c = V{} + 1.0f, frame_s{};
 
   BLOCHSIM_HD PoolLanes(const EventStream& s_, const Tissue& t_, const Pools& p_, const LineshapeTable& ls_,
@@ -302,11 +338,17 @@ struct PoolLanes : PoolCounts<N_, Fixed_ ? N_ + (Bound ? 1 : 0) : max_longitudin
     const float offset = s.rf_offset_hz ? s.rf_offset_hz[e] : 0.0f;
     if constexpr (!fixed) {
       if (q[0].nb > 1 || q[0].dipolar[0] >= 0 || (s.flags[e] & event_dual)) {
-        const double power = s.rf_power ? s.rf_power[e] : 1.0;
+        const float power = s.rf_power ? s.rf_power[e] : 1.0f;
+        const bool dual = (s.flags[e] & event_dual) != 0;
+        const typename SaturationCache<Sat>::Key key{s.rf_duration_s[e], s.flip_rad[e], power, offset, dual};
+        if (const Sat* hit = sat_cache.find(key)) {
+          sat = *hit;
+          return true;
+        }
         for (int l = 0; l < W; ++l) {
           SemisolidSaturation<QS> one;
-          semisolid_saturation(q[l], p.lineshape, ls, QS(tau_rf), q[l].B1 * static_cast<double>(s.flip_rad[e]), power,
-                               QS(static_cast<double>(offset)), (s.flags[e] & event_dual) != 0, one);
+          semisolid_saturation(q[l], p.lineshape, ls, QS(tau_rf), q[l].B1 * static_cast<double>(s.flip_rad[e]),
+                               static_cast<double>(power), QS(static_cast<double>(offset)), dual, one);
           sat.count = one.count;
           for (int j = 0; j < one.count; ++j) {
             sat.z[j] = one.z[j];
@@ -316,6 +358,7 @@ struct PoolLanes : PoolCounts<N_, Fixed_ ? N_ + (Bound ? 1 : 0) : max_longitudin
             LT::set(sat.c[j], l, static_cast<Sc>(one.c[j]));
           }
         }
+        sat_cache.put(key, sat);
         return true;
       }
       sat.count = 1;
