@@ -1,7 +1,8 @@
 """Quick timings of bench/test_bench_networks.py's cases, printed as each
 finishes (for a device call with a hard time limit): the reference MRF
 train on the two-pool star, the four-pool network and the four-pool
-network with dipolar order; host forward and (T1, T2) Jacobian, device
+network with dipolar order; host forward and (T1, T2) Jacobian, a
+spoiled train of dual-offset saturations (host and device forward), device
 forward (NumPy through the card, CuPy-resident) and pullback.  Medians of
 ``$ROUNDS`` (default 3) after one warm-up; on the device the 1e5-voxel
 forward, the Jacobian and the pullback before the 1e6-voxel forward.
@@ -19,7 +20,7 @@ from blochsim.cli import reference_flips, reference_tissues
 from blochsim.simulators import MRFSimulator
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from test_bench_networks import NETWORKS  # noqa: E402
+from test_bench_networks import NETWORKS, SaturationTrain  # noqa: E402
 
 ROUNDS = int(os.environ.get("ROUNDS", 3))
 
@@ -41,6 +42,10 @@ def host():
         sim = MRFSimulator(flip=reference_flips(500), TR=10.0, states=32, device="cpu")
         for name, c in NETWORKS.items():
             timed(f"host forward {name} {n}", n, lambda: sim.simulate(T1=T1, T2=T2, **c))
+    T1, T2 = reference_tissues(4_000)
+    for name in ("two-pool", "four-pool-ihmt"):
+        c = NETWORKS[name]
+        timed(f"host saturation train {name} 4000", 4_000, lambda: SaturationTrain().simulate(T1=T1, T2=T2, **c))
     T1, T2 = reference_tissues(1_000)
     for name, c in NETWORKS.items():
         timed(f"host jacobian(T1,T2) {name} 1000", 1_000, lambda: sim.jacobian(("T1", "T2"), T1=T1, T2=T2, **c))
@@ -61,6 +66,11 @@ def resident(n):
 
 def device():
     resident(100_000)
+    T1, T2 = reference_tissues(100_000)
+    for name in ("two-pool", "four-pool-ihmt"):
+        c = NETWORKS[name]
+        timed(f"device saturation train {name} 100000", 100_000,
+              lambda: SaturationTrain(device="cuda").simulate(T1=T1, T2=T2, **c))
     T1, T2 = reference_tissues(10_000)
     sim = MRFSimulator(flip=reference_flips(500), TR=10.0, states=32, device="cuda")
     for name, c in NETWORKS.items():

@@ -3,7 +3,9 @@ states): the four-pool white-matter network
 (:func:`blochsim.presets.white_matter_four_pool`, with and without dipolar
 order) against the two-pool rate (free water and one semisolid pool, the
 star) measured in the same run, on the host and, where CUDA is usable, on
-the device (NumPy through the card, and CuPy-resident).
+the device (NumPy through the card, and CuPy-resident); and a spoiled
+train of dual-offset saturations (the lanes' saturation, formed once per
+distinct pulse) on the two-pool star and the four-pool network.
 
 Run: ``pytest bench/test_bench_networks.py --benchmark-only``.
 """
@@ -11,8 +13,10 @@ import numpy as np
 import pytest
 
 import blochsim
+from blochsim import Delay, Pulse, Readout, Saturation, Simulator, Spoil
 from blochsim.cli import reference_flips, reference_tissues
 from blochsim.presets import white_matter_four_pool
+from blochsim.sequence import Sequence
 from blochsim.simulators import MRFSimulator
 
 NETWORKS = {
@@ -20,6 +24,18 @@ NETWORKS = {
     "four-pool": {k: v for k, v in white_matter_four_pool(ihmt=False).items() if k not in ("T1", "T2")},
     "four-pool-ihmt": {k: v for k, v in white_matter_four_pool().items() if k not in ("T1", "T2")},
 }
+
+
+class SaturationTrain(Simulator):
+    """300 repetitions of an 8 ms dual-offset saturation at 2 kHz (500°),
+    then a 1 ms 20° pulse, a read and a spoiler."""
+    protocol = {"repetitions": 300}
+
+    def repetition(self, p):
+        return Sequence([Saturation(500.0, 8.0, offset=2000.0, dual=True), Delay(2.0),
+                         Pulse(20.0, duration=1.0), Readout(), Delay(5.0), Spoil()])
+
+
 cuda = pytest.mark.skipif(not blochsim.backends()["cuda"]["available"], reason="no usable CUDA device")
 
 
@@ -39,6 +55,17 @@ def test_host_mrf_forward_network(benchmark, n, network):
                              warmup_rounds=1)
     assert out.shape == (n, 500)
     _record(benchmark, n)
+
+
+@pytest.mark.parametrize("network", ["two-pool", "four-pool-ihmt"])
+def test_host_saturation_train_network(benchmark, network):
+    """SaturationTrain's forward on the host's lanes, 4 000 voxels."""
+    T1, T2 = reference_tissues(4_000)
+    sim = SaturationTrain()
+    out = benchmark.pedantic(sim.simulate, kwargs={"T1": T1, "T2": T2, **NETWORKS[network]}, rounds=3,
+                             warmup_rounds=1)
+    assert out.shape == (4_000, 1)
+    _record(benchmark, 4_000)
 
 
 @pytest.mark.parametrize("network", sorted(NETWORKS))

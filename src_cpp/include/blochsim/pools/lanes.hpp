@@ -145,9 +145,10 @@ struct PoolLanes : PoolCounts<N_, Fixed_ ? N_ + (Bound ? 1 : 0) : max_longitudin
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE int64_t per_interval() const { return 1 + 2 * n * n + m * m + m; }
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE int d() const { return 2 * n + m; }
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE int64_t per_driven() const { return 1 + 2 * d() * (d() + 1); }
-  // T2b G(offset - B0) per lane for the last pulse offset seen
+  // T2b G(offset - B0) per lane for the last pulse offset seen (a dual
+  // pulse: the mean of G at +offset and -offset)
   float g_offset = 0.0f;
-  bool g_ready = false;
+  bool g_ready = false, g_dual = false;
   QS g_lane[W];
   typename std::conditional<Fixed_, NoSaturationCache, SaturationCache<Sat>>::type sat_cache;
   V frame_c = V{} + 1.0f, frame_s{};
@@ -365,14 +366,21 @@ struct PoolLanes : PoolCounts<N_, Fixed_ ? N_ + (Bound ? 1 : 0) : max_longitudin
       sat.z[0] = n;
       sat.dz[0] = -1;
     }
-    if (!g_ready || offset != g_offset) {
+    const bool dual = (s.flags[e] & event_dual) != 0;
+    if (!g_ready || offset != g_offset || dual != g_dual) {
       for (int l = 0; l < W; ++l) {
         double g, dg;
         const QS xg = (QS(offset) - q[l].B0) * q[l].T2b * (2.0 * pi);
         lineshape_eval(p.lineshape, value_of(xg), ls, g, dg);
         g_lane[l] = q[l].T2b * lift(xg, g, dg);
+        if (dual) {  // half the power at each of +offset and -offset
+          const QS xm = (QS(-offset) - q[l].B0) * q[l].T2b * (2.0 * pi);
+          lineshape_eval(p.lineshape, value_of(xm), ls, g, dg);
+          g_lane[l] = (g_lane[l] + q[l].T2b * lift(xm, g, dg)) * 0.5;
+        }
       }
       g_offset = offset;
+      g_dual = dual;
       g_ready = true;
     }
     const double power = s.rf_power ? s.rf_power[e] : 1.0;

@@ -110,11 +110,12 @@ struct PooledTeam {
   bool nominal_rf, saturating;
   V first;
   // the last interval's operators, and the semisolid lineshape at the last
-  // pulse offset seen: G(2 pi (offset - B0) T2b) T2b
+  // pulse offset seen: G(2 pi (offset - B0) T2b) T2b (a dual pulse: the
+  // mean of G at +offset and -offset)
   float Pv[2 * n * n], Lv[m * m], Rv[m];
   int32_t cached_iv;
   float g_offset;
-  bool g_ready;
+  bool g_ready, g_dual;
   double g_T2b;
   // the record of the event being played, read once an event (a read of
   // the stream's records at each use waits on memory again); with
@@ -248,11 +249,18 @@ BLOCHSIM_UNROLL
       return false;
     const double tau_rf = s.rf_duration_s[e];
     const float offset = s.rf_offset_hz ? s.rf_offset_hz[e] : 0.0f;
-    if (!g_ready || offset != g_offset) {
+    const bool dual = (rec.flags & event_dual) != 0;
+    if (!g_ready || offset != g_offset || dual != g_dual) {
       double g, dg;
       lineshape_eval(pools->lineshape, 2.0 * pi * (offset - B0) * T2b, *lsp, g, dg);
+      if (dual) {  // half the power at each of +offset and -offset
+        double gm;
+        lineshape_eval(pools->lineshape, 2.0 * pi * (-offset - B0) * T2b, *lsp, gm, dg);
+        g = 0.5 * (g + gm);
+      }
       g_T2b = static_cast<double>(static_cast<float>(g * T2b));
       g_offset = offset;
+      g_dual = dual;
       g_ready = true;
     }
     const double power = s.rf_power ? s.rf_power[e] : 1.0;
@@ -340,6 +348,7 @@ BLOCHSIM_UNROLL
     cached_iv = -1;
     g_offset = 0.0f;
     g_ready = false;
+    g_dual = false;
     g_T2b = 0.0;
 BLOCHSIM_UNROLL
     for (int j = 0; j < n; ++j)
