@@ -374,3 +374,80 @@ def test_dual_saturation_of_the_star_off_resonance(name):
     f = extra["bound_fraction"]
     np.testing.assert_allclose(J[0], (ref(150.05) - ref(149.95)) / 0.1, atol=2e-6)
     np.testing.assert_allclose(J[1], (ref(150.0, f + 1e-4) - ref(150.0, f - 1e-4)) / 2e-4, atol=2e-4)
+
+
+class RealNetworkTrain(Simulator):
+    """Pulses at phases 0 and 180° only, single- and dual-offset
+    saturations and spoilers: with no B0 or chemical shift, SPEC §1's real
+    subspace."""
+    protocol = {}
+
+    def repetition(self, p):
+        ops = []
+        for i in range(8):
+            if i % 2 == 0:
+                ops += [Saturation(500.0, 6.0, offset=3000.0, dual=i % 4 == 0), Delay(6.0)]
+            ops += [Pulse(20.0 + 9 * i), Readout(), Delay(3.0), Pulse(40.0 + 5 * i, phase=180.0), Readout(),
+                    Delay(4.0 + i), Spoil()]
+        return Sequence(ops)
+
+
+def real_train_oracle(o):
+    x, out = o.equilibrium(), []
+    for i in range(8):
+        if i % 2 == 0:
+            x = o.evolve(o.saturate(x, 500.0, 6.0, offset=3000.0, dual=i % 4 == 0), 6.0)
+        x = o.rotate(x, 20.0 + 9 * i)
+        out.append(o.transverse(x))
+        x = o.rotate(o.evolve(x, 3.0), 40.0 + 5 * i, 180.0)
+        out.append(o.transverse(x))
+        x = o.spoil(o.evolve(x, 4.0 + i))
+    return np.array(out)
+
+
+@pytest.mark.parametrize("name", ["four-pool", "five-pool"])
+def test_network_on_the_real_planes(name):
+    """A network with no B0, B1 phase or chemical shift under pulses at 0
+    and 180° plays on the real planes: against the oracle within 1e-5 of
+    M0 (a block of voxels with their own T1 and B1), and equal to the
+    complex planes (B0 given as zeros) to float32 round-off."""
+    tissue, args = NETWORKS[name]
+    tissue = {k: v for k, v in tissue.items() if k not in ("B0", "poolB_shift", "poolC_shift")}
+    args = {**args, "liquid": [lq[:3] + (0.0,) for lq in args["liquid"]]}
+    T1 = np.linspace(700.0, 1500.0, 19)
+    B1 = np.linspace(0.85, 1.1, 19)
+    t = {**tissue, "T1": T1, "B1": B1}
+    sim = RealNetworkTrain()
+    s = sim.simulate(**t)
+    for v in (0, 9, 18):
+        o = NetworkOracle(T1[v], tissue["T2"], 0.0, **{**args, "B1": B1[v]})
+        np.testing.assert_allclose(s[v], real_train_oracle(o), atol=1e-5, err_msg=f"voxel {v}")
+    np.testing.assert_allclose(s, sim.simulate(**t, B0=np.zeros(19)), atol=2e-6)
+
+
+def test_network_jacobian_on_the_real_planes():
+    """jacobian() of the four-pool network on the real planes (no B0 or
+    chemical shift) against the oracle's central differences, on a block
+    of voxels with their own T1 and T1D; equal to the complex planes' (B0
+    given as zeros) to float32 round-off."""
+    tissue, _ = NETWORKS["four-pool"]
+    tissue = {**{k: v for k, v in tissue.items() if k not in ("B0", "poolB_shift")}}
+    T1 = np.array([700.0, 1000.0, 1400.0])
+    T1D = np.array([3.0, 6.0, 12.0])
+    names = ("T1", "B1", "exchange_B_bound", "bound_T1D", "bound2_fraction")
+    sim = RealNetworkTrain()
+    s, J = sim.jacobian(names, **{**tissue, "T1": T1, "bound_T1D": T1D})
+    s0, J0 = sim.jacobian(names, **{**tissue, "T1": T1, "bound_T1D": T1D}, B0=np.zeros(3))
+    np.testing.assert_allclose(J, J0, atol=2e-6 * np.abs(J0).max())
+    for v in range(3):
+        one = {**tissue, "T1": T1[v], "bound_T1D": T1D[v], "poolB_shift": 0.0}
+        for i, k in enumerate(names):
+            h = 1e-4 * abs(one[k])
+
+            def at(x):
+                t = {**one, k: x}
+                return real_train_oracle(NetworkOracle(t["T1"], t["T2"], 0.0, **_args_of(t)))
+
+            fd = (at(one[k] + h) - at(one[k] - h)) / (2 * h)
+            np.testing.assert_allclose(J[v, i], fd, rtol=2e-3, atol=2e-6 * max(np.abs(fd).max(), 1e-3),
+                                       err_msg=f"{k} at voxel {v}")

@@ -518,8 +518,9 @@ BLOCHSIM_HD inline int pooled_block(const EventStream& s, const Tissue& t, const
 // Whether pooled_block_of may play the stream on its real planes: phases 0
 // or pi, nothing off-axis (the stream's real-subspace verdict with no common
 // phase, and no B0 or B1phase in t), no chemical shift and no exact pulse;
-// and the pool counts the real variant is compiled for (the MT pool alone,
-// one exchanging pool).
+// and the pool counts a real variant is compiled for (the MT pool alone,
+// one exchanging pool, and every network at run-time counts: its pair
+// exchange, relaxation and saturation are real too).
 BLOCHSIM_HD inline bool pooled_real_path(const EventStream& s, const Tissue& t, const Pools& p) {
   if (!s.real_path || s.driven) return false;
   if (t[field_B0].present() || t[field_B0].fallback != 0.0f || t[field_B1phase].present() || t[field_B1phase].fallback != 0.0f)
@@ -528,7 +529,7 @@ BLOCHSIM_HD inline bool pooled_real_path(const EventStream& s, const Tissue& t, 
   if (std::sin(ph) > 1e-6 || std::sin(ph) < -1e-6) return false;
   for (int j = 0; j < p.n_exchanging; ++j)
     if (p.exchanging(j)[pool_shift_hz].present()) return false;
-  if (pool_layout(p).network) return false;
+  if (pool_layout(p).network) return true;
   return (p.n_exchanging == 0 && p.bound) || (p.n_exchanging == 1 && !p.bound);
 }
 
@@ -537,6 +538,8 @@ BLOCHSIM_HD inline bool pooled_real_path(const EventStream& s, const Tissue& t, 
 template <class V, int64_t WS = 0>
 inline int pooled_block_host(const EventStream& s, const Tissue& t, const Pools& p, const LineshapeTable& ls,
                              int64_t first, V* work, int64_t ws, float* out, bool real) {
+  if (real && pool_layout(p).network)
+    return pooled_block_of<V, max_liquid_pools, true, WS, true, false>(s, t, p, ls, first, work, ws, out);
   if (real && p.n_exchanging == 0) return pooled_block_of<V, 1, true, WS, true>(s, t, p, ls, first, work, ws, out);
   if (real) return pooled_block_of<V, 2, false, WS, true>(s, t, p, ls, first, work, ws, out);
   return pooled_block<V, WS>(s, t, p, ls, first, work, ws, out);
@@ -570,7 +573,8 @@ inline int pooled_jacobian_block(const EventStream& s, const Tissue& t, const Po
                                  const PooledJacobianOut& jo) {
   if (!pooled_lane_jacobian(p)) return bad_pools;
   if (pool_layout(p).network)
-    return pooled_block_of<V, max_liquid_pools, true, WS, false, false>(s, t, p, ls, first, work, ws, out, jo);
+    return real ? pooled_block_of<V, max_liquid_pools, true, WS, true, false>(s, t, p, ls, first, work, ws, out, jo)
+                : pooled_block_of<V, max_liquid_pools, true, WS, false, false>(s, t, p, ls, first, work, ws, out, jo);
   if (p.n_exchanging == 0) {
     return real ? pooled_block_of<V, 1, true, WS, true>(s, t, p, ls, first, work, ws, out, jo)
                 : pooled_block_of<V, 1, true, WS>(s, t, p, ls, first, work, ws, out, jo);
