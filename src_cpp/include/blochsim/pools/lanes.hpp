@@ -43,7 +43,7 @@ inline int64_t pool_block_workspace(const EventStream& s, const Pools& p) {
 // device), in single precision: pools/play.hpp's event on a Store whose
 // per-problem operators are formed per lane in double precision (interval
 // exponentials and exact pulses the first time an event uses them, a
-// network's saturation when it is not among the last two formed) and
+// saturation when it is not among the last two formed) and
 // applied to the lanes at once.  Lanes past
 // t.n replay the last problem and write nothing.  work holds
 // pool_block_workspace(s, p) lane vectors, element i at work[i * ws].
@@ -72,7 +72,7 @@ inline int64_t pool_block_workspace(const EventStream& s, const Pools& p) {
 // On lanes of duals (V = Dual<lanes, D>) the same pass carries the
 // derivatives along jo's directions (the per-lane operators are formed on
 // Dual<double, D>) and writes them to jo.jac.
-// The last two distinct saturations a network's lanes formed (a train that
+// The last two distinct saturations a block's lanes formed (a train that
 // alternates saturating pulses forms each once), keyed by the event values
 // that form them: duration (s), flip (rad), power factor, offset (Hz) and
 // dual.  The block's tissue does not change, so an equal key is an equal
@@ -102,9 +102,6 @@ struct SaturationCache {
     if (filled < 2) ++filled;
   }
 };
-// The fixed-count lanes play the star, whose saturation caches its lineshape
-// (PoolLanes::saturation).
-struct NoSaturationCache {};
 
 template <class V_, int N_, bool Bound, int64_t WS, bool Real_, bool Fixed_ = true>
 struct PoolLanes : PoolCounts<N_, Fixed_ ? N_ + (Bound ? 1 : 0) : max_longitudinal_pools, Fixed_> {
@@ -150,7 +147,7 @@ struct PoolLanes : PoolCounts<N_, Fixed_ ? N_ + (Bound ? 1 : 0) : max_longitudin
   float g_offset = 0.0f;
   bool g_ready = false, g_dual = false;
   QS g_lane[W];
-  typename std::conditional<Fixed_, NoSaturationCache, SaturationCache<Sat>>::type sat_cache;
+  SaturationCache<Sat> sat_cache;
   V frame_c = V{} + 1.0f, frame_s{};
 
   BLOCHSIM_HD PoolLanes(const EventStream& s_, const Tissue& t_, const Pools& p_, const LineshapeTable& ls_,
@@ -331,21 +328,28 @@ struct PoolLanes : PoolCounts<N_, Fixed_ ? N_ + (Bound ? 1 : 0) : max_longitudin
     for (int i = 0; i < m; ++i) step.z0[i] = at(Rr + i);
   }
 
+  // The saturation of event e, from the cache when one of the last two
+  // formed had the same pulse.
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE bool saturation(int64_t e, Sat& sat) {
     if (!(m > n && s.rf_duration_s != nullptr && (s.flags[e] & (event_rf | event_saturation)) &&
           s.rf_duration_s[e] > 0.0f))
       return false;
-    const double tau_rf = s.rf_duration_s[e];
     const float offset = s.rf_offset_hz ? s.rf_offset_hz[e] : 0.0f;
+    const float power = s.rf_power ? s.rf_power[e] : 1.0f;
+    const bool dual = (s.flags[e] & event_dual) != 0;
+    const typename SaturationCache<Sat>::Key key{s.rf_duration_s[e], s.flip_rad[e], power, offset, dual};
+    if (const Sat* hit = sat_cache.find(key)) {
+      sat = *hit;
+      return true;
+    }
+    form_saturation(e, offset, power, dual, sat);
+    sat_cache.put(key, sat);
+    return true;
+  }
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE void form_saturation(int64_t e, float offset, float power, bool dual, Sat& sat) {
+    const double tau_rf = s.rf_duration_s[e];
     if constexpr (!fixed) {
-      if (q[0].nb > 1 || q[0].dipolar[0] >= 0 || (s.flags[e] & event_dual)) {
-        const float power = s.rf_power ? s.rf_power[e] : 1.0f;
-        const bool dual = (s.flags[e] & event_dual) != 0;
-        const typename SaturationCache<Sat>::Key key{s.rf_duration_s[e], s.flip_rad[e], power, offset, dual};
-        if (const Sat* hit = sat_cache.find(key)) {
-          sat = *hit;
-          return true;
-        }
+      if (q[0].nb > 1 || q[0].dipolar[0] >= 0 || dual) {
         for (int l = 0; l < W; ++l) {
           SemisolidSaturation<QS> one;
           semisolid_saturation(q[l], p.lineshape, ls, QS(tau_rf), q[l].B1 * static_cast<double>(s.flip_rad[e]),
@@ -359,14 +363,12 @@ struct PoolLanes : PoolCounts<N_, Fixed_ ? N_ + (Bound ? 1 : 0) : max_longitudin
             LT::set(sat.c[j], l, static_cast<Sc>(one.c[j]));
           }
         }
-        sat_cache.put(key, sat);
-        return true;
+        return;
       }
       sat.count = 1;
       sat.z[0] = n;
       sat.dz[0] = -1;
     }
-    const bool dual = (s.flags[e] & event_dual) != 0;
     if (!g_ready || offset != g_offset || dual != g_dual) {
       for (int l = 0; l < W; ++l) {
         double g, dg;
@@ -383,17 +385,15 @@ struct PoolLanes : PoolCounts<N_, Fixed_ ? N_ + (Bound ? 1 : 0) : max_longitudin
       g_dual = dual;
       g_ready = true;
     }
-    const double power = s.rf_power ? s.rf_power[e] : 1.0;
     for (int l = 0; l < W; ++l) {
       const QS a = q[l].B1 * static_cast<double>(s.flip_rad[e]);
       using std::exp;
-      const Sc decay = static_cast<Sc>(exp(-(pi * power / tau_rf) * g_lane[l] * (a * a)));
+      const Sc decay = static_cast<Sc>(exp(-(pi * static_cast<double>(power) / tau_rf) * g_lane[l] * (a * a)));
       if constexpr (fixed)
         LT::set(sat.decay, l, decay);
       else
         LT::set(sat.a[0], l, decay);
     }
-    return true;
   }
 
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void pulse(int64_t e, V& ca, V& sa, V& cp, V& sp) const {
