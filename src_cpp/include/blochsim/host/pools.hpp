@@ -1,8 +1,8 @@
-// The host backend of the pooled EPG (pools/pools.hpp): blocks of problems on SIMD
-// lanes (the signal, and Jacobians for up to one exchanging pool with the
-// semisolid pool, or a network), or one problem at a time in double precision (the other
-// Jacobians, the adjoint); problems split into one contiguous range per
-// thread.
+// The host backend of the pooled EPG (pools/pools.hpp): blocks of problems
+// on SIMD lanes (the signal, and Jacobians for up to one exchanging pool
+// with the semisolid pool, or a network), or one problem at a time in
+// double precision (the other Jacobians, the adjoint); problems split into
+// one contiguous range per thread.
 #pragma once
 
 #include <complex>

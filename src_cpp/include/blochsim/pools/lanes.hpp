@@ -38,40 +38,6 @@ inline int64_t pool_block_workspace(const EventStream& s, const Pools& p) {
   return states + per_interval * s.n_intervals + per_driven * (s.driven ? s.n_driven : 0) + 8;
 }
 
-// The forward pooled EPG of problems [first, first + width) of t in the
-// lanes of V (16 problems a SIMD vector on the host, one a thread on the
-// device), in single precision: pools/play.hpp's event on a Store whose
-// per-problem operators are formed per lane in double precision (interval
-// exponentials and exact pulses the first time an event uses them, a
-// saturation when it is not among the last two formed) and
-// applied to the lanes at once.  Lanes past
-// t.n replay the last problem and write nothing.  work holds
-// pool_block_workspace(s, p) lane vectors, element i at work[i * ws].
-//
-// The transverse rows slide instead of moving their orders at a shift
-// (order k of F+ at element bp + k of its row, of F- at bm + k; a shift
-// moves bp and bm by one and writes three elements a row), so a row holds
-// pool_row_length(s) elements, and every element outside the K orders a
-// row shows is zero.
-//
-// Real (pooled_real_path): every RF phase is 0 or pi and nothing turns the
-// transverse states (no B0, B1phase, chemical shift or exact pulse), so F+
-// and F- stay imaginary and Z real (SPEC §1's real subspace): only those
-// planes are computed; the others stay zero.  The complex planes are
-// framed (pools/play.hpp).
-//
-// The pool counts are template parameters (N liquid pools, Bound: the
-// star's one semisolid pool), so that the loops over pools unroll (Fixed);
-// or, for the rarer counts (four liquid pools or more) and every network
-// beyond the star (PoolLayout::network), N and M are the most the store
-// holds and the counts are read from p at run time (PoolCounts), one
-// instantiation for all of them instead of one each.  WS > 0 is the workspace stride at compile
-// time, WS = 0 takes it from ws.  ls: the super-Lorentzian table in memory
-// the caller can read (host_lineshape_table() on the host).
-//
-// On lanes of duals (V = Dual<lanes, D>) the same pass carries the
-// derivatives along jo's directions (the per-lane operators are formed on
-// Dual<double, D>) and writes them to jo.jac.
 // The last two distinct saturations a block's lanes formed (a train that
 // alternates saturating pulses forms each once), keyed by the event values
 // that form them: duration (s), flip (rad), power factor, offset (Hz) and
@@ -103,6 +69,40 @@ struct SaturationCache {
   }
 };
 
+// The forward pooled EPG of problems [first, first + width) of t in the
+// lanes of V (16 problems a SIMD vector on the host, one a thread on the
+// device), in single precision: pools/play.hpp's event on a Store whose
+// per-problem operators are formed per lane in double precision (interval
+// exponentials and exact pulses the first time an event uses them, a
+// saturation when it is not among the last two formed) and applied to the
+// lanes at once.  Lanes past t.n replay the last problem and write
+// nothing.  work holds pool_block_workspace(s, p) lane vectors, element i
+// at work[i * ws].
+//
+// The transverse rows slide instead of moving their orders at a shift
+// (order k of F+ at element bp + k of its row, of F- at bm + k; a shift
+// moves bp and bm by one and writes three elements a row), so a row holds
+// pool_row_length(s) elements, and every element outside the K orders a
+// row shows is zero.
+//
+// Real (pooled_real_path): every RF phase is 0 or pi and nothing turns the
+// transverse states (no B0, B1phase, chemical shift or exact pulse), so F+
+// and F- stay imaginary and Z real (SPEC §1's real subspace): only those
+// planes are computed; the others stay zero.  The complex planes are
+// framed (pools/play.hpp).
+//
+// The pool counts are template parameters (N liquid pools, Bound: the
+// star's one semisolid pool), so that the loops over pools unroll (Fixed);
+// or, for the rarer counts (four liquid pools or more) and every network
+// beyond the star (PoolLayout::network), N and M are the most the store
+// holds and the counts are read from p at run time (PoolCounts), one
+// instantiation for all of them instead of one each.  WS > 0 is the workspace stride at compile
+// time, WS = 0 takes it from ws.  ls: the super-Lorentzian table in memory
+// the caller can read (host_lineshape_table() on the host).
+//
+// On lanes of duals (V = Dual<lanes, D>) the same pass carries the
+// derivatives along jo's directions (the per-lane operators are formed on
+// Dual<double, D>) and writes them to jo.jac.
 template <class V_, int N_, bool Bound, int64_t WS, bool Real_, bool Fixed_ = true>
 struct PoolLanes : PoolCounts<N_, Fixed_ ? N_ + (Bound ? 1 : 0) : max_longitudinal_pools, Fixed_> {
   using Counts = PoolCounts<N_, Fixed_ ? N_ + (Bound ? 1 : 0) : max_longitudinal_pools, Fixed_>;
