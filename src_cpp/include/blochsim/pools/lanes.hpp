@@ -46,26 +46,41 @@ inline int64_t pool_block_workspace(const EventStream& s, const Pools& p) {
 template <class Sat>
 struct SaturationCache {
   struct Key {
-    float duration, flip, power, offset;
-    bool dual;
+    float duration = -1.0f, flip = 0.0f, power = 0.0f, offset = 0.0f;
+    bool dual = false;
+    BLOCHSIM_HD BLOCHSIM_FORCEINLINE bool operator==(const Key& k) const {
+      return duration == k.duration && flip == k.flip && power == k.power && offset == k.offset && dual == k.dual;
+    }
   };
-  Key key[2] = {};
-  Sat sat[2];
-  int filled = 0, next = 0;
-  BLOCHSIM_HD BLOCHSIM_FORCEINLINE const Sat* find(const Key& k) {
-    for (int i = 0; i < filled; ++i)
-      if (key[i].duration == k.duration && key[i].flip == k.flip && key[i].power == k.power &&
-          key[i].offset == k.offset && key[i].dual == k.dual) {
-        next = 1 - i;
-        return &sat[i];
-      }
-    return nullptr;
+  // two named entries, not an array: an index known only at run time
+  // would keep the whole store in the device's local memory
+  Key key0, key1;
+  Sat sat0, sat1;
+  bool next1 = false;  // the entry put() replaces
+  // Copies the entry with key k into out; false when there is none.  (A
+  // duration of -1 marks an empty entry; a saturating event's is > 0.)
+  BLOCHSIM_HD BLOCHSIM_FORCEINLINE bool get(const Key& k, Sat& out) {
+    if (key0 == k) {
+      out = sat0;
+      next1 = true;
+      return true;
+    }
+    if (key1 == k) {
+      out = sat1;
+      next1 = false;
+      return true;
+    }
+    return false;
   }
   BLOCHSIM_HD BLOCHSIM_FORCEINLINE void put(const Key& k, const Sat& v) {
-    key[next] = k;
-    sat[next] = v;
-    next = 1 - next;
-    if (filled < 2) ++filled;
+    if (next1) {
+      key1 = k;
+      sat1 = v;
+    } else {
+      key0 = k;
+      sat0 = v;
+    }
+    next1 = !next1;
   }
 };
 
@@ -338,10 +353,7 @@ struct PoolLanes : PoolCounts<N_, Fixed_ ? N_ + (Bound ? 1 : 0) : max_longitudin
     const float power = s.rf_power ? s.rf_power[e] : 1.0f;
     const bool dual = (s.flags[e] & event_dual) != 0;
     const typename SaturationCache<Sat>::Key key{s.rf_duration_s[e], s.flip_rad[e], power, offset, dual};
-    if (const Sat* hit = sat_cache.find(key)) {
-      sat = *hit;
-      return true;
-    }
+    if (sat_cache.get(key, sat)) return true;
     form_saturation(e, offset, power, dual, sat);
     sat_cache.put(key, sat);
     return true;
