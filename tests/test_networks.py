@@ -451,3 +451,23 @@ def test_network_jacobian_on_the_real_planes():
             fd = (at(one[k] + h) - at(one[k] - h)) / (2 * h)
             np.testing.assert_allclose(J[v, i], fd, rtol=2e-3, atol=2e-6 * max(np.abs(fd).max(), 1e-3),
                                        err_msg=f"{k} at voxel {v}")
+
+
+@pytest.mark.parametrize("name", sorted(STARS))
+def test_star_saturations_that_recur_against_the_oracle(name):
+    """The same cycle of saturations on the star (its fixed-count lanes keep
+    the last two formed too), a block of voxels with their own B0 and B1,
+    against the oracle within 1e-5 of M0."""
+    extra, args = STARS[name]
+    B0 = np.linspace(-60.0, 60.0, 17)
+    B1 = np.linspace(0.8, 1.15, 17)
+    s = SaturationCycle().simulate(T1=1000.0, T2=70.0, B0=B0, B1=B1, **extra)
+    for v in (0, 5, 16):
+        o = NetworkOracle(1000.0, 70.0, B0[v], **{**args, "B1": B1[v]})
+        x, ref = o.equilibrium(), []
+        for i in CYCLE:
+            flip, dur, off, dual = SATURATIONS[i]
+            x = o.rotate(o.evolve(o.saturate(x, flip, dur, offset=off, dual=dual), 3.0), 25.0)
+            ref.append(o.transverse(x))
+            x = o.spoil(o.evolve(x, 2.0))
+        np.testing.assert_allclose(s[v], ref, atol=1e-5, err_msg=f"voxel {v}")
