@@ -382,17 +382,7 @@ struct PoolLanes : PoolCounts<N_, Fixed_ ? N_ + (Bound ? 1 : 0) : max_longitudin
       sat.dz[0] = -1;
     }
     if (!g_ready || offset != g_offset || dual != g_dual) {
-      for (int l = 0; l < W; ++l) {
-        double g, dg;
-        const QS xg = (QS(offset) - q[l].B0) * q[l].T2b * (2.0 * pi);
-        lineshape_eval(p.lineshape, value_of(xg), ls, g, dg);
-        g_lane[l] = q[l].T2b * lift(xg, g, dg);
-        if (dual) {  // half the power at each of +offset and -offset
-          const QS xm = (QS(-offset) - q[l].B0) * q[l].T2b * (2.0 * pi);
-          lineshape_eval(p.lineshape, value_of(xm), ls, g, dg);
-          g_lane[l] = (g_lane[l] + q[l].T2b * lift(xm, g, dg)) * 0.5;
-        }
-      }
+      for (int l = 0; l < W; ++l) g_lane[l] = saturation_lineshape(p.lineshape, ls, q[l].T2b, q[l].B0, offset, dual);
       g_offset = offset;
       g_dual = dual;
       g_ready = true;

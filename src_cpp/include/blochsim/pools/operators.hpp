@@ -87,6 +87,27 @@ BLOCHSIM_HD inline bool saturates(const EventStream& s, const PoolTissue<S>& q, 
          s.rf_duration_s[e] > 0.0f;
 }
 
+// T2 G(offset - B0) of a semisolid pool of T2 t2 (s) without dipolar
+// order, lifted to S: the lineshape a pulse at offset (Hz) saturates it
+// by; dual: the mean over +offset and -offset (half the power at each).
+// The stores that cache it per offset (the star's lanes and register
+// teams) form it here; semisolid_saturation sums the sides itself, since
+// dipolar order needs each side's own x.
+template <class S>
+BLOCHSIM_HD inline S saturation_lineshape(int lineshape, const LineshapeTable& ls, const S& t2, const S& B0,
+                                          float offset, bool dual) {
+  double g, dg;
+  const S x = (S(static_cast<double>(offset)) - B0) * t2 * (2.0 * pi);
+  lineshape_eval(lineshape, value_of(x), ls, g, dg);
+  S out = t2 * lift(x, g, dg);
+  if (dual) {
+    const S xm = (S(static_cast<double>(-offset)) - B0) * t2 * (2.0 * pi);
+    lineshape_eval(lineshape, value_of(xm), ls, g, dg);
+    out = (out + t2 * lift(xm, g, dg)) * 0.5;
+  }
+  return out;
+}
+
 // The saturation of q's semisolid pools by a pulse of duration tau_rf (s),
 // effective flip alpha (rad, B1 included), power factor power and offset
 // from water (Hz), dual: the power split evenly between +offset and

@@ -251,14 +251,7 @@ BLOCHSIM_UNROLL
     const float offset = s.rf_offset_hz ? s.rf_offset_hz[e] : 0.0f;
     const bool dual = (rec.flags & event_dual) != 0;
     if (!g_ready || offset != g_offset || dual != g_dual) {
-      double g, dg;
-      lineshape_eval(pools->lineshape, 2.0 * pi * (offset - B0) * T2b, *lsp, g, dg);
-      if (dual) {  // half the power at each of +offset and -offset
-        double gm;
-        lineshape_eval(pools->lineshape, 2.0 * pi * (-offset - B0) * T2b, *lsp, gm, dg);
-        g = 0.5 * (g + gm);
-      }
-      g_T2b = static_cast<double>(static_cast<float>(g * T2b));
+      g_T2b = static_cast<double>(static_cast<float>(saturation_lineshape(pools->lineshape, *lsp, T2b, B0, offset, dual)));
       g_offset = offset;
       g_dual = dual;
       g_ready = true;
